@@ -1,0 +1,71 @@
+"""One exception tree for gpuslurm; ``cli`` turns each class into an exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Exit codes, assigned in one place (cli.main maps exceptions onto these).
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1  # a check ran and found mismatches (gres-conf --check)
+EXIT_BAD_INPUT = 2  # the user's input (a file, an option) is wrong
+EXIT_HARDWARE = 3  # the hardware or its driver could not be read
+EXIT_EXTERNAL = 4  # an external command failed or timed out
+
+
+class GpuslurmError(Exception):
+    """Base of every error gpuslurm raises on purpose."""
+
+    exit_code = EXIT_HARDWARE
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else self.__class__.__name__
+
+
+class InputError(GpuslurmError):
+    """Bad input from the user: a file that does not parse, an option out of range.
+
+    ``source`` names the file (or option) at fault so that the one-line message can point at it.
+    """
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, source: str | Path | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.source = str(source) if source is not None else None
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.message}" if self.source else self.message
+
+
+class CaptureError(InputError):
+    """A capture bundle (or one of its files) is missing a fact or does not parse."""
+
+
+class HardwareError(GpuslurmError):
+    """The live hardware could not be read (NVML absent or failing, sysfs unreadable)."""
+
+    exit_code = EXIT_HARDWARE
+
+
+class NotSupported(HardwareError):  # noqa: N818 - mirrors NVML's own name for the condition
+    """The driver says the query is not supported on this device: not a failure."""
+
+
+class CommandError(GpuslurmError):
+    """An external command failed, timed out or is missing."""
+
+    exit_code = EXIT_EXTERNAL
+
+    def __init__(self, message: str, argv: tuple[str, ...] = (), returncode: int | None = None,
+                 stderr: str = "") -> None:
+        super().__init__(message)
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class CheckFailed(GpuslurmError):
+    """A check found differences; the report was already printed."""
+
+    exit_code = EXIT_CHECK_FAILED

@@ -1,0 +1,172 @@
+"""Typed, frozen values that describe one GPU node.
+
+Every layer above ``hw`` reads these and nothing else. A GPU is its UUID; its NVML index,
+``/dev/nvidiaN`` minor number and Slurm GRES index are attributes, never keys.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class LinkKind(str, Enum):
+    """How two GPUs reach each other, as ``nvidia-smi topo -m`` names it (best first)."""
+
+    SELF = "X"
+    NVLINK = "NV"
+    PIX = "PIX"  # at most one PCIe bridge
+    PXB = "PXB"  # several PCIe bridges, no host bridge
+    PHB = "PHB"  # through a PCIe host bridge (the CPU)
+    NODE = "NODE"  # between host bridges within one NUMA node
+    SYS = "SYS"  # across the SMP interconnect between NUMA nodes
+    UNKNOWN = "N/A"
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The connection from one GPU to another; ``nvlinks`` counts bonded NVLinks."""
+
+    kind: LinkKind
+    nvlinks: int = 0
+
+    def __str__(self) -> str:
+        if self.kind is LinkKind.NVLINK:
+            return f"NV{self.nvlinks}"
+        return self.kind.value
+
+
+SELF_LINK = Link(LinkKind.SELF)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Cpu:
+    """One logical CPU: OS id, physical core id (as lscpu numbers it), socket, NUMA node."""
+
+    os_id: int
+    core: int
+    socket: int
+    numa_node: int | None = None
+
+
+# A MIG profile name: optional "<c>c." compute slices, "<g>g.<mem>gb", optional "+me" style suffix.
+MIG_PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb(?P<suffix>(?:\+[a-z.]+)*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (a compute instance inside a GPU instance)."""
+
+    index: int  # MIG device index under its parent, as nvidia-smi -L and NVML number them
+    gi_id: int
+    ci_id: int
+    profile: str  # e.g. "3g.40gb" or "1c.3g.71gb"; checked against MIG_PROFILE_RE
+    memory_mib: int
+    uuid: str | None = None  # "MIG-…"; None when the capture does not carry it
+    sm_count: int | None = None
+    gi_minor: int | None = None  # /dev/nvidia-caps/nvidia-cap<gi_minor>, from mig-minors
+    ci_minor: int | None = None  # /dev/nvidia-caps/nvidia-cap<ci_minor>
+
+    @property
+    def gi_slices(self) -> int:
+        """GPU-instance slice count (the ``g`` of the profile), as NVML's attributes give it."""
+        m = MIG_PROFILE_RE.match(self.profile)
+        if m is None:
+            raise ValueError(f"unknown MIG profile {self.profile!r}")
+        return int(m.group("g"))
+
+    def device_files(self, parent_minor: int) -> tuple[str, ...]:
+        """The device files a job needs for this MIG device (parent GPU, GI cap, CI cap)."""
+        if self.gi_minor is None or self.ci_minor is None:
+            raise ValueError("MIG capability minors are unknown")
+        return (
+            f"/dev/nvidia{parent_minor}",
+            f"/dev/nvidia-caps/nvidia-cap{self.gi_minor}",
+            f"/dev/nvidia-caps/nvidia-cap{self.ci_minor}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU."""
+
+    uuid: str
+    index: int  # NVML index = PCI bus order
+    minor: int  # /dev/nvidia<minor>
+    bus_id: str  # normalised "0000:81:00.0" style, domain 8 hex digits as NVML prints it
+    name: str  # NVML device name, e.g. "NVIDIA H100 80GB HBM3"
+    memory_mib: int
+    numa_node: int | None = None
+    cpu_affinity: tuple[int, ...] = ()  # OS CPU ids close to the GPU; () when unknown
+    mig_mode: bool | None = None  # None: MIG not supported by this GPU
+    mig_devices: tuple[MigDevice, ...] = ()
+
+    @property
+    def device_file(self) -> str:
+        return f"/dev/nvidia{self.minor}"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """Everything gpuslurm knows about one node, from NVML or from a capture bundle.
+
+    ``links`` is a square matrix in the order of ``gpus`` (index order), or ``None`` when the
+    source carries no link facts. ``warnings`` records what a loader decided about odd input
+    (placeholder UUIDs, attached_gpus disagreeing with the GPU list) so commands can show it.
+    """
+
+    hostname: str
+    gpus: tuple[Gpu, ...]
+    cpus: tuple[Cpu, ...] = ()
+    links: tuple[tuple[Link, ...], ...] | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    memory_mib: int | None = None  # host RAM, for slurm.conf RealMemory
+    source: str = ""  # where the facts came from, e.g. "replay:/path" or "nvml"
+    warnings: tuple[str, ...] = field(default=())
+
+    def gpu(self, uuid: str) -> Gpu:
+        for g in self.gpus:
+            if g.uuid == uuid:
+                return g
+        raise KeyError(uuid)
+
+    def link(self, a: Gpu, b: Gpu) -> Link:
+        if self.links is None:
+            return Link(LinkKind.UNKNOWN)
+        return self.links[self.gpus.index(a)][self.gpus.index(b)]
+
+
+def normalise_bus_id(bus_id: str) -> str:
+    """Bring a PCI bus id to NVML's form ``00000000:81:00.0`` (8-digit domain, upper case)."""
+    text = bus_id.strip()
+    parts = text.split(":")
+    if len(parts) == 2:  # "81:00.0" without domain
+        parts = ["0", *parts]
+    if len(parts) != 3 or "." not in parts[2]:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    domain, bus, devfn = parts
+    dev, fn = devfn.split(".", 1)
+    return f"{int(domain, 16):08X}:{int(bus, 16):02X}:{int(dev, 16):02X}.{int(fn, 16):X}"
+
+
+def autodetect_type(gpu_name: str) -> str:
+    """The GRES Type Slurm's AutoDetect=nvml derives from a device name.
+
+    Slurm lower-cases the NVML name and turns spaces into underscores, so
+    "NVIDIA H100 80GB HBM3" becomes "nvidia_h100_80gb_hbm3".
+    """
+    return gpu_name.strip().replace(" ", "_").lower()
+
+
+def autodetect_mig_type(gpu_name: str, mig: MigDevice) -> str:
+    """The GRES Type Slurm's AutoDetect=nvml gives a MIG device.
+
+    Slurm cuts the parent's name at its first '-', then appends ``_<GI slices>g.<GiB>gb`` with
+    the MIG device's memory rounded to whole GiB ("NVIDIA A100-SXM4-80GB", 3g with 40192 MiB →
+    "nvidia_a100_3g.39gb"). Both compute instances of one GPU instance get the same type.
+    """
+    base = gpu_name.split("-", 1)[0]
+    gib = int(mig.memory_mib / 1024 + 0.5)  # round half away from zero, as roundl() does
+    return autodetect_type(f"{base}_{mig.gi_slices}g.{gib}gb")

@@ -1,0 +1,78 @@
+"""The only module that runs external commands.
+
+Every call takes an absolute path (hooks run with no PATH), never a shell, and a timeout that
+kills the whole process group, so a hung ``nvidia-smi`` cannot hang a prolog.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslurm.errors import CommandError
+
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_TIMEOUT,
+                check: bool = True, env: dict[str, str] | None = None,
+                input_text: str | None = None) -> CommandResult:
+    """Run ``argv`` (first element an absolute path) and return its output.
+
+    Raises CommandError when the program is missing, times out, or (with ``check``) exits
+    non-zero.
+    """
+    args = tuple(str(a) for a in argv)
+    if not args or not os.path.isabs(args[0]):
+        raise CommandError(f"refusing to run {args[:1]!r}: commands need an absolute path", args)
+    try:
+        proc = subprocess.Popen(  # noqa: S603 - argv list, no shell, absolute path
+            args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        raise CommandError(f"{args[0]}: not found", args) from exc
+    except PermissionError as exc:
+        raise CommandError(f"{args[0]}: permission denied", args) from exc
+    try:
+        out, err = proc.communicate(input=input_text, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        _kill_group(proc)
+        raise CommandError(f"{Path(args[0]).name}: timed out after {timeout:g} s", args) from exc
+    result = CommandResult(args, proc.returncode, out, err)
+    if check and proc.returncode != 0:
+        first = (err.strip() or out.strip()).splitlines()
+        why = first[0] if first else "no output"
+        raise CommandError(f"{Path(args[0]).name} exited {proc.returncode}: {why}", args,
+                           proc.returncode, err)
+    return result
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+def which(name: str, candidates: tuple[str, ...] = ("/usr/bin", "/usr/sbin", "/bin", "/sbin",
+                                                    "/usr/local/bin", "/usr/local/sbin")) -> str | None:
+    """First absolute path of ``name`` in a fixed list of system directories (PATH is not used)."""
+    for d in candidates:
+        p = os.path.join(d, name)
+        if os.access(p, os.X_OK):
+            return p
+    return None
