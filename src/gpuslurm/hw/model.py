@@ -34,7 +34,7 @@ class Link:
     def __str__(self) -> str:
         if self.kind is LinkKind.NVLINK:
             return f"NV{self.nvlinks}"
-        return self.kind.value
+        return str(self.kind.value)
 
 
 SELF_LINK = Link(LinkKind.SELF)

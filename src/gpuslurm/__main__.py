@@ -1,0 +1,7 @@
+"""``python -m gpuslurm``."""
+
+import sys
+
+from gpuslurm.cli.main import main
+
+sys.exit(main())

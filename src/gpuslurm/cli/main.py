@@ -1,0 +1,207 @@
+"""The ``gpuslurm`` command line: thin click commands over the library.
+
+Every GpuslurmError becomes one line on stderr and the exit code its class carries; this module
+is the only place that happens. Commands import their libraries inside the function so that a
+hook starting ``gpuslurm prolog`` does not pay for jinja2 or the XML parser.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from gpuslurm import __version__
+from gpuslurm.errors import EXIT_BAD_INPUT, CheckFailed, GpuslurmError, InputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpuslurm, not in the input
+
+FROM_HELP = ("Replay a capture bundle instead of reading NVML: a directory, or a built-in name "
+             "(dgx-h100, l40s-4x, a100-mig). Default: $GPUSLURM_CAPTURE, else the live node.")
+
+
+def from_option(f: F) -> F:
+    return click.option("--from", "source", metavar="DIR|NAME", envvar=None, help=FROM_HELP)(f)
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def _load(source: str | None) -> Any:
+    from gpuslurm.hw.source import load_node
+
+    return load_node(source)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="gpuslurm")
+def cli() -> None:
+    """Place, isolate, watch and fairly share GPUs on Slurm clusters."""
+
+
+@cli.command()
+@from_option
+@json_option
+def discover(source: str | None, as_json: bool) -> None:
+    """List every GPU and MIG device: index, minor, UUID, bus id, memory, NUMA node, Slurm cores."""
+    from gpuslurm.cli.views import write_discover
+
+    write_discover(_load(source), sys.stdout, as_json)
+
+
+@cli.command()
+@from_option
+@json_option
+def topo(source: str | None, as_json: bool) -> None:
+    """Show the GPU link matrix with CPU affinity as OS CPUs and as Slurm core ranges."""
+    from gpuslurm.cli.views import write_topo
+
+    write_topo(_load(source), sys.stdout, as_json)
+
+
+def _positive(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and value <= 0:
+        raise click.BadParameter("must be a positive whole number")
+    return value
+
+
+@cli.command("gres-conf")
+@from_option
+@click.option("--node-name", metavar="NAME", help="Prefix every line with NodeName=NAME.")
+@click.option("--mps", type=int, metavar="N", callback=_positive, help="Add Name=mps Count=N per GPU.")
+@click.option("--shard", type=int, metavar="N", callback=_positive, help="Add Name=shard Count=N per GPU.")
+@click.option("--no-links", is_flag=True, help="Leave out Links=.")
+@click.option("--template", type=click.Path(path_type=Path), metavar="FILE",
+              help="Render with this jinja2 template instead of gres-templates/gres.conf.j2.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), metavar="FILE",
+              help="Write to FILE (atomically) instead of standard output.")
+@click.option("--check", type=click.Path(path_type=Path), metavar="EXISTING",
+              help="Compare EXISTING gres.conf with the hardware; print mismatches, exit 1 if any.")
+@click.option("--dev-root", default="", metavar="DIR", hidden=True,
+              help="Prefix device paths (test clusters and containers).")
+def gres_conf(source: str | None, node_name: str | None, mps: int | None, shard: int | None,
+              no_links: bool, template: Path | None, output: Path | None, check: Path | None,
+              dev_root: str) -> None:
+    """Generate gres.conf for this node (or compare an existing one with --check)."""
+    from gpuslurm.gres.records import GresOptions, plan_gres
+
+    node = _load(source)
+    opts = GresOptions(node_name=node_name, mps=mps, shard=shard, links=not no_links, dev_root=dev_root)
+    if check is not None:
+        _check(node, opts, check)
+        return
+    from gpuslurm.gres.render import render_plan
+
+    text = render_plan(node, plan_gres(node, opts), opts, template)
+    _emit(text, output)
+
+
+def _check(node: Any, opts: Any, existing: Path) -> None:
+    from gpuslurm.gres.check import check_gres_conf
+    from gpuslurm.gres.conf_parse import parse_gres_conf
+    from gpuslurm.gres.records import plan_gres
+
+    try:
+        text = existing.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", existing) from None
+    plan = plan_gres(node, opts)
+    entries = parse_gres_conf(text, str(existing), opts.node_name or None)
+    problems = check_gres_conf(plan, entries)
+    for p in problems:
+        where = f"{existing}:{p.line}" if p.line else str(existing)
+        click.echo(f"{where}: {p.kind}: {p.message}")
+    if problems:
+        raise CheckFailed(f"{len(problems)} mismatch(es) between {existing} and the hardware")
+    click.echo(f"{existing}: matches the hardware ({len(plan.gpu_records)} GPU devices)")
+
+
+@cli.command("node-conf")
+@from_option
+@click.option("--node-name", metavar="NAME", help="NodeName to use (default: the captured hostname).")
+@click.option("--template", type=click.Path(path_type=Path), metavar="FILE",
+              help="Render with this jinja2 template instead of gres-templates/node.conf.j2.")
+def node_conf(source: str | None, node_name: str | None, template: Path | None) -> None:
+    """Print the slurm.conf NodeName= line (Sockets, CoresPerSocket, ThreadsPerCore, RealMemory, Gres)."""
+    from gpuslurm.gres.render import render_node_conf
+
+    click.echo(render_node_conf(_load(source), node_name, template_file=template), nl=False)
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1, required=True, metavar="DIR | import FILE DIR")
+@click.option("--force", is_flag=True, help="Write into a non-empty directory.")
+def capture(args: tuple[str, ...], force: bool) -> None:
+    """Write this node's hardware to a bundle DIR, or turn a multi-command text capture into one.
+
+    \b
+    gpuslurm capture DIR               run nvidia-smi, lscpu and NVML on this node
+    gpuslurm capture import FILE DIR   split an nvidia_gpu_exporter-style capture file
+    """
+    if args[0] == "import":
+        if len(args) != 3:
+            raise click.UsageError("usage: gpuslurm capture import FILE DIR")
+        from gpuslurm.hw.importer import import_multi_capture
+
+        written = import_multi_capture(Path(args[1]), Path(args[2]))
+        click.echo(f"{args[2]}: wrote {', '.join(written)}")
+        return
+    if len(args) != 1:
+        raise click.UsageError("usage: gpuslurm capture DIR")
+    from gpuslurm.hw.capture import write_capture
+
+    written = write_capture(Path(args[0]), force=force)
+    click.echo(f"{args[0]}: wrote {', '.join(written)}")
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        tmp.replace(output)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write: {exc.strerror}", output) from None
+    click.echo(f"wrote {output}", err=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI and turn errors into one line and an exit code."""
+    try:
+        cli.main(args=argv, prog_name="gpuslurm", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.Abort:
+        click.echo("gpuslurm: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_BAD_INPUT
+    except CheckFailed as exc:
+        click.echo(f"gpuslurm: {exc}", err=True)
+        return exc.exit_code
+    except GpuslurmError as exc:
+        click.echo(f"gpuslurm: {exc}", err=True)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug in gpuslurm: say so plainly, traceback only when asked
+        if os.environ.get("GPUSLURM_DEBUG"):
+            raise
+        click.echo(f"gpuslurm: internal error: {type(exc).__name__}: {exc} "
+                   "(set GPUSLURM_DEBUG=1 for a traceback)", err=True)
+        return EXIT_INTERNAL
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Read an existing gres.conf (pure): the lines that apply to one node, devices expanded.
+
+Follows gres.conf(5): parameter names are case-insensitive, ``#`` starts a comment, a line may
+start with ``NodeName=`` (a hostlist) or ``Name=``, and ``File=`` may hold a bracketed range
+(``/dev/nvidia[0-3]``) that stands for one device per file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuslurm.errors import InputError
+from gpuslurm.topo.cores import parse_ranges
+
+
+@dataclass(frozen=True, slots=True)
+class ConfEntry:
+    """One device (or one count-only line) as an existing gres.conf declares it."""
+
+    line: int
+    name: str
+    type: str | None
+    files: tuple[str, ...]  # one device's files: (File,) or the MultipleFiles list
+    cores: tuple[int, ...] | None
+    links: tuple[int, ...] | None
+    count: int | None
+
+
+_BRACKET = re.compile(r"\[([^\]]+)\]")
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist such as ``dgx[01-04,07],login1`` into names."""
+    names: list[str] = []
+    for part in _split_top_level(expr):
+        m = _BRACKET.search(part)
+        if m is None:
+            names.append(part)
+            continue
+        prefix, suffix = part[: m.start()], part[m.end():]
+        for item in m.group(1).split(","):
+            lo, sep, hi = item.partition("-")
+            width = len(lo)
+            values = range(int(lo), int(hi) + 1) if sep else [int(lo)]
+            names.extend(f"{prefix}{v:0{width}d}{suffix}" for v in values)
+    return names
+
+
+def expand_files(expr: str) -> list[str]:
+    """``/dev/nvidia[0-2,5]`` → four paths; a plain path → itself."""
+    return expand_hostlist(expr)
+
+
+def _split_top_level(expr: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in expr:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    if current:
+        parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_gres_conf(text: str, source: str, node_name: str | None = None) -> tuple[ConfEntry, ...]:
+    """Entries of ``text`` that apply to ``node_name`` (all lines when it is None)."""
+    entries: list[ConfEntry] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields: dict[str, str] = {}
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if not sep:
+                raise InputError(f"line {lineno}: expected key=value, found {token!r}", source)
+            fields[key.lower()] = value
+        if "nodename" in fields:
+            try:
+                hosts = expand_hostlist(fields.pop("nodename"))
+            except ValueError:
+                raise InputError(f"line {lineno}: bad NodeName hostlist", source) from None
+            if node_name is not None and node_name not in hosts:
+                continue
+        if "autodetect" in fields and "name" not in fields:
+            continue
+        if "name" not in fields:
+            raise InputError(f"line {lineno}: no Name= on a device line", source)
+        entries.extend(_entries(fields, lineno, source))
+    return tuple(entries)
+
+
+def _entries(fields: dict[str, str], lineno: int, source: str) -> list[ConfEntry]:
+    def ints(key: str) -> tuple[int, ...] | None:
+        if key not in fields:
+            return None
+        try:
+            if key == "links":
+                return tuple(int(v) for v in fields[key].split(","))
+            return parse_ranges(fields[key].strip("[]"))
+        except ValueError as exc:
+            raise InputError(f"line {lineno}: bad {key.capitalize()}= value: {exc}", source) from None
+
+    cores = ints("cores") if "cores" in fields else ints("cpus")
+    links = ints("links")
+    count = None
+    if "count" in fields:
+        try:
+            count = _count(fields["count"])
+        except ValueError:
+            raise InputError(f"line {lineno}: bad Count= value {fields['count']!r}", source) from None
+    name, gtype = fields["name"], fields.get("type")
+    if "multiplefiles" in fields:
+        files = tuple(expand_files(fields["multiplefiles"]))
+        return [ConfEntry(lineno, name, gtype, files, cores, links, count)]
+    if "file" in fields:
+        paths = expand_files(fields["file"])
+        return [ConfEntry(lineno, name, gtype, (p,), cores, links, count) for p in paths]
+    return [ConfEntry(lineno, name, gtype, (), cores, links, count)]
+
+
+def _count(text: str) -> int:
+    scale = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+    t = text.strip().lower()
+    if t and t[-1] in scale:
+        return int(t[:-1]) * scale[t[-1]]
+    return int(t)

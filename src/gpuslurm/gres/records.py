@@ -1,0 +1,189 @@
+"""What gres.conf must say for a node, as typed records (pure; rendering is in ``render``).
+
+Decisions, each also in the README:
+
+- GPUs in PCI bus order (= NVML index order), ``File=/dev/nvidia<minor>``: the minor number is
+  what names the device file, and it differs from the index on real machines.
+- ``Cores=`` in Slurm's abstract core numbering (see ``gpuslurm.topo.cores``).
+- ``Type=`` as AutoDetect=nvml would name it, so a site can switch to AutoDetect later without
+  renaming anything in its partitions, QOS or job scripts.
+- ``Links=`` from the NVLink counts of ``nvidia-smi topo -m``: -1 for the device itself, the bonded
+  link count to each peer, 0 for PCIe-only peers. On NVSwitch machines every pair shows the same
+  count (NV18 on a DGX H100) and that is what we write: it is the truth about bandwidth, it keeps
+  every pair equally preferred (which is what a switch means), and it stays right if a link
+  fails and the counts drift apart. AutoDetect writes 0 there, because NVML reports the switch,
+  not the peer, as the remote end of each link.
+- MIG devices get ``MultipleFiles=`` (parent GPU and the GI and CI capability devices). Nodes with
+  any MIG device get no ``Links=``: MIG has no NVLink, and positions in a Links list would no
+  longer line up with physical GPUs.
+- ``Name=mps``/``Name=shard`` lines, one per non-MIG GPU, bound to its device file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuslurm.errors import CaptureError
+from gpuslurm.hw.model import Gpu, LinkKind, MigDevice, Node, autodetect_mig_type, autodetect_type
+from gpuslurm.topo.cores import CoreMap, LayoutError, core_map, format_ranges
+
+
+@dataclass(frozen=True, slots=True)
+class GresOptions:
+    node_name: str | None = None  # prefix every line with NodeName= (a cluster-wide gres.conf)
+    mps: int | None = None  # Name=mps Count= per GPU
+    shard: int | None = None  # Name=shard Count= per GPU
+    links: bool = True
+    dev_root: str = ""  # prepended to /dev paths; for test clusters and containers
+
+
+@dataclass(frozen=True, slots=True)
+class GresRecord:
+    """One gres.conf line. ``gpu`` is the physical GPU it belongs to (for comments and checks)."""
+
+    name: str
+    gpu: Gpu
+    type: str | None = None
+    files: tuple[str, ...] = ()
+    cores: tuple[int, ...] | None = None
+    links: tuple[int, ...] | None = None
+    count: int | None = None
+    mig: MigDevice | None = None
+
+    @property
+    def file(self) -> str | None:
+        return self.files[0] if len(self.files) == 1 else None
+
+    @property
+    def multiple_files(self) -> str | None:
+        return ",".join(self.files) if len(self.files) > 1 else None
+
+    @property
+    def cores_text(self) -> str | None:
+        return None if self.cores is None else format_ranges(self.cores)
+
+    @property
+    def links_text(self) -> str | None:
+        return None if self.links is None else ",".join(str(n) for n in self.links)
+
+    @property
+    def comment(self) -> str:
+        g = self.gpu
+        if self.mig is not None:
+            m = self.mig
+            return (f"MIG {m.profile} (GI {m.gi_id}, CI {m.ci_id}) on GPU {g.index} {g.bus_id}"
+                    + (f" {m.uuid}" if m.uuid else ""))
+        return f"GPU {g.index} {g.bus_id} {g.uuid} NUMA {g.numa_node if g.numa_node is not None else '?'}"
+
+
+@dataclass(frozen=True, slots=True)
+class GresPlan:
+    """Everything the gres.conf template needs."""
+
+    records: tuple[GresRecord, ...]
+    notes: tuple[str, ...]
+    core_map: CoreMap
+
+    @property
+    def gpu_records(self) -> tuple[GresRecord, ...]:
+        return tuple(r for r in self.records if r.name == "gpu")
+
+
+def bundle_path(node: Node) -> str:
+    """The place the node's facts came from, for error messages."""
+    return node.source.removeprefix("replay:") or "the hardware"
+
+
+def node_core_map(node: Node) -> CoreMap:
+    try:
+        return core_map(node.cpus)
+    except LayoutError as exc:
+        where = "lscpu.csv" if node.source.startswith("replay:") else "sysfs"
+        raise CaptureError(f"{where}: {exc} (capture it with lscpu -p=CPU,CORE,SOCKET,NODE)",
+                           bundle_path(node)) from None
+
+
+def gpu_cores(node: Node, cmap: CoreMap, gpu: Gpu) -> tuple[int, ...]:
+    """Slurm cores close to ``gpu``; errors name the file that should have said."""
+    if not gpu.cpu_affinity:
+        raise CaptureError(f"GPU {gpu.index} ({gpu.uuid}) has no CPU affinity: the bundle needs "
+                           "nvidia-smi-topo.txt or nvml.json", bundle_path(node))
+    try:
+        return cmap.slurm_cores(gpu.cpu_affinity)
+    except LayoutError as exc:
+        raise CaptureError(f"GPU {gpu.index} affinity: {exc}", bundle_path(node)) from None
+
+
+def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
+    """Turn a node into gres.conf records. Raises CaptureError when a needed fact is missing."""
+    cmap = node_core_map(node)
+    dev = opts.dev_root.rstrip("/")
+    gpus = sorted(node.gpus, key=lambda g: g.bus_id)
+    notes: list[str] = []
+    has_mig = any(g.mig_mode and g.mig_devices for g in gpus)
+    write_links = opts.links and node.links is not None and not has_mig
+    if opts.links and node.links is None:
+        notes.append("no Links=: the capture has no link matrix (nvidia-smi-topo.txt)")
+    elif opts.links and has_mig:
+        notes.append("no Links=: MIG devices have no NVLink and would shift Links positions")
+    if write_links and _uniform_nvlink(node):
+        notes.append("Links=: every GPU pair has the same NVLink count (NVSwitch); written as counted")
+
+    records: list[GresRecord] = []
+    for gpu in gpus:
+        cores = gpu_cores(node, cmap, gpu)
+        if gpu.mig_mode:
+            if not gpu.mig_devices:
+                notes.append(f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode with no MIG devices: "
+                             "not schedulable until instances are created")
+            for mig in gpu.mig_devices:
+                records.append(_mig_record(node, gpu, mig, cores, dev))
+            continue
+        links = None
+        if write_links:
+            assert node.links is not None
+            row = node.links[node.gpus.index(gpu)]
+            links = tuple(-1 if peer is gpu else _link_count(row[node.gpus.index(peer)].kind,
+                                                                row[node.gpus.index(peer)].nvlinks)
+                          for peer in gpus)
+        records.append(GresRecord("gpu", gpu, type=autodetect_type(gpu.name),
+                                  files=(f"{dev}{gpu.device_file}",), cores=cores, links=links))
+    for name, count in (("mps", opts.mps), ("shard", opts.shard)):
+        if count is None:
+            continue
+        if count <= 0:
+            raise CaptureError(f"--{name} must be a positive count, not {count}", f"--{name}")
+        plain = [g for g in gpus if not g.mig_mode]
+        if len(plain) < len(gpus):
+            notes.append(f"no {name} on MIG-enabled GPUs")
+        records.extend(GresRecord(name, g, files=(f"{dev}{g.device_file}",), count=count) for g in plain)
+    return GresPlan(tuple(records), tuple(notes), cmap)
+
+
+def _mig_record(node: Node, gpu: Gpu, mig: MigDevice, cores: tuple[int, ...], dev: str) -> GresRecord:
+    if mig.gi_minor is None or mig.ci_minor is None:
+        raise CaptureError(f"MIG device {mig.index} of GPU {gpu.index} (GI {mig.gi_id}, CI {mig.ci_id}) "
+                           "has no capability minors: the bundle needs mig-minors", bundle_path(node))
+    if not mig.profile:
+        raise CaptureError(f"MIG device {mig.index} of GPU {gpu.index} has no profile name: the bundle "
+                           "needs nvidia-smi-L.txt or nvml.json", bundle_path(node))
+    try:
+        mig_type = autodetect_mig_type(gpu.name, mig)
+    except ValueError as exc:
+        raise CaptureError(str(exc), bundle_path(node)) from None
+    files = tuple(f"{dev}{f}" for f in mig.device_files(gpu.minor))
+    return GresRecord("gpu", gpu, type=mig_type, files=files, cores=cores, mig=mig)
+
+
+def _link_count(kind: LinkKind, nvlinks: int) -> int:
+    return nvlinks if kind is LinkKind.NVLINK else 0
+
+
+def _uniform_nvlink(node: Node) -> bool:
+    assert node.links is not None
+    counts = {c.nvlinks for i, row in enumerate(node.links) for j, c in enumerate(row)
+              if i != j and c.kind is LinkKind.NVLINK}
+    pairs = {(i, j) for i, row in enumerate(node.links) for j, c in enumerate(row) if i != j}
+    nv_pairs = {(i, j) for i, row in enumerate(node.links) for j, c in enumerate(row)
+                if i != j and c.kind is LinkKind.NVLINK}
+    return len(node.gpus) > 2 and len(counts) == 1 and nv_pairs == pairs

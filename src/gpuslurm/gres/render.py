@@ -1,0 +1,104 @@
+"""Render gres.conf and the slurm.conf NodeName= line through the jinja2 templates."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from gpuslurm import __version__
+from gpuslurm.errors import InputError
+from gpuslurm.gres.records import GresOptions, GresPlan, plan_gres
+from gpuslurm.hw.model import Node
+
+GRES_TEMPLATE = "gres.conf.j2"
+NODE_TEMPLATE = "node.conf.j2"
+
+
+def template_dir() -> Path:
+    """Installed wheels carry the templates inside the package; a source checkout at its top."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[1] / "gres-templates", here.parents[3] / "gres-templates"):
+        if candidate.is_dir():
+            return candidate
+    raise InputError("gres-templates directory not found (broken installation?)")
+
+
+def _render(name: str, template_file: Path | None, context: dict[str, Any]) -> str:
+    if template_file is not None:
+        if not template_file.is_file():
+            raise InputError("template file not found", template_file)
+        loader: jinja2.BaseLoader = jinja2.FileSystemLoader(str(template_file.parent))
+        name = template_file.name
+    else:
+        loader = jinja2.FileSystemLoader(str(template_dir()))
+    env = jinja2.Environment(  # noqa: S701 - config files, not HTML
+        loader=loader, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    try:
+        return env.get_template(name).render(**context)
+    except jinja2.TemplateSyntaxError as exc:
+        raise InputError(f"template syntax error at line {exc.lineno}: {exc.message}",
+                         template_file or name) from None
+    except jinja2.UndefinedError as exc:
+        raise InputError(f"template uses an unknown variable: {exc.message}", template_file or name) from None
+
+
+def _base_context(node: Node) -> dict[str, Any]:
+    return {
+        "version": __version__,
+        "source": node.source or "unknown",
+        "hostname": node.hostname,
+        "driver_version": node.driver_version,
+        "cuda_version": node.cuda_version,
+    }
+
+
+def render_gres_conf(node: Node, opts: GresOptions, template_file: Path | None = None) -> str:
+    plan = plan_gres(node, opts)
+    return render_plan(node, plan, opts, template_file)
+
+
+def render_plan(node: Node, plan: GresPlan, opts: GresOptions, template_file: Path | None = None) -> str:
+    context = _base_context(node) | {
+        "node_name": opts.node_name,
+        "prefix": f"NodeName={opts.node_name} " if opts.node_name else "",
+        "records": plan.records,
+        "notes": list(node.warnings) + list(plan.notes),
+    }
+    return _render(GRES_TEMPLATE, template_file, context)
+
+
+def gres_summary(plan: GresPlan) -> str:
+    """The slurm.conf ``Gres=`` value: ``gpu:<type>:<n>`` per type, then mps and shard totals."""
+    types = Counter(r.type for r in plan.records if r.name == "gpu")
+    parts = [f"gpu:{t}:{n}" for t, n in types.items()]
+    for name in ("mps", "shard"):
+        total = sum(r.count or 0 for r in plan.records if r.name == name)
+        if total:
+            parts.append(f"{name}:{total}")
+    return ",".join(parts)
+
+
+def render_node_conf(node: Node, node_name: str | None = None, opts: GresOptions | None = None,
+                     template_file: Path | None = None) -> str:
+    opts = opts or GresOptions()
+    plan = plan_gres(node, opts)
+    cmap = plan.core_map
+    notes = list(node.warnings)
+    if node.memory_mib is None:
+        notes.append("RealMemory left out: the capture has no meminfo")
+    context = _base_context(node) | {
+        "node_name": node_name or opts.node_name or node.hostname,
+        "cpus": len(node.cpus),
+        "sockets": cmap.sockets,
+        "cores_per_socket": cmap.cores_per_socket,
+        "threads_per_core": cmap.threads_per_core,
+        "real_memory": node.memory_mib,
+        "gres": gres_summary(plan),
+        "notes": notes,
+    }
+    return _render(NODE_TEMPLATE, template_file, context)

@@ -1,0 +1,106 @@
+"""Slurm's abstract core numbering, computed from the OS CPU layout (pure).
+
+gres.conf ``Cores=`` is not in OS CPU ids: Slurm numbers *cores*, socket by socket, with every
+hyperthread collapsed onto its core. On a 2×56-core machine whose OS numbers CPU 0-55 on socket 0,
+56-111 on socket 1 and the siblings 112-223 after them, the CPUs nvidia-smi lists as
+``0-55,112-167`` are Slurm cores ``0-55``. On a machine whose BIOS interleaves sockets (even CPUs
+on socket 0, odd on socket 1), OS CPU ``0,2,4,…`` are Slurm cores ``0-31``. Copying nvidia-smi's
+CPU list into ``Cores=`` is the commonest gres.conf mistake; everything here avoids it.
+
+Ordering follows hwloc's logical order, which Slurm uses: sockets ordered by their lowest OS CPU,
+cores within a socket ordered by their lowest OS CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuslurm.hw.model import Cpu
+
+
+class LayoutError(ValueError):
+    """The CPU facts cannot be turned into a Slurm layout (caller adds the file name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoreMap:
+    """OS CPU id → Slurm abstract core id for one node."""
+
+    core_of_cpu: dict[int, int]
+    core_count: int
+    sockets: int
+    cores_per_socket: int
+    threads_per_core: int
+
+    def slurm_cores(self, os_cpus: Iterable[int]) -> tuple[int, ...]:
+        """The sorted Slurm core ids that hold any of ``os_cpus``."""
+        missing = sorted({c for c in os_cpus if c not in self.core_of_cpu})
+        if missing:
+            raise LayoutError(f"CPU ids {format_ranges(missing)} are not in the CPU list")
+        return tuple(sorted({self.core_of_cpu[c] for c in os_cpus}))
+
+
+def core_map(cpus: Iterable[Cpu]) -> CoreMap:
+    """Number the cores of ``cpus`` as Slurm does. Raises LayoutError on an unusable layout."""
+    cpu_list = list(cpus)
+    if not cpu_list:
+        raise LayoutError("no CPUs are known")
+    first_cpu_of_socket: dict[int, int] = {}
+    first_cpu_of_core: dict[tuple[int, int], int] = {}
+    for cpu in cpu_list:
+        key = (cpu.socket, cpu.core)
+        first_cpu_of_socket[cpu.socket] = min(cpu.os_id, first_cpu_of_socket.get(cpu.socket, cpu.os_id))
+        first_cpu_of_core[key] = min(cpu.os_id, first_cpu_of_core.get(key, cpu.os_id))
+    socket_order = {s: i for i, s in enumerate(sorted(first_cpu_of_socket, key=first_cpu_of_socket.get))}
+    ordered_cores = sorted(first_cpu_of_core, key=lambda k: (socket_order[k[0]], first_cpu_of_core[k]))
+    slurm_id = {key: i for i, key in enumerate(ordered_cores)}
+
+    threads: dict[tuple[int, int], int] = {}
+    for cpu in cpu_list:
+        threads[(cpu.socket, cpu.core)] = threads.get((cpu.socket, cpu.core), 0) + 1
+    cores_per_socket = {s: sum(1 for k in ordered_cores if k[0] == s) for s in socket_order}
+    if len(set(cores_per_socket.values())) != 1:
+        detail = ", ".join(f"socket {s}: {n}" for s, n in sorted(cores_per_socket.items()))
+        raise LayoutError(f"sockets have different core counts ({detail}); Slurm needs a uniform layout")
+    if len(set(threads.values())) != 1:
+        raise LayoutError("cores have different thread counts (some CPUs offline?); "
+                          "Slurm needs a uniform layout")
+    return CoreMap(
+        core_of_cpu={cpu.os_id: slurm_id[(cpu.socket, cpu.core)] for cpu in cpu_list},
+        core_count=len(ordered_cores),
+        sockets=len(socket_order),
+        cores_per_socket=next(iter(cores_per_socket.values())),
+        threads_per_core=next(iter(threads.values())),
+    )
+
+
+def format_ranges(ids: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` → ``"0-2,5,7-8"`` (Slurm and nvidia-smi both read this form)."""
+    values = sorted(set(ids))
+    parts: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_ranges(text: str) -> tuple[int, ...]:
+    """``"0-2,5"`` → ``(0, 1, 2, 5)``. Raises ValueError on anything else."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            raise ValueError(f"empty item in {text!r}")
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"not a number or range: {part!r}")
+        start, end = int(lo), int(hi) if sep else int(lo)
+        if end < start:
+            raise ValueError(f"backwards range: {part!r}")
+        out.update(range(start, end + 1))
+    return tuple(sorted(out))
