@@ -65,7 +65,7 @@ class CommandError(GpuslurmError):
         self.stderr = stderr
 
 
-class CheckFailed(GpuslurmError):
+class CheckMismatchError(GpuslurmError):
     """A check found differences; the report was already printed."""
 
     exit_code = EXIT_CHECK_FAILED

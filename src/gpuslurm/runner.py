@@ -37,7 +37,7 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
     if not args or not os.path.isabs(args[0]):
         raise CommandError(f"refusing to run {args[:1]!r}: commands need an absolute path", args)
     try:
-        proc = subprocess.Popen(  # noqa: S603 - argv list, no shell, absolute path
+        proc = subprocess.Popen(
             args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             start_new_session=True,

@@ -14,7 +14,8 @@ NodeName=gpu[01-02,05] Name=gpu Type=a100 File=/dev/nvidia[0-1] Cores=0-15
 NodeName=gpu[01-02,05] Name=gpu Type=a100 File=/dev/nvidia[2-3] cpus=16-31   # old key name
 nodename=login1 name=gpu File=/dev/nvidia0
 NodeName=gpu01 Name=mps Count=4K File=/dev/nvidia0
-Name=gpu Type=a100_3g.40gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22
+Name=gpu Type=a100_3g.40gb \
+MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22
 """
 
 

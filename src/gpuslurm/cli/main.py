@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from gpuslurm import __version__
-from gpuslurm.errors import EXIT_BAD_INPUT, CheckFailed, GpuslurmError, InputError
+from gpuslurm.errors import EXIT_BAD_INPUT, CheckMismatchError, GpuslurmError, InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpuslurm, not in the input
@@ -118,7 +118,7 @@ def _check(node: Any, opts: Any, existing: Path) -> None:
         where = f"{existing}:{p.line}" if p.line else str(existing)
         click.echo(f"{where}: {p.kind}: {p.message}")
     if problems:
-        raise CheckFailed(f"{len(problems)} mismatch(es) between {existing} and the hardware")
+        raise CheckMismatchError(f"{len(problems)} mismatch(es) between {existing} and the hardware")
     click.echo(f"{existing}: matches the hardware ({len(plan.gpu_records)} GPU devices)")
 
 
@@ -183,10 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     except click.Abort:
         click.echo("gpuslurm: aborted", err=True)
         return 130
-    except click.ClickException as exc:
-        exc.show()
+    except click.UsageError as exc:
+        path = exc.ctx.command_path if exc.ctx else "gpuslurm"
+        click.echo(f"{path}: {exc.format_message()} (see '{path} --help')", err=True)
         return EXIT_BAD_INPUT
-    except CheckFailed as exc:
+    except click.ClickException as exc:
+        click.echo(f"gpuslurm: {exc.format_message()}", err=True)
+        return EXIT_BAD_INPUT
+    except CheckMismatchError as exc:
         click.echo(f"gpuslurm: {exc}", err=True)
         return exc.exit_code
     except GpuslurmError as exc:

@@ -80,7 +80,8 @@ def _cores_mismatch(entry: ConfEntry, record: GresRecord, by_index: dict[int, Gr
                             f"{other.gpu.bus_id} at /dev/nvidia{other.gpu.minor}, and /dev/nvidia{number} "
                             f"is {record.gpu.bus_id} (GPU {record.gpu.index}, Cores={record.cores_text})")
     hint = ""
-    if entry.cores is not None and set(entry.cores) == set(record.gpu.cpu_affinity) != set(record.cores or ()):
+    os_cpus = set(record.gpu.cpu_affinity)
+    if entry.cores is not None and set(entry.cores) == os_cpus != set(record.cores or ()):
         hint = " (these are OS CPU ids, as nvidia-smi prints them, not Slurm core ids)"
     return Mismatch("cores", entry.line, f"{_show(entry.files)} has {have} but {_describe(record)} is "
                     f"closest to Cores={record.cores_text}{hint}")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class LinkKind(str, Enum):
+class LinkKind(StrEnum):
     """How two GPUs reach each other, as ``nvidia-smi topo -m`` names it (best first)."""
 
     SELF = "X"

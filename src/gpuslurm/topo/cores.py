@@ -52,7 +52,8 @@ def core_map(cpus: Iterable[Cpu]) -> CoreMap:
         key = (cpu.socket, cpu.core)
         first_cpu_of_socket[cpu.socket] = min(cpu.os_id, first_cpu_of_socket.get(cpu.socket, cpu.os_id))
         first_cpu_of_core[key] = min(cpu.os_id, first_cpu_of_core.get(key, cpu.os_id))
-    socket_order = {s: i for i, s in enumerate(sorted(first_cpu_of_socket, key=first_cpu_of_socket.get))}
+    sockets_sorted = sorted(first_cpu_of_socket, key=lambda s: first_cpu_of_socket[s])
+    socket_order = {s: i for i, s in enumerate(sockets_sorted)}
     ordered_cores = sorted(first_cpu_of_core, key=lambda k: (socket_order[k[0]], first_cpu_of_core[k]))
     slurm_id = {key: i for i, key in enumerate(ordered_cores)}
 

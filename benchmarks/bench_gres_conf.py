@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Time `gpuslurm gres-conf --from dgx-h100` as a whole process against `python -c pass`.
+
+Both run in the same session, interleaved, so machine noise hits them alike. Prints the medians
+and their ratio; the target is a ratio of at most 3.
+
+    python3 benchmarks/bench_gres_conf.py [--runs 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _time(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--bundle", default="dgx-h100", help="bundle directory or built-in name")
+    args = parser.parse_args()
+
+    floor_cmd = [sys.executable, "-c", "pass"]
+    gres_cmd = [sys.executable, "-m", "gpuslurm", "gres-conf", "--from", args.bundle]
+    _time(gres_cmd)  # warm the page cache and .pyc files once
+    floor, gres = [], []
+    for _ in range(args.runs):
+        floor.append(_time(floor_cmd))
+        gres.append(_time(gres_cmd))
+    f, g = statistics.median(floor), statistics.median(gres)
+    print(f"python -c pass        median {f * 1000:7.1f} ms  ({args.runs} runs)")
+    print(f"gpuslurm gres-conf    median {g * 1000:7.1f} ms  (--from {args.bundle})")
+    print(f"ratio                 {g / f:7.2f}   (target <= 3)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""gres.conf planning and --check on the built-in bundles (real parsers, real files)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpuslurm.errors import CaptureError
+from gpuslurm.gres.check import check_gres_conf
+from gpuslurm.gres.conf_parse import parse_gres_conf
+from gpuslurm.gres.records import GresOptions, plan_gres
+from gpuslurm.gres.render import gres_summary, render_gres_conf
+from gpuslurm.hw.model import Node
+from gpuslurm.hw.source import load_node
+
+
+@pytest.fixture(scope="module")
+def dgx() -> Node:
+    return load_node("dgx-h100")
+
+
+@pytest.fixture(scope="module")
+def l40s() -> Node:
+    return load_node("l40s-4x")
+
+
+@pytest.fixture(scope="module")
+def a100() -> Node:
+    return load_node("a100-mig")
+
+
+def test_dgx_cores_per_socket_and_nvswitch_links(dgx: Node) -> None:
+    plan = plan_gres(dgx, GresOptions())
+    gpus = plan.gpu_records
+    assert [r.file for r in gpus] == [f"/dev/nvidia{i}" for i in range(8)]
+    assert {r.cores_text for r in gpus[:4]} == {"0-55"}
+    assert {r.cores_text for r in gpus[4:]} == {"56-111"}
+    assert gpus[0].links == (-1, 18, 18, 18, 18, 18, 18, 18)
+    assert gpus[7].links == (18,) * 7 + (-1,)
+    assert any("NVSwitch" in n for n in plan.notes)
+
+
+def test_l40s_file_by_minor_and_interleaved_cores(l40s: Node) -> None:
+    gpus = plan_gres(l40s, GresOptions()).gpu_records
+    # PCI bus order; minors are not the index on this box.
+    assert [(r.gpu.index, r.file) for r in gpus] == [
+        (g.index, f"/dev/nvidia{g.minor}") for g in sorted(l40s.gpus, key=lambda g: g.bus_id)]
+    assert any(r.gpu.index != r.gpu.minor for r in gpus)
+    assert [r.cores_text for r in gpus] == ["0-31", "0-31", "32-63", "32-63"]
+    # No NVLink: only -1 and 0.
+    assert all(set(r.links or ()) <= {-1, 0} for r in gpus)
+
+
+def test_a100_mig_records_use_caps_and_no_links(a100: Node) -> None:
+    plan = plan_gres(a100, GresOptions())
+    migs = [r for r in plan.gpu_records if r.mig is not None]
+    assert len(migs) == 4
+    parent = migs[0].gpu
+    for r in migs:
+        assert r.mig is not None
+        assert r.files[0] == f"/dev/nvidia{parent.minor}"
+        assert r.files[1] == f"/dev/nvidia-caps/nvidia-cap{r.mig.gi_minor}"
+        assert r.files[2] == f"/dev/nvidia-caps/nvidia-cap{r.mig.ci_minor}"
+        assert r.type is not None and r.type.startswith("nvidia_a100_")
+        assert r.links is None
+    assert {r.type for r in migs} == {"nvidia_a100_3g.39gb", "nvidia_a100_2g.20gb", "nvidia_a100_1g.10gb"}
+    assert gres_summary(plan).count("gpu:") == 4
+
+
+def test_mps_and_shard_lines_skip_mig_gpus(a100: Node, dgx: Node) -> None:
+    plan = plan_gres(dgx, GresOptions(mps=100, shard=4))
+    assert sum(1 for r in plan.records if r.name == "mps") == 8
+    assert gres_summary(plan).endswith("mps:800,shard:32")
+    plan = plan_gres(a100, GresOptions(mps=100))
+    mps = [r for r in plan.records if r.name == "mps"]
+    assert len(mps) == 1 and not mps[0].gpu.mig_mode
+
+
+def test_node_name_prefix_and_dev_root(dgx: Node) -> None:
+    text = render_gres_conf(dgx, GresOptions(node_name="dgx01", dev_root="/tmp/x/"))
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert all(ln.startswith("NodeName=dgx01 ") for ln in lines)
+    assert "File=/tmp/x/dev/nvidia0 " in text
+
+
+def test_missing_facts_name_the_file(dgx: Node) -> None:
+    no_cpus = dataclasses.replace(dgx, cpus=())
+    with pytest.raises(CaptureError, match=r"lscpu\.csv"):
+        plan_gres(no_cpus, GresOptions())
+    no_affinity = dataclasses.replace(dgx, gpus=tuple(dataclasses.replace(g, cpu_affinity=())
+                                                     for g in dgx.gpus))
+    with pytest.raises(CaptureError, match=r"nvidia-smi-topo\.txt"):
+        plan_gres(no_affinity, GresOptions())
+
+
+def test_check_accepts_what_we_generate(l40s: Node, a100: Node) -> None:
+    for node in (l40s, a100):
+        opts = GresOptions(node_name="n1")
+        text = render_gres_conf(node, opts)
+        assert check_gres_conf(plan_gres(node, opts), parse_gres_conf(text, "g", "n1")) == []
+
+
+def test_check_names_each_kind_of_mistake(l40s: Node) -> None:
+    plan = plan_gres(l40s, GresOptions())
+    by_index = sorted(l40s.gpus, key=lambda g: g.index)
+    g0 = by_index[0]
+    os_cpus = ",".join(str(c) for c in g0.cpu_affinity)
+    existing = "\n".join([
+        # File numbered by index (minor != index), Cores right for GPU index 0
+        f"Name=gpu Type=nvidia_l40s File=/dev/nvidia{g0.index} Cores=0-31",
+        # OS CPU ids pasted from nvidia-smi
+        f"Name=gpu Type=nvidia_l40s File=/dev/nvidia{g0.minor} Cores={os_cpus}",
+        # a type AutoDetect would not match
+        f"Name=gpu Type=L40S File=/dev/nvidia{by_index[2].minor} Cores=32-63",
+        # a GPU this node does not have
+        "Name=gpu Type=nvidia_l40s File=/dev/nvidia9 Cores=32-63",
+    ]) + "\n"
+    problems = check_gres_conf(plan, parse_gres_conf(existing, "gres.conf"))
+    kinds = sorted((p.kind, p.line) for p in problems)
+    assert ("file", 1) in kinds
+    assert ("cores", 2) in kinds
+    assert ("type", 3) in kinds
+    assert ("extra", 4) in kinds
+    assert ("missing", None) in kinds  # by_index[3]'s device has no line
+    os_hint = next(p for p in problems if p.line == 2)
+    assert "OS CPU ids" in os_hint.message
+    assert "numbered by GPU index" in next(p for p in problems if p.line == 1).message
+
+
+def test_check_type_substring_rule(dgx: Node) -> None:
+    plan = plan_gres(dgx, GresOptions(links=False))
+    lines = "\n".join(f"Name=gpu Type=h100 File=/dev/nvidia{i} Cores={'0-55' if i < 4 else '56-111'}"
+                      for i in range(8))
+    assert check_gres_conf(plan, parse_gres_conf(lines, "g")) == []
