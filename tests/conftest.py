@@ -1,8 +1,20 @@
 import pathlib
+
 import pytest
+
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
 @pytest.fixture(scope="session")
 def real_fixtures() -> pathlib.Path:
     if not SHARED.is_dir():
         pytest.skip("../shared/fixtures/real is absent (only developer checkouts and CI have it)")
     return SHARED
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Tests marked `slurm` run the real slurmd -G; skip them only when this machine can't.
+    if item.get_closest_marker("slurm") is not None:
+        from slurm_harness import slurm_available
+
+        reason = slurm_available()
+        if reason:
+            pytest.skip(reason)

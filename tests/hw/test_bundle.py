@@ -257,7 +257,7 @@ def test_resolve_env_and_file_errors(builtins: Path, tmp_path: Path, monkeypatch
 
 def test_load_node_replays(builtins: Path) -> None:
     node = source.load_node("dgx-h100")
-    assert node.source == f"replay:{builtins / 'dgx-h100'}" and len(node.gpus) == 2
+    assert node.source == "builtin:dgx-h100" and len(node.gpus) == 2
 
 
 def test_load_node_without_nvml_gives_hint(builtins: Path, monkeypatch: pytest.MonkeyPatch) -> None:

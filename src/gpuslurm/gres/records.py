@@ -98,7 +98,7 @@ def node_core_map(node: Node) -> CoreMap:
     try:
         return core_map(node.cpus)
     except LayoutError as exc:
-        where = "lscpu.csv" if node.source.startswith("replay:") else "sysfs"
+        where = "sysfs" if node.source.startswith("nvml") else "lscpu.csv"
         raise CaptureError(f"{where}: {exc} (capture it with lscpu -p=CPU,CORE,SOCKET,NODE)",
                            bundle_path(node)) from None
 
@@ -126,6 +126,9 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
         notes.append("no Links=: the capture has no link matrix (nvidia-smi-topo.txt)")
     elif opts.links and has_mig:
         notes.append("no Links=: MIG devices have no NVLink and would shift Links positions")
+    if has_mig:
+        notes.append("Slurm before 23.02.7 counts each file of a MultipleFiles line as a GPU when "
+                     "GresTypes has mps or shard (Slurm bug 17482): keep them out of GresTypes here")
     if write_links and _uniform_nvlink(node):
         notes.append("Links=: every GPU pair has the same NVLink count (NVSwitch); written as counted")
 

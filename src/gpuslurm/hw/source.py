@@ -7,6 +7,7 @@ is read; it is imported only then, so replaying works on machines without a driv
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -60,7 +61,10 @@ def load_node(spec: str | None) -> Node:
     """The node described by ``spec`` (see resolve_source), or the live one from NVML."""
     path = resolve_source(spec)
     if path is not None:
-        return read_bundle(path)
+        node = read_bundle(path)
+        if path.parent == BUILTIN_DIR:  # say "builtin:dgx-h100", not a site-packages path
+            node = dataclasses.replace(node, source=f"builtin:{path.name}")
+        return node
     from gpuslurm.hw.nvml import read_node  # lazy: replay must work where NVML is absent
 
     try:

@@ -1,0 +1,1 @@
+"""Adapters to Slurm's own programs and files."""
