@@ -133,3 +133,20 @@ def test_check_type_substring_rule(dgx: Node) -> None:
     lines = "\n".join(f"Name=gpu Type=h100 File=/dev/nvidia{i} Cores={'0-55' if i < 4 else '56-111'}"
                       for i in range(8))
     assert check_gres_conf(plan, parse_gres_conf(lines, "g")) == []
+
+
+def test_template_cache_refuses_a_planted_directory(tmp_path, monkeypatch, dgx: Node) -> None:  # type: ignore[no-untyped-def]
+    """Root must not use a cache directory someone else prepared (here: a symlink)."""
+    import os
+    import tempfile
+
+    from gpuslurm.gres import render
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / f"_jinja2-cache-{os.getuid()}").symlink_to(elsewhere)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert render._bytecode_cache() is None
+    text = render_gres_conf(dgx, GresOptions())
+    assert "File=/dev/nvidia7" in text
+    assert list(elsewhere.iterdir()) == []

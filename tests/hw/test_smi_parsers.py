@@ -208,7 +208,7 @@ def test_merge_rejects_disagreeing_listing(real_fixtures: pathlib.Path) -> None:
     real = dataclasses.replace(report.gpus[0], uuid="GPU-513536b6-7d19-9063-b049-1e69664bb298")
     other = dataclasses.replace(listing[0], uuid="GPU-d37e67a5-91dd-3774-a5cb-99096249601a")
     with pytest.raises(CaptureError, match="in nvidia-smi -L"):
-        merge_listing(dataclasses.replace(report, gpus=(real,)), (other,), "L")
+        merge_listing(report._replace(gpus=(real,)), (other,), "L")
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -273,5 +273,5 @@ def test_query_text_rejects_other_text(real_fixtures: pathlib.Path) -> None:
 def test_report_is_frozen(real_fixtures: pathlib.Path) -> None:
     report = parse_smi_xml(_xml(real_fixtures, "a10g.xml"), "a10g")
     assert isinstance(report, SmiReport)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         report.gpus = ()  # type: ignore[misc]

@@ -22,14 +22,14 @@ Decisions, each also in the README:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Gpu, LinkKind, MigDevice, Node, autodetect_mig_type, autodetect_type
 from gpuslurm.topo.cores import CoreMap, LayoutError, core_map, format_ranges
 
 
-@dataclass(frozen=True, slots=True)
-class GresOptions:
+class GresOptions(NamedTuple):
     node_name: str | None = None  # prefix every line with NodeName= (a cluster-wide gres.conf)
     mps: int | None = None  # Name=mps Count= per GPU
     shard: int | None = None  # Name=shard Count= per GPU
@@ -76,8 +76,7 @@ class GresRecord:
         return f"GPU {g.index} {g.bus_id} {g.uuid} NUMA {g.numa_node if g.numa_node is not None else '?'}"
 
 
-@dataclass(frozen=True, slots=True)
-class GresPlan:
+class GresPlan(NamedTuple):
     """Everything the gres.conf template needs."""
 
     records: tuple[GresRecord, ...]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,21 @@ def template_dir() -> Path:
     raise InputError("gres-templates directory not found (broken installation?)")
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """jinja2's per-user template cache, which saves compiling the template on every run.
+
+    jinja2 keeps it in ``$TMPDIR/_jinja2-cache-<uid>``, creates it mode 0700 and refuses it
+    (RuntimeError) unless it is a real directory owned by us, so root never follows a path
+    another user planted. Any problem means no cache, never a failure.
+    """
+    if os.environ.get("GPUSLURM_NO_TEMPLATE_CACHE"):
+        return None
+    try:
+        return jinja2.FileSystemBytecodeCache()
+    except (OSError, RuntimeError):
+        return None
+
+
 def _render(name: str, template_file: Path | None, context: dict[str, Any]) -> str:
     if template_file is not None:
         if not template_file.is_file():
@@ -36,7 +52,7 @@ def _render(name: str, template_file: Path | None, context: dict[str, Any]) -> s
         loader = jinja2.FileSystemLoader(str(template_dir()))
     env = jinja2.Environment(  # noqa: S701 - config files, not HTML
         loader=loader, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
+        undefined=jinja2.StrictUndefined, bytecode_cache=_bytecode_cache(),
     )
     try:
         return env.get_template(name).render(**context)

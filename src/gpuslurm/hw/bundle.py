@@ -8,16 +8,13 @@ Files the reader does not know are ignored, so a bundle can carry notes or extra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.lscpu import parse_lscpu
-from gpuslurm.hw.mig_minors import parse_mig_minors
 from gpuslurm.hw.model import Cpu, Gpu, Link, MigDevice, Node
-from gpuslurm.hw.nvml_json import load_partial
-from gpuslurm.hw.smi_text import merge_listing, parse_smi_list, parse_smi_query_text
 from gpuslurm.hw.smi_xml import SmiReport, parse_smi_xml
 from gpuslurm.hw.topo_text import TopoMatrix, parse_topo
 
@@ -34,8 +31,7 @@ HOSTNAME = "hostname"
 Matrix = tuple[tuple[Link, ...], ...]
 
 
-@dataclass(frozen=True)
-class _GpuFacts:
+class _GpuFacts(NamedTuple):
     gpus: tuple[Gpu, ...]
     driver_version: str | None
     cuda_version: str | None
@@ -57,7 +53,11 @@ def read_bundle(path: Path) -> Node:
     """Assemble a Node from whatever files the bundle directory holds."""
     if not path.is_dir():
         raise CaptureError("no such capture bundle directory", path)
-    nvml = load_partial(path / NVML_JSON) if (path / NVML_JSON).is_file() else {}
+    nvml: dict[str, Any] = {}
+    if (path / NVML_JSON).is_file():
+        from gpuslurm.hw.nvml_json import load_partial  # json only when the bundle has it
+
+        nvml = load_partial(path / NVML_JSON)
     facts = _gpu_facts(path, nvml)
     warnings = list(facts.warnings)
     gpus = facts.gpus
@@ -97,10 +97,16 @@ def _smi_report(path: Path) -> tuple[SmiReport, str] | None:
     if (path / SMI_XML).is_file():
         report, origin = parse_smi_xml(read_text(path / SMI_XML), str(path / SMI_XML)), SMI_XML
     elif (path / SMI_TEXT).is_file():
+        from gpuslurm.hw.smi_text import parse_smi_query_text
+
         report, origin = parse_smi_query_text(read_text(path / SMI_TEXT), str(path / SMI_TEXT)), SMI_TEXT
     else:
         return None
-    if (path / SMI_LIST).is_file():
+    # -L adds only MIG profile names and MIG UUIDs: read it (and pay for its parser) only when
+    # some GPU has MIG devices. gres-conf runs on every node of a cluster.
+    if any(g.mig_devices for g in report.gpus) and (path / SMI_LIST).is_file():
+        from gpuslurm.hw.smi_text import merge_listing, parse_smi_list
+
         source = str(path / SMI_LIST)
         report = merge_listing(report, parse_smi_list(read_text(path / SMI_LIST), source), source)
     return report, origin
@@ -200,6 +206,8 @@ def _mig_minors(path: Path, gpus: tuple[Gpu, ...], warnings: list[str]) -> tuple
             warnings.append(f"MIG device files are unknown: add {MIG_MINORS} "
                             "(/proc/driver/nvidia-caps/mig-minors) to the bundle")
         return gpus
+    from gpuslurm.hw.mig_minors import parse_mig_minors
+
     table = parse_mig_minors(read_text(file), str(file))
 
     def lookup(gpu: Gpu, mig: MigDevice, ci: int | None) -> int:

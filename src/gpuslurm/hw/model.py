@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class LinkKind(StrEnum):
@@ -24,8 +25,7 @@ class LinkKind(StrEnum):
     UNKNOWN = "N/A"
 
 
-@dataclass(frozen=True, slots=True)
-class Link:
+class Link(NamedTuple):
     """The connection from one GPU to another; ``nvlinks`` counts bonded NVLinks."""
 
     kind: LinkKind
@@ -40,9 +40,25 @@ class Link:
 SELF_LINK = Link(LinkKind.SELF)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Cpu:
-    """One logical CPU: OS id, physical core id (as lscpu numbers it), socket, NUMA node."""
+def link_from_text(text: str) -> Link:
+    """Parse one cell of a topo matrix: ``X``, ``NV12``, ``PIX`` …"""
+    t = text.strip()
+    if t == "X":
+        return Link(LinkKind.SELF)
+    if t.startswith("NV") and t[2:].isdigit():
+        return Link(LinkKind.NVLINK, int(t[2:]))
+    try:
+        return Link(LinkKind(t))
+    except ValueError:
+        raise ValueError(f"unknown link kind {t!r}") from None
+
+
+class Cpu(NamedTuple):
+    """One logical CPU: OS id, physical core id (as lscpu numbers it), socket, NUMA node.
+
+    Light tuples rather than dataclasses: a node has hundreds, and class creation is on the
+    start-up path of every command.
+    """
 
     os_id: int
     core: int

@@ -23,23 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import Cpu, Gpu, Link, LinkKind, MigDevice, Node
+from gpuslurm.hw.model import Cpu, Gpu, MigDevice, Node, link_from_text
+
+__all__ = ["dump_node", "link_from_text", "load_partial", "node_to_dict"]
 
 FORMAT = "gpuslurm-nvml"
 VERSION = 1
-
-
-def link_from_text(text: str) -> Link:
-    """Parse one cell of a topo matrix: ``X``, ``NV12``, ``PIX`` …"""
-    t = text.strip()
-    if t == "X":
-        return Link(LinkKind.SELF)
-    if t.startswith("NV") and t[2:].isdigit():
-        return Link(LinkKind.NVLINK, int(t[2:]))
-    try:
-        return Link(LinkKind(t))
-    except ValueError:
-        raise ValueError(f"unknown link kind {t!r}") from None
 
 
 def node_to_dict(node: Node) -> dict[str, Any]:

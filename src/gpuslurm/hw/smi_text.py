@@ -204,4 +204,4 @@ def merge_listing(report: SmiReport, listing: tuple[ListedGpu, ...], source: str
     merged = tuple(_merge_gpu(g, lg, source) for g, lg in zip(report.gpus, listing, strict=True))
     deduped, warnings = dedupe_uuids(merged, source)
     fresh = tuple(w for w in warnings if w not in report.warnings)
-    return replace(report, gpus=deduped, warnings=report.warnings + fresh)
+    return report._replace(gpus=deduped, warnings=report.warnings + fresh)

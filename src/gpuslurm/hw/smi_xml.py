@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pyexpat import ErrorString
+from typing import NamedTuple
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Gpu, MigDevice, normalise_bus_id
@@ -42,8 +43,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class SmiReport:
+class SmiReport(NamedTuple):
     """The node facts one nvidia-smi query output carries."""
 
     driver_version: str | None

@@ -12,12 +12,11 @@ drivers, which print an empty cell before ``GPU NUMA ID`` in every row (``0\t\tN
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import Link, LinkKind
-from gpuslurm.hw.nvml_json import link_from_text
+from gpuslurm.hw.model import Link, LinkKind, link_from_text
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 GPU_LABEL_RE = re.compile(r"^GPU\d+$")
@@ -27,8 +26,7 @@ _HEADER_TOKEN_RE = re.compile("|".join(re.escape(t) for t in TRAILING) + r"|\S+"
 _CPU_LIST_RE = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
 
 
-@dataclass(frozen=True)
-class TopoMatrix:
+class TopoMatrix(NamedTuple):
     """The GPU part of a ``topo -m`` matrix, in row order (NVML index order)."""
 
     gpu_labels: tuple[str, ...]

@@ -14,7 +14,7 @@ cores within a socket ordered by their lowest OS CPU.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpuslurm.hw.model import Cpu
 
@@ -23,8 +23,7 @@ class LayoutError(ValueError):
     """The CPU facts cannot be turned into a Slurm layout (caller adds the file name)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CoreMap:
+class CoreMap(NamedTuple):
     """OS CPU id → Slurm abstract core id for one node."""
 
     core_of_cpu: dict[int, int]
