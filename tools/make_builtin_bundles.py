@@ -21,14 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from gpuslurm.hw.mig_minors import mig_minors_text
+
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "gpuslurm" / "hw" / "builtin"
 UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://gpuslurm.invalid/builtin-bundles")
 
 # The driver keeps capability minors for 32 GPU minors whatever is installed
 # (the MIG user guide's listing ends at gpu31/gi14/ci7/access 4322).
 MIG_MINOR_GPU_SLOTS = 32
-GI_SLOTS = 15
-CI_SLOTS = 8
 
 Cpus = tuple[tuple[int, int, int, int], ...]  # (cpu, core, socket, node) as lscpu -p prints them
 
@@ -326,16 +327,7 @@ def render_lscpu(cpus: Cpus) -> str:
 
 
 def render_mig_minors() -> str:
-    lines = ["config 1", "monitor 2"]
-    minor = 3
-    for gpu in range(MIG_MINOR_GPU_SLOTS):
-        for gi in range(GI_SLOTS):
-            lines.append(f"gpu{gpu}/gi{gi}/access {minor}")
-            minor += 1
-            for ci in range(CI_SLOTS):
-                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
-                minor += 1
-    return "\n".join(lines) + "\n"
+    return mig_minors_text(MIG_MINOR_GPU_SLOTS)
 
 
 def render_meminfo(total_kib: int) -> str:

@@ -20,7 +20,7 @@ MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia
 
 
 def test_hostlists_expand_with_padding() -> None:
-    assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert list(expand_hostlist("gpu[01-03,07],login1")) == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
 
 
 def test_lines_for_one_node_with_ranges_expanded() -> None:

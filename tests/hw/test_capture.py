@@ -2,38 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import socket
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
 from gpuslurm.errors import HardwareError, InputError
 from gpuslurm.hw.capture import write_capture
 from gpuslurm.hw.mig_minors import mig_minors_text
 from gpuslurm.hw.nvml import NvmlBackend
 from gpuslurm.hw.nvml_json import load_partial
 
-FAKES = pathlib.Path(__file__).resolve().parents[1] / "fakes"
 LSCPU_OUT = "# CPU,Core,Socket,Node\n0,0,0,0\n1,1,0,0\n"
 
 
-def _load_fake() -> ModuleType:
-    """tests/fakes is not a package: load the stand-in by path, once per session."""
-    if "fake_pynvml" in sys.modules:
-        return sys.modules["fake_pynvml"]
-    spec = importlib.util.spec_from_file_location("fake_pynvml", FAKES / "fake_pynvml.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fake_pynvml"] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
-
-
-fp = _load_fake()
 
 
 def script(path: pathlib.Path, body: str) -> str:

@@ -3,42 +3,24 @@
 from __future__ import annotations
 
 import ctypes.util
-import importlib.util
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
-from types import ModuleType
 from typing import Any
 
 import psutil
 import pytest
 
+from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
 from gpuslurm.errors import HardwareError, NotSupported
 from gpuslurm.hw import nvml as nvml_module
 from gpuslurm.hw import sysfs
 from gpuslurm.hw.mig_minors import mig_minors_text
 from gpuslurm.hw.model import Cpu, Link, LinkKind
 from gpuslurm.hw.nvml import NvmlBackend, mig_profile_name
-
-FAKES = pathlib.Path(__file__).resolve().parents[1] / "fakes"
-
-
-def _load_fake() -> ModuleType:
-    """tests/fakes is not a package: load the stand-in by path, once per session."""
-    if "fake_pynvml" in sys.modules:
-        return sys.modules["fake_pynvml"]
-    spec = importlib.util.spec_from_file_location("fake_pynvml", FAKES / "fake_pynvml.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fake_pynvml"] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
-
-
-fp = _load_fake()
 
 
 def make_sys(root: pathlib.Path, cpus: list[dict[str, Any]], pci_numa: dict[str, int] | None = None,

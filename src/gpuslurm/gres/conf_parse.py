@@ -7,11 +7,11 @@ start with ``NodeName=`` (a hostlist) or ``Name=``, and ``File=`` may hold a bra
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from gpuslurm.errors import InputError
 from gpuslurm.topo.cores import parse_ranges
+from gpuslurm.topo.hostlist import expand_hostlist
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,46 +27,9 @@ class ConfEntry:
     count: int | None
 
 
-_BRACKET = re.compile(r"\[([^\]]+)\]")
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist such as ``dgx[01-04,07],login1`` into names."""
-    names: list[str] = []
-    for part in _split_top_level(expr):
-        m = _BRACKET.search(part)
-        if m is None:
-            names.append(part)
-            continue
-        prefix, suffix = part[: m.start()], part[m.end():]
-        for item in m.group(1).split(","):
-            lo, sep, hi = item.partition("-")
-            width = len(lo)
-            values = range(int(lo), int(hi) + 1) if sep else [int(lo)]
-            names.extend(f"{prefix}{v:0{width}d}{suffix}" for v in values)
-    return names
-
-
 def expand_files(expr: str) -> list[str]:
     """``/dev/nvidia[0-2,5]`` → four paths; a plain path → itself."""
-    return expand_hostlist(expr)
-
-
-def _split_top_level(expr: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for ch in expr:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    if current:
-        parts.append(current)
-    return [p.strip() for p in parts if p.strip()]
+    return list(expand_hostlist(expr))
 
 
 def parse_gres_conf(text: str, source: str, node_name: str | None = None) -> tuple[ConfEntry, ...]:
@@ -85,8 +48,8 @@ def parse_gres_conf(text: str, source: str, node_name: str | None = None) -> tup
         if "nodename" in fields:
             try:
                 hosts = expand_hostlist(fields.pop("nodename"))
-            except ValueError:
-                raise InputError(f"line {lineno}: bad NodeName hostlist", source) from None
+            except ValueError as exc:
+                raise InputError(f"line {lineno}: bad NodeName hostlist: {exc}", source) from None
             if node_name is not None and node_name not in hosts:
                 continue
         if "autodetect" in fields and "name" not in fields:

@@ -44,6 +44,8 @@ from pathlib import Path
 
 from gpuslurm.errors import CommandError
 from gpuslurm.runner import run_command
+from gpuslurm.topo.cores import parse_ranges
+from gpuslurm.topo.hostlist import expand_hostlist
 
 SLURMD = "/usr/sbin/slurmd"
 
@@ -146,61 +148,14 @@ def _int_or_none(value: str | None) -> int | None:
     return None if value is None else int(value)
 
 
-def expand_ranges(spec: str) -> tuple[int, ...]:
-    """``"0-3,8"`` → ``(0, 1, 2, 3, 8)``, sorted and without duplicates."""
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not lo or (sep and not hi):
-            raise ValueError(f"bad range {part!r} in {spec!r}")
-        first = int(lo)
-        last = int(hi) if sep else first
-        if last < first:
-            raise ValueError(f"descending range {part!r} in {spec!r}")
-        out.update(range(first, last + 1))
-    return tuple(sorted(out))
-
-
 def expand_files(expr: str) -> tuple[str, ...]:
-    """Expand a Slurm File expression (comma list and ``[0-3,5]`` ranges) into paths, in order."""
-    paths: list[str] = []
-    for item in _split_top_level(expr):
-        paths.extend(_expand_brackets(item))
-    return tuple(paths)
+    """A File/MultipleFiles expression as slurmd printed it, expanded into paths."""
+    return expand_hostlist(expr)
 
 
-def _split_top_level(expr: str) -> list[str]:
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(expr):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced ']' in {expr!r}")
-        elif ch == "," and depth == 0:
-            items.append(expr[start:i])
-            start = i + 1
-    if depth:
-        raise ValueError(f"unbalanced '[' in {expr!r}")
-    items.append(expr[start:])
-    return [s for s in items if s]
-
-
-def _expand_brackets(item: str) -> list[str]:
-    open_at = item.find("[")
-    if open_at < 0:
-        return [item]
-    close_at = item.index("]", open_at)
-    head, body, tail = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
-    out: list[str] = []
-    for part in body.split(","):
-        lo, sep, hi = part.partition("-")
-        # Like Slurm's hostlists, a zero-padded lower bound fixes the width of every number.
-        width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
-        for n in range(int(lo), int(hi if sep else lo) + 1):
-            out.extend(head + str(n).zfill(width) + rest for rest in _expand_brackets(tail))
-    return out
+def expand_ranges(spec: str) -> tuple[int, ...]:
+    """``"0-3,8"`` → ``(0, 1, 2, 3, 8)``."""
+    return parse_ranges(spec)
 
 
 def run_slurmd_report(conf_dir: Path, slurmd: str = SLURMD, timeout: float = 30,
