@@ -1,0 +1,251 @@
+"""gpuslurm's site configuration: ``/etc/gpuslurm/gpuslurm.toml``, or the file ``$GPUSLURM_CONFIG`` names.
+
+Every key is documented in ``docs/config.md``. The hooks import this on every job, so it uses
+only ``tomllib``, ``typing`` and ``os``; ``gpuslurm.errors`` is imported only to raise.
+A missing default file means all defaults; a file named by ``$GPUSLURM_CONFIG`` must exist.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from typing import Any, NamedTuple, NoReturn
+
+DEFAULT_PATH = "/etc/gpuslurm/gpuslurm.toml"
+ENV_VAR = "GPUSLURM_CONFIG"
+
+ACTIONS = ("drain", "log", "off")
+MPS_TRIGGERS = ("gres", "comment", "feature")
+CGROUP_MODES = ("auto", "always", "never")
+
+# NamedTuples, not dataclasses: the hooks import this on every job and a frozen dataclass costs
+# about five times as much to create. A key's type is its default's type; lists and ranges are
+# constrained by the rules below, keyed by "section.key".
+
+
+class Rule(NamedTuple):
+    item: type | None = None  # element type of a list
+    choices: tuple[str, ...] | None = None
+    lo: float | None = None
+    hi: float | None = None
+    abspath: bool = False
+
+
+class FaultCheck(NamedTuple):
+    """One health check: what to do when it fails (``drain``, ``log``, or ``off`` to skip it)."""
+
+    action: str = "drain"
+
+
+class TemperatureCheck(NamedTuple):
+    action: str = "drain"
+    limit_c: int = 85
+
+
+class XidCheck(NamedTuple):
+    action: str = "drain"
+    # Xids a user's own program causes (13 graphics engine exception, 31 MMU fault, 43 GPU
+    # stopped processing, 45 preemptive cleanup): they say nothing about the GPU's health.
+    ignore: tuple[int, ...] = (13, 31, 43, 45)
+
+
+class EccCheck(NamedTuple):
+    action: str = "drain"
+    max_uncorrectable: int = 0  # volatile uncorrectable errors tolerated
+
+
+class MemoryCheck(NamedTuple):
+    action: str = "drain"
+    max_used_mib: int = 1024  # GPU memory still used once the job's processes are gone
+
+
+class LeftoverCheck(NamedTuple):
+    action: str = "drain"
+    ignore_users: tuple[str, ...] = ()  # e.g. a site's monitoring account
+
+
+class HealthConfig(NamedTuple):
+    lost_gpu: FaultCheck = FaultCheck()
+    xid: XidCheck = XidCheck()
+    ecc: EccCheck = EccCheck()
+    row_remap: FaultCheck = FaultCheck()
+    temperature: TemperatureCheck = TemperatureCheck()
+    leftover_processes: LeftoverCheck = LeftoverCheck()
+    memory_released: MemoryCheck = MemoryCheck()
+
+
+class PathsConfig(NamedTuple):
+    run_dir: str = "/run/gpuslurm"
+    state_dir: str = "/var/lib/gpuslurm"
+    nvidia_smi: str = "/usr/bin/nvidia-smi"
+    mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
+    scontrol: str = "/usr/bin/scontrol"
+    cgroup_root: str = "/sys/fs/cgroup"
+    slurm_cgroup_conf: str = "/etc/slurm/cgroup.conf"
+
+    @property
+    def jobs_dir(self) -> str:
+        """Where the prolog writes job→GPU maps."""
+        return os.path.join(self.run_dir, "jobs")
+
+
+class MpsConfig(NamedTuple):
+    triggers: tuple[str, ...] = ("gres",)
+    comment_token: str = "gpuslurm:mps"  # noqa: S105 - a word in --comment, not a secret
+    feature: str = "mps"
+    active_thread_percentage: int = 100
+    pinned_memory_limit_mib: int = 0  # 0: no limit
+
+
+class CgroupConfig(NamedTuple):
+    devices: str = "auto"
+
+
+class EpilogConfig(NamedTuple):
+    summary: bool = True
+    admin_comment: bool = False
+    kill_leftover: bool = True
+    kill_grace_s: float = 5.0
+
+
+class HooksConfig(NamedTuple):
+    command_timeout_s: float = 10.0
+
+
+class Config(NamedTuple):
+    """The whole configuration; every section has defaults."""
+
+    health: HealthConfig = HealthConfig()
+    paths: PathsConfig = PathsConfig()
+    mps: MpsConfig = MpsConfig()
+    cgroup: CgroupConfig = CgroupConfig()
+    epilog: EpilogConfig = EpilogConfig()
+    hooks: HooksConfig = HooksConfig()
+    source: str | None = None  # the file read; None when all defaults
+
+
+_ACTION = Rule(choices=ACTIONS)
+RULES: dict[str, Rule] = {
+    **{f"health.{name}.action": _ACTION for name in HealthConfig._fields},
+    "health.temperature.limit_c": Rule(lo=1, hi=200),
+    "health.xid.ignore": Rule(item=int, lo=0),
+    "health.ecc.max_uncorrectable": Rule(lo=0),
+    "health.memory_released.max_used_mib": Rule(lo=0),
+    "health.leftover_processes.ignore_users": Rule(item=str),
+    **{f"paths.{name}": Rule(abspath=True) for name in PathsConfig._fields},
+    "mps.triggers": Rule(item=str, choices=MPS_TRIGGERS),
+    "mps.active_thread_percentage": Rule(lo=1, hi=100),
+    "mps.pinned_memory_limit_mib": Rule(lo=0),
+    "cgroup.devices": Rule(choices=CGROUP_MODES),
+    "epilog.kill_grace_s": Rule(lo=0, hi=600),
+    "hooks.command_timeout_s": Rule(lo=0.1, hi=600),
+}
+
+
+def config_path(environ: Mapping[str, str] | None = None) -> tuple[str, bool]:
+    """The config file to read, and whether it was named explicitly (so must exist)."""
+    env = os.environ if environ is None else environ
+    named = env.get(ENV_VAR, "")
+    return (named, True) if named else (DEFAULT_PATH, False)
+
+
+def load_config(path: str | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read the config file (``path``, else ``$GPUSLURM_CONFIG``, else the default)."""
+    explicit = path is not None
+    if path is None:
+        path, explicit = config_path(environ)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        if explicit:
+            _fail("no such file", path)
+        return Config()
+    except IsADirectoryError:
+        _fail("is a directory, not a config file", path)
+    except OSError as exc:
+        _fail(f"cannot read: {exc.strerror}", path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        _fail(f"not valid TOML: not UTF-8 (byte {exc.start})", path)
+    return parse_config(text, path)
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Parse TOML text into a Config; any mistake is one InputError naming ``source``."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        _fail(f"not valid TOML: {str(exc).splitlines()[0]}", source)
+    cfg: Config = _build(Config, doc, "", source)
+    return cfg._replace(source=source)
+
+
+def _build(cls: Any, table: Mapping[str, Any], where: str, source: str) -> Any:
+    defaults: dict[str, Any] = cls._field_defaults
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in defaults or (not where and key == "source"):
+            _fail(f"unknown key {key!r} in [{where}]" if where else f"unknown section [{key}]", source)
+        name = f"{where}.{key}" if where else key
+        default = defaults[key]
+        if hasattr(default, "_fields"):
+            if not isinstance(value, dict):
+                _fail(f"[{name}] must be a table, not {_describe(value)}", source)
+            values[key] = _build(type(default), value, name, source)
+            continue
+        rule = RULES.get(name, Rule())
+        label = f"{key} in [{where}]"
+        if isinstance(default, tuple):
+            if not isinstance(value, list):
+                _fail(f"{label} must be a list, not {_describe(value)}", source)
+            assert rule.item is not None, name
+            values[key] = tuple(_scalar(rule.item, rule, item, f"{label} (item {i + 1})", source)
+                                for i, item in enumerate(value))
+        else:
+            values[key] = _scalar(type(default), rule, value, label, source)
+    return cls(**values)
+
+
+def _scalar(kind: type, rule: Rule, value: Any, label: str, source: str) -> Any:
+    if kind is bool:
+        ok = isinstance(value, bool)
+        want = "true or false"
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        want = "an integer"
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        want = "a number"
+    else:
+        ok = isinstance(value, str)
+        want = "a string"
+    if not ok:
+        _fail(f"{label} must be {want}, not {_describe(value)}", source)
+    if kind is float:
+        value = float(value)
+    if rule.choices is not None and value not in rule.choices:
+        _fail(f"{label} must be one of {', '.join(rule.choices)}, not {value!r}", source)
+    lo, hi = rule.lo, rule.hi
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        _fail(f"{label} must be {bounds}, not {value!r}", source)
+    if rule.abspath and not value.startswith("/"):
+        _fail(f"{label} must be an absolute path, not {value!r}", source)
+    return value
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+def _fail(message: str, source: str) -> NoReturn:
+    from gpuslurm.errors import InputError  # only on the error path: keeps the hooks' import light
+
+    raise InputError(message, source=source)

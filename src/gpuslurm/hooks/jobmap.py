@@ -1,0 +1,381 @@
+"""The job→GPU map: ``<jobs dir>/<jobid>.json``, written by the prolog, removed by the epilog.
+
+The prolog runs as root, so every file operation here is made against a directory file
+descriptor that was reached one component at a time without following a symlink, and whose
+owner and mode were checked (see ``_open_dir``). Files are created with
+``O_CREAT|O_EXCL|O_NOFOLLOW`` under a temporary name and renamed into place, so a reader sees
+either the old map or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslurm.errors import InputError
+from gpuslurm.slurm.hookenv import JobDevice
+
+DEFAULT_JOBS_DIR = "/run/gpuslurm/jobs"
+FORMAT_VERSION = 1
+MAX_MAP_BYTES = 1 << 20  # a map is a few hundred bytes; refuse to slurp anything huge
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePathError(InputError):
+    """A path gpuslurm writes as root is a symlink, not ours, or writable by others."""
+
+
+@dataclass(frozen=True, slots=True)
+class MappedDevice:
+    """One device of a job as the map records it."""
+
+    uuid: str  # GPU-… or MIG-…
+    minor: int  # /dev/nvidia<minor> of the physical GPU
+    gres_index: int | None = None
+    parent_uuid: str | None = None  # the physical GPU of a MIG device
+    device_files: tuple[str, ...] = ()  # empty when unknown (MIG without capability minors)
+
+
+@dataclass(frozen=True, slots=True)
+class JobMap:
+    """Which devices one job holds on this node, and whose job it is."""
+
+    job_id: str
+    user: str
+    uid: int
+    devices: tuple[MappedDevice, ...]
+    start: float  # seconds since the epoch, when the prolog wrote the map
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(d.uuid for d in self.devices)
+
+    @property
+    def minors(self) -> tuple[int, ...]:
+        return tuple(d.minor for d in self.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "job_id": self.job_id,
+            "user": self.user,
+            "uid": self.uid,
+            "start": self.start,
+            "gpus": [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
+                      "parent_uuid": d.parent_uuid, "device_files": list(d.device_files)}
+                     for d in self.devices],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> JobMap:
+        """Validate a decoded map; unknown keys are ignored so newer writers stay readable."""
+        if not isinstance(data, dict):
+            raise InputError("a job map must be a JSON object", source=source)
+        gpus = _field(data, "gpus", list, source)
+        devices = []
+        for i, item in enumerate(gpus):
+            if not isinstance(item, dict):
+                raise InputError(f"gpus[{i}] must be an object", source=source)
+            files = _field(item, "device_files", list, source, optional=True) or []
+            if not all(isinstance(f, str) for f in files):
+                raise InputError(f"gpus[{i}].device_files must be strings", source=source)
+            devices.append(MappedDevice(
+                uuid=_field(item, "uuid", str, source),
+                minor=_field(item, "minor", int, source),
+                gres_index=_field(item, "gres_index", int, source, optional=True),
+                parent_uuid=_field(item, "parent_uuid", str, source, optional=True),
+                device_files=tuple(files),
+            ))
+        start = _field(data, "start", (int, float), source)
+        return cls(job_id=check_job_id(_field(data, "job_id", str, source)),
+                   user=_field(data, "user", str, source), uid=_field(data, "uid", int, source),
+                   devices=tuple(devices), start=float(start))
+
+
+def job_map(job_id: str, user: str, uid: int, devices: Iterable[JobDevice],
+            start: float | None = None) -> JobMap:
+    """Build the map for a job from the devices ``resolve_job_gpus`` found."""
+    mapped = []
+    for dev in devices:
+        try:
+            files = dev.device_files
+        except ValueError:  # MIG device whose capability minors the node did not report
+            files = ()
+        mapped.append(MappedDevice(uuid=dev.uuid, minor=dev.minor, gres_index=dev.gres_index,
+                                   parent_uuid=dev.gpu.uuid if dev.mig is not None else None,
+                                   device_files=files))
+    return JobMap(check_job_id(job_id), user, uid, tuple(mapped),
+                  time.time() if start is None else start)
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it is ``<digits>`` or ``<digits>_<digits>``; it becomes a file name."""
+    if not _valid_job_id(job_id):
+        raise InputError(f"not a Slurm job id: {job_id!r}", source="job id")
+    return job_id
+
+
+def map_path(job_id: str, base: str = DEFAULT_JOBS_DIR) -> str:
+    return os.path.join(base, f"{check_job_id(job_id)}.json")
+
+
+def write_map(jmap: JobMap, base: str = DEFAULT_JOBS_DIR) -> str:
+    """Write ``jmap`` atomically as ``<base>/<jobid>.json`` (mode 0600); returns the path."""
+    final = f"{check_job_id(jmap.job_id)}.json"
+    payload = (json.dumps(jmap.to_dict(), sort_keys=True) + "\n").encode()
+    dfd = _open_dir(base, create=True)
+    assert dfd is not None
+    try:
+        _refuse_odd_entry(dfd, final, base)
+        tmp = f".{final}.{os.getpid()}.tmp"
+        fd = _create_exclusive(dfd, tmp, base)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            # rename replaces whatever is at the final name without following it
+            os.replace(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return os.path.join(base, final)
+
+
+def read_map(job_id: str, base: str = DEFAULT_JOBS_DIR) -> JobMap | None:
+    """The map of ``job_id``, or None when there is none."""
+    name = f"{check_job_id(job_id)}.json"
+    dfd = _open_dir(base, create=False)
+    if dfd is None:
+        return None
+    try:
+        return _read(dfd, name, base)
+    finally:
+        os.close(dfd)
+
+
+def remove_map(job_id: str, base: str = DEFAULT_JOBS_DIR) -> bool:
+    """Remove the map of ``job_id``; False if there was none."""
+    name = f"{check_job_id(job_id)}.json"
+    dfd = _open_dir(base, create=False)
+    if dfd is None:
+        return False
+    try:
+        os.unlink(name, dir_fd=dfd)  # unlink never follows: a planted symlink just goes away
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(dfd)
+
+
+def list_job_ids(base: str = DEFAULT_JOBS_DIR) -> tuple[str, ...]:
+    """Job ids with a map, in numeric order; other names in the directory are ignored."""
+    dfd = _open_dir(base, create=False)
+    if dfd is None:
+        return ()
+    try:
+        return _job_ids(dfd)
+    finally:
+        os.close(dfd)
+
+
+def list_maps(base: str = DEFAULT_JOBS_DIR) -> tuple[JobMap, ...]:
+    """Every map in ``base``; a corrupt one raises InputError naming its file."""
+    dfd = _open_dir(base, create=False)
+    if dfd is None:
+        return ()
+    try:
+        maps = []
+        for job_id in _job_ids(dfd):
+            m = _read(dfd, f"{job_id}.json", base)
+            if m is not None:  # removed between listing and reading
+                maps.append(m)
+        return tuple(maps)
+    finally:
+        os.close(dfd)
+
+
+def _job_ids(dfd: int) -> tuple[str, ...]:
+    ids = []
+    for name in os.listdir(dfd):
+        stem, dot, ext = name.rpartition(".")
+        if dot and ext == "json" and _valid_job_id(stem):
+            ids.append(stem)
+    return tuple(sorted(ids, key=_job_sort_key))
+
+
+def _read(dfd: int, name: str, base: str) -> JobMap | None:
+    path = os.path.join(base, name)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink
+        raise UnsafePathError(f"refusing to read: {_why(dfd, name, exc)}", source=path) from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError("refusing to read: not a regular file", source=path)
+        _check_owner(st, path, "file")
+        data = fh.read(MAX_MAP_BYTES + 1)
+    if len(data) > MAX_MAP_BYTES:
+        raise InputError(f"larger than {MAX_MAP_BYTES} bytes: not a job map", source=path)
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid JSON: {exc}", source=path) from None
+    jmap = JobMap.from_dict(doc, path)
+    if f"{jmap.job_id}.json" != name:
+        raise InputError(f"names job {jmap.job_id}, not the job its file name says", source=path)
+    return jmap
+
+
+def _open_dir(base: str, *, create: bool) -> int | None:
+    """A descriptor for ``base``, reached without following symlinks and checked at each step.
+
+    Ancestors must be directories owned by root or by us, not writable by group or others unless
+    sticky (``/tmp``). Missing ones are created 0755 (other hooks put per-job directories the
+    user must reach beside ``base``); ``base`` itself is created 0700, must be ours and not
+    writable by others, and is narrowed to 0700 if it was readable by them. Returns None when a
+    component is missing and ``create`` is false.
+    """
+    path = os.path.abspath(base)
+    parts = [p for p in path.split("/") if p]
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        _check_dir(os.fstat(fd), "/", final=not parts)
+        for i, name in enumerate(parts):
+            final = i == len(parts) - 1
+            here = "/" + "/".join(parts[: i + 1])
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                try:
+                    os.mkdir(name, 0o700 if final else 0o755, dir_fd=fd)
+                except FileExistsError:  # another prolog made it meanwhile; it is checked below
+                    pass
+                child = _open_child(fd, name, here)
+            except OSError as exc:
+                raise UnsafePathError(f"refusing to use: {_why(fd, name, exc)}", source=here) from None
+            os.close(fd)
+            fd = child
+            st = os.fstat(fd)
+            _check_dir(st, here, final=final)
+            if final and st.st_mode & 0o077:
+                os.fchmod(fd, 0o700)
+        result, fd = fd, -1
+        return result
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _open_child(fd: int, name: str, here: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        raise UnsafePathError(f"refusing to use: {_why(fd, name, exc)}", source=here) from None
+
+
+def _check_dir(st: os.stat_result, here: str, *, final: bool) -> None:
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError("refusing to use: not a directory", source=here)
+    if final:
+        _check_owner(st, here, "directory")
+        return
+    if st.st_uid not in (0, os.geteuid()):
+        raise UnsafePathError(f"refusing to use: owned by uid {st.st_uid}", source=here)
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise UnsafePathError(f"refusing to use: writable by group or others "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)
+
+
+def _check_owner(st: os.stat_result, path: str, what: str) -> None:
+    if st.st_uid != os.geteuid():
+        raise UnsafePathError(f"refusing to use: {what} owned by uid {st.st_uid}, not {os.geteuid()}",
+                              source=path)
+    if st.st_mode & 0o022:
+        raise UnsafePathError(f"refusing to use: {what} writable by group or others "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o})", source=path)
+
+
+def _refuse_odd_entry(dfd: int, name: str, base: str) -> None:
+    """Refuse to replace anything but a regular file of ours: something else means tampering."""
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return
+    path = os.path.join(base, name)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError("refusing to replace a symlink", source=path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError("refusing to replace: not a regular file", source=path)
+    _check_owner(st, path, "file")
+
+
+def _create_exclusive(dfd: int, name: str, base: str) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    path = os.path.join(base, name)
+    for attempt in range(2):
+        try:
+            return os.open(name, flags, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            st = os.lstat(name, dir_fd=dfd)
+            # left by a crashed prolog that had our pid: ours to remove; anything else is not
+            if attempt or not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "something"
+                raise UnsafePathError(f"refusing to write: {kind} is already at the temporary name",
+                                      source=path) from None
+            os.unlink(name, dir_fd=dfd)
+    raise AssertionError("unreachable")
+
+
+def _why(dfd: int, name: str, exc: OSError) -> str:
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except OSError:
+        return exc.strerror or str(exc)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
+        return "not a regular file or directory"
+    return exc.strerror or str(exc)
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str,
+           optional: bool = False) -> Any:
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InputError(f"{key!r} missing or of the wrong type", source=source)
+    return value
+
+
+def _is_id(text: str) -> bool:
+    return 0 < len(text) <= 10 and text.isascii() and text.isdigit()
+
+
+def _valid_job_id(text: str) -> bool:
+    main, sep, task = text.partition("_")
+    return _is_id(main) and (not sep or _is_id(task))
+
+
+def _job_sort_key(job_id: str) -> tuple[int, int]:
+    main, _, task = job_id.partition("_")
+    return int(main), int(task) if task else -1

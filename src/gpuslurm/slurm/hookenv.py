@@ -1,0 +1,203 @@
+"""The environment Slurm gives a prolog, epilog or task prolog, and the GPUs it names.
+
+Pure: ``HookEnv.from_environ`` takes a mapping (``os.environ`` in production) and
+``resolve_job_gpus`` a ``HookEnv`` and a ``Node``; neither touches the system.
+
+Which GPUs a job has, in this order (see ``resolve_job_gpus``):
+
+1. Neither ``SLURM_STEP_GPUS`` nor ``SLURM_JOB_GPUS`` set: the job has no GPUs here. A
+   ``CUDA_VISIBLE_DEVICES`` alone is ignored, since a user can export one into a job that has
+   no GPUs.
+2. ``CUDA_VISIBLE_DEVICES`` made only of UUIDs (``GPU-…``, ``MIG-…``, or the old
+   ``MIG-GPU-<uuid>/<gi>/<ci>``), as Slurm writes for MIG and from 25.11: those devices.
+3. Otherwise the numbers of ``SLURM_STEP_GPUS`` (a step's own GPUs), else ``SLURM_JOB_GPUS``.
+   They are Slurm's GRES indices: the position of the device among the ``Name=gpu`` lines of
+   gres.conf. gpuslurm writes those lines in PCI bus order, a MIG-mode GPU contributing one line
+   per MIG device in the node's order and none if it has no instances; ``gres_devices`` lists
+   the node's devices in exactly that order. Numeric ``CUDA_VISIBLE_DEVICES`` is never used:
+   with ``ConstrainDevices=yes`` Slurm renumbers it from 0 inside the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuslurm.errors import InputError
+from gpuslurm.hw.model import Gpu, MigDevice, Node
+
+# What Slurm writes into CUDA_VISIBLE_DEVICES when a GRES has no device files.
+NO_DEV_FILES = "NoDevFiles"
+
+
+@dataclass(frozen=True, slots=True)
+class HookEnv:
+    """What a hook learns from its environment; ``None`` where the variable is absent."""
+
+    job_id: str | None = None  # SLURM_JOB_ID
+    uid: int | None = None  # SLURM_JOB_UID
+    user: str | None = None  # SLURM_JOB_USER
+    job_gpus: tuple[int, ...] | None = None  # SLURM_JOB_GPUS: GRES indices
+    step_gpus: tuple[int, ...] | None = None  # SLURM_STEP_GPUS: GRES indices
+    cuda_visible_devices: tuple[str, ...] | None = None  # indices or UUIDs, as written
+    context: str | None = None  # SLURM_SCRIPT_CONTEXT: prolog_slurmd, epilog_slurmd, …
+    node_name: str | None = None  # SLURMD_NODENAME
+    step_id: str | None = None  # SLURM_STEP_ID
+    array_job_id: str | None = None  # SLURM_ARRAY_JOB_ID
+    array_task_id: str | None = None  # SLURM_ARRAY_TASK_ID
+    comment: str | None = None  # SLURM_JOB_COMMENT (where Slurm provides it)
+    constraints: str | None = None  # SLURM_JOB_CONSTRAINTS (where Slurm provides it)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> HookEnv:
+        """Parse Slurm's variables; a malformed one is an InputError naming it."""
+
+        def text(name: str) -> str | None:
+            value = environ.get(name, "").strip()
+            return value or None
+
+        cvd = text("CUDA_VISIBLE_DEVICES")
+        return cls(
+            job_id=_digits(text("SLURM_JOB_ID"), "SLURM_JOB_ID", "a job id"),
+            uid=_uid(text("SLURM_JOB_UID")),
+            user=text("SLURM_JOB_USER"),
+            job_gpus=parse_index_list(text("SLURM_JOB_GPUS"), "SLURM_JOB_GPUS"),
+            step_gpus=parse_index_list(text("SLURM_STEP_GPUS"), "SLURM_STEP_GPUS"),
+            cuda_visible_devices=(None if cvd is None or cvd == NO_DEV_FILES
+                                  else tuple(p.strip() for p in cvd.split(",") if p.strip())),
+            context=text("SLURM_SCRIPT_CONTEXT"),
+            node_name=text("SLURMD_NODENAME"),
+            step_id=text("SLURM_STEP_ID"),
+            array_job_id=_digits(text("SLURM_ARRAY_JOB_ID"), "SLURM_ARRAY_JOB_ID", "a job id"),
+            array_task_id=_digits(text("SLURM_ARRAY_TASK_ID"), "SLURM_ARRAY_TASK_ID", "a task id"),
+            comment=text("SLURM_JOB_COMMENT"),
+            constraints=text("SLURM_JOB_CONSTRAINTS"),
+        )
+
+    def require_job(self) -> tuple[str, int, str]:
+        """Job id, uid and user, which every job hook needs; InputError naming what is missing."""
+        for name, value in (("SLURM_JOB_ID", self.job_id), ("SLURM_JOB_UID", self.uid),
+                            ("SLURM_JOB_USER", self.user)):
+            if value is None:
+                raise InputError("is not set: not running as a Slurm job hook?", source=name)
+        assert self.job_id is not None and self.uid is not None and self.user is not None
+        return self.job_id, self.uid, self.user
+
+
+@dataclass(frozen=True, slots=True)
+class JobDevice:
+    """One GPU or MIG device given to a job: its physical GPU, and the MIG device if any."""
+
+    gpu: Gpu
+    mig: MigDevice | None = None
+    gres_index: int | None = None  # position among the node's gpu GRES, when known
+
+    @property
+    def uuid(self) -> str:
+        """The device's UUID; a MIG device without one is named ``MIG-<gpu uuid>/<gi>/<ci>``,
+        the form CUDA accepted before MIG UUIDs existed."""
+        if self.mig is None:
+            return self.gpu.uuid
+        return self.mig.uuid or f"MIG-{self.gpu.uuid}/{self.mig.gi_id}/{self.mig.ci_id}"
+
+    @property
+    def minor(self) -> int:
+        """The minor of the physical GPU's ``/dev/nvidia<minor>`` (a MIG device's parent)."""
+        return self.gpu.minor
+
+    @property
+    def device_files(self) -> tuple[str, ...]:
+        """Device files the job needs; ValueError for a MIG device with unknown cap minors."""
+        if self.mig is None:
+            return (self.gpu.device_file,)
+        return self.mig.device_files(self.gpu.minor)
+
+
+def gres_devices(node: Node) -> tuple[JobDevice, ...]:
+    """The node's gpu GRES in gres.conf order, so position ``i`` is Slurm's index ``i``."""
+    devices: list[JobDevice] = []
+    for gpu in sorted(node.gpus, key=lambda g: g.bus_id):
+        for mig in gpu.mig_devices if gpu.mig_mode else (None,):
+            devices.append(JobDevice(gpu, mig, len(devices)))
+    return tuple(devices)
+
+
+def resolve_job_gpus(env: HookEnv, node: Node) -> tuple[JobDevice, ...]:
+    """The devices the job (or step) was given, in the order Slurm listed them.
+
+    The rule is in the module docstring. Repeats are dropped; an index out of range or an
+    unknown UUID is an InputError naming the variable.
+    """
+    var, indices = ("SLURM_STEP_GPUS", env.step_gpus) if env.step_gpus is not None \
+        else ("SLURM_JOB_GPUS", env.job_gpus)
+    if indices is None:
+        return ()
+    cvd = env.cuda_visible_devices
+    if cvd and all(_is_uuid(item) for item in cvd):
+        found = [_by_uuid(item, node) for item in cvd]
+    else:
+        table = gres_devices(node)
+        found = []
+        for i in indices:
+            if i >= len(table):
+                span = f"0-{len(table) - 1}" if table else "none"
+                raise InputError(f"GPU index {i} is out of range: node {node.hostname} has "
+                                 f"{len(table)} gpu GRES ({span})", source=var)
+            found.append(table[i])
+    seen: set[str] = set()
+    unique = []
+    for dev in found:
+        if dev.uuid not in seen:
+            seen.add(dev.uuid)
+            unique.append(dev)
+    return tuple(unique)
+
+
+def parse_index_list(text: str | None, var: str) -> tuple[int, ...] | None:
+    """Slurm's ``0,1,2`` (ranges such as ``0-3`` accepted too); None when absent."""
+    if text is None:
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not (lo.isascii() and lo.isdigit()) or (sep and not (hi.isascii() and hi.isdigit())):
+            raise InputError(f"not a list of GPU indices: {text!r}", source=var)
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise InputError(f"backwards range {part!r} in {text!r}", source=var)
+        out.extend(range(first, last + 1))
+    return tuple(out)
+
+
+def _is_uuid(item: str) -> bool:
+    return item.startswith(("GPU-", "MIG-"))
+
+
+def _by_uuid(item: str, node: Node) -> JobDevice:
+    table = gres_devices(node)
+    wanted = item.lower()
+    for dev in table:
+        if dev.uuid.lower() == wanted:
+            return dev
+        if dev.mig is not None and f"mig-{dev.gpu.uuid}/{dev.mig.gi_id}/{dev.mig.ci_id}".lower() == wanted:
+            return dev
+    for gpu in node.gpus:  # a whole GPU named by UUID, even one in MIG mode
+        if gpu.uuid.lower() == wanted:
+            return JobDevice(gpu)
+    raise InputError(f"no GPU or MIG device with UUID {item} on node {node.hostname}",
+                     source="CUDA_VISIBLE_DEVICES")
+
+
+def _digits(value: str | None, var: str, what: str) -> str | None:
+    if value is not None and not (value.isascii() and value.isdigit()):
+        raise InputError(f"not {what}: {value!r}", source=var)
+    return value
+
+
+def _uid(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise InputError(f"not a numeric uid: {value!r}", source="SLURM_JOB_UID")
+    return int(value)
