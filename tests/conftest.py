@@ -2,7 +2,12 @@ import pathlib
 
 import pytest
 
+# The session-scoped Slurm test cluster (docker-slurm/cluster.sh), for tests marked slurm.
+from cluster_fixture import slurm_cluster  # noqa: F401
+
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
+
+
 @pytest.fixture(scope="session")
 def real_fixtures() -> pathlib.Path:
     if not SHARED.is_dir():

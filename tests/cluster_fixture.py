@@ -1,0 +1,166 @@
+"""A real one-node Slurm cluster for end-to-end tests: the session fixture ``slurm_cluster``.
+
+It runs ``docker-slurm/cluster.sh up`` in a fresh state directory (munged, slurmctld and slurmd
+on loopback, the node an emulated DGX H100 with fake ``/dev/nvidiaN``) and ``down`` at the end of
+the session, even after failures. Only one such cluster can run per host: the device files and
+Slurm's cgroups are global.
+
+Environment: ``GPUSLURM_BUNDLE`` (default dgx-h100), ``GPUSLURM_BIN`` (the gpuslurm executable),
+``GPUSLURM_CLUSTER_EXTRA_CONF`` (extra slurm.conf lines), ``GPUSLURM_KEEP_CLUSTER=1`` keeps the
+state directory (configs and logs) after the session.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+CLUSTER_SH = Path(__file__).resolve().parents[1] / "docker-slurm" / "cluster.sh"
+SBATCH = "/usr/bin/sbatch"
+SCONTROL = "/usr/bin/scontrol"
+NEEDED = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", SBATCH, SCONTROL, "/usr/bin/sinfo")
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+    "BOOT_FAIL", "DEADLINE",
+})
+_JOB_STATE = re.compile(r"\bJobState=(\S+)")
+
+
+def cluster_unavailable() -> str | None:
+    """Why this machine cannot run the test cluster, or None when it can."""
+    if os.geteuid() != 0:
+        return "the Slurm test cluster needs root (slurmd, munged, mknod in /dev)"
+    missing = [path for path in NEEDED if not os.access(path, os.X_OK)]
+    if missing:
+        return f"{', '.join(missing)} missing: apt-get install -y slurm-wlm munge"
+    return None
+
+
+@dataclass
+class SlurmCluster:
+    """A running cluster: its SLURM_CONF, the environment for Slurm clients, and job helpers."""
+
+    state_dir: Path
+    env: dict[str, str] = field(repr=False)
+
+    @property
+    def conf(self) -> Path:
+        return self.state_dir / "etc" / "slurm.conf"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "log"
+
+    def sbatch(self, args: Sequence[str], script: str) -> int:
+        """Submit ``script`` (a shell script body) with extra sbatch ``args``; the job id.
+
+        Output goes to ``output(jobid)`` unless ``args`` name their own ``--output``.
+        """
+        jobs = self.state_dir / "jobs"
+        jobs.mkdir(exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=jobs)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(script if script.startswith("#!") else "#!/bin/bash\n" + script)
+        argv = [SBATCH, "--parsable", f"--output={jobs}/slurm-%j.out", *args, path]
+        result = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30,
+                                check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"sbatch {' '.join(args)} failed ({result.returncode}): "
+                               f"{result.stderr.strip()}")
+        return int(result.stdout.strip().split(";")[0])
+
+    def state(self, jobid: int) -> str:
+        """The job's current JobState (PENDING, RUNNING, COMPLETED, ...)."""
+        result = subprocess.run([SCONTROL, "-o", "show", "job", str(jobid)], env=self.env,
+                                capture_output=True, text=True, timeout=30, check=True)
+        match = _JOB_STATE.search(result.stdout)
+        if not match:
+            raise RuntimeError(f"scontrol show job {jobid}: no JobState in {result.stdout!r}")
+        return match.group(1)
+
+    def wait(self, jobid: int, timeout: float = 30) -> str:
+        """Wait for the job to end and return its final state; TimeoutError if it does not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.state(jobid)
+            if state in FINAL_STATES:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {jobid} still {state} after {timeout}s; logs in {self.log_dir}")
+            time.sleep(0.2)
+
+    def output(self, jobid: int) -> str:
+        """What the job wrote to its default output file."""
+        return (self.state_dir / "jobs" / f"slurm-{jobid}.out").read_text()
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the slurmctld and slurmd logs, for failure messages."""
+        parts = []
+        for name in ("slurmctld", "slurmd"):
+            path = self.log_dir / f"{name}.log"
+            text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+            parts.append(f"--- {path}\n" + "\n".join(text))
+        return "\n".join(parts)
+
+
+def _gpuslurm_bin(state_dir: Path) -> str:
+    """The gpuslurm executable for cluster.sh: $GPUSLURM_BIN, the installed script, or a wrapper."""
+    explicit = os.environ.get("GPUSLURM_BIN")
+    if explicit:
+        return explicit
+    beside = Path(sys.executable).parent / "gpuslurm"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    # Not installed (PYTHONPATH=src): run the package this test session imports.
+    spec = importlib.util.find_spec("gpuslurm")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("gpuslurm is neither installed nor importable: set GPUSLURM_BIN")
+    src = Path(spec.origin).resolve().parents[1]
+    wrapper = state_dir / "gpuslurm"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={src} exec {sys.executable} -m gpuslurm "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def _cluster_sh(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/bin/bash", str(CLUSTER_SH), command], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A running one-node cluster (see module docstring); stopped at the end of the session."""
+    reason = cluster_unavailable()
+    if reason:
+        pytest.skip(reason)
+    # Not pytest's tmp dirs: those are 0700, and later tests submit jobs as other users.
+    state_dir = Path(tempfile.mkdtemp(prefix="gpuslurm-cluster-"))
+    state_dir.chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("SLURM_", "SBATCH_"))}
+    env["GPUSLURM_CLUSTER_DIR"] = str(state_dir)
+    env["GPUSLURM_BIN"] = _gpuslurm_bin(state_dir)
+    cluster = SlurmCluster(state_dir, {**env, "SLURM_CONF": str(state_dir / "etc" / "slurm.conf")})
+    try:
+        up = _cluster_sh("up", env)
+        if up.returncode != 0:
+            pytest.fail(f"cluster.sh up failed ({up.returncode}):\n{up.stderr}{up.stdout}", pytrace=False)
+        yield cluster
+    finally:
+        down = _cluster_sh("down", env)
+        if down.returncode != 0:
+            print(f"cluster.sh down failed ({down.returncode}):\n{down.stderr}", file=sys.stderr)
+        if os.environ.get("GPUSLURM_KEEP_CLUSTER"):
+            print(f"kept the test cluster's state in {state_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
