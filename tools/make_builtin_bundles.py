@@ -23,6 +23,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from gpuslurm.hw.mig_minors import mig_minors_text
+from gpuslurm.ranges import format_ranges
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "gpuslurm" / "hw" / "builtin"
 UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://gpuslurm.invalid/builtin-bundles")
@@ -108,17 +109,7 @@ class Bundle:
 
 def cpu_list(ids: Sequence[int]) -> str:
     """Kernel-style list as nvidia-smi prints it: ranges only for consecutive ids."""
-    out: list[str] = []
-    ordered = sorted(ids)
-    start = prev = ordered[0]
-    for n in [*ordered[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ",".join(out)
+    return format_ranges(ids)
 
 
 def node_cpus(cpus: Cpus, node: int) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ from gpuslurm.hw.lscpu import parse_lscpu
 from gpuslurm.hw.model import Cpu, Gpu, Link, MigDevice, Node
 from gpuslurm.hw.smi_xml import SmiReport, parse_smi_xml
 from gpuslurm.hw.topo_text import TopoMatrix, parse_topo
+from gpuslurm.ranges import format_ranges
 
 NVML_JSON = "nvml.json"
 SMI_XML = "nvidia-smi-q.xml"
@@ -179,22 +180,8 @@ def _check_affinity(gpus: tuple[Gpu, ...], origins: tuple[Path, ...], cpus: tupl
     for gpu, origin in zip(gpus, origins, strict=True):
         missing = sorted(set(gpu.cpu_affinity) - known)
         if missing:
-            raise CaptureError(f"GPU{gpu.index} CPU affinity names CPUs {_cpu_list(missing)} that "
+            raise CaptureError(f"GPU{gpu.index} CPU affinity names CPUs {format_ranges(missing)} that "
                                f"{cpus_origin} does not list", origin)
-
-
-def _cpu_list(ids: list[int]) -> str:
-    """Sorted ids in kernel list form: [0, 1, 2, 5] → "0-2,5"."""
-    parts: list[str] = []
-    start = prev = ids[0]
-    for i in [*ids[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ",".join(parts)
 
 
 def _mig_minors(path: Path, gpus: tuple[Gpu, ...], warnings: list[str]) -> tuple[Gpu, ...]:

@@ -17,6 +17,9 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from gpuslurm.hw.model import Cpu
+from gpuslurm.ranges import format_ranges, parse_ranges
+
+__all__ = ["CoreMap", "LayoutError", "core_map", "format_ranges", "parse_ranges"]
 
 
 class LayoutError(ValueError):
@@ -73,34 +76,3 @@ def core_map(cpus: Iterable[Cpu]) -> CoreMap:
         cores_per_socket=next(iter(cores_per_socket.values())),
         threads_per_core=next(iter(threads.values())),
     )
-
-
-def format_ranges(ids: Iterable[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` → ``"0-2,5,7-8"`` (Slurm and nvidia-smi both read this form)."""
-    values = sorted(set(ids))
-    parts: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def parse_ranges(text: str) -> tuple[int, ...]:
-    """``"0-2,5"`` → ``(0, 1, 2, 5)``. Raises ValueError on anything else."""
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            raise ValueError(f"empty item in {text!r}")
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"not a number or range: {part!r}")
-        start, end = int(lo), int(hi) if sep else int(lo)
-        if end < start:
-            raise ValueError(f"backwards range: {part!r}")
-        out.update(range(start, end + 1))
-    return tuple(sorted(out))
