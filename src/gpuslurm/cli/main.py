@@ -160,6 +160,16 @@ def capture(args: tuple[str, ...], force: bool) -> None:
     click.echo(f"{args[0]}: wrote {', '.join(written)}")
 
 
+def _register_more_commands() -> None:
+    # Commands that live in their own modules (each imports its library lazily).
+    from gpuslurm.cli.install_cmd import install
+
+    cli.add_command(install)
+
+
+_register_more_commands()
+
+
 def _emit(text: str, output: Path | None) -> None:
     if output is None:
         click.echo(text, nl=False)

@@ -1,0 +1,66 @@
+"""``gpuslurm install``: the click command over :mod:`gpuslurm.install`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpuslurm.install import CGROUP_SNIPPET_NAME, DEFAULT_PREFIX
+
+
+def _warn(message: str) -> None:
+    click.echo(f"gpuslurm: warning: {message}", err=True)
+
+
+@click.command()
+@click.option("--slurm-etc", required=True, type=click.Path(path_type=Path), metavar="DIR",
+              help="Slurm's configuration directory (where slurm.conf is); the cgroup.conf snippet "
+                   f"goes there as {CGROUP_SNIPPET_NAME}.")
+@click.option("--prefix", type=click.Path(path_type=Path), default=DEFAULT_PREFIX, show_default=True,
+              metavar="DIR", help="Where the hook executables and the install manifest go.")
+@click.option("--python", "python", metavar="PATH", default="",
+              help="Interpreter the hooks run (default: the one running this command).")
+@click.option("--mps", is_flag=True, help="Print GresTypes=gpu,mps (not on MIG nodes before Slurm 23.02.7).")
+@click.option("--dry-run", is_flag=True, help="Show what would change (with diffs); change nothing.")
+@click.option("--force", is_flag=True, help="Overwrite files an admin edited since the last install.")
+def install(slurm_etc: Path, prefix: Path, python: str, mps: bool, dry_run: bool, force: bool) -> None:
+    """Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they need.
+
+    Safe to run again: unchanged files are left alone, and a file edited since gpuslurm wrote it
+    is refused unless --force.
+    """
+    from gpuslurm import install as lib
+
+    plan = lib.plan_install(slurm_etc, prefix, python, force)
+    here = str(Path(lib.__file__).resolve().parent)
+    there = lib.probe_interpreter(plan.python)
+    if there != here:
+        _warn(f"the hooks will run the gpuslurm in {there}, not this one ({here})")
+
+    for line in lib.describe(plan, dry_run):
+        click.echo(line)
+    if dry_run:
+        for action in plan.actions:
+            if action.verb in ("create", "update", "overwrite"):
+                click.echo(lib.diff(action), nl=False)
+    elif plan.changes:
+        lib.apply_plan(plan)
+
+    wanted = lib.slurm_conf_lines(plan.prefix, mps)
+    click.echo("\n# slurm.conf lines for gpuslurm (every node and the controller; then "
+               "`scontrol reconfigure`):")
+    for line in wanted:
+        click.echo(line)
+    snippet = plan.slurm_etc / CGROUP_SNIPPET_NAME
+    click.echo(f"# and copy the settings in {snippet} into {plan.slurm_etc / 'cgroup.conf'}")
+    conf = plan.slurm_etc / "slurm.conf"
+    if conf.is_file():
+        notes = lib.conf_status(wanted, lib.parse_slurm_conf(conf.read_text(errors="replace")))
+        click.echo(f"# {conf}: " + ("; ".join(notes) if notes else "already has all of these"))
+
+    for path in (Path(plan.python), plan.hook_path("TaskProlog")):
+        blocked = lib.unreachable_by_users(path)
+        if blocked is not None:
+            _warn(f"{blocked} is not reachable by other users, so the TaskProlog (which runs as "
+                  f"the job's user) cannot start {path}")

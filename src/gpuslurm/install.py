@@ -1,0 +1,391 @@
+"""``gpuslurm install``: put the hook executables and the cgroup.conf snippet in place.
+
+Planning is separate from doing: :func:`plan_install` looks at the destination and decides one
+action per file; :func:`apply_plan` carries the actions out. A manifest beside the hooks records
+the sha256 of every file gpuslurm wrote, so a file whose content differs from that record was
+edited by an admin and is left alone unless ``force``. Writes are atomic (temporary file and
+rename) and never go through a symbolic link.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import shlex
+import stat
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslurm.errors import CommandError, InputError
+
+DEFAULT_PREFIX = Path("/usr/local/libexec/gpuslurm")
+MANIFEST_NAME = "install-manifest.json"
+CGROUP_SNIPPET_NAME = "gpuslurm-cgroup.conf"
+PLACEHOLDER = "@PYTHON@"
+MANIFEST_FORMAT = 1
+
+# Installed name -> (template folder, slurm.conf key).
+HOOKS: dict[str, tuple[str, str]] = {
+    "gpuslurm-prolog": ("prolog", "Prolog"),
+    "gpuslurm-epilog": ("epilog", "Epilog"),
+    "gpuslurm-task-prolog": ("prolog", "TaskProlog"),
+}
+
+CGROUP_SNIPPET = """\
+# cgroup.conf settings gpuslurm relies on (written by `gpuslurm install`).
+# Slurm reads only cgroup.conf itself: copy these lines into it.
+# ConstrainDevices confines each job to the /dev/nvidia* files of the GPUs it was given;
+# ConstrainCores keeps its tasks on the cores gres.conf's Cores= made close to those GPUs.
+ConstrainDevices=yes
+ConstrainCores=yes
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """One file install wants on disk."""
+
+    path: Path
+    content: bytes
+    mode: int
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FileState:
+    """What is at a destination now; ``kind`` is missing, file, symlink or other."""
+
+    kind: str
+    content: bytes = b""
+    mode: int = 0
+    uid: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """``verb``: create, update (ours, out of date), overwrite (admin's, --force), fix-mode,
+    keep, or conflict / refuse (nothing may be done)."""
+
+    artifact: Artifact
+    verb: str
+    old: bytes = b""
+    reason: str = ""
+
+    @property
+    def changes(self) -> bool:
+        return self.verb in ("create", "update", "overwrite", "fix-mode")
+
+
+@dataclass(frozen=True, slots=True)
+class InstallPlan:
+    prefix: Path
+    slurm_etc: Path
+    manifest_path: Path
+    manifest: dict[str, str]  # path -> sha256, as it will be after apply
+    manifest_changes: bool
+    new_dirs: tuple[Path, ...]
+    actions: tuple[Action, ...]
+    python: str
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.new_dirs) or self.manifest_changes or any(a.changes for a in self.actions)
+
+    def hook_path(self, key: str) -> Path:
+        name = next(n for n, (_, k) in HOOKS.items() if k == key)
+        return self.prefix / name
+
+
+# --- pure parts ------------------------------------------------------------------------------
+
+
+def render_hook(template: str, python: str, source: str = "<template>") -> str:
+    """The hook script: ``template`` with its one placeholder replaced by the quoted interpreter."""
+    if template.count(PLACEHOLDER) != 1:
+        raise InputError(f"hook template must contain {PLACEHOLDER} exactly once", source)
+    return template.replace(PLACEHOLDER, shlex.quote(python))
+
+
+def slurm_conf_lines(prefix: Path, mps: bool = False) -> list[str]:
+    """The slurm.conf lines that make Slurm run the installed hooks."""
+    lines = [f"{key}={prefix / name}" for name, (_, key) in HOOKS.items()]
+    lines.append("PrologFlags=Alloc,Contain")
+    lines.append("GresTypes=gpu,mps" if mps else "GresTypes=gpu")
+    return lines
+
+
+def parse_slurm_conf(text: str) -> dict[str, str]:
+    """``Key=value`` settings of a slurm.conf (keys lower-cased; the last one wins)."""
+    settings: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.lower().startswith(("nodename=", "partitionname=", "include ")):
+            continue
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if sep:
+                settings[key.lower()] = value
+    return settings
+
+
+def conf_status(wanted: Sequence[str], settings: Mapping[str, str]) -> list[str]:
+    """One note per wanted line that the existing slurm.conf does not already satisfy."""
+    notes = []
+    for line in wanted:
+        key, _, value = line.partition("=")
+        have = settings.get(key.lower())
+        if key in ("PrologFlags", "GresTypes"):
+            missing = _missing_items(value, have or "")
+            if missing:
+                now = f" (now {key}={have})" if have is not None else ""
+                notes.append(f"{key} lacks {','.join(missing)}{now}")
+        elif have is None:
+            notes.append(f"{key} is not set")
+        elif have != value:
+            notes.append(f"{key}={have} is set, not {value}")
+    return notes
+
+
+def _missing_items(want: str, have: str) -> list[str]:
+    present = {item.strip().lower() for item in have.split(",")}
+    return [item for item in want.split(",") if item.lower() not in present]
+
+
+def decide(artifact: Artifact, state: FileState, recorded: str | None, force: bool,
+           want_uid: int | None) -> Action:
+    """What to do with one destination, given what is there and what the manifest recorded."""
+    if state.kind == "missing":
+        return Action(artifact, "create")
+    if state.kind == "symlink":
+        return Action(artifact, "refuse", reason="is a symbolic link; install does not follow links "
+                      "(remove it and run again)")
+    if state.kind != "file":
+        return Action(artifact, "refuse", reason="exists and is not a regular file")
+    current = hashlib.sha256(state.content).hexdigest()
+    if current == artifact.sha256:
+        wrong_owner = want_uid is not None and state.uid != want_uid
+        if stat.S_IMODE(state.mode) != artifact.mode or wrong_owner:
+            return Action(artifact, "fix-mode", state.content)
+        return Action(artifact, "keep", state.content)
+    if recorded == current:
+        return Action(artifact, "update", state.content)
+    if force:
+        return Action(artifact, "overwrite", state.content)
+    why = ("was changed since gpuslurm installed it" if recorded is not None
+           else "exists and was not written by gpuslurm install")
+    return Action(artifact, "conflict", state.content, f"{why}; use --force to overwrite it")
+
+
+def describe(plan: InstallPlan, dry_run: bool) -> list[str]:
+    """One line per change (or a single line saying there is nothing to change)."""
+    would = "would " if dry_run else ""
+    words = {"create": "create", "update": "update", "overwrite": "overwrite (edited by admin)",
+             "fix-mode": "fix owner/mode of"}
+    lines = [f"{would}create directory {d}" for d in plan.new_dirs]
+    lines += [f"{would}{words[a.verb]} {a.artifact.path}" for a in plan.actions if a.changes]
+    if plan.manifest_changes:
+        lines.append(f"{would}record {len(plan.manifest)} files in {plan.manifest_path}")
+    if not lines:
+        lines.append(f"nothing to change: {len(plan.actions)} files already installed "
+                     f"(manifest {plan.manifest_path})")
+    return lines
+
+
+def diff(action: Action) -> str:
+    """A unified diff from what is on disk to what install writes."""
+    old = action.old.decode("utf-8", "replace").splitlines(keepends=True)
+    new = action.artifact.content.decode("utf-8", "replace").splitlines(keepends=True)
+    before = "/dev/null" if action.verb == "create" else str(action.artifact.path)
+    return "".join(difflib.unified_diff(old, new, before, str(action.artifact.path)))
+
+
+# --- the file system -------------------------------------------------------------------------
+
+
+def template_text(name: str) -> tuple[str, Path]:
+    """A hook template from the installed package, else from the source checkout."""
+    folder = HOOKS[name][0]
+    here = Path(__file__).resolve().parent
+    for base in (here / "hook-templates", here.parents[1]):
+        path = base / folder / name
+        if path.is_file():
+            return path.read_text(), path
+    raise InputError("hook template not found (broken installation?)", f"{folder}/{name}")
+
+
+def desired_files(prefix: Path, slurm_etc: Path, python: str) -> list[Artifact]:
+    """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter."""
+    files = []
+    for name in HOOKS:
+        text, source = template_text(name)
+        files.append(Artifact(prefix / name, render_hook(text, python, str(source)).encode(), 0o755))
+    files.append(Artifact(slurm_etc / CGROUP_SNIPPET_NAME, CGROUP_SNIPPET.encode(), 0o644))
+    return files
+
+
+def inspect(path: Path) -> FileState:
+    """What is at ``path``, without following a symbolic link there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return FileState("missing")
+    if stat.S_ISLNK(st.st_mode):
+        return FileState("symlink")
+    if not stat.S_ISREG(st.st_mode):
+        return FileState("other")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return FileState("file", fh.read(), st.st_mode, st.st_uid)
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    """path -> sha256 of every file a previous install wrote; empty when there is none."""
+    state = inspect(path)
+    if state.kind == "missing":
+        return {}
+    if state.kind != "file":
+        raise InputError("manifest is not a regular file (a symbolic link?)", path)
+    try:
+        data = json.loads(state.content)
+        files = data["files"]
+        if data.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
+            raise ValueError("unknown format")
+        return {str(k): str(v) for k, v in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise InputError("manifest does not parse; move it away to start afresh", path) from None
+
+
+def check_trusted_dir(path: Path) -> None:
+    """Refuse a destination that another user could change: root runs what is put there."""
+    probe = path.resolve()
+    trusted = {0, os.geteuid()}
+    for d in (probe, *probe.parents):
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue
+        world_writable = st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX
+        if world_writable or st.st_uid not in trusted:
+            who = "is writable by every user" if world_writable else f"is owned by uid {st.st_uid}"
+            raise InputError(f"{d} {who}; root must not run or read hooks from there", path)
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """``path`` and its ancestors that do not exist yet, outermost first."""
+    out = []
+    for d in (path, *path.parents):
+        if os.path.lexists(d):
+            if not d.is_dir():
+                raise InputError("exists and is not a directory", d)
+            break
+        out.append(d)
+    return out[::-1]
+
+
+def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "",
+                 force: bool = False) -> InstallPlan:
+    """Decide every action; raise InputError (naming the file) if any destination must be left alone."""
+    python = python or os.path.abspath(sys.executable)
+    prefix = Path(os.path.abspath(prefix))
+    slurm_etc = Path(os.path.abspath(slurm_etc))
+    if not os.path.isabs(python) or "\n" in python:
+        raise InputError("the interpreter must be an absolute path", python)
+    if any(c.isspace() for c in str(prefix)):
+        raise InputError("slurm.conf cannot name a hook whose path holds white space", prefix)
+    if not slurm_etc.is_dir():
+        raise InputError("no such directory", slurm_etc)
+    check_trusted_dir(slurm_etc)
+    check_trusted_dir(prefix)
+    manifest_path = prefix / MANIFEST_NAME
+    recorded = read_manifest(manifest_path)
+    want_uid = 0 if os.geteuid() == 0 else None
+    actions = [decide(a, inspect(a.path), recorded.get(str(a.path)), force, want_uid)
+               for a in desired_files(prefix, slurm_etc, python)]
+    blocked = [a for a in actions if a.verb in ("conflict", "refuse")]
+    if blocked:
+        more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
+        raise InputError(blocked[0].reason + more, blocked[0].artifact.path)
+    manifest = {**recorded, **{str(a.artifact.path): a.artifact.sha256 for a in actions}}
+    return InstallPlan(prefix, slurm_etc, manifest_path, manifest, manifest != recorded,
+                       tuple(missing_dirs(prefix)), tuple(actions), python)
+
+
+def atomic_write(path: Path, content: bytes, mode: int) -> None:
+    """Write ``content`` to a temporary file beside ``path`` and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
+            fh.flush()
+            _own(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        # rename replaces a link at ``path`` rather than writing through it.
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _own(fd: int, mode: int) -> None:
+    if os.geteuid() == 0:
+        os.fchown(fd, 0, 0)
+    os.fchmod(fd, mode)
+
+
+def apply_plan(plan: InstallPlan) -> None:
+    """Carry out the plan's actions, then record what was written in the manifest."""
+    try:
+        for d in plan.new_dirs:
+            os.mkdir(d, 0o755)
+            # Not left to the umask: the TaskProlog runs as the job's user and must reach the hooks.
+            os.chmod(d, 0o755)  # noqa: S103
+        for action in plan.actions:
+            art = action.artifact
+            if action.verb in ("create", "update", "overwrite"):
+                atomic_write(art.path, art.content, art.mode)
+            elif action.verb == "fix-mode":
+                fd = os.open(art.path, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    _own(fd, art.mode)
+                finally:
+                    os.close(fd)
+        if plan.manifest_changes:
+            doc = {"format": MANIFEST_FORMAT, "python": plan.python, "files": plan.manifest}
+            atomic_write(plan.manifest_path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(),
+                         0o644)
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror}", exc.filename or plan.prefix) from None
+
+
+def probe_interpreter(python: str) -> str:
+    """Where ``python -I`` imports gpuslurm from, run as Slurm runs hooks (empty environment)."""
+    from gpuslurm.runner import run_command
+
+    code = "import gpuslurm, sys; sys.stdout.write(gpuslurm.__file__)"
+    try:
+        result = run_command([python, "-I", "-c", code], env={}, timeout=60)
+    except CommandError as exc:
+        raise InputError(f"cannot import gpuslurm with -I and no environment, so the hooks would "
+                         f"fail ({exc}); install gpuslurm into it or pick another with --python",
+                         python) from None
+    return str(Path(result.stdout.strip()).resolve().parent)
+
+
+def unreachable_by_users(path: Path) -> Path | None:
+    """The first part of ``path`` other users cannot reach (the TaskProlog runs as the job's user)."""
+    for p in dict.fromkeys((*reversed(path.parents), path, *reversed(path.resolve().parents),
+                            path.resolve())):
+        try:
+            if not os.stat(p).st_mode & stat.S_IXOTH:
+                return p
+        except FileNotFoundError:  # not made yet: install creates directories 0755
+            return None
+    return None

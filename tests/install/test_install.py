@@ -1,0 +1,276 @@
+"""``gpuslurm install`` into temporary directories: real files, real hooks run with no PATH."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from gpuslurm import install as lib
+from gpuslurm.cli.install_cmd import install
+from gpuslurm.cli.main import cli
+from gpuslurm.errors import EXIT_BAD_INPUT, InputError
+
+HOOK_NAMES = ("gpuslurm-prolog", "gpuslurm-epilog", "gpuslurm-task-prolog")
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    return etc, tmp_path / "libexec" / "gpuslurm"
+
+
+def run(etc: Path, prefix: Path, *extra: str) -> Result:
+    args = ["--slurm-etc", str(etc), "--prefix", str(prefix), *extra]
+    return CliRunner().invoke(install, args, standalone_mode=False)
+
+
+def ok(result: Result) -> str:
+    assert result.exception is None, (result.output, result.exception)
+    return result.output
+
+
+def refused(result: Result) -> InputError:
+    # main() turns an InputError into "gpuslurm: <its str>" on stderr and exit code 2.
+    assert isinstance(result.exception, InputError), (result.output, result.exception)
+    assert result.exception.exit_code == EXIT_BAD_INPUT
+    assert "\n" not in str(result.exception)
+    return result.exception
+
+
+def snapshot(*paths: Path) -> dict[Path, tuple[int, int, int, bytes]]:
+    out = {}
+    for p in paths:
+        st = os.lstat(p)
+        out[p] = (st.st_ino, st.st_mtime_ns, st.st_mode, p.read_bytes() if p.is_file() else b"")
+    return out
+
+
+def test_first_install_writes_hooks_snippet_and_manifest(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    out = ok(run(etc, prefix))
+    for name in installed_files(etc, prefix):
+        assert f"create {name}" in out
+    for name in HOOK_NAMES:
+        hook = prefix / name
+        assert stat.S_IMODE(hook.stat().st_mode) == 0o755
+        assert hook.read_text().startswith("#!/bin/sh\n")
+        command = name.removeprefix("gpuslurm-")
+        assert f'exec {sys.executable} -I -m gpuslurm {command} "$@"' in hook.read_text()
+        assert hook.stat().st_uid == os.geteuid()
+    assert stat.S_IMODE(prefix.stat().st_mode) == 0o755
+    snippet = etc / lib.CGROUP_SNIPPET_NAME
+    assert "ConstrainDevices=yes" in snippet.read_text().splitlines()
+    assert stat.S_IMODE(snippet.stat().st_mode) == 0o644
+    assert not (etc / "cgroup.conf").exists()  # the admin's own file is never written
+    manifest = json.loads((prefix / lib.MANIFEST_NAME).read_text())
+    for path in installed_files(etc, prefix):
+        assert manifest["files"][str(path)] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert not [p for p in prefix.iterdir() if ".tmp" in p.name]
+
+
+def installed_files(etc: Path, prefix: Path) -> list[Path]:
+    return [prefix / n for n in HOOK_NAMES] + [etc / lib.CGROUP_SNIPPET_NAME]
+
+
+def test_printed_slurm_conf_lines_have_absolute_paths(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    lines = ok(run(etc, prefix, "--mps")).splitlines()
+    assert f"Prolog={prefix}/gpuslurm-prolog" in lines
+    assert f"Epilog={prefix}/gpuslurm-epilog" in lines
+    assert f"TaskProlog={prefix}/gpuslurm-task-prolog" in lines
+    assert "PrologFlags=Alloc,Contain" in lines
+    assert "GresTypes=gpu,mps" in lines
+    relative = ok(CliRunner().invoke(install, ["--slurm-etc", os.path.relpath(etc),
+                                               "--prefix", os.path.relpath(prefix)],
+                                     standalone_mode=False))
+    assert f"Prolog={prefix}/gpuslurm-prolog" in relative.splitlines()
+    assert "GresTypes=gpu" in relative.splitlines()
+
+
+def test_second_run_changes_nothing_and_says_so(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    ok(run(etc, prefix))
+    paths = [*installed_files(etc, prefix), prefix / lib.MANIFEST_NAME]
+    before = snapshot(*paths)
+    out = ok(run(etc, prefix))
+    assert out.startswith("nothing to change: 4 files already installed")
+    assert "create" not in out and "update" not in out
+    assert snapshot(*paths) == before
+
+
+def test_dry_run_shows_diffs_and_changes_nothing(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    out = ok(run(etc, prefix, "--dry-run"))
+    assert f"would create directory {prefix}" in out
+    assert f"+++ {prefix}/gpuslurm-prolog" in out
+    assert f"+exec {sys.executable} -I -m gpuslurm prolog" in out
+    assert not prefix.parent.exists()
+    assert list(etc.iterdir()) == []
+
+
+def test_new_interpreter_updates_our_files_without_force(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    etc, prefix = dirs
+    ok(run(etc, prefix))
+    other = tmp_path / "bin" / "python3"
+    other.parent.mkdir()
+    other.symlink_to(sys.executable)  # the same Python under another name: a venv-like path
+    dry = ok(run(etc, prefix, "--python", str(other), "--dry-run"))
+    assert f"-exec {sys.executable} -I" in dry and f"+exec {other} -I" in dry
+    assert str(other) not in (prefix / "gpuslurm-prolog").read_text()
+    out = ok(run(etc, prefix, "--python", str(other)))
+    assert f"update {prefix}/gpuslurm-epilog" in out
+    assert f"update {etc}" not in out  # the snippet did not change
+    assert f"exec {other} -I -m gpuslurm epilog" in (prefix / "gpuslurm-epilog").read_text()
+    assert ok(run(etc, prefix, "--python", str(other))).startswith("nothing to change")
+
+
+def test_admin_edit_is_refused_until_force(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    ok(run(etc, prefix))
+    prolog = prefix / "gpuslurm-prolog"
+    edited = prolog.read_text().replace("exec ", "logger starting; exec ")
+    prolog.write_text(edited)
+    err = refused(run(etc, prefix))
+    assert err.source == str(prolog) and "--force" in err.message
+    assert prolog.read_text() == edited
+    assert "overwrite" in ok(run(etc, prefix, "--dry-run", "--force"))
+    assert prolog.read_text() == edited
+    out = ok(run(etc, prefix, "--force"))
+    assert f"overwrite (edited by admin) {prolog}" in out
+    assert "logger" not in prolog.read_text()
+    assert ok(run(etc, prefix)).startswith("nothing to change")
+
+
+def test_file_not_written_by_gpuslurm_is_refused_but_identical_one_is_adopted(
+        dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    snippet = etc / lib.CGROUP_SNIPPET_NAME
+    snippet.write_text("ConstrainDevices=no\n")
+    err = refused(run(etc, prefix))
+    assert err.source == str(snippet) and "not written by gpuslurm" in err.message
+    assert not prefix.exists() and snippet.read_text() == "ConstrainDevices=no\n"
+    snippet.write_text(lib.CGROUP_SNIPPET)
+    snippet.chmod(0o644)
+    out = ok(run(etc, prefix))
+    assert f"create {snippet}" not in out and f"create {prefix}/gpuslurm-prolog" in out
+    assert str(snippet) in json.loads((prefix / lib.MANIFEST_NAME).read_text())["files"]
+
+
+def test_symlink_at_destination_is_refused_even_with_force(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    etc, prefix = dirs
+    target = tmp_path / "shadow"
+    target.write_text("precious\n")
+    prefix.mkdir(parents=True)
+    link = prefix / "gpuslurm-epilog"
+    link.symlink_to(target)
+    for extra in ((), ("--force",)):
+        err = refused(run(etc, prefix, *extra))
+        assert err.source == str(link) and "symbolic link" in err.message
+    assert target.read_text() == "precious\n" and link.is_symlink()
+    assert not (prefix / "gpuslurm-prolog").exists()
+
+
+def test_wrong_mode_is_restored(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    ok(run(etc, prefix))
+    hook = prefix / "gpuslurm-task-prolog"
+    hook.chmod(0o600)
+    out = ok(run(etc, prefix))
+    assert f"fix owner/mode of {hook}" in out
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o755
+
+
+def test_installed_hook_runs_gpuslurm_with_an_empty_environment(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    ok(run(etc, prefix))
+    for name in HOOK_NAMES:
+        command = name.removeprefix("gpuslurm-")
+        proc = subprocess.run(["/usr/bin/env", "-i", str(prefix / name), "--help"], capture_output=True,
+                              text=True, timeout=60, cwd="/")
+        if command in cli.commands:
+            assert proc.returncode == 0, proc.stderr
+            assert f"gpuslurm {command}" in proc.stdout
+        else:  # the hook commands are not written yet: gpuslurm's own CLI must still answer
+            assert "No module named" not in proc.stderr
+            assert proc.returncode == EXIT_BAD_INPUT and f"No such command '{command}'" in proc.stderr
+
+
+def test_interpreter_that_cannot_import_gpuslurm_is_refused(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    etc, prefix = dirs
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\necho 'No module named gpuslurm' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    err = refused(run(etc, prefix, "--python", str(fake)))
+    assert err.source == str(fake) and "cannot import gpuslurm" in err.message
+    assert not prefix.exists()
+
+
+def test_corrupt_manifest_is_refused(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    ok(run(etc, prefix))
+    (prefix / lib.MANIFEST_NAME).write_text("{not json")
+    err = refused(run(etc, prefix))
+    assert err.source == str(prefix / lib.MANIFEST_NAME)
+
+
+def test_prefix_under_a_world_writable_directory_is_refused(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    etc, _ = dirs
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    err = refused(run(etc, open_dir / "gpuslurm"))
+    assert str(open_dir) in err.message and "writable by every user" in err.message
+    open_dir.chmod(0o1777)  # sticky, like /tmp: others cannot replace what root made there
+    ok(run(etc, open_dir / "gpuslurm"))
+
+
+def test_missing_slurm_etc_is_refused(tmp_path: Path) -> None:
+    err = refused(run(tmp_path / "nope", tmp_path / "p"))
+    assert err.source == str(tmp_path / "nope")
+
+
+def test_status_of_an_existing_slurm_conf(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    (etc / "slurm.conf").write_text("prolog=/old/prolog  # ours\nPrologFlags=alloc,X11\nGresTypes=gpu\n")
+    out = ok(run(etc, prefix))
+    assert "Prolog=/old/prolog is set, not" in out
+    assert "TaskProlog is not set" in out and "PrologFlags lacks Contain" in out
+    assert "GresTypes" not in out.splitlines()[-1]
+    (etc / "slurm.conf").write_text("\n".join(lib.slurm_conf_lines(prefix)) + "\n")
+    assert "already has all of these" in ok(run(etc, prefix))
+
+
+def test_render_hook_quotes_the_interpreter_and_checks_the_template() -> None:
+    text = lib.render_hook("exec @PYTHON@ -I -m gpuslurm prolog\n", "/opt/my env/bin/python3")
+    assert text == "exec '/opt/my env/bin/python3' -I -m gpuslurm prolog\n"
+    with pytest.raises(InputError, match="exactly once"):
+        lib.render_hook("exec python\n", "/usr/bin/python3")
+
+
+def test_templates_in_the_checkout_are_not_runnable_as_they_are() -> None:
+    for name in HOOK_NAMES:
+        text, path = lib.template_text(name)
+        assert text.count(lib.PLACEHOLDER) == 1, path
+        assert not os.access(path, os.X_OK), f"{path} is a template; install renders it"
+
+
+@pytest.mark.skipif("install" not in cli.commands, reason="install is not registered in cli.main yet")
+def test_refusal_is_one_line_and_exit_code_2(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    ok(run(etc, prefix))
+    (prefix / "gpuslurm-prolog").write_text("#!/bin/sh\n")
+    proc = subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
+                           "--prefix", str(prefix)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"gpuslurm: {prefix}/gpuslurm-prolog: was changed since gpuslurm installed it; "
+        "use --force to overwrite it"]
