@@ -122,7 +122,10 @@ def test_new_interpreter_updates_our_files_without_force(dirs: tuple[Path, Path]
     ok(run(etc, prefix))
     other = tmp_path / "bin" / "python3"
     other.parent.mkdir()
-    other.symlink_to(sys.executable)  # the same Python under another name: a venv-like path
+    # The same Python under another path. A wrapper, not a symlink: a symlink to a venv's python
+    # placed outside the venv starts the base interpreter, which may not have gpuslurm at all.
+    other.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    other.chmod(0o755)
     dry = ok(run(etc, prefix, "--python", str(other), "--dry-run"))
     assert f"-exec {sys.executable} -I" in dry and f"+exec {other} -I" in dry
     assert str(other) not in (prefix / "gpuslurm-prolog").read_text()
@@ -130,7 +133,7 @@ def test_new_interpreter_updates_our_files_without_force(dirs: tuple[Path, Path]
     assert f"update {prefix}/gpuslurm-epilog" in out
     assert f"update {etc}" not in out  # the snippet did not change
     assert f"exec {other} -I -m gpuslurm epilog" in (prefix / "gpuslurm-epilog").read_text()
-    assert ok(run(etc, prefix, "--python", str(other))).startswith("nothing to change")
+    assert "nothing to change" in ok(run(etc, prefix, "--python", str(other)))
 
 
 def test_admin_edit_is_refused_until_force(dirs: tuple[Path, Path]) -> None:
