@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -24,8 +25,13 @@ def run(*args: str) -> tuple[int, str, str]:
 def test_every_command_has_help_and_is_in_the_readme() -> None:
     readme = README.read_text()
     runner = CliRunner()
-    for name, command in cli.commands.items():
-        assert command.help, name
+    ctx = click.Context(cli)
+    names = cli.list_commands(ctx)
+    assert {"discover", "topo", "gres-conf", "node-conf", "capture", "install", "prolog", "epilog",
+            "task-prolog"} <= set(names)
+    for name in names:
+        command = cli.get_command(ctx, name)
+        assert command is not None and command.help, name
         assert f"gpuslurm {name}" in readme, f"{name} is not documented in README.md"
         result = runner.invoke(cli, [name, "--help"])
         assert result.exit_code == 0, result.output
@@ -91,3 +97,14 @@ def test_template_override(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["gres-conf", "--from", "l40s-4x", "--template", str(tpl)])
     assert result.exit_code == 0
     assert result.output.splitlines()[0] == "nvidia_l40s /dev/nvidia2 0-31"
+
+
+def test_a_hook_run_does_not_import_the_installer_or_jinja2() -> None:
+    """Hooks run on every job: only what the hook needs is imported."""
+    code = ("import sys; from gpuslurm.cli.main import main; main(['prolog', '--help']); "
+            "print('LOADED:', *[m for m in ('gpuslurm.install', 'jinja2', 'gpuslurm.gres.render') "
+            "if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded = [ln for ln in proc.stdout.splitlines() if ln.startswith("LOADED:")]
+    assert loaded == ["LOADED:"], proc.stdout

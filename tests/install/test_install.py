@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -199,7 +200,7 @@ def test_installed_hook_runs_gpuslurm_with_an_empty_environment(dirs: tuple[Path
         command = name.removeprefix("gpuslurm-")
         proc = subprocess.run(["/usr/bin/env", "-i", str(prefix / name), "--help"], capture_output=True,
                               text=True, timeout=60, cwd="/")
-        if command in cli.commands:
+        if command in cli.list_commands(click.Context(cli)):
             assert proc.returncode == 0, proc.stderr
             assert f"gpuslurm {command}" in proc.stdout
         else:  # the hook commands are not written yet: gpuslurm's own CLI must still answer
@@ -266,7 +267,6 @@ def test_templates_in_the_checkout_are_not_runnable_as_they_are() -> None:
         assert not os.access(path, os.X_OK), f"{path} is a template; install renders it"
 
 
-@pytest.mark.skipif("install" not in cli.commands, reason="install is not registered in cli.main yet")
 def test_refusal_is_one_line_and_exit_code_2(dirs: tuple[Path, Path]) -> None:
     etc, prefix = dirs
     ok(run(etc, prefix))

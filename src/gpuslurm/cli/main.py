@@ -39,7 +39,35 @@ def _load(source: str | None) -> Any:
     return load_node(source)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+# Commands that live in their own modules, imported only when used: a prolog run on every job
+# should not pay for the installer, nor `gres-conf` for the hooks.
+LAZY_COMMANDS = {
+    "install": "gpuslurm.cli.install_cmd:install",
+    "prolog": "gpuslurm.cli.hook_cmds:prolog",
+    "epilog": "gpuslurm.cli.hook_cmds:epilog",
+    "task-prolog": "gpuslurm.cli.hook_cmds:task_prolog",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group that imports the module of a lazy command only when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            import importlib
+
+            module, _, attr = LAZY_COMMANDS[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attr)
+            assert isinstance(command, click.Command)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gpuslurm")
 def cli() -> None:
     """Place, isolate, watch and fairly share GPUs on Slurm clusters."""
@@ -158,16 +186,6 @@ def capture(args: tuple[str, ...], force: bool) -> None:
 
     written = write_capture(Path(args[0]), force=force)
     click.echo(f"{args[0]}: wrote {', '.join(written)}")
-
-
-def _register_more_commands() -> None:
-    # Commands that live in their own modules (each imports its library lazily).
-    from gpuslurm.cli.install_cmd import install
-
-    cli.add_command(install)
-
-
-_register_more_commands()
 
 
 def _emit(text: str, output: Path | None) -> None:

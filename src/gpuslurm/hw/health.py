@@ -1,0 +1,231 @@
+"""Per-GPU health facts for the hooks' health gate: from NVML, or from a replay scenario.
+
+A replayed node (``--from``/``GPUSLURM_CAPTURE``) takes its health from ``health.json`` beside
+the bundle's other files, keyed by GPU UUID::
+
+    {"GPU-…": {"lost": false, "xid": [79], "temperature_c": 95, "ecc_uncorrectable": 0,
+               "retired_pages_pending": false, "remap_pending": false, "remap_failed": false,
+               "memory_used_mib": 0, "processes": [{"pid": 4242, "user": "alice", "used_mib": 900}]}}
+
+Every key is optional; a GPU or key the file does not mention is unknown, and unknown facts never
+fail a check. No ``health.json`` means nothing is known. An unknown key is an error, so a typo
+cannot silently turn a check off.
+
+Live, NVML gives temperature, volatile uncorrectable ECC, row remapping (or retired pages on
+older GPUs), used memory and the processes on each GPU. Xid errors are not kept by NVML for a
+one-shot query (they arrive as events), so live Xids are left to the monitor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from gpuslurm.errors import CaptureError, HardwareError, NotSupported
+from gpuslurm.hw.model import Gpu
+
+SCENARIO_FILE = "health.json"
+MAX_SCENARIO_BYTES = 1 << 20
+
+# nvml.h enums (stable ABI)
+NVML_TEMPERATURE_GPU = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_FEATURE_ENABLED = 1
+MIB = 1024 * 1024
+
+
+class GpuProcess(NamedTuple):
+    """A process holding a context on a GPU."""
+
+    pid: int
+    user: str | None = None  # None when its owner could not be named
+    used_mib: int | None = None
+
+
+class GpuHealth(NamedTuple):
+    """What is known about one GPU's health right now; ``None`` means unknown."""
+
+    uuid: str
+    lost: bool = False
+    error: str | None = None  # why the facts could not be read (treated as lost)
+    xid: tuple[int, ...] = ()  # Xid errors logged since the last check
+    temperature_c: int | None = None
+    ecc_uncorrectable: int | None = None  # volatile count
+    retired_pages_pending: bool | None = None
+    remap_pending: bool | None = None
+    remap_failed: bool | None = None
+    memory_used_mib: int | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+
+
+_BOOL_KEYS = ("lost", "retired_pages_pending", "remap_pending", "remap_failed")
+_INT_KEYS = ("temperature_c", "ecc_uncorrectable", "memory_used_mib")
+
+
+def read_health(gpus: Sequence[Gpu], source: str | None) -> dict[str, GpuHealth]:
+    """Health of ``gpus`` (physical GPUs) keyed by UUID, from the bundle ``source`` names or NVML."""
+    from gpuslurm.hw.source import resolve_source  # lazy: pulls in the bundle readers
+
+    bundle = resolve_source(source)
+    if bundle is None:
+        return NvmlHealthReader().read(gpus)
+    return read_scenario(bundle / SCENARIO_FILE, [g.uuid for g in gpus])
+
+
+def read_scenario(path: Path, uuids: Sequence[str]) -> dict[str, GpuHealth]:
+    """Facts for ``uuids`` from a ``health.json`` scenario; all unknown when the file is absent."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SCENARIO_BYTES + 1)
+    except FileNotFoundError:
+        return {u: GpuHealth(u) for u in uuids}
+    except OSError as exc:
+        raise CaptureError(f"cannot read: {exc.strerror}", source=path) from None
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise CaptureError(f"larger than {MAX_SCENARIO_BYTES} bytes: not a health scenario", source=path)
+    return parse_scenario(data.decode("utf-8", "replace"), str(path), uuids)
+
+
+def parse_scenario(text: str, source: str, uuids: Sequence[str]) -> dict[str, GpuHealth]:
+    """Parse a ``health.json`` text (pure); every entry is validated, wanted or not."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise CaptureError(f"not valid JSON: {exc}", source=source) from None
+    if not isinstance(doc, dict):
+        raise CaptureError("must be a JSON object keyed by GPU UUID", source=source)
+    parsed = {key.lower(): _entry(key, value, source) for key, value in doc.items()}
+    return {u: parsed[u.lower()]._replace(uuid=u) if u.lower() in parsed else GpuHealth(u)
+            for u in uuids}
+
+
+def _entry(uuid: str, value: Any, source: str) -> GpuHealth:
+    if not isinstance(value, dict):
+        raise CaptureError(f"{uuid}: must be an object", source=source)
+    fields: dict[str, Any] = {}
+    for key, item in value.items():
+        where = f"{uuid}: {key!r}"
+        if key in _BOOL_KEYS:
+            if not isinstance(item, bool):
+                raise CaptureError(f"{where} must be true or false", source=source)
+            fields[key] = item
+        elif key in _INT_KEYS:
+            fields[key] = _int(item, where, source)
+        elif key == "xid":
+            if not isinstance(item, list):
+                raise CaptureError(f"{where} must be a list of Xid codes", source=source)
+            fields[key] = tuple(_int(x, where, source) for x in item)
+        elif key == "processes":
+            if not isinstance(item, list):
+                raise CaptureError(f"{where} must be a list of processes", source=source)
+            fields[key] = tuple(_process(p, where, source) for p in item)
+        else:
+            raise CaptureError(f"{uuid}: unknown key {key!r}", source=source)
+    return GpuHealth(uuid, **fields)
+
+
+def _process(item: Any, where: str, source: str) -> GpuProcess:
+    if not isinstance(item, dict) or "pid" not in item:
+        raise CaptureError(f"{where}: each process must be an object with a pid", source=source)
+    if extra := set(item) - {"pid", "user", "used_mib"}:
+        raise CaptureError(f"{where}: unknown process key {sorted(extra)[0]!r}", source=source)
+    user = item.get("user")
+    if user is not None and not isinstance(user, str):
+        raise CaptureError(f"{where}: a process user must be a string", source=source)
+    used = item.get("used_mib")
+    return GpuProcess(_int(item["pid"], where, source), user,
+                      None if used is None else _int(used, where, source))
+
+
+def _int(item: Any, where: str, source: str) -> int:
+    if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+        raise CaptureError(f"{where} must be a whole number, not {item!r}", source=source)
+    return item
+
+
+class NvmlHealthReader:
+    """Reads health facts through an NVML backend (``module``: ``pynvml`` or a stand-in).
+
+    It holds the backend rather than being one so that replaying never imports the NVML module.
+    """
+
+    def __init__(self, module: Any | None = None) -> None:
+        from gpuslurm.hw.nvml import NvmlBackend
+
+        backend = NvmlBackend(module)
+        self._call = backend._call
+        self._optional = backend._optional
+
+    def read(self, gpus: Sequence[Gpu]) -> dict[str, GpuHealth]:
+        from gpuslurm.hw.nvml import _GpuLost
+
+        out: dict[str, GpuHealth] = {}
+        for gpu in gpus:
+            try:
+                out[gpu.uuid] = self._read_one(gpu)
+            except _GpuLost:
+                out[gpu.uuid] = GpuHealth(gpu.uuid, lost=True)
+            except HardwareError as exc:  # not "not supported": a failure, so the gate must see it
+                out[gpu.uuid] = GpuHealth(gpu.uuid, error=str(exc))
+        return out
+
+    def _read_one(self, gpu: Gpu) -> GpuHealth:
+        i = gpu.index
+        handle = self._call("nvmlDeviceGetHandleByIndex", i, gpu=i)
+        found = str(self._call("nvmlDeviceGetUUID", handle, gpu=i))
+        if found != gpu.uuid:  # the driver renumbered (a GPU fell off the bus): do not guess
+            raise HardwareError(f"NVML index {i} is now {found}, not {gpu.uuid}")
+        temp = self._optional("nvmlDeviceGetTemperature", handle, NVML_TEMPERATURE_GPU, gpu=i)
+        ecc = self._optional("nvmlDeviceGetTotalEccErrors", handle, NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                             NVML_VOLATILE_ECC, gpu=i)
+        remap_pending = remap_failed = retired = None
+        rows = self._optional("nvmlDeviceGetRemappedRows", handle, gpu=i)
+        if rows is not None:
+            remap_pending, remap_failed = bool(rows[2]), bool(rows[3])
+        else:  # before Ampere: page retirement instead of row remapping
+            pending = self._optional("nvmlDeviceGetRetiredPagesPendingStatus", handle, gpu=i)
+            retired = None if pending is None else int(pending) == NVML_FEATURE_ENABLED
+        memory = self._optional("nvmlDeviceGetMemoryInfo", handle, gpu=i)
+        return GpuHealth(
+            gpu.uuid,
+            temperature_c=None if temp is None else int(temp),
+            ecc_uncorrectable=None if ecc is None else int(ecc),
+            retired_pages_pending=retired, remap_pending=remap_pending, remap_failed=remap_failed,
+            memory_used_mib=None if memory is None else int(memory.used) // MIB,
+            processes=self._processes(handle, i),
+        )
+
+    def _processes(self, handle: Any, i: int) -> tuple[GpuProcess, ...] | None:
+        seen: dict[int, GpuProcess] = {}
+        known = False
+        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            try:
+                procs = self._call(name, handle, gpu=i)
+            except NotSupported:
+                continue
+            known = True
+            for p in procs or ():
+                pid = int(p.pid)
+                used = getattr(p, "usedGpuMemory", None)
+                seen.setdefault(pid, GpuProcess(pid, process_owner(pid),
+                                                None if used is None else int(used) // MIB))
+        return tuple(seen.values()) if known else None
+
+
+def process_owner(pid: int, proc_root: str = "/proc") -> str | None:
+    """The user name owning ``pid`` (its uid as text when unnamed); None if it is gone."""
+    try:
+        uid = os.stat(f"{proc_root}/{pid}").st_uid
+    except OSError:
+        return None
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+

@@ -1,0 +1,1 @@
+"""Pure decisions: facts and configuration in, verdicts out; nothing here touches the system."""

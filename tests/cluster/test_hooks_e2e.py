@@ -1,0 +1,168 @@
+"""The prolog, epilog and task prolog inside the real test cluster (an emulated DGX H100).
+
+The session cluster is reconfigured for this module only: ``Prolog=``, ``Epilog=`` and
+``TaskProlog=`` lines are added to its slurm.conf and ``scontrol reconfigure`` applies them; the
+original file is restored (and the node resumed) afterwards, so other modules see the cluster
+as it was. The hooks run ``python -m gpuslurm`` through small wrapper scripts that set the
+replay bundle (``GPUSLURM_CAPTURE``) and a config whose run and state directories are ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import gpuslurm
+from gpuslurm.hw.source import BUILTIN_DIR, load_node
+
+if TYPE_CHECKING:
+    from cluster_fixture import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+SCONTROL = "/usr/bin/scontrol"
+SRC = Path(gpuslurm.__file__).resolve().parents[1]
+# Registers the hook commands if cli/main.py does not (yet), then runs the ordinary entry point.
+RUN = ("from gpuslurm.cli.main import cli, main; from gpuslurm.cli.hook_cmds import HOOK_COMMANDS; "
+       "[cli.commands.setdefault(c.name, c) for c in HOOK_COMMANDS]; raise SystemExit(main())")
+
+
+@dataclass
+class HookedCluster:
+    cluster: SlurmCluster
+    root: Path
+    bundle: Path
+    node: str
+    uuids: list[str]
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "run" / "jobs"
+
+    def summary(self, jobid: int) -> Path:
+        return self.root / "state" / "jobs" / f"{jobid}-summary.json"
+
+    def scontrol(self, *args: str) -> str:
+        return subprocess.run([SCONTROL, *args], env=self.cluster.env, capture_output=True, text=True,
+                              check=True, timeout=30).stdout
+
+    def node_field(self, name: str) -> str:
+        out = self.scontrol("-o", "show", "node", self.node)
+        match = re.search(rf"\b{name}=(.*?)(?= \w+=|$)", out.strip())
+        return match.group(1) if match else ""
+
+    def hook_log(self) -> str:
+        path = self.root / "hooks.log"
+        return path.read_text() if path.exists() else ""
+
+
+def _wrapper(path: Path, hook: str, env: dict[str, str], log: Path) -> None:
+    exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
+    path.write_text(f"#!/bin/sh\n{exports}exec {sys.executable} -c '{RUN}' {hook} 2>>{log}\n")
+    path.chmod(0o755)
+
+
+def _wait_node(hc: HookedCluster, pattern: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        state = hc.node_field("State")
+        if re.search(pattern, state):
+            return state
+        time.sleep(0.3)
+    raise TimeoutError(f"node {hc.node} is {state}, not {pattern}\n{hc.cluster.log_tail()}\n{hc.hook_log()}")
+
+
+@pytest.fixture(scope="module")
+def hooked(slurm_cluster: SlurmCluster) -> Iterator[HookedCluster]:
+    root = Path(tempfile.mkdtemp(prefix="gpuslurm-hooks-"))
+    root.chmod(0o755)  # the task prolog runs as the job's user
+    bundle = root / "bundle"
+    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    config = root / "gpuslurm.toml"
+    config.write_text(f'[paths]\nrun_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\n'
+                      f'scontrol = "{SCONTROL}"\n[hooks]\ncommand_timeout_s = 20\n')
+    env = {"GPUSLURM_CAPTURE": str(bundle), "GPUSLURM_CONFIG": str(config),
+           "SLURM_CONF": str(slurm_cluster.conf), "PYTHONPATH": str(SRC)}
+    for hook in ("prolog", "epilog", "task-prolog"):
+        _wrapper(root / f"{hook}.sh", hook, env, root / "hooks.log")
+    original = slurm_cluster.conf.read_text()
+    node = subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    hc = HookedCluster(slurm_cluster, root, bundle, node, [g.uuid for g in load_node(str(bundle)).gpus])
+    lines = (f"Prolog={root}/prolog.sh\nEpilog={root}/epilog.sh\nTaskProlog={root}/task-prolog.sh\n")
+    # Before the NodeName= line: slurm.conf options after node lines are still global, but keep it tidy.
+    slurm_cluster.conf.write_text(original.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
+    try:
+        hc.scontrol("reconfigure")
+        _wait_node(hc, r"^IDLE")
+        yield hc
+    finally:
+        slurm_cluster.conf.write_text(original)
+        hc.scontrol("reconfigure")
+        subprocess.run([SCONTROL, "update", f"NodeName={node}", "State=RESUME"], env=slurm_cluster.env,
+                       capture_output=True, timeout=30, check=False)
+        try:
+            _wait_node(hc, r"^IDLE")
+        except TimeoutError as exc:
+            print(f"node did not come back: {exc}", file=sys.stderr)
+        if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_four_gpu_job_is_mapped_hinted_and_summarised(hooked: HookedCluster) -> None:
+    script = (f'cat {hooked.jobs_dir}/$SLURM_JOB_ID.json; echo\n'
+              'echo "JOB_GPUS=$SLURM_JOB_GPUS"\n'
+              'env | grep -E "^(GPUSLURM_|CUDA_)" | sed "s/^/ENV /"\n')
+    jobid = hooked.cluster.sbatch(["--gres=gpu:4"], script)
+    state = hooked.cluster.wait(jobid, timeout=60)
+    out = hooked.cluster.output(jobid)
+    assert state == "COMPLETED", f"{out}\n{hooked.hook_log()}\n{hooked.cluster.log_tail()}"
+    jmap = json.loads(out.splitlines()[0])
+    indices = [int(i) for i in re.search(r"^JOB_GPUS=(.*)$", out, re.M).group(1).split(",")]  # type: ignore[union-attr]
+    expected = [hooked.uuids[i] for i in indices]
+    assert len(expected) == 4
+    assert [g["uuid"] for g in jmap["gpus"]] == expected
+    assert jmap["job_id"] == str(jobid) and jmap["user"] == "root"
+    env = dict(re.findall(r"^ENV (\w+)=(.*)$", out, re.M))
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # Slurm's own value, kept
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["GPUSLURM_GPU_UUIDS"] == ",".join(expected)
+    assert env["GPUSLURM_GPU_UUID"] == expected[0]
+    assert env["GPUSLURM_NUMA_NODE"] == ("0" if indices[0] < 4 else "1")
+    # after the job: the epilog removed the map and wrote the summary
+    assert not (hooked.jobs_dir / f"{jobid}.json").exists()
+    summary = json.loads(hooked.summary(jobid).read_text())
+    assert [g["uuid"] for g in summary["gpus"]] == expected
+    assert summary["start"] <= summary["end"]
+
+
+def test_unhealthy_gpu_drains_the_node_with_a_reason_naming_it(hooked: HookedCluster) -> None:
+    sick = 5
+    (hooked.bundle / "health.json").write_text(json.dumps({hooked.uuids[sick]: {"temperature_c": 97}}))
+    jobid = None
+    try:
+        jobid = hooked.cluster.sbatch(["--gres=gpu:8"], "echo should not run\n")
+        _wait_node(hooked, r"DRAIN", timeout=60)
+        reason = hooked.node_field("Reason")
+        assert f"gpuslurm: GPU {sick} {hooked.uuids[sick]}: temperature 97 C over limit 85 C" in reason, \
+            f"{reason}\n{hooked.hook_log()}"
+        assert hooked.cluster.state(jobid) != "COMPLETED"
+        assert not (hooked.jobs_dir / f"{jobid}.json").exists()
+    finally:
+        (hooked.bundle / "health.json").unlink(missing_ok=True)
+        if jobid is not None:
+            subprocess.run(["/usr/bin/scancel", str(jobid)], env=hooked.cluster.env, timeout=30, check=False)
+        hooked.scontrol("update", f"NodeName={hooked.node}", "State=RESUME")
+        _wait_node(hooked, r"^IDLE", timeout=60)

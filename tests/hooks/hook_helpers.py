@@ -1,0 +1,69 @@
+"""Shared set-up for the hook tests: a replayable DGX H100 bundle, a config and a stand-in scontrol."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuslurm.hw.source import BUILTIN_DIR, load_node
+
+
+@dataclass
+class HookSite:
+    root: Path
+    bundle: Path
+    config: Path
+    scontrol_log: Path
+    uuids: list[str]  # the bundle's GPUs in index order
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "run" / "jobs"
+
+    @property
+    def summaries(self) -> Path:
+        return self.root / "state" / "jobs"
+
+    def environ(self, job_id: str = "1234", gpus: str | None = "0,1,2,3", **extra: str) -> dict[str, str]:
+        env = {"GPUSLURM_CONFIG": str(self.config), "GPUSLURM_CAPTURE": str(self.bundle),
+               "SLURM_JOB_ID": job_id, "SLURM_JOB_UID": "1000", "SLURM_JOB_USER": "alice",
+               "SLURMD_NODENAME": "node07"}
+        if gpus is not None:
+            env["SLURM_JOB_GPUS"] = gpus
+        env.update(extra)
+        return env
+
+    def set_health(self, facts: dict[str, Any]) -> None:
+        (self.bundle / "health.json").write_text(json.dumps(facts))
+
+    def write_config(self, extra: str = "") -> None:
+        self.config.write_text(
+            "[paths]\n"
+            f'run_dir = "{self.root / "run"}"\n'
+            f'state_dir = "{self.root / "state"}"\n'
+            f'scontrol = "{self.root / "scontrol"}"\n'
+            "[hooks]\ncommand_timeout_s = 5\n" + extra)
+
+    def scontrol_calls(self) -> list[list[str]]:
+        if not self.scontrol_log.exists():
+            return []
+        calls = self.scontrol_log.read_text().split("\0END\n")
+        return [c.split("\0") for c in calls if c]
+
+
+def make_site(root: Path, *, scontrol_exit: int = 0) -> HookSite:
+    bundle = root / "bundle"
+    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    log = root / "scontrol.log"
+    script = root / "scontrol"
+    # Records its argv, NUL-separated, one call per record.
+    script.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\0" "$a"; done | sed "s/\\x00$//" '
+                      f'>> {log}\nprintf "\\0END\\n" >> {log}\nexit {scontrol_exit}\n')
+    script.chmod(0o755)
+    site = HookSite(root, bundle, root / "gpuslurm.toml", log,
+                    [g.uuid for g in load_node(str(bundle)).gpus])
+    site.write_config()
+    return site

@@ -1,0 +1,160 @@
+"""The pure health gate, the health.json scenario reader, and the live reader on a stand-in NVML."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from fakes import fake_pynvml as fp
+from gpuslurm.config import parse_config
+from gpuslurm.errors import CaptureError
+from gpuslurm.hw.health import GpuHealth, GpuProcess, NvmlHealthReader, parse_scenario
+from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, released_faults
+
+DEFAULT = parse_config("").health
+U = "GPU-aaaa"
+
+
+def checks(health: GpuHealth, cfg: Any = DEFAULT) -> list[tuple[str, str]]:
+    return [(f.check, f.action) for f in gate_faults(health, cfg)]
+
+
+def test_unknown_facts_are_healthy() -> None:
+    assert checks(GpuHealth(U)) == []
+
+
+@pytest.mark.parametrize(("health", "check"), [
+    (GpuHealth(U, lost=True), "lost_gpu"),
+    (GpuHealth(U, error="NVML nvmlDeviceGetUUID failed"), "lost_gpu"),
+    (GpuHealth(U, xid=(79,)), "xid"),
+    (GpuHealth(U, ecc_uncorrectable=1), "ecc"),
+    (GpuHealth(U, remap_pending=True), "row_remap"),
+    (GpuHealth(U, remap_failed=True), "row_remap"),
+    (GpuHealth(U, retired_pages_pending=True), "row_remap"),
+    (GpuHealth(U, temperature_c=86), "temperature"),
+    (GpuHealth(U, processes=(GpuProcess(5, "bob"),)), "leftover_processes"),
+    (GpuHealth(U, processes=(GpuProcess(5, None),)), "leftover_processes"),  # owner unknown: counts
+])
+def test_each_fault(health: GpuHealth, check: str) -> None:
+    assert checks(health) == [(check, "drain")]
+
+
+def test_limits_are_inclusive_and_ignores_apply() -> None:
+    assert checks(GpuHealth(U, temperature_c=85, ecc_uncorrectable=0, xid=(13, 31, 43, 45))) == []
+    cfg = parse_config("[health.ecc]\nmax_uncorrectable = 2\n[health.xid]\nignore = []\n").health
+    assert checks(GpuHealth(U, ecc_uncorrectable=2, xid=(13,)), cfg) == [("xid", "drain")]
+
+
+def test_lost_gpu_hides_the_rest_and_actions_are_configurable() -> None:
+    assert checks(GpuHealth(U, lost=True, temperature_c=200)) == [("lost_gpu", "drain")]
+    cfg = parse_config('[health.lost_gpu]\naction = "log"\n[health.temperature]\naction = "off"\n').health
+    assert checks(GpuHealth(U, lost=True), cfg) == [("lost_gpu", "log")]
+    assert checks(GpuHealth(U, temperature_c=200), cfg) == []
+
+
+def test_gate_enabled_only_when_some_prolog_check_is_on() -> None:
+    off = "\n".join(f'[health.{n}]\naction = "off"' for n in
+                    ("lost_gpu", "xid", "ecc", "row_remap", "temperature", "leftover_processes"))
+    assert gate_enabled(DEFAULT)
+    assert not gate_enabled(parse_config(off).health)
+
+
+def test_released_checks_memory_and_processes() -> None:
+    h = GpuHealth(U, memory_used_mib=1025, processes=(GpuProcess(1, "alice", 10),))
+    assert [f.check for f in released_faults(h, DEFAULT)] == ["leftover_processes", "memory_released"]
+    assert released_faults(GpuHealth(U, memory_used_mib=1024, processes=()), DEFAULT) == []
+    # the prolog does not check memory: the driver and other jobs' MIG slices hold some
+    assert checks(GpuHealth(U, memory_used_mib=80000)) == []
+
+
+def test_drain_reason_names_gpu_index_and_uuid() -> None:
+    faults = gate_faults(GpuHealth(U, xid=(48, 79, 48)), DEFAULT)
+    assert drain_reason(faults, {U: "3"}) == f"gpuslurm: GPU 3 {U}: Xid 48,79"
+
+
+def test_scenario_parses_and_matches_uuids_case_insensitively() -> None:
+    text = ('{"GPU-AbC": {"lost": false, "xid": [79], "temperature_c": 95, "ecc_uncorrectable": 0,'
+            ' "retired_pages_pending": false, "remap_pending": true, "memory_used_mib": 3,'
+            ' "processes": [{"pid": 4, "user": "bob", "used_mib": 9}]}}')
+    got = parse_scenario(text, "h.json", ["GPU-abc", "GPU-other"])
+    assert got["GPU-abc"] == GpuHealth("GPU-abc", xid=(79,), temperature_c=95, ecc_uncorrectable=0,
+                                       retired_pages_pending=False, remap_pending=True,
+                                       memory_used_mib=3, processes=(GpuProcess(4, "bob", 9),))
+    assert got["GPU-other"] == GpuHealth("GPU-other")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[]", "must be a JSON object"),
+    ("{", "not valid JSON"),
+    ('{"G": {"lost": 1}}', "'lost' must be true or false"),
+    ('{"G": {"temperature_c": "hot"}}', "must be a whole number"),
+    ('{"G": {"xid": 79}}', "list of Xid codes"),
+    ('{"G": {"processes": [{"user": "x"}]}}', "with a pid"),
+    ('{"G": {"processes": [{"pid": 1, "cmd": "x"}]}}', "unknown process key 'cmd'"),
+    ('{"G": {"temp": 1}}', "unknown key 'temp'"),
+])
+def test_bad_scenarios_name_the_problem(text: str, message: str) -> None:
+    with pytest.raises(CaptureError, match=message) as info:
+        parse_scenario(text, "bundle/health.json", [])
+    assert info.value.source == "bundle/health.json"
+
+
+@dataclass
+class Proc:
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815 - NVML's name
+
+
+class HealthyFake(fp.FakeNvml):
+    """The stand-in NVML plus the health queries, driven by per-GPU keys of ``gpus``."""
+
+    def nvmlDeviceGetTemperature(self, handle: fp.Handle, sensor: int) -> int:  # noqa: N802
+        return int(self._gpu("nvmlDeviceGetTemperature", handle).get("temp", 40))
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: fp.Handle, kind: int, counter: int) -> int:  # noqa: N802
+        gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)
+        if "ecc" not in gpu:
+            raise fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED)
+        return int(gpu["ecc"])
+
+    def nvmlDeviceGetRemappedRows(self, handle: fp.Handle) -> tuple[int, int, int, int]:  # noqa: N802
+        gpu = self._gpu("nvmlDeviceGetRemappedRows", handle)
+        return (0, 0, int(gpu.get("remap_pending", 0)), 0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: fp.Handle) -> list[Proc]:  # noqa: N802
+        return [Proc(pid, 512 * fp.MIB) for pid in self._gpu("x", handle).get("pids", [])]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: fp.Handle) -> list[Proc]:  # noqa: N802
+        raise fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED)
+
+
+def test_live_reader_on_stand_in_nvml() -> None:
+    gpus = fp.dgx_h100()[:3]
+    gpus[0].update(temp=91, ecc=2, pids=[1])
+    gpus[1].update(remap_pending=1)
+    gpus[2]["lost"] = True
+    fake = HealthyFake(gpus=[dict(g) for g in gpus])
+    from gpuslurm.hw.model import Gpu
+
+    model = [Gpu(fp.uuid(i), i, i, f"00000000:{i:02X}:00.0", "H100", 81559) for i in range(3)]
+    got = NvmlHealthReader(module=fake).read(model)
+    assert got[model[0].uuid].temperature_c == 91
+    assert got[model[0].uuid].ecc_uncorrectable == 2
+    assert got[model[0].uuid].processes == (GpuProcess(1, "root", 512),)  # pid 1 is init, root's
+    assert got[model[1].uuid].remap_pending is True
+    assert got[model[1].uuid].ecc_uncorrectable is None  # not supported: unknown, not a fault
+    assert got[model[2].uuid].lost
+    assert [f.check for f in gate_faults(got[model[0].uuid], DEFAULT)] == \
+        ["ecc", "temperature", "leftover_processes"]
+
+
+def test_live_reader_refuses_a_renumbered_gpu() -> None:
+    from gpuslurm.hw.model import Gpu
+
+    fake = HealthyFake(gpus=[dict(g) for g in fp.dgx_h100()[:2]])
+    wrong = Gpu(fp.uuid(7), 1, 1, "00000000:2A:00.0", "H100", 81559)
+    got = NvmlHealthReader(module=fake).read([wrong])
+    assert got[wrong.uuid].error is not None and "not " + wrong.uuid in got[wrong.uuid].error
+    assert [f.check for f in gate_faults(got[wrong.uuid], DEFAULT)] == ["lost_gpu"]
