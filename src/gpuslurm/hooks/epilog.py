@@ -150,30 +150,8 @@ def _drain(environ: Mapping[str, str], drains: list[Any], labels: dict[str, str]
 
 def write_summary(summary: Mapping[str, Any], directory: str, job_id: str) -> str:
     """Write ``<directory>/<jobid>-summary.json`` atomically (0600, no symlinks followed)."""
-    from gpuslurm.hooks.jobmap import _open_dir, check_job_id
+    from gpuslurm.hooks.jobmap import check_job_id, write_private_file
 
     final = f"{check_job_id(job_id)}-summary.json"
     payload = (json.dumps(summary, sort_keys=True, indent=1) + "\n").encode()
-    dfd = _open_dir(directory, create=True)
-    assert dfd is not None
-    tmp = f".{final}.{os.getpid()}.tmp"
-    try:
-        try:
-            os.unlink(tmp, dir_fd=dfd)  # left by a crashed epilog with our pid
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=dfd)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-            os.replace(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
-    finally:
-        os.close(dfd)
-    return os.path.join(directory, final)
+    return write_private_file(directory, final, payload)

@@ -129,6 +129,13 @@ def write_map(jmap: JobMap, base: str = DEFAULT_JOBS_DIR) -> str:
     """Write ``jmap`` atomically as ``<base>/<jobid>.json`` (mode 0600); returns the path."""
     final = f"{check_job_id(jmap.job_id)}.json"
     payload = (json.dumps(jmap.to_dict(), sort_keys=True) + "\n").encode()
+    return write_private_file(base, final, payload)
+
+
+def write_private_file(base: str, final: str, payload: bytes) -> str:
+    """Write ``<base>/<final>`` atomically, mode 0600, through a directory checked component by
+    component; a symlink or odd file at the name is refused, never followed. Returns the path.
+    """
     dfd = _open_dir(base, create=True)
     assert dfd is not None
     try:
