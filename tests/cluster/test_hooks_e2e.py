@@ -34,9 +34,8 @@ pytestmark = pytest.mark.slurm
 
 SCONTROL = "/usr/bin/scontrol"
 SRC = Path(gpuslurm.__file__).resolve().parents[1]
-# Registers the hook commands if cli/main.py does not (yet), then runs the ordinary entry point.
-RUN = ("from gpuslurm.cli.main import cli, main; from gpuslurm.cli.hook_cmds import HOOK_COMMANDS; "
-       "[cli.commands.setdefault(c.name, c) for c in HOOK_COMMANDS]; raise SystemExit(main())")
+# The ordinary entry point, as the installed hook executables run it.
+RUN = "from gpuslurm.cli.main import main; raise SystemExit(main())"
 
 
 @dataclass

@@ -40,4 +40,3 @@ def task_prolog(ctx: click.Context) -> None:
     ctx.exit(run_task_prolog(os.environ, sys.stdout))
 
 
-HOOK_COMMANDS = (prolog, epilog, task_prolog)
