@@ -12,6 +12,7 @@ state directory (configs and logs) after the session.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import re
@@ -34,6 +35,7 @@ FINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
     "BOOT_FAIL", "DEADLINE",
 })
+LOCK_PATH = "/run/lock/gpuslurm-test-cluster.lock"
 _JOB_STATE = re.compile(r"\bJobState=(\S+)")
 
 
@@ -144,6 +146,10 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     reason = cluster_unavailable()
     if reason:
         pytest.skip(reason)
+    # One cluster per host (port, /dev/nvidia*, Slurm's cgroups): a second test session on the
+    # same host waits here for the first one's cluster to be torn down.
+    lock = open(LOCK_PATH, "a")  # noqa: SIM115 - held for the whole session
+    fcntl.flock(lock, fcntl.LOCK_EX)
     # Not pytest's tmp dirs: those are 0700, and later tests submit jobs as other users.
     state_dir = Path(tempfile.mkdtemp(prefix="gpuslurm-cluster-"))
     state_dir.chmod(0o755)
@@ -164,3 +170,4 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             print(f"kept the test cluster's state in {state_dir}", file=sys.stderr)
         else:
             shutil.rmtree(state_dir, ignore_errors=True)
+        lock.close()

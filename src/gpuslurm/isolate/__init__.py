@@ -1,0 +1,1 @@
+"""Isolation: cgroup device limits, MPS lifecycle, MIG layout."""

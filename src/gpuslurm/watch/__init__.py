@@ -1,0 +1,1 @@
+"""Watch and act: the node monitor, its store, the exporter."""
