@@ -205,7 +205,11 @@ def _emit(text: str, output: Path | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn errors into one line and an exit code."""
     try:
-        cli.main(args=argv, prog_name="gpuslurm", standalone_mode=False)
+        # Outside standalone mode click returns ctx.exit()'s code instead of raising Exit:
+        # losing it would turn a failed prolog into a success.
+        code = cli.main(args=argv, prog_name="gpuslurm", standalone_mode=False)
+        if isinstance(code, int):
+            return code
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.Abort:
