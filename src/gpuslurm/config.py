@@ -1,14 +1,14 @@
 """gpuslurm's site configuration: ``/etc/gpuslurm/gpuslurm.toml``, or the file ``$GPUSLURM_CONFIG`` names.
 
 Every key is documented in ``docs/config.md``. The hooks import this on every job, so it uses
-only ``tomllib``, ``typing`` and ``os``; ``gpuslurm.errors`` is imported only to raise.
+only ``typing`` and ``os``; ``tomllib`` is imported only to parse (the hooks keep a parse in a
+cache, :mod:`gpuslurm.hooks.configcache`) and ``gpuslurm.errors`` only to raise.
 A missing default file means all defaults; a file named by ``$GPUSLURM_CONFIG`` must exist.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from typing import Any, NamedTuple, NoReturn
 
@@ -18,6 +18,8 @@ ENV_VAR = "GPUSLURM_CONFIG"
 ACTIONS = ("drain", "log", "off")
 MPS_TRIGGERS = ("gres", "comment", "feature")
 CGROUP_MODES = ("auto", "always", "never")
+QUOTA_SOURCES = ("config", "slurm")
+VIOLATION_KINDS = ("rogue", "idle", "over-share")
 
 # NamedTuples, not dataclasses: the hooks import this on every job and a frozen dataclass costs
 # about five times as much to create. A key's type is its default's type; lists and ranges are
@@ -30,6 +32,7 @@ class Rule(NamedTuple):
     lo: float | None = None
     hi: float | None = None
     abspath: bool = False
+    mapping: bool = False  # a table of free names → ``item`` values, kept as sorted (name, value) pairs
 
 
 class FaultCheck(NamedTuple):
@@ -81,8 +84,10 @@ class PathsConfig(NamedTuple):
     nvidia_smi: str = "/usr/bin/nvidia-smi"
     mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
     scontrol: str = "/usr/bin/scontrol"
+    squeue: str = "/usr/bin/squeue"  # mig apply: jobs still on the node
     cgroup_root: str = "/sys/fs/cgroup"
     slurm_cgroup_conf: str = "/etc/slurm/cgroup.conf"
+    violations_dir: str = "/var/lib/gpuslurm/violations"  # node monitors write, `throttle sync` reads
 
     @property
     def jobs_dir(self) -> str:
@@ -100,6 +105,8 @@ class MpsConfig(NamedTuple):
 
 class CgroupConfig(NamedTuple):
     devices: str = "auto"
+    # cgroup v2: where Slurm's cgroup/v2 plugin makes job_<id>, relative to paths.cgroup_root
+    v2_job_parent: str = "system.slice/slurmstepd.scope"
 
 
 class EpilogConfig(NamedTuple):
@@ -113,6 +120,73 @@ class HooksConfig(NamedTuple):
     command_timeout_s: float = 10.0
 
 
+class MonitorConfig(NamedTuple):
+    interval_s: float = 10.0
+    db: str = ""  # "": <paths.state_dir>/monitor.db
+    raw_window_s: float = 86400.0  # raw samples kept this long, then rolled up per minute
+    node_name: str = ""  # "": the host's short name (set it with several slurmd per host)
+    squeue_interval_s: float = 60.0  # the squeue fallback runs at most this often
+    command_timeout_s: float = 10.0
+
+
+class RogueDetect(NamedTuple):
+    enabled: bool = True
+    exempt_users: tuple[str, ...] = ()  # e.g. a monitoring agent's account
+
+
+class IdleDetect(NamedTuple):
+    enabled: bool = True
+    threshold_pct: float = 5.0
+    window_s: float = 1800.0
+    grace_s: float = 600.0
+    min_samples: int = 3
+    min_coverage: float = 0.8
+
+
+class ShareDetect(NamedTuple):
+    enabled: bool = True
+    threshold_pct: float = 80.0
+    duration_s: float = 600.0
+    min_samples: int = 3
+    min_coverage: float = 0.8
+    quota_source: str = "config"
+    default_quota: float = 1.0  # 1.0: nobody is over quota unless users/accounts/Slurm say so
+    users: tuple[tuple[str, float], ...] = ()
+    accounts: tuple[tuple[str, float], ...] = ()
+
+
+class DefensiveDetect(NamedTuple):
+    enabled: bool = True
+    fraction: float = 0.3
+    window_s: float = 600.0
+    lookback_s: float = 7200.0
+    kinds: tuple[str, ...] = VIOLATION_KINDS
+    idle_threshold_factor: float = 2.0
+    idle_window_factor: float = 0.5
+    share_threshold_factor: float = 0.75
+    share_duration_factor: float = 0.5
+
+
+class DetectConfig(NamedTuple):
+    rogue: RogueDetect = RogueDetect()
+    idle: IdleDetect = IdleDetect()
+    share: ShareDetect = ShareDetect()
+    defensive: DefensiveDetect = DefensiveDetect()
+
+
+THROTTLE_MODES = ("reject", "cap", "priority")
+
+
+class ThrottleConfig(NamedTuple):
+    file: str = "/etc/slurm/gpuslurm-throttle"  # read by plugins/job_submit.lua on the controller
+    contact: str = ""  # whom a throttled user should ask; "" lets the plugin say "your administrators"
+    cap_gpus: int = 1
+    nice: int = 10000
+    sync_kinds: tuple[str, ...] = ("rogue",)
+    sync_mode: str = "reject"
+    sync_minutes: float = 120.0  # fractions allowed (tests use seconds)
+
+
 class Config(NamedTuple):
     """The whole configuration; every section has defaults."""
 
@@ -122,6 +196,9 @@ class Config(NamedTuple):
     cgroup: CgroupConfig = CgroupConfig()
     epilog: EpilogConfig = EpilogConfig()
     hooks: HooksConfig = HooksConfig()
+    monitor: MonitorConfig = MonitorConfig()
+    detect: DetectConfig = DetectConfig()
+    throttle: ThrottleConfig = ThrottleConfig()
     source: str | None = None  # the file read; None when all defaults
 
 
@@ -140,6 +217,33 @@ RULES: dict[str, Rule] = {
     "cgroup.devices": Rule(choices=CGROUP_MODES),
     "epilog.kill_grace_s": Rule(lo=0, hi=600),
     "hooks.command_timeout_s": Rule(lo=0.1, hi=600),
+    "monitor.interval_s": Rule(lo=0.05, hi=3600),
+    "monitor.raw_window_s": Rule(lo=60, hi=366 * 86400),
+    "monitor.squeue_interval_s": Rule(lo=1, hi=86400),
+    "monitor.command_timeout_s": Rule(lo=0.1, hi=600),
+    "throttle.file": Rule(abspath=True),
+    "throttle.cap_gpus": Rule(lo=1, hi=1_000_000),
+    "throttle.nice": Rule(lo=1, hi=2147483645),
+    "throttle.sync_kinds": Rule(item=str, choices=("rogue", "idle", "over-share")),
+    "throttle.sync_mode": Rule(choices=THROTTLE_MODES),
+    "throttle.sync_minutes": Rule(lo=0.1, hi=366 * 24 * 60),
+    "detect.rogue.exempt_users": Rule(item=str),
+    **{f"detect.{s}.threshold_pct": Rule(lo=0, hi=100) for s in ("idle", "share")},
+    **{f"detect.{s}.min_samples": Rule(lo=1, hi=100000) for s in ("idle", "share")},
+    **{f"detect.{s}.min_coverage": Rule(lo=0, hi=1) for s in ("idle", "share")},
+    "detect.idle.window_s": Rule(lo=1, hi=7 * 86400),
+    "detect.idle.grace_s": Rule(lo=0, hi=7 * 86400),
+    "detect.share.duration_s": Rule(lo=1, hi=7 * 86400),
+    "detect.share.quota_source": Rule(choices=QUOTA_SOURCES),
+    "detect.share.default_quota": Rule(lo=0, hi=1),
+    **{f"detect.share.{k}": Rule(item=float, lo=0, hi=1, mapping=True) for k in ("users", "accounts")},
+    "detect.defensive.fraction": Rule(lo=0, hi=1),
+    "detect.defensive.window_s": Rule(lo=1, hi=7 * 86400),
+    "detect.defensive.lookback_s": Rule(lo=1, hi=30 * 86400),
+    "detect.defensive.kinds": Rule(item=str, choices=VIOLATION_KINDS),
+    "detect.defensive.idle_threshold_factor": Rule(lo=1, hi=100),
+    **{f"detect.defensive.{k}_factor": Rule(lo=0.01, hi=1)
+       for k in ("idle_window", "share_threshold", "share_duration")},
 }
 
 
@@ -155,30 +259,46 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     explicit = path is not None
     if path is None:
         path, explicit = config_path(environ)
+    text = read_config_text(path, explicit)
+    return Config() if text is None else parse_config(text, path)
+
+
+def read_config_text(path: str, explicit: bool) -> str | None:
+    """The text of the config file; None when it is absent and was not ``explicit``ly named."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except FileNotFoundError:
         if explicit:
             _fail("no such file", path)
-        return Config()
+        return None
     except IsADirectoryError:
         _fail("is a directory, not a config file", path)
     except OSError as exc:
         _fail(f"cannot read: {exc.strerror}", path)
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         _fail(f"not valid TOML: not UTF-8 (byte {exc.start})", path)
-    return parse_config(text, path)
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Parse TOML text into a Config; any mistake is one InputError naming ``source``."""
+    return config_from_doc(parse_toml(text, source), source)
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """The TOML document in ``text``; InputError naming ``source`` when it is not TOML."""
+    import tomllib  # only here: the hooks usually find the parse in their cache
+
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         _fail(f"not valid TOML: {str(exc).splitlines()[0]}", source)
+
+
+def config_from_doc(doc: Mapping[str, Any], source: str) -> Config:
+    """A Config from a parsed TOML document, every key checked."""
     cfg: Config = _build(Config, doc, "", source)
     return cfg._replace(source=source)
 
@@ -198,6 +318,13 @@ def _build(cls: Any, table: Mapping[str, Any], where: str, source: str) -> Any:
             continue
         rule = RULES.get(name, Rule())
         label = f"{key} in [{where}]"
+        if rule.mapping:
+            if not isinstance(value, dict):
+                _fail(f"{label} must be a table, not {_describe(value)}", source)
+            assert rule.item is not None, name
+            values[key] = tuple(sorted((k, _scalar(rule.item, rule, v, f"{k!r} in [{name}]", source))
+                                       for k, v in value.items()))
+            continue
         if isinstance(default, tuple):
             if not isinstance(value, list):
                 _fail(f"{label} must be a list, not {_describe(value)}", source)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os  # loaded by every interpreter at start; pathlib is not, and the hooks avoid it
 
 # Exit codes, assigned in one place (cli.main maps exceptions onto these).
 EXIT_OK = 0
@@ -29,7 +29,7 @@ class InputError(GpuslurmError):
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, message: str, source: str | Path | None = None) -> None:
+    def __init__(self, message: str, source: str | os.PathLike[str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.source = str(source) if source is not None else None

@@ -3,7 +3,7 @@
 The session cluster is reconfigured for this module only: ``Prolog=``, ``Epilog=`` and
 ``TaskProlog=`` lines are added to its slurm.conf and ``scontrol reconfigure`` applies them; the
 original file is restored (and the node resumed) afterwards, so other modules see the cluster
-as it was. The hooks run ``python -m gpuslurm`` through small wrapper scripts that set the
+as it was. The hooks run ``gpuslurm.hooks.entry`` through small wrapper scripts that set the
 replay bundle (``GPUSLURM_CAPTURE``) and a config whose run and state directories are ours.
 """
 
@@ -34,8 +34,8 @@ pytestmark = pytest.mark.slurm
 
 SCONTROL = "/usr/bin/scontrol"
 SRC = Path(gpuslurm.__file__).resolve().parents[1]
-# The ordinary entry point, as the installed hook executables run it.
-RUN = "from gpuslurm.cli.main import main; raise SystemExit(main())"
+# The hooks' own entry point, as the installed hook executables run it.
+RUN = "from gpuslurm.hooks.entry import run; run()"
 
 
 @dataclass
@@ -92,7 +92,10 @@ def hooked(slurm_cluster: SlurmCluster) -> Iterator[HookedCluster]:
     shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
     config = root / "gpuslurm.toml"
     config.write_text(f'[paths]\nrun_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\n'
-                      f'scontrol = "{SCONTROL}"\n[hooks]\ncommand_timeout_s = 20\n')
+                      f'scontrol = "{SCONTROL}"\n'
+                      # the cluster's own cgroup.conf (ConstrainDevices=yes): Slurm isolates
+                      f'slurm_cgroup_conf = "{slurm_cluster.conf.parent / "cgroup.conf"}"\n'
+                      '[hooks]\ncommand_timeout_s = 20\n')
     env = {"GPUSLURM_CAPTURE": str(bundle), "GPUSLURM_CONFIG": str(config),
            "SLURM_CONF": str(slurm_cluster.conf), "PYTHONPATH": str(SRC)}
     for hook in ("prolog", "epilog", "task-prolog"):
@@ -165,3 +168,62 @@ def test_unhealthy_gpu_drains_the_node_with_a_reason_naming_it(hooked: HookedClu
             subprocess.run(["/usr/bin/scancel", str(jobid)], env=hooked.cluster.env, timeout=30, check=False)
         hooked.scontrol("update", f"NodeName={hooked.node}", "State=RESUME")
         _wait_node(hooked, r"^IDLE", timeout=60)
+
+
+def test_epilog_kills_a_leftover_and_tries_the_admin_comment(hooked: HookedCluster,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process recorded on the job's GPU in health.json (a real ``sleep`` run as nobody, outside
+    the job so Slurm does not reap it) is killed by the epilog; the AdminComment attempt is
+    refused by Slurm 22.05 for a finished job and only logged; on a live job it is taken as is."""
+    import select
+    import signal
+
+    from gpuslurm.slurm.scontrol import MAX_ADMIN_COMMENT, set_admin_comment
+
+    config = hooked.root / "gpuslurm.toml"
+    original = config.read_text()
+    out = subprocess.run(["/bin/sh", "-c", '/bin/sleep 300 </dev/null >/dev/null 2>&1 & echo $!'], user=65534,
+                         group=65534, extra_groups=[], capture_output=True, text=True, check=True, timeout=10)
+    pid = int(out.stdout)
+    pidfd = os.pidfd_open(pid)
+    health = hooked.bundle / "health.json"
+    try:
+        config.write_text(original + "[epilog]\nadmin_comment = true\nkill_grace_s = 1\n")
+        facts = json.dumps({hooked.uuids[2]: {"processes": [{"pid": pid, "user": "nobody"}]}})
+        # the job itself records the process, so the prolog's health gate saw a clean GPU
+        jobid = hooked.cluster.sbatch(["--gres=gpu:8"], f"cat > {health} <<'EOF'\n{facts}\nEOF\n")
+        state = hooked.cluster.wait(jobid, timeout=60)
+        assert state == "COMPLETED", f"{hooked.hook_log()}\n{hooked.cluster.log_tail()}"
+        deadline = time.monotonic() + 30
+        while not hooked.summary(jobid).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert select.select([pidfd], [], [], 10)[0], f"pid {pid} still runs\n{hooked.hook_log()}"
+        summary = json.loads(hooked.summary(jobid).read_text())
+        assert summary["leftovers"] == [{"gpu": hooked.uuids[2], "pid": pid, "user": "nobody",
+                                         "outcome": "exited after SIGTERM"}]
+        assert summary["faults"] == [] and summary["monitor"] == "no monitor data"
+        assert "DRAIN" not in hooked.node_field("State")
+        # Slurm 22.05 refuses job updates once the job finished, and the epilog runs after that:
+        # the refusal is logged, never fatal (sacctmgr can still change it where slurmdbd runs)
+        assert "cannot set the job's AdminComment: scontrol exited 1: Job has already finished" \
+            in hooked.hook_log()
+        # on a live job, Slurm takes one argv item as it is: quotes, %, =, commas, the full length
+        live = hooked.cluster.sbatch([], "sleep 60\n")
+        try:
+            odd = "gpuslurm: it's \"quoted\" 100% a=b, c;d " + "x" * MAX_ADMIN_COMMENT
+            monkeypatch.setenv("SLURM_CONF", str(hooked.cluster.conf))  # as slurmd gives the hooks
+            set_admin_comment(str(live), odd, scontrol=SCONTROL, timeout=30)
+            shown = hooked.scontrol("show", "job", str(live))
+            match = re.search(r"^\s*AdminComment=(.*)$", shown, re.M)
+            assert match is not None, shown
+            assert match.group(1).rstrip() == odd[: MAX_ADMIN_COMMENT - 3] + "...", repr(match.group(1)[-20:])
+        finally:
+            subprocess.run(["/usr/bin/scancel", str(live)], env=hooked.cluster.env, timeout=30, check=False)
+    finally:
+        config.write_text(original)
+        health.unlink(missing_ok=True)
+        try:  # through the pidfd: never a reused PID
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(pidfd)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 NVML_SUCCESS = 0
@@ -435,3 +436,50 @@ def h200_mig() -> list[dict[str, Any]]:
              "memory_mib": 16384, "sm": 16},
         ],
     }]
+
+
+# -- live sampling (the monitor) ------------------------------------------------------------------
+
+@dataclass
+class SamplingNvml(FakeNvml):
+    """``activity[gpu index]``: util, used_mib, power_mw, temp, procs [(pid, used_mib, mig index)],
+    samples [(pid, timestamp, sm)]."""
+
+    activity: dict[int, dict[str, Any]] = field(default_factory=dict)
+    stamps: list[int] = field(default_factory=list)
+
+    def _act(self, name: str, handle: Handle) -> dict[str, Any]:
+        self._gpu(name, handle)
+        return self.activity.get(handle.gpu, {})
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Any:  # noqa: N802
+        return SimpleNamespace(gpu=self._act("nvmlDeviceGetUtilizationRates", handle)["util"], memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> Memory:  # noqa: N802
+        mem = super().nvmlDeviceGetMemoryInfo(handle, version)
+        used = self.activity.get(handle.gpu, {}).get("used_mib", 0) * MIB
+        return Memory(total=mem.total, free=mem.total - used, used=used)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Handle) -> int:  # noqa: N802
+        return int(self._act("nvmlDeviceGetPowerUsage", handle)["power_mw"])
+
+    def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int) -> int:  # noqa: N802
+        return int(self._act("nvmlDeviceGetTemperature", handle)["temp"])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[Any]:  # noqa: N802
+        procs = self._act("nvmlDeviceGetComputeRunningProcesses", handle).get("procs", [])
+        return [SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else mib * MIB)
+                for pid, mib, mig in procs if mig == handle.mig]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[Any]:  # noqa: N802
+        self._gpu("nvmlDeviceGetGraphicsRunningProcesses", handle)
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Handle, stamp: int) -> list[Any]:  # noqa: N802
+        act = self._act("nvmlDeviceGetProcessUtilization", handle)
+        self.stamps.append(stamp)
+        found = [SimpleNamespace(pid=p, timeStamp=t, smUtil=sm, memUtil=0)
+                 for p, t, sm in act.get("samples", []) if t > stamp]
+        if not found:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return found

@@ -45,6 +45,9 @@ class HookSite:
             f'run_dir = "{self.root / "run"}"\n'
             f'state_dir = "{self.root / "state"}"\n'
             f'scontrol = "{self.root / "scontrol"}"\n'
+            # As on a node where Slurm constrains devices: "auto" leaves isolation to Slurm, so
+            # these tests make no cgroups (tests/isolate covers gpuslurm's own).
+            f'slurm_cgroup_conf = "{self.root / "cgroup.conf"}"\n'
             "[hooks]\ncommand_timeout_s = 5\n" + extra)
 
     def scontrol_calls(self) -> list[list[str]]:
@@ -63,6 +66,7 @@ def make_site(root: Path, *, scontrol_exit: int = 0) -> HookSite:
     script.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\0" "$a"; done | sed "s/\\x00$//" '
                       f'>> {log}\nprintf "\\0END\\n" >> {log}\nexit {scontrol_exit}\n')
     script.chmod(0o755)
+    (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainDevices=yes\n")
     site = HookSite(root, bundle, root / "gpuslurm.toml", log,
                     [g.uuid for g in load_node(str(bundle)).gpus])
     site.write_config()

@@ -127,6 +127,8 @@ def test_epilog_without_a_map_summarises_slurms_gpus(site: HookSite) -> None:
 
 
 def test_epilog_drains_when_the_job_left_processes_and_memory(site: HookSite) -> None:
+    # Killing is off here (tests/hooks/test_epilog.py kills real processes): PID 99 is a record.
+    site.write_config("[epilog]\nkill_leftover = false\n")
     assert run_prolog(site.environ(gpus="0,1"), quiet("prolog")) == 0
     site.set_health({site.uuids[1]: {"processes": [{"pid": 99, "user": "alice", "used_mib": 4000}],
                                      "memory_used_mib": 4100}})

@@ -411,7 +411,7 @@ def test_cpu_count_is_a_floor_for_the_affinity_buffer(tmp_path: pathlib.Path) ->
 
 def test_fake_mirrors_the_installed_nvidia_ml_py() -> None:
     real = pytest.importorskip("pynvml")
-    for name in dir(fp.FakeNvml):
+    for name in dir(fp.SamplingNvml):  # the node reader's calls and the monitor's
         if name.startswith("nvml"):
             assert hasattr(real, name), name
         elif name.startswith("NVML_") and name != "NVML_NVLINK_MAX_LINKS":
@@ -421,7 +421,7 @@ def test_fake_mirrors_the_installed_nvidia_ml_py() -> None:
     source = pathlib.Path(nvml_module.__file__).read_text()
     called = set(re.findall(r'"(nvml[A-Z]\w+)"', source))
     assert called - {"nvmlDeviceGetNvLinkRemotePciInfo_v2"} <= set(dir(real))
-    assert called - {"nvmlDeviceGetNvLinkRemotePciInfo_v2"} <= set(dir(fp.FakeNvml))
+    assert called - {"nvmlDeviceGetNvLinkRemotePciInfo_v2"} <= set(dir(fp.SamplingNvml))
     assert issubclass(real.NVMLError(real.NVML_ERROR_GPU_IS_LOST).__class__, real.NVMLError)
     assert fp.NVMLError(fp.NVML_ERROR_GPU_IS_LOST).value == real.NVMLError(real.NVML_ERROR_GPU_IS_LOST).value
 

@@ -20,6 +20,8 @@ from gpuslurm.cli.main import cli
 from gpuslurm.errors import EXIT_BAD_INPUT, InputError
 
 HOOK_NAMES = ("gpuslurm-prolog", "gpuslurm-epilog", "gpuslurm-task-prolog")
+# What the installed hooks exec: the hooks' own entry point, not the click CLI.
+HOOK_CODE = "'from gpuslurm.hooks.entry import run; run()'"
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def test_first_install_writes_hooks_snippet_and_manifest(dirs: tuple[Path, Path]
         assert stat.S_IMODE(hook.stat().st_mode) == 0o755
         assert hook.read_text().startswith("#!/bin/sh\n")
         command = name.removeprefix("gpuslurm-")
-        assert f'exec {sys.executable} -I -m gpuslurm {command} "$@"' in hook.read_text()
+        assert f'exec {sys.executable} -I -c {HOOK_CODE} {command} "$@"' in hook.read_text()
         assert hook.stat().st_uid == os.geteuid()
     assert stat.S_IMODE(prefix.stat().st_mode) == 0o755
     snippet = etc / lib.CGROUP_SNIPPET_NAME
@@ -113,7 +115,7 @@ def test_dry_run_shows_diffs_and_changes_nothing(dirs: tuple[Path, Path]) -> Non
     out = ok(run(etc, prefix, "--dry-run"))
     assert f"would create directory {prefix}" in out
     assert f"+++ {prefix}/gpuslurm-prolog" in out
-    assert f"+exec {sys.executable} -I -m gpuslurm prolog" in out
+    assert f"+exec {sys.executable} -I -c {HOOK_CODE} prolog" in out
     assert not prefix.parent.exists()
     assert list(etc.iterdir()) == []
 
@@ -133,7 +135,7 @@ def test_new_interpreter_updates_our_files_without_force(dirs: tuple[Path, Path]
     out = ok(run(etc, prefix, "--python", str(other)))
     assert f"update {prefix}/gpuslurm-epilog" in out
     assert f"update {etc}" not in out  # the snippet did not change
-    assert f"exec {other} -I -m gpuslurm epilog" in (prefix / "gpuslurm-epilog").read_text()
+    assert f"exec {other} -I -c {HOOK_CODE} epilog" in (prefix / "gpuslurm-epilog").read_text()
     assert "nothing to change" in ok(run(etc, prefix, "--python", str(other)))
 
 
@@ -206,6 +208,21 @@ def test_installed_hook_runs_gpuslurm_with_an_empty_environment(dirs: tuple[Path
         else:  # the hook commands are not written yet: gpuslurm's own CLI must still answer
             assert "No module named" not in proc.stderr
             assert proc.returncode == EXIT_BAD_INPUT and f"No such command '{command}'" in proc.stderr
+
+
+def test_installed_root_hooks_run_the_hook_code_with_an_empty_environment(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    ok(run(etc, prefix))
+    for name in ("gpuslurm-prolog", "gpuslurm-epilog"):
+        proc = subprocess.run(["/usr/bin/env", "-i", str(prefix / name)], capture_output=True, text=True,
+                              timeout=60, cwd="/")
+        hook = name.removeprefix("gpuslurm-")
+        # the hook itself ran: no job in the environment is its one-line error, exit code 2
+        assert proc.returncode == EXIT_BAD_INPUT, proc.stderr
+        assert proc.stderr == f"gpuslurm {hook}: SLURM_JOB_ID: is not set: not running as a Slurm job hook?\n"
+    proc = subprocess.run(["/usr/bin/env", "-i", str(prefix / "gpuslurm-prolog"), "extra"],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == EXIT_BAD_INPUT and proc.stderr.startswith("usage: ")
 
 
 def test_interpreter_that_cannot_import_gpuslurm_is_refused(dirs: tuple[Path, Path], tmp_path: Path) -> None:

@@ -46,6 +46,13 @@ LAZY_COMMANDS = {
     "prolog": "gpuslurm.cli.hook_cmds:prolog",
     "epilog": "gpuslurm.cli.hook_cmds:epilog",
     "task-prolog": "gpuslurm.cli.hook_cmds:task_prolog",
+    "mig": "gpuslurm.cli.mig_cmd:mig",
+    "throttle": "gpuslurm.cli.throttle_cmd:throttle",
+    "monitor": "gpuslurm.cli.monitor_cmd:monitor",
+    "fairshare-report": "gpuslurm.cli.report_cmd:fairshare_report",
+    "status": "gpuslurm.cli.status_cmd:status",
+    "watch": "gpuslurm.cli.status_cmd:watch",
+    "demo": "gpuslurm.cli.demo_cmd:demo",
 }
 
 

@@ -1,14 +1,23 @@
 """``gpuslurm epilog``: runs as root in slurmd's environment after each job on the node.
 
-Steps: read the job map (else the GPUs Slurm names); check that the job left nothing on its
-GPUs (processes, memory) when those facts can be read, else skip; remove the map; write a
-per-job summary ``<state_dir>/jobs/<jobid>-summary.json``.
+Steps, in this order: (1) the job's GPUs, from its map, else the GPUs Slurm names; (2) stop the
+job's MPS daemon; (3) kill what the job left on its GPUs (SIGTERM, ``kill_grace_s``, SIGKILL)
+and check that the GPUs were released (no processes, memory freed); (4) remove the job's cgroup
+device limits; (5) remove the map; (6) bookkeeping: the per-job summary
+``<state_dir>/jobs/<jobid>-summary.json`` (with utilisation and memory from the monitor's store
+when there is one) and, if configured, the job's AdminComment.
+
+Which processes on the job's physical GPUs are its leftovers, and how they are killed without
+ever signalling a reused PID: :mod:`gpuslurm.hooks.leftovers`. When another job still holds the
+GPU (MIG, sharing), the memory check is skipped. With ``kill_leftover = false`` nothing is killed
+and the check reports what the GPUs list.
 
 Failure policy. A fault with action ``drain`` drains the node with a reason naming the GPU; the
 epilog then exits 0 so that Slurm keeps that reason (it exits 1 only when the drain itself failed,
 so that Slurm drains the node instead). Facts that cannot be read are logged and the check is
-skipped: the next job's prolog gates the GPU anyway. The map removal and the summary are
-bookkeeping: a failure there is logged and never drains the node.
+skipped: the next job's prolog gates the GPU anyway. A process that survives SIGKILL is a
+``leftover_processes`` fault naming the GPU. The map removal, the summary and the AdminComment
+are bookkeeping: a failure there is logged and never drains the node.
 """
 
 from __future__ import annotations
@@ -17,10 +26,13 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CommandError, GpuslurmError
 from gpuslurm.hooks.prolog import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, node_name
+
+if TYPE_CHECKING:
+    from gpuslurm.hooks.leftovers import Target
 
 SUMMARY_VERSION = 1
 
@@ -40,14 +52,14 @@ def run_epilog(environ: Mapping[str, str], log: HookLog | None = None,
 
 
 def _epilog(environ: Mapping[str, str], log: HookLog, now: float) -> int:
-    from gpuslurm.config import load_config
+    from gpuslurm.hooks.cache import load_hook_config
     from gpuslurm.hooks.jobmap import read_map, remove_map
     from gpuslurm.slurm.hookenv import HookEnv
 
     env = HookEnv.from_environ(environ)
     job_id, uid, user = env.require_job()
     log.job_id = job_id
-    cfg = load_config(environ=environ)
+    cfg = load_hook_config(environ, log.warning)
     jobs_dir = cfg.paths.jobs_dir
     try:
         jmap = read_map(job_id, jobs_dir)
@@ -55,6 +67,8 @@ def _epilog(environ: Mapping[str, str], log: HookLog, now: float) -> int:
         log.error(f"cannot read the job map: {exc}")
         jmap = None
     spec = environ.get("GPUSLURM_CAPTURE") or None
+
+    # 1. the job's GPUs
     gpus: list[dict[str, Any]] = []
     start: float | None = None
     if jmap is not None:
@@ -62,40 +76,125 @@ def _epilog(environ: Mapping[str, str], log: HookLog, now: float) -> int:
         gpus = [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
                  "parent_uuid": d.parent_uuid} for d in jmap.devices]
     elif env.job_gpus is not None or env.step_gpus is not None:
-        gpus = _gpus_from_env(env, spec, log)
+        gpus = _gpus_from_env(env, spec, cfg, log)
 
-    faults, labels = _release_check(gpus, cfg, spec, log)
+    # 2. stop the job's MPS daemon (before the kill, so that it shuts down cleanly)
+    mps_faults = _stop_mps(environ, job_id, uid, gpus, cfg, log)
+
+    # 3. kill the job's leftovers, check the GPUs were released; drain on a fault
+    release = _release(job_id, uid, gpus, cfg, spec, log)
     rc = 0
-    drains = [f for f in faults if f.action == "drain"]
+    drains = [f for f in [*release.faults, *mps_faults] if f.action == "drain"]
     if drains:
-        rc = _drain(environ, drains, labels, cfg, log)
+        rc = _drain(environ, drains, release.labels, cfg, log)
 
+    # 4. remove the job's cgroup device limits
+    try:  # gpuslurm's own device cgroup (isolate.devices); bookkeeping: logged, never drains
+        from gpuslurm.isolate.devices import release_job
+
+        if (released := release_job(cfg, job_id)) is not None:
+            log.info(released)
+    except Exception as exc:
+        log.error(f"cannot remove the job's devices cgroup: {exc}")
+
+    # 5. remove the map
     try:
         if remove_map(job_id, jobs_dir):
             log.info(f"removed the job map from {jobs_dir}")
     except (GpuslurmError, OSError) as exc:
         log.error(f"cannot remove the job map: {exc}")
+
+    # 6. bookkeeping: summary file and AdminComment; a failure here must never drain the node
+    try:
+        _bookkeeping(environ, job_id, uid, user, start, now, gpus, release, cfg, log)
+    except Exception as exc:
+        log.error(f"internal error writing the job summary: {type(exc).__name__}: {exc}")
+    return rc
+
+
+def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, start: float | None,
+                 now: float, gpus: list[dict[str, Any]], release: Release, cfg: Any,
+                 log: HookLog) -> None:
+    """The summary file and the AdminComment (failures logged, never fatal)."""
+    if not (cfg.epilog.summary or cfg.epilog.admin_comment):
+        return
+    if start is None:  # no map: Slurm (23.02 and later) may still say when the job started
+        raw = environ.get("SLURM_JOB_START_TIME", "")
+        start = float(raw) if raw.isdigit() else None
+    stats = _monitor_stats([g["uuid"] for g in gpus], start, now, cfg, log)
+    for g in gpus:
+        if (s := stats.get(g["uuid"])) is not None:
+            g.update(samples=s.samples, util_mean_pct=_round(s.util_mean_pct),
+                     util_max_pct=_round(s.util_max_pct), mem_peak_mib=_round(s.mem_peak_mib))
     if cfg.epilog.summary:
         summary = {"version": SUMMARY_VERSION, "job_id": job_id, "user": user, "uid": uid,
                    "node": node_name(environ), "start": start, "end": now, "gpus": gpus,
-                   "faults": [f._asdict() for f in faults]}
+                   "monitor": "ok" if stats else "no monitor data",
+                   "leftovers": list(release.leftovers), "faults": [f._asdict() for f in release.faults]}
         try:
             path = write_summary(summary, os.path.join(cfg.paths.state_dir, "jobs"), job_id)
             log.info(f"wrote {path}")
         except (GpuslurmError, OSError) as exc:
             log.error(f"cannot write the job summary: {exc}")
-        except Exception as exc:  # bookkeeping: a bug here must not drain the node
-            log.error(f"internal error writing the job summary: {type(exc).__name__}: {exc}")
-    return rc
+    if cfg.epilog.admin_comment:
+        from gpuslurm.slurm.scontrol import set_admin_comment
+
+        text = admin_comment(len(gpus), list(stats.values()), len(release.leftovers))
+        try:
+            set_admin_comment(job_id, text, scontrol=cfg.paths.scontrol,
+                              timeout=cfg.hooks.command_timeout_s)
+            log.info(f"AdminComment: {text}")
+        except GpuslurmError as exc:
+            log.error(f"cannot set the job's AdminComment: {exc}")
 
 
-def _gpus_from_env(env: Any, spec: str | None, log: HookLog) -> list[dict[str, Any]]:
+def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Any,
+                   log: HookLog) -> dict[str, Any]:
+    """Per-device figures from the monitor's store; empty when there is no store or no data."""
+    path = os.path.join(cfg.paths.state_dir, "monitor.db")
+    if not uuids or start is None or not os.path.isfile(path):
+        return {}
+    from gpuslurm.watch.store import Store  # only now: it imports sqlite3
+
+    try:
+        with Store.open(path, readonly=True, timeout_s=min(2.0, cfg.hooks.command_timeout_s)) as store:
+            return dict(store.gpu_stats(uuids, start, now))
+    except GpuslurmError as exc:
+        log.warning(f"cannot read the monitor store: {exc}")
+        return {}
+
+
+def admin_comment(n_gpus: int, stats: Sequence[Any], killed: int = 0) -> str:
+    """The short summary for AdminComment: ``gpuslurm: 4 GPU, util mean 37% max 99%, peak mem …``.
+
+    The mean is over all samples of all the job's GPUs; the peak memory is the largest on any one.
+    """
+    parts = [f"gpuslurm: {n_gpus} GPU"]
+    known = [s for s in stats if s.util_mean_pct is not None and s.util_samples]
+    if known:
+        mean = sum(s.util_mean_pct * s.util_samples for s in known) / sum(s.util_samples for s in known)
+        top = max(s.util_max_pct for s in known)
+        parts.append(f"util mean {mean:.0f}% max {top:.0f}%")
+    if peaks := [s.mem_peak_mib for s in stats if s.mem_peak_mib is not None]:
+        parts.append(f"peak mem {max(peaks) / 1024:.1f} GiB")
+    if not stats:
+        parts.append("no monitor data")
+    if killed:
+        parts.append(f"{killed} leftover process(es) killed")
+    return ", ".join(parts)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _gpus_from_env(env: Any, spec: str | None, cfg: Any, log: HookLog) -> list[dict[str, Any]]:
     """No map (the prolog did not run, or failed): the GPUs Slurm names, if the node can be read."""
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hooks.cache import node_identity
     from gpuslurm.slurm.hookenv import resolve_job_gpus
 
     try:
-        devices = resolve_job_gpus(env, load_node(spec))
+        devices = resolve_job_gpus(env, node_identity(spec, cfg.paths.run_dir, log.warning))
     except GpuslurmError as exc:
         log.error(f"no job map, and the job's GPUs cannot be resolved: {exc}")
         return []
@@ -103,33 +202,140 @@ def _gpus_from_env(env: Any, spec: str | None, log: HookLog) -> list[dict[str, A
              "parent_uuid": d.gpu.uuid if d.mig is not None else None} for d in devices]
 
 
-def _release_check(gpus: Sequence[Mapping[str, Any]], cfg: Any, spec: str | None,
-                   log: HookLog) -> tuple[list[Any], dict[str, str]]:
-    """Faults on the job's physical GPUs, and their NVML indices for the drain reason."""
-    from gpuslurm.policy.health import release_enabled, released_faults
+class Release(NamedTuple):
+    """What step 3 found: faults to act on, GPU labels for the drain reason, leftovers handled."""
 
-    if not gpus or not release_enabled(cfg.health):
-        return [], {}
+    faults: tuple[Any, ...]
+    labels: dict[str, str]
+    leftovers: tuple[dict[str, Any], ...]  # gpu, pid, user, outcome: for the summary
+
+
+NO_RELEASE = Release((), {}, ())
+
+
+def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any, spec: str | None,
+             log: HookLog) -> Release:
+    """Kill the job's leftovers on its physical GPUs, then check the GPUs were released."""
+    from gpuslurm.policy.health import Fault, release_enabled, released_faults
+
+    kill = cfg.epilog.kill_leftover
+    if not gpus or not (kill or release_enabled(cfg.health)):
+        return NO_RELEASE
+    from gpuslurm.hooks.cache import node_identity
     from gpuslurm.hw.health import read_health
-    from gpuslurm.hw.source import load_node
 
     physical = {g["parent_uuid"] or g["uuid"] for g in gpus}
     try:
-        node = load_node(spec)
+        node = node_identity(spec, cfg.paths.run_dir, log.warning)
         mine = [g for g in node.gpus if g.uuid in physical]
+        listed_at = time.clock_gettime(time.CLOCK_BOOTTIME)  # the clock /proc start times count in
         health = read_health(mine, spec)
     except GpuslurmError as exc:
         log.error(f"cannot read GPU health, skipping the release check: {exc}")
-        return [], {}
+        return NO_RELEASE
     if missing := sorted(physical - {g.uuid for g in mine}):
         log.warning(f"GPU(s) {', '.join(missing)} of the job are not on this node any more")
-    faults = []
+    labels = {g.uuid: str(g.index) for g in mine}
+    holders = _other_holders(job_id, cfg.paths.jobs_dir, log)
+    listed = [(g.uuid, p) for g in mine for p in (health[g.uuid].processes or ())]
+    drop: dict[str, set[int]] = {u: set() for u in labels}  # not this job's, or gone: not leftovers
+    leftovers: list[dict[str, Any]] = []
+    survivors: dict[str, list[Target]] = {}
+    if listed and kill:
+        from gpuslurm.hooks.leftovers import SURVIVED, kill_processes, plan_kills
+
+        targets, skipped = plan_kills(listed, job_id, uid, holders,
+                                      cfg.health.leftover_processes.ignore_users, listed_at)
+        for (uuid, pid), (kind, why) in skipped.items():
+            log.info(f"GPU {labels[uuid]} {uuid}: pid {pid} is not killed: {why}")
+            if kind != "kept":
+                drop[uuid].add(pid)
+        if targets:
+            outcome = kill_processes(targets, cfg.epilog.kill_grace_s)
+            for t in targets:
+                what = outcome[t.pid]
+                leftovers.append({"gpu": t.gpu, "pid": t.pid, "user": t.user, "outcome": what})
+                log.warning(f"GPU {labels[t.gpu]} {t.gpu}: leftover pid {t.pid} ({t.user}): {what}")
+                if what == SURVIVED:
+                    survivors.setdefault(t.gpu, []).append(t)
+                drop[t.gpu].add(t.pid)  # a survivor is reported below, as such
+            try:
+                health = read_health(mine, spec)
+            except GpuslurmError as exc:
+                log.error(f"cannot read GPU health again after the kill: {exc}")
+    faults: list[Any] = []
+    action = cfg.health.leftover_processes.action
     for gpu in mine:
-        for fault in released_faults(health[gpu.uuid], cfg.health):
+        facts = health[gpu.uuid]
+        if facts.processes is not None:
+            facts = facts._replace(processes=tuple(p for p in facts.processes
+                                                   if p.pid not in drop[gpu.uuid]))
+        if holders is None or holders.get(gpu.uuid):  # shared: the memory in use is not all this job's
+            facts = facts._replace(memory_used_mib=None)
+        found = released_faults(facts, cfg.health) if release_enabled(cfg.health) else []
+        if (stuck := survivors.get(gpu.uuid)) and action != "off":
+            pids = ", ".join(f"pid {t.pid}" + (f" ({t.user})" if t.user else "") for t in stuck)
+            found.insert(0, Fault(gpu.uuid, "leftover_processes", action,
+                                  f"{len(stuck)} leftover process(es) survived SIGKILL: {pids}"))
+        for fault in found:
             log.warning(f"GPU {gpu.index} {gpu.uuid}: {fault.check}: {fault.message} "
                         f"(action {fault.action})")
             faults.append(fault)
-    return faults, {g.uuid: str(g.index) for g in mine}
+    return Release(tuple(faults), labels, tuple(leftovers))
+
+
+def _other_holders(job_id: str, jobs_dir: str, log: HookLog) -> dict[str, list[tuple[str, int]]] | None:
+    """Physical GPU → (job id, uid) of the other jobs mapped to it; None when a map is unreadable."""
+    from gpuslurm.hooks.jobmap import list_job_ids, read_map
+
+    out: dict[str, list[tuple[str, int]]] = {}
+    try:
+        for other in list_job_ids(jobs_dir):
+            if other == job_id:
+                continue
+            jmap = read_map(other, jobs_dir)
+            if jmap is None:  # the job ended meanwhile
+                continue
+            for d in jmap.devices:
+                out.setdefault(d.parent_uuid or d.uuid, []).append((jmap.job_id, jmap.uid))
+    except (GpuslurmError, OSError) as exc:
+        log.warning(f"cannot read the other jobs' maps, treating the GPUs as shared: {exc}")
+        return None
+    return out
+
+
+def _stop_mps(environ: Mapping[str, str], job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]],
+              cfg: Any, log: HookLog) -> list[Any]:
+    """Stop the job's MPS daemon if the prolog started one. One that survives SIGKILL is stuck in
+    the driver: a ``leftover_processes`` fault, so the node drains before the next job."""
+    from gpuslurm.isolate.mps import job_gid, stop_mps, stuck_report
+
+    try:
+        try:
+            gid: int | None = job_gid(environ, uid)
+        except GpuslurmError:
+            gid = None  # needed only when the daemon's own record is unreadable
+        done = stop_mps(job_id, run_dir=cfg.paths.run_dir, mps_control=cfg.paths.mps_control,
+                        timeout=cfg.hooks.command_timeout_s, grace=cfg.epilog.kill_grace_s,
+                        uid=uid, gid=gid)
+    except Exception as exc:  # an unsafe run_dir, a bug: logged; the next prolog starts afresh
+        log.error(f"cannot stop the job's MPS daemon: {exc}")
+        return []
+    if done is None:
+        return []
+    for line in done.errors + ((f"MPS quit failed: {done.quit_error}",) if done.quit_error else ()):
+        log.warning(line)
+    if done.killed:
+        log.warning(f"MPS daemon did not quit: signalled pid(s) {', '.join(map(str, done.killed))}")
+    stuck = stuck_report(done, gpus)
+    if stuck is None:
+        log.info("stopped the job's MPS daemon")
+        return []
+    from gpuslurm.policy.health import Fault
+
+    log.error(stuck[1])
+    action = cfg.health.leftover_processes.action
+    return [Fault(stuck[0], "leftover_processes", action, stuck[1])] if action != "off" else []
 
 
 def _drain(environ: Mapping[str, str], drains: list[Any], labels: dict[str, str], cfg: Any,

@@ -14,11 +14,12 @@ import os
 import stat
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.slurm.hookenv import JobDevice
+
+if TYPE_CHECKING:
+    from gpuslurm.slurm.hookenv import JobDevice
 
 DEFAULT_JOBS_DIR = "/run/gpuslurm/jobs"
 FORMAT_VERSION = 1
@@ -31,8 +32,7 @@ class UnsafePathError(InputError):
     """A path gpuslurm writes as root is a symlink, not ours, or writable by others."""
 
 
-@dataclass(frozen=True, slots=True)
-class MappedDevice:
+class MappedDevice(NamedTuple):
     """One device of a job as the map records it."""
 
     uuid: str  # GPU-… or MIG-…
@@ -42,8 +42,7 @@ class MappedDevice:
     device_files: tuple[str, ...] = ()  # empty when unknown (MIG without capability minors)
 
 
-@dataclass(frozen=True, slots=True)
-class JobMap:
+class JobMap(NamedTuple):
     """Which devices one job holds on this node, and whose job it is."""
 
     job_id: str
@@ -224,7 +223,20 @@ def _job_ids(dfd: int) -> tuple[str, ...]:
     return tuple(sorted(ids, key=_job_sort_key))
 
 
-def _read(dfd: int, name: str, base: str) -> JobMap | None:
+def read_private_file(base: str, name: str, limit: int) -> bytes | None:
+    """The content of ``<base>/<name>``, reached and checked as :func:`write_private_file` writes
+    it (a regular file of ours, not writable by others); None when it or ``base`` is missing.
+    """
+    dfd = _open_dir(base, create=False)
+    if dfd is None:
+        return None
+    try:
+        return _read_bytes(dfd, name, base, limit)
+    finally:
+        os.close(dfd)
+
+
+def _read_bytes(dfd: int, name: str, base: str, limit: int) -> bytes | None:
     path = os.path.join(base, name)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
@@ -237,9 +249,17 @@ def _read(dfd: int, name: str, base: str) -> JobMap | None:
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePathError("refusing to read: not a regular file", source=path)
         _check_owner(st, path, "file")
-        data = fh.read(MAX_MAP_BYTES + 1)
-    if len(data) > MAX_MAP_BYTES:
-        raise InputError(f"larger than {MAX_MAP_BYTES} bytes: not a job map", source=path)
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"larger than {limit} bytes: not a file gpuslurm wrote", source=path)
+    return data
+
+
+def _read(dfd: int, name: str, base: str) -> JobMap | None:
+    path = os.path.join(base, name)
+    data = _read_bytes(dfd, name, base, MAX_MAP_BYTES)
+    if data is None:
+        return None
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gpuslurm.errors import CommandError, GpuslurmError
+
+if TYPE_CHECKING:
+    from gpuslurm.hw.identity import NodeIdentity
 
 EXIT_UNHEALTHY = 1  # a health fault drained the node
 EXIT_INTERNAL = 70
@@ -81,24 +84,31 @@ def run_prolog(environ: Mapping[str, str], log: HookLog | None = None) -> int:
 
 
 def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
-    from gpuslurm.config import load_config
+    from gpuslurm.hooks.cache import load_hook_config
     from gpuslurm.slurm.hookenv import HookEnv
 
     env = HookEnv.from_environ(environ)
     job_id, uid, user = env.require_job()
     log.job_id = job_id
-    cfg = load_config(environ=environ)
+    cfg = load_hook_config(environ, log.warning)
+    spec = environ.get("GPUSLURM_CAPTURE") or None
     if env.job_gpus is None and env.step_gpus is None:
-        return 0  # a job without GPUs here: nothing to check or map
+        from gpuslurm.isolate.devices import isolate_job, wanted
+
+        # a job without GPUs here: nothing to check or map, but every GPU is denied to it
+        if wanted(cfg):
+            _log_isolation(log, isolate_job(cfg, job_id, uid, (), _node(spec, cfg, log)))
+        return 0
 
     from gpuslurm.hooks.jobmap import job_map, write_map
-    from gpuslurm.hw.source import load_node
     from gpuslurm.slurm.hookenv import resolve_job_gpus
 
-    spec = environ.get("GPUSLURM_CAPTURE") or None
-    node = load_node(spec)
+    node = _node(spec, cfg, log)
     devices = resolve_job_gpus(env, node)
     if not devices:
+        from gpuslurm.isolate.devices import isolate_job
+
+        _log_isolation(log, isolate_job(cfg, job_id, uid, (), node))
         return 0
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
 
@@ -127,6 +137,55 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
         except CommandError as exc:  # Slurm drains the node itself when the prolog fails
             log.error(f"could not drain {name} ({exc}); failing so that Slurm drains it: {reason}")
         return EXIT_UNHEALTHY
-    path = write_map(job_map(job_id, user, uid, devices), cfg.paths.jobs_dir)
-    log.info(f"{len(devices)} device(s) {','.join(d.uuid for d in devices)} mapped in {path}")
+    from gpuslurm.isolate.devices import isolate_job
+
+    _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
+    mps = _start_mps(environ, cfg, job_id, uid, [d.uuid for d in devices], log)
+    try:  # every step after MPS started: a failure stops the daemon again
+        path = write_map(job_map(job_id, user, uid, devices), cfg.paths.jobs_dir)
+        log.info(f"{len(devices)} device(s) {','.join(d.uuid for d in devices)} mapped in {path}")
+    except BaseException:
+        if mps:
+            _stop_mps_after_failure(cfg, job_id, log)
+        raise
     return 0
+
+
+def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
+    """The node's GPU identities (cached when replayed; never the link matrix, most of NVML's calls)."""
+    from gpuslurm.hooks.cache import node_identity
+
+    return node_identity(spec, cfg.paths.run_dir, log.warning)
+
+
+def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuids: list[str],
+               log: HookLog) -> bool:
+    """Start the job's MPS daemon if it asked for one (True); a failure raises (fail closed)."""
+    from gpuslurm.isolate.mps import job_gid, mps_request, start_mps
+
+    request = mps_request(environ, cfg.mps)
+    if request is None:
+        return False
+    daemon = start_mps(job_id, uid, job_gid(environ, uid), uuids, request, run_dir=cfg.paths.run_dir,
+                       mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
+                       pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib)
+    log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
+             f"{request.active_thread_percentage}% threads, pipe {daemon.pipe_dir}")
+    return True
+
+
+def _stop_mps_after_failure(cfg: Any, job_id: str, log: HookLog) -> None:
+    from gpuslurm.isolate.mps import stop_mps
+
+    try:
+        done = stop_mps(job_id, run_dir=cfg.paths.run_dir, mps_control=cfg.paths.mps_control,
+                        timeout=cfg.hooks.command_timeout_s, grace=cfg.epilog.kill_grace_s)
+        stuck = f"; pids {list(done.stuck)} survived SIGKILL" if done and done.stuck else ""
+        log.warning(f"prolog failed after MPS started: stopped it again{stuck}")
+    except Exception as exc:  # the prolog's own error is the one to report
+        log.error(f"prolog failed after MPS started, and stopping MPS failed too: {exc}")
+
+
+def _log_isolation(log: HookLog, what: str | None) -> None:
+    if what is not None:
+        log.info(what)

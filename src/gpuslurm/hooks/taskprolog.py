@@ -15,8 +15,14 @@ and changes the task's environment accordingly. What we print:
   ``GPUSLURM_GPU_UUIDS`` (all of the job's devices), ``GPUSLURM_LOCAL_GPU`` (k mod n, a CUDA
   ordinal under the order above), ``GPUSLURM_GPU_UUID``, ``GPUSLURM_NUMA_NODE`` (the GPU's NUMA
   node, when known) and ``GPUSLURM_GPU_CPUS`` (its OS CPUs close to it, e.g. ``0-55,112-167``).
+* ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` when the prolog started an MPS
+  daemon for the job (``gpuslurm.isolate.mps``): CUDA then connects the task to that daemon.
 
-It never fails the task: any error is one line on stderr and the exit code is 0.
+It never fails the task for its hints: any error there is one line on stderr and the exit code
+is 0. The one exception is device isolation (``gpuslurm.isolate.devices``, cgroup v1): when the
+prolog made a devices cgroup for the job and the task cannot be moved into it, the task prolog
+exits ``EXIT_NOT_ISOLATED``; slurmstepd then logs "TaskProlog failed" and the task never runs
+(a batch job ends FAILED with that exit code; the node is not drained).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from gpuslurm.hooks.prolog import HookLog
+
+EXIT_NOT_ISOLATED = 3  # the task could not join its devices cgroup: Slurm refuses the task
 
 
 def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
@@ -36,7 +44,7 @@ def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
     env = HookEnv.from_environ(environ)
     if env.job_gpus is None and env.step_gpus is None:
         return []
-    devices = resolve_job_gpus(env, load_node(environ.get("GPUSLURM_CAPTURE") or None))
+    devices = resolve_job_gpus(env, load_node(environ.get("GPUSLURM_CAPTURE") or None, links=False))
     if not devices:
         return []
     uuids = ",".join(d.uuid for d in devices)
@@ -54,14 +62,25 @@ def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
         values.append(("GPUSLURM_NUMA_NODE", str(mine.gpu.numa_node)))
     if mine.gpu.cpu_affinity:
         values.append(("GPUSLURM_GPU_CPUS", format_ranges(mine.gpu.cpu_affinity)))
+    from gpuslurm.config import load_config
+    from gpuslurm.isolate.mps import mps_exports
+
+    values += mps_exports(load_config(environ=environ).paths.run_dir, env.job_id)
     # Slurm takes the value to the end of the line: a newline would smuggle in another command.
     return [f"export {name}={value}" for name, value in values
             if value.isprintable() and "\n" not in value]
 
 
 def run_task_prolog(environ: Mapping[str, str], out: TextIO, log: HookLog | None = None) -> int:
-    """Print the lines to ``out``; always 0, so that a reporting bug never fails the task."""
+    """Print the lines to ``out``; 0 unless the task could not join its devices cgroup."""
     log = log or HookLog("task-prolog", use_syslog=False)
+    try:  # isolation first: it is the one step allowed to refuse the task
+        from gpuslurm.isolate.devices import join_job_cgroup
+
+        join_job_cgroup(environ)
+    except Exception as exc:
+        log.error(f"cannot join the job's devices cgroup, refusing to start the task: {exc}")
+        return EXIT_NOT_ISOLATED
     try:
         lines = task_prolog_lines(environ)
     except Exception as exc:  # GpuslurmError or a bug alike: the job runs, without our hints

@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CaptureError, HardwareError, NotSupported
-from gpuslurm.hw.model import Gpu
+
+if TYPE_CHECKING:  # a Gpu or the hooks' light GpuIdentity: only uuid and index are used
+    from gpuslurm.hw.identity import AnyGpu
 
 SCENARIO_FILE = "health.json"
 MAX_SCENARIO_BYTES = 1 << 20
@@ -66,17 +67,17 @@ _BOOL_KEYS = ("lost", "retired_pages_pending", "remap_pending", "remap_failed")
 _INT_KEYS = ("temperature_c", "ecc_uncorrectable", "memory_used_mib")
 
 
-def read_health(gpus: Sequence[Gpu], source: str | None) -> dict[str, GpuHealth]:
+def read_health(gpus: Sequence[AnyGpu], source: str | None) -> dict[str, GpuHealth]:
     """Health of ``gpus`` (physical GPUs) keyed by UUID, from the bundle ``source`` names or NVML."""
-    from gpuslurm.hw.source import resolve_source  # lazy: pulls in the bundle readers
+    from gpuslurm.hw.source import bundle_path
 
-    bundle = resolve_source(source)
+    bundle = bundle_path(source)
     if bundle is None:
         return NvmlHealthReader().read(gpus)
-    return read_scenario(bundle / SCENARIO_FILE, [g.uuid for g in gpus])
+    return read_scenario(os.path.join(bundle, SCENARIO_FILE), [g.uuid for g in gpus])
 
 
-def read_scenario(path: Path, uuids: Sequence[str]) -> dict[str, GpuHealth]:
+def read_scenario(path: str | os.PathLike[str], uuids: Sequence[str]) -> dict[str, GpuHealth]:
     """Facts for ``uuids`` from a ``health.json`` scenario; all unknown when the file is absent."""
     try:
         with open(path, "rb") as fh:
@@ -87,7 +88,7 @@ def read_scenario(path: Path, uuids: Sequence[str]) -> dict[str, GpuHealth]:
         raise CaptureError(f"cannot read: {exc.strerror}", source=path) from None
     if len(data) > MAX_SCENARIO_BYTES:
         raise CaptureError(f"larger than {MAX_SCENARIO_BYTES} bytes: not a health scenario", source=path)
-    return parse_scenario(data.decode("utf-8", "replace"), str(path), uuids)
+    return parse_scenario(data.decode("utf-8", "replace"), os.fspath(path), uuids)
 
 
 def parse_scenario(text: str, source: str, uuids: Sequence[str]) -> dict[str, GpuHealth]:
@@ -160,7 +161,7 @@ class NvmlHealthReader:
         self._call = backend._call
         self._optional = backend._optional
 
-    def read(self, gpus: Sequence[Gpu]) -> dict[str, GpuHealth]:
+    def read(self, gpus: Sequence[AnyGpu]) -> dict[str, GpuHealth]:
         from gpuslurm.hw.nvml import _GpuLost
 
         out: dict[str, GpuHealth] = {}
@@ -173,7 +174,7 @@ class NvmlHealthReader:
                 out[gpu.uuid] = GpuHealth(gpu.uuid, error=str(exc))
         return out
 
-    def _read_one(self, gpu: Gpu) -> GpuHealth:
+    def _read_one(self, gpu: AnyGpu) -> GpuHealth:
         i = gpu.index
         handle = self._call("nvmlDeviceGetHandleByIndex", i, gpu=i)
         found = str(self._call("nvmlDeviceGetUUID", handle, gpu=i))

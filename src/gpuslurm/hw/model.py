@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
+from gpuslurm.hw.identity import mig_device_files
+
 
 class LinkKind(StrEnum):
     """How two GPUs reach each other, as ``nvidia-smi topo -m`` names it (best first)."""
@@ -94,13 +96,7 @@ class MigDevice:
 
     def device_files(self, parent_minor: int) -> tuple[str, ...]:
         """The device files a job needs for this MIG device (parent GPU, GI cap, CI cap)."""
-        if self.gi_minor is None or self.ci_minor is None:
-            raise ValueError("MIG capability minors are unknown")
-        return (
-            f"/dev/nvidia{parent_minor}",
-            f"/dev/nvidia-caps/nvidia-cap{self.gi_minor}",
-            f"/dev/nvidia-caps/nvidia-cap{self.ci_minor}",
-        )
+        return mig_device_files(parent_minor, self.gi_minor, self.ci_minor)
 
 
 @dataclass(frozen=True, slots=True)

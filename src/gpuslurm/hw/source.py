@@ -7,32 +7,50 @@ is read; it is imported only then, so replaying works on machines without a driv
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpuslurm.errors import CaptureError, HardwareError
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.model import Node
 
-BUILTIN_DIR = Path(__file__).parent / "builtin"
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from gpuslurm.hw.model import Node
+
 BUILTIN_PREFIX = "builtin:"
 ENV_VAR = "GPUSLURM_CAPTURE"
 NO_NVML_HINT = "no NVML here; use --from DIR or --from dgx-h100 to replay a capture"
+_BUILTIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin")
+
+
+def __getattr__(name: str) -> Any:
+    # BUILTIN_DIR (a Path) is made on first use: the hooks resolve bundles without pathlib.
+    if name == "BUILTIN_DIR":
+        from pathlib import Path
+
+        return Path(_BUILTIN)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _builtin_root() -> str:
+    # BUILTIN_DIR, when it was set on the module (a test pointing at its own captures)
+    return str(globals().get("BUILTIN_DIR", _BUILTIN))
 
 
 def builtin_names() -> list[str]:
     """Names of the captures shipped with gpuslurm, sorted."""
-    if not BUILTIN_DIR.is_dir():
+    root = _builtin_root()
+    if not os.path.isdir(root):
         return []
-    return sorted(p.name for p in BUILTIN_DIR.iterdir()
-                  if p.is_dir() and not p.name.startswith((".", "_")))
+    return sorted(name for name in os.listdir(root)
+                  if not name.startswith((".", "_")) and os.path.isdir(os.path.join(root, name)))
 
 
-def resolve_source(spec: str | None) -> Path | None:
+def bundle_path(spec: str | None) -> str | None:
     """The bundle directory ``spec`` names, or None for live NVML.
 
-    An existing path wins over a builtin of the same name; ``builtin:NAME`` is never a path.
+    ``spec`` None means ``$GPUSLURM_CAPTURE``. An existing path wins over a builtin of the same
+    name; ``builtin:NAME`` is never a path.
     """
     label = "--from"
     if spec is None:
@@ -46,28 +64,54 @@ def resolve_source(spec: str | None) -> Path | None:
         name = spec[len(BUILTIN_PREFIX):]
         if name not in names:
             raise CaptureError(f"no builtin capture {name!r}; {known}", f"{label} {spec}")
-        return BUILTIN_DIR / name
-    path = Path(spec).expanduser()
-    if path.is_dir():
+        return os.path.join(_builtin_root(), name)
+    path = os.path.expanduser(spec)
+    if os.path.isdir(path):
         return path
-    if path.exists():
+    if os.path.exists(path):
         raise CaptureError("is a file; a capture bundle is a directory", f"{label} {spec}")
     if spec in names:
-        return BUILTIN_DIR / spec
+        return os.path.join(_builtin_root(), spec)
     raise CaptureError(f"neither a capture directory nor a builtin capture; {known}", f"{label} {spec}")
 
 
-def load_node(spec: str | None) -> Node:
-    """The node described by ``spec`` (see resolve_source), or the live one from NVML."""
+def resolve_source(spec: str | None) -> Path | None:
+    """:func:`bundle_path` as a Path."""
+    from pathlib import Path
+
+    path = bundle_path(spec)
+    return None if path is None else Path(path)
+
+
+def bundle_label(path: str) -> str:
+    """How a bundle is named in ``Node.source``: ``builtin:dgx-h100``, else ``replay:<path>``."""
+    parent, name = os.path.split(os.path.normpath(path))
+    return f"builtin:{name}" if parent == os.path.normpath(_builtin_root()) else f"replay:{path}"
+
+
+def load_node(spec: str | None, *, links: bool = True) -> Node:
+    """The node described by ``spec`` (see resolve_source), or the live one from NVML.
+
+    ``links=False``: the caller does not use the link matrix, so NVML is not asked for it (most
+    of a live read's calls). ``Node.links`` is then None from every source, so code that needs
+    links cannot come to rely on a bundle happening to carry them.
+    """
     path = resolve_source(spec)
     if path is not None:
+        # Imported here: a live read never needs the capture parsers (smi XML, topo, lscpu).
+        import dataclasses
+
+        from gpuslurm.hw.bundle import read_bundle
+
         node = read_bundle(path)
-        if path.parent == BUILTIN_DIR:  # say "builtin:dgx-h100", not a site-packages path
-            node = dataclasses.replace(node, source=f"builtin:{path.name}")
+        if (label := bundle_label(str(path))).startswith(BUILTIN_PREFIX):  # not a site-packages path
+            node = dataclasses.replace(node, source=label)
+        if not links:
+            node = dataclasses.replace(node, links=None)
         return node
     from gpuslurm.hw.nvml import read_node  # lazy: replay must work where NVML is absent
 
     try:
-        return read_node()
+        return read_node() if links else read_node(links=False)
     except HardwareError as exc:
         raise HardwareError(f"{exc}; {NO_NVML_HINT}") from exc

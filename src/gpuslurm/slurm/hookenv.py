@@ -1,7 +1,7 @@
 """The environment Slurm gives a prolog, epilog or task prolog, and the GPUs it names.
 
 Pure: ``HookEnv.from_environ`` takes a mapping (``os.environ`` in production) and
-``resolve_job_gpus`` a ``HookEnv`` and a ``Node``; neither touches the system.
+``resolve_job_gpus`` a ``HookEnv`` and a ``Node`` or ``NodeIdentity``; neither touches the system.
 
 Which GPUs a job has, in this order (see ``resolve_job_gpus``):
 
@@ -21,17 +21,18 @@ Which GPUs a job has, in this order (see ``resolve_job_gpus``):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.model import Gpu, MigDevice, Node
+
+if TYPE_CHECKING:  # both kinds of node, never loaded here: see gpuslurm.hw.identity
+    from gpuslurm.hw.identity import AnyGpu, AnyMig, AnyNode
 
 # What Slurm writes into CUDA_VISIBLE_DEVICES when a GRES has no device files.
 NO_DEV_FILES = "NoDevFiles"
 
 
-@dataclass(frozen=True, slots=True)
-class HookEnv:
+class HookEnv(NamedTuple):
     """What a hook learns from its environment; ``None`` where the variable is absent."""
 
     job_id: str | None = None  # SLURM_JOB_ID
@@ -84,12 +85,15 @@ class HookEnv:
         return self.job_id, self.uid, self.user
 
 
-@dataclass(frozen=True, slots=True)
-class JobDevice:
-    """One GPU or MIG device given to a job: its physical GPU, and the MIG device if any."""
+class JobDevice(NamedTuple):
+    """One GPU or MIG device given to a job: its physical GPU, and the MIG device if any.
 
-    gpu: Gpu
-    mig: MigDevice | None = None
+    The GPU and MIG device are the model's (from a ``Node``) or the hooks' light identities (from
+    a ``NodeIdentity``), whichever the node given to :func:`resolve_job_gpus` holds.
+    """
+
+    gpu: AnyGpu
+    mig: AnyMig | None = None
     gres_index: int | None = None  # position among the node's gpu GRES, when known
 
     @property
@@ -113,16 +117,17 @@ class JobDevice:
         return self.mig.device_files(self.gpu.minor)
 
 
-def gres_devices(node: Node) -> tuple[JobDevice, ...]:
+def gres_devices(node: AnyNode) -> tuple[JobDevice, ...]:
     """The node's gpu GRES in gres.conf order, so position ``i`` is Slurm's index ``i``."""
     devices: list[JobDevice] = []
-    for gpu in sorted(node.gpus, key=lambda g: g.bus_id):
+    gpus: tuple[AnyGpu, ...] = node.gpus
+    for gpu in sorted(gpus, key=lambda g: g.bus_id):
         for mig in gpu.mig_devices if gpu.mig_mode else (None,):
             devices.append(JobDevice(gpu, mig, len(devices)))
     return tuple(devices)
 
 
-def resolve_job_gpus(env: HookEnv, node: Node) -> tuple[JobDevice, ...]:
+def resolve_job_gpus(env: HookEnv, node: AnyNode) -> tuple[JobDevice, ...]:
     """The devices the job (or step) was given, in the order Slurm listed them.
 
     The rule is in the module docstring. Repeats are dropped; an index out of range or an
@@ -174,7 +179,7 @@ def _is_uuid(item: str) -> bool:
     return item.startswith(("GPU-", "MIG-"))
 
 
-def _by_uuid(item: str, node: Node) -> JobDevice:
+def _by_uuid(item: str, node: AnyNode) -> JobDevice:
     table = gres_devices(node)
     wanted = item.lower()
     for dev in table:

@@ -35,3 +35,29 @@ def resume_node(node: str, *, scontrol: str, timeout: float) -> CommandResult:
     """``scontrol update NodeName=<node> State=RESUME``."""
     return run_command([scontrol, "update", f"NodeName={check_node_name(node)}", "State=RESUME"],
                        timeout=timeout)
+
+
+MAX_ADMIN_COMMENT = 1000  # a short line for people; sacct and scontrol show it whole
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it is ``<digits>`` or ``<digits>_<digits>`` (an array task)."""
+    main, sep, task = job_id.partition("_")
+    if not all(p.isascii() and p.isdigit() and len(p) <= 10 for p in ([main, task] if sep else [main])):
+        raise InputError(f"not a Slurm job id: {job_id!r}", source="SLURM_JOB_ID")
+    return job_id
+
+
+def set_admin_comment(job_id: str, text: str, *, scontrol: str, timeout: float) -> CommandResult:
+    """``scontrol update JobId=<id> AdminComment=<text>`` (replaces any earlier AdminComment).
+
+    One argv item, so spaces, ``%`` and quotes pass as they are; the text is kept to one printable
+    line of at most MAX_ADMIN_COMMENT characters (Slurm 22.05, tested: quotes, ``%``, ``=`` and
+    1000 characters pass as they are). slurmctld takes it from root or an operator while the job
+    lives; once the job finished (when the epilog runs) 22.05 answers "Job has already finished".
+    """
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    if len(line) > MAX_ADMIN_COMMENT:
+        line = line[: MAX_ADMIN_COMMENT - 3] + "..."
+    return run_command([scontrol, "update", f"JobId={check_job_id(job_id)}", f"AdminComment={line}"],
+                       timeout=timeout)

@@ -1,0 +1,125 @@
+"""``gpuslurm monitor``: the node monitor daemon (see docs/monitor.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+import click
+
+from gpuslurm.cli.main import from_option
+
+
+def _warn(message: str) -> None:
+    click.echo(f"gpuslurm monitor: {message}", err=True)
+
+
+def _positive_float(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not 0.05 <= value <= 3600:
+        raise click.BadParameter("must be between 0.05 and 3600 seconds")
+    return value
+
+
+@click.command("monitor")
+@click.option("--interval", type=float, metavar="SECONDS", callback=_positive_float,
+              help="Seconds between cycles (default: [monitor] interval_s, 10).")
+@click.option("--once", is_flag=True, help="Run one cycle, store it, print a summary and exit.")
+@click.option("--db", metavar="PATH",
+              help="The SQLite store (default: [monitor] db, else <state_dir>/monitor.db).")
+@click.option("--json", "as_json", is_flag=True, help="Print every cycle as one JSON line.")
+@click.option("--prometheus-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve Prometheus metrics on http://ADDR:PORT/metrics (see docs/prometheus.md).")
+@click.option("--prometheus-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
+              help="Address the metrics server listens on (0.0.0.0 or :: for every interface).")
+@from_option
+def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, source: str | None,
+            prometheus_port: int | None, prometheus_addr: str) -> None:
+    """Sample every GPU and GPU process, attribute them to Slurm jobs, detect hogs, store it all."""
+    import threading
+
+    from gpuslurm.config import load_config
+    from gpuslurm.errors import InputError
+    from gpuslurm.watch import monitor as mon
+    from gpuslurm.watch.attribute import Attributor
+    from gpuslurm.watch.store import Store, default_path
+
+    cfg = load_config()
+    mc = cfg.monitor
+    path = db or mc.db or default_path(cfg.paths.state_dir)
+    if not os.path.isabs(path):
+        raise InputError(f"the store must be an absolute path, not {path!r}",
+                         source="--db" if db else "monitor.db")
+    node_name = mc.node_name or socket.gethostname().split(".")[0]
+    sampler, node = mon.open_sampler(source)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    store = Store.open(path)
+    if store.moved_aside:
+        _warn(f"{path} was not a usable store; moved it to {store.moved_aside} and started a new one")
+    attributor = Attributor(jobs_dir=cfg.paths.jobs_dir, squeue=_squeue(cfg, node_name, node),
+                            squeue_interval_s=mc.squeue_interval_s)
+    detector, publish = _detection(cfg, node_name)
+    exporter = None
+    if prometheus_port is not None:
+        from gpuslurm.watch.exporter import start_exporter
+
+        exporter = start_exporter(prometheus_addr, prometheus_port)
+        _warn(f"serving metrics on http://{prometheus_addr}:{prometheus_port}/metrics")
+    monitor_ = mon.Monitor(sampler, attributor, store, node_name, raw_window_s=mc.raw_window_s,
+                           detector=detector, publish=publish, warn=_warn,
+                           observe=exporter.state.update if exporter else None)
+    stop = threading.Event()
+    restore = mon.stop_on_signals(stop)
+    try:
+        on_cycle = _print_json if as_json else (_summary if once else None)
+        mon.run(monitor_, interval or mc.interval_s, once=once, stop=stop, on_cycle=on_cycle)
+    finally:
+        restore()
+        if exporter is not None:
+            exporter.close()
+        store.close()
+        sampler.close()
+    if monitor_.pending:
+        raise InputError(f"{len(monitor_.pending)} cycle(s) could not be stored", source=path)
+
+
+def _squeue(cfg: Any, node_name: str, node: Any) -> Any:
+    if not os.access(cfg.paths.squeue, os.X_OK):
+        _warn(f"{cfg.paths.squeue} is missing: jobs without a prolog map stay unattributed to GPUs")
+        return None
+    from gpuslurm.slurm.squeue import node_allocations
+    from gpuslurm.watch.model import Allocation
+
+    def allocations() -> tuple[Allocation, ...]:
+        found = node_allocations(cfg.paths.squeue, node_name, node, timeout=cfg.monitor.command_timeout_s)
+        return tuple(Allocation(j.job.job_id, j.job.user, j.job.uid, j.uuids, j.job.start, j.job.account,
+                                source="squeue") for j in found)
+
+    return allocations
+
+
+def _detection(cfg: Any, node_name: str) -> tuple[Any, Any]:
+    from gpuslurm.policy.detect import Detector
+    from gpuslurm.slurm.throttle import append_violations
+
+    def publish(violations: Any) -> None:
+        append_violations(cfg.paths.violations_dir, node_name, violations)
+
+    return Detector(cfg.detect), publish
+
+
+def _print_json(cycle: Any) -> None:
+    from gpuslurm.watch.monitor import cycle_dict
+
+    sys.stdout.write(json.dumps(cycle_dict(cycle), separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def _summary(cycle: Any) -> None:
+    jobs = sum(1 for p in cycle.procs if p.job_id is not None)
+    click.echo(f"{cycle.node}: {len(cycle.gpus)} devices, {len(cycle.procs)} GPU processes "
+               f"({jobs} in jobs), {len(cycle.allocations)} allocations, {len(cycle.problems)} problems")
+    for p in cycle.problems:
+        click.echo(f"  {p.kind}: {p.subject}: {p.detail}")

@@ -1,0 +1,94 @@
+"""``gpuslurm fairshare-report``: who used the GPUs, who wasted them, who took more than their share."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from gpuslurm.report.compute import BY_CHOICES
+from gpuslurm.report.render import FORMATS
+
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
+    from gpuslurm.report.data import ReportData
+
+
+@click.command("fairshare-report")
+@click.option("--last", metavar="DURATION", help="The window ending now: 90m, 24h, 30d (default 24h).")
+@click.option("--since", metavar="TIME", help="Window start: 2024-05-01T08:00, @UNIX, -2h or now.")
+@click.option("--until", metavar="TIME", help="Window end (default: now); needs --since.")
+@click.option("--by", type=click.Choice(BY_CHOICES), default="user", show_default=True,
+              help="One row per user, account, job or process.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--plot", metavar="FILE.png|FILE.html", help="Also write the charts to FILE.")
+@click.option("--source", metavar="sqlite:PATH|prometheus:URL",
+              help="Where the samples are (default: this node's store, see --db).")
+@click.option("--db", metavar="PATH", help="Shorthand for --source sqlite:PATH "
+              "(default: [monitor] db, else <state_dir>/monitor.db).")
+@click.option("--step", type=click.FloatRange(min=60, max=86400), metavar="SECONDS",
+              help="Bucket width of the series (default: whole minutes, at most 2000 buckets).")
+def fairshare_report(last: str | None, since: str | None, until: str | None, by: str, fmt: str,
+                     plot: str | None, source: str | None, db: str | None, step: float | None) -> None:
+    """Allocated, used and idle GPU-hours per user/account/job/process, shares against quotas,
+    violations with evidence, and what to do about them."""
+    import io
+
+    from gpuslurm.config import load_config
+    from gpuslurm.errors import InputError
+    from gpuslurm.policy.share import Quotas
+    from gpuslurm.report.compute import Policy, compute
+    from gpuslurm.report.data import auto_step
+    from gpuslurm.report.render import write_report
+    from gpuslurm.report.window import resolve_window
+
+    lo, hi = resolve_window(last, since, until, time.time())
+    if plot is not None and not plot.lower().endswith((".png", ".html")):
+        raise InputError("the chart file must end in .png or .html", source="--plot")
+    cfg = load_config()
+    step_s = step if step is not None else auto_step(lo, hi)
+    data = _load(_source(source, db, cfg), lo, hi, step_s)
+    share = cfg.detect.share
+    policy = Policy(Quotas(share).of, dict(share.accounts), busy_pct=share.threshold_pct,
+                    idle_pct=cfg.detect.idle.threshold_pct)
+    report = compute(data, by, policy)
+    write_report(report, fmt, sys.stdout)
+    if plot is not None:
+        from gpuslurm.report.charts import write_plot
+
+        text = io.StringIO()
+        write_report(report, "table", text)
+        write_plot(plot, data, report, text.getvalue())
+        click.echo(f"wrote {plot}", err=True)
+
+
+def _source(source: str | None, db: str | None, cfg: Config) -> str:
+    from gpuslurm.errors import InputError
+    from gpuslurm.watch.store import default_path
+
+    if source is not None and db is not None:
+        raise InputError("give --source or --db, not both", source="--db")
+    if source is not None:
+        return source
+    if db is not None:
+        return f"sqlite:{db}"
+    return f"sqlite:{cfg.monitor.db or default_path(cfg.paths.state_dir)}"
+
+
+def _load(source: str, since: float, until: float, step_s: float) -> ReportData:
+    from gpuslurm.errors import InputError
+
+    kind, sep, where = source.partition(":")
+    if not sep or not where:
+        raise InputError(f"bad source {source!r}: use sqlite:PATH or prometheus:URL", source="--source")
+    if kind == "sqlite":
+        from gpuslurm.report.query import load_sqlite
+
+        return load_sqlite(where, since, until, step_s)
+    if kind == "prometheus":
+        from gpuslurm.report.prometheus import load_prometheus
+
+        return load_prometheus(where, since, until, step_s)
+    raise InputError(f"unknown source kind {kind!r}: use sqlite:PATH or prometheus:URL", source="--source")

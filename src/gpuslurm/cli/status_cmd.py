@@ -1,0 +1,161 @@
+"""``gpuslurm status`` and ``gpuslurm watch``: the node's GPUs, jobs, processes and violations now.
+
+The snapshot and its layout are pure (:mod:`gpuslurm.watch.view`); this module only talks to the
+terminal. ``watch`` redraws in place with plain ANSI sequences on the alternate screen (no curses:
+one frame of text is all it draws), follows the terminal's size (SIGWINCH redraws at once), and
+exits 0 on Ctrl-C or SIGTERM. When its output is not a terminal it prints one frame per interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import IO, Any
+
+import click
+
+from gpuslurm.cli.main import from_option, json_option
+
+ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
+LEAVE = "\x1b[?25h\x1b[?1049l"
+HOME = "\x1b[H"
+CLEAR_LINE = "\x1b[K"
+CLEAR_BELOW = "\x1b[J"
+
+_db_option = click.option("--db", metavar="PATH",
+                          help="The monitor's SQLite store to read violations from "
+                               "(default: [monitor] db, else <state_dir>/monitor.db).")
+
+
+def _open(source: str | None, db: str | None) -> Any:
+    from gpuslurm.config import load_config
+    from gpuslurm.watch.live import LiveView
+
+    return LiveView(load_config(), source, db)
+
+
+@click.command("status")
+@from_option
+@json_option
+@_db_option
+def status(source: str | None, as_json: bool, db: str | None) -> None:
+    """Show each GPU with its jobs, users, processes, health and current violations (once)."""
+    from gpuslurm.watch.view import plain, render, snapshot_dict, styled
+
+    live = _open(source, db)
+    try:
+        snap = live.snapshot()
+    finally:
+        live.close()
+    if as_json:
+        sys.stdout.write(json.dumps(snapshot_dict(snap), indent=2) + "\n")
+        return
+    lines = render(snap, _width(sys.stdout))
+    if _colour(sys.stdout):
+        sys.stdout.write("".join(styled(line) + "\n" for line in lines))
+    else:
+        sys.stdout.write(plain(lines))
+
+
+def _interval(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not 0.1 <= value <= 3600:
+        raise click.BadParameter("must be between 0.1 and 3600 seconds")
+    return value
+
+
+@click.command("watch")
+@click.option("--interval", "-n", type=float, default=2.0, show_default=True, metavar="SECONDS",
+              callback=_interval, help="Seconds between frames.")
+@click.option("--count", type=click.IntRange(min=1), metavar="N", help="Stop after N frames.")
+@from_option
+@_db_option
+def watch(interval: float, count: int | None, source: str | None, db: str | None) -> None:
+    """Redraw the status view every interval until Ctrl-C (like top, but job-aware)."""
+    live = _open(source, db)
+    try:
+        run_watch(live, sys.stdout, interval, count)
+    finally:
+        live.close()
+
+
+def run_watch(live: Any, out: IO[str], interval: float, count: int | None = None) -> int:
+    """Draw frames of ``live.snapshot()`` on ``out`` until stopped; the number of frames drawn."""
+    from gpuslurm.watch.view import plain, render
+
+    tty = out.isatty()
+    wake = threading.Event()
+    stop = threading.Event()
+
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        wake.set()
+
+    def on_resize(signum: int, frame: FrameType | None) -> None:
+        wake.set()
+
+    old = {sig: signal.signal(sig, handler) for sig, handler in
+           ((signal.SIGINT, on_stop), (signal.SIGTERM, on_stop), (signal.SIGWINCH, on_resize))}
+    frames = 0
+    if tty:
+        out.write(ENTER)
+    try:
+        snap = None
+        due = True
+        while not stop.is_set():
+            wake.clear()  # before drawing: a signal that comes while drawing must cut the wait short
+            if due:
+                snap = live.snapshot()
+                frames += 1
+            assert snap is not None
+            if tty:
+                size = shutil.get_terminal_size()
+                _draw(out, render(snap, size.columns), size.lines)
+            else:
+                if frames > 1:
+                    out.write("\n")
+                out.write(plain(render(snap, _width(out))))
+                out.flush()
+            if count is not None and frames >= count:
+                break
+            woke = wake.wait(interval)
+            # a resize redraws the frame it has; only the interval takes a new sample
+            due = not woke or stop.is_set()
+    finally:
+        if tty:
+            out.write(LEAVE)
+            out.flush()
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+    return frames
+
+
+def _draw(out: IO[str], lines: Sequence[Any], rows: int) -> None:
+    from gpuslurm.watch.view import Line, styled
+
+    shown = list(lines)
+    if len(shown) > rows:  # keep the last row to say what did not fit
+        hidden = len(shown) - rows + 1
+        shown = [*shown[:rows - 1], Line(f"… {hidden} more lines (enlarge the terminal)", "dim")]
+    body = (CLEAR_LINE + "\n").join(styled(line) for line in shown)
+    out.write(HOME + body + CLEAR_LINE + CLEAR_BELOW)
+    out.flush()
+
+
+def _width(out: IO[str]) -> int:
+    """The terminal's width; 80 when the output is not a terminal (or COLUMNS says otherwise)."""
+    if out.isatty():
+        return shutil.get_terminal_size().columns
+    try:
+        return int(os.environ.get("COLUMNS", "80"))
+    except ValueError:
+        return 80
+
+
+def _colour(out: IO[str]) -> bool:
+    return out.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"

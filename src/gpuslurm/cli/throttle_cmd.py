@@ -1,0 +1,236 @@
+"""``gpuslurm throttle list|add|remove|sync``: the throttle file that plugins/job_submit.lua reads."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _file_option(f: F) -> F:
+    return click.option("--file", "path", metavar="PATH",
+                        help="The throttle file (default: [throttle] file in the config, "
+                             "/etc/slurm/gpuslurm-throttle).")(f)
+
+
+def _config() -> Any:
+    from gpuslurm.config import load_config
+
+    return load_config()
+
+
+def _path(path: str | None, cfg: Any) -> str:
+    from gpuslurm.errors import InputError
+
+    chosen = path or cfg.throttle.file
+    if not chosen.startswith("/"):
+        raise InputError(f"the throttle file must be an absolute path, not {chosen!r}", source="--file")
+    return str(chosen)
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _left(seconds: float) -> str:
+    s = max(int(seconds), 0)
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+def _warn_junk(path: str, junk: tuple[tuple[int, str], ...]) -> None:
+    for number, _text in junk[:5]:
+        click.echo(f"gpuslurm: warning: {path}:{number}: not a throttle line, ignored", err=True)
+    if len(junk) > 5:
+        click.echo(f"gpuslurm: warning: {path}: {len(junk) - 5} more junk line(s)", err=True)
+
+
+@click.group("throttle")
+def throttle() -> None:
+    """Throttle users' GPU submissions through Slurm's job_submit/lua (see docs/throttle.md)."""
+
+
+@throttle.command("list")
+@_file_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--all", "show_all", is_flag=True, help="Also show expired lines still in the file.")
+def list_cmd(path: str | None, as_json: bool, show_all: bool) -> None:
+    """List the throttled users: mode, until when, why and whom to ask."""
+    from gpuslurm.policy.throttle import active_throttles
+    from gpuslurm.slurm.throttle import read_throttle_file
+
+    file = _path(path, _config())
+    now = time.time()
+    content = read_throttle_file(file)
+    _warn_junk(file, content.junk)
+    rows = content.throttles if show_all else active_throttles(content.throttles, now)
+    if as_json:
+        doc = [{**t._asdict(), "until_iso": datetime.fromtimestamp(t.until).astimezone().isoformat(),
+                "active": t.active(now)} for t in rows]
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if not rows:
+        click.echo("no user is throttled" + ("" if content.exists else f" ({file} does not exist)"))
+        return
+    click.echo(f"{'USER':<16} {'MODE':<8} {'VALUE':>6} {'UNTIL':<25} {'LEFT':>8}  CONTACT / REASON")
+    for t in rows:
+        value = "-" if t.mode == "reject" else str(t.value)
+        left = _left(t.until - now) if t.active(now) else "expired"
+        click.echo(f"{t.user:<16} {t.mode:<8} {value:>6} {_when(t.until):<25} {left:>8}  "
+                   f"{t.contact or '-'} / {t.reason or '-'}")
+
+
+@throttle.command("add")
+@click.argument("user")
+@_file_option
+@click.option("--for", "duration", metavar="DURATION", help="How long: 90s, 30m, 2h, 1d, 1h30m.")
+@click.option("--until", "until", metavar="TIME", help="Until when: 2030-01-31T18:00, 18:00, @EPOCH.")
+@click.option("--mode", type=click.Choice(["reject", "cap", "priority"]),
+              help="reject GPU jobs (default), cap their GPUs, or lower their priority.")
+@click.option("--cap", type=int, metavar="N", help="Most GPUs a job may have (implies --mode cap).")
+@click.option("--nice", type=int, metavar="N", help="Nice added to GPU jobs (implies --mode priority).")
+@click.option("--reason", default="", metavar="TEXT", help="Why; shown to the user.")
+@click.option("--contact", default=None, metavar="TEXT", help="Whom to ask; shown to the user.")
+def add_cmd(user: str, path: str | None, duration: str | None, until: str | None, mode: str | None,
+            cap: int | None, nice: int | None, reason: str, contact: str | None) -> None:
+    """Throttle USER's GPU submissions for a while (replaces any throttle USER has)."""
+    from gpuslurm.errors import InputError
+    from gpuslurm.policy.throttle import (
+        add_throttle,
+        check_mode,
+        check_user,
+        make_throttle,
+        parse_duration,
+        parse_until,
+    )
+    from gpuslurm.slurm.throttle import update_throttle_file
+
+    cfg = _config()
+    file = _path(path, cfg)
+    check_user(user)
+    if (duration is None) == (until is None):
+        raise InputError("give exactly one of --for DURATION and --until TIME", source="throttle add")
+    if cap is not None and nice is not None:
+        raise InputError("--cap and --nice do not go together", source="throttle add")
+    chosen = mode or ("cap" if cap is not None else "priority" if nice is not None else "reject")
+    if (cap is not None and chosen != "cap") or (nice is not None and chosen != "priority"):
+        raise InputError(f"--{'cap' if cap is not None else 'nice'} does not go with --mode {chosen}",
+                         source="throttle add")
+    value = check_mode(chosen, cap if chosen == "cap" else nice,
+                       cap_default=cfg.throttle.cap_gpus, nice_default=cfg.throttle.nice)
+    now = time.time()
+    end = now + parse_duration(duration) if duration is not None else parse_until(str(until), now)
+    new = make_throttle(user, int(end), chosen, value, created=int(now),
+                        contact=cfg.throttle.contact if contact is None else contact, reason=reason)
+    _warn_unknown_user(user)
+    before, _after = update_throttle_file(file, lambda old: add_throttle(old.throttles, new, now), now)
+    _warn_junk(file, before.junk)
+    what = {"reject": "GPU jobs refused", "cap": f"GPUs capped to {value}",
+            "priority": f"GPU jobs niced by {value}"}[chosen]
+    click.echo(f"{user}: {what} until {_when(new.until)}")
+
+
+def _prometheus_scan(source: str, violations_dir: str | None, since: float, now: float) -> Any:
+    from gpuslurm.errors import InputError
+    from gpuslurm.report.prometheus import load_violations
+    from gpuslurm.slurm.throttle import ViolationScan
+
+    if violations_dir is not None:
+        raise InputError("--source and --violations-dir do not go together", source="throttle sync")
+    if not source.startswith("prometheus:"):
+        raise InputError(f"not a violation source: {source!r} (prometheus:URL)", source="--source")
+    return ViolationScan(tuple(load_violations(source, since, now)))
+
+
+def _warn_unknown_user(user: str) -> None:
+    import pwd
+
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        click.echo(f"gpuslurm: warning: no user {user!r} on this host; throttled anyway "
+                   "(slurmctld resolves names itself)", err=True)
+
+
+@throttle.command("remove")
+@click.argument("user")
+@_file_option
+def remove_cmd(user: str, path: str | None) -> None:
+    """Lift USER's throttle (nothing to do if USER is not throttled)."""
+    from gpuslurm.policy.throttle import check_user, remove_throttle
+    from gpuslurm.slurm.throttle import update_throttle_file
+
+    file = _path(path, _config())
+    check_user(user)
+    now = time.time()
+    found: list[bool] = []
+
+    def change(old: Any) -> Any:
+        kept, removed = remove_throttle(old.throttles, user, now)
+        found.append(removed)
+        return kept if removed else None
+
+    before, _after = update_throttle_file(file, change, now)
+    _warn_junk(file, before.junk)
+    click.echo(f"{user}: throttle lifted" if found and found[0] else f"{user}: was not throttled")
+
+
+@throttle.command("sync")
+@_file_option
+@click.option("--violations-dir", metavar="DIR",
+              help="Where node monitors write violations (default: [paths] violations_dir).")
+@click.option("--source", "violation_source", metavar="prometheus:URL",
+              help="Read violations from Prometheus (the monitors' exporters) instead of the directory.")
+@click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
+def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str | None,
+             dry_run: bool) -> None:
+    """Throttle the users named in recent violations, as [throttle] sync_* configures."""
+    from gpuslurm.policy.throttle import (
+        SyncPolicy,
+        active_throttles,
+        apply_sync,
+        throttles_from_violations,
+    )
+    from gpuslurm.slurm.throttle import read_throttle_file, read_violations, update_throttle_file
+
+    cfg = _config()
+    file = _path(path, cfg)
+    tc = cfg.throttle
+    value = tc.cap_gpus if tc.sync_mode == "cap" else tc.nice if tc.sync_mode == "priority" else 0
+    policy = SyncPolicy(kinds=tc.sync_kinds, duration_s=tc.sync_minutes * 60, mode=tc.sync_mode,
+                        value=value, contact=tc.contact)
+    now = time.time()
+    if violation_source is not None:
+        scan = _prometheus_scan(violation_source, violations_dir, now - policy.duration_s, now)
+    else:
+        scan = read_violations(violations_dir or cfg.paths.violations_dir, since=now - policy.duration_s)
+    for problem in scan.problems:
+        click.echo(f"gpuslurm: warning: {problem}: skipped", err=True)
+    proposed = throttles_from_violations(scan.violations, policy, now)
+    changed: list[Any] = []
+    if dry_run:
+        current = read_throttle_file(file)
+        _state, diff = apply_sync(active_throttles(current.throttles, now), proposed, now)
+        changed.extend(diff)
+    else:
+        def change(old: Any) -> Any:
+            state, diff = apply_sync(old.throttles, proposed, now)
+            changed.extend(diff)
+            return state if diff else None
+
+        before, _after = update_throttle_file(file, change, now)
+        _warn_junk(file, before.junk)
+    verb = "would throttle" if dry_run else "throttled"
+    for t in changed:
+        click.echo(f"{verb} {t.user} ({t.mode}) until {_when(t.until)}: {t.reason}")
+    if not changed:
+        click.echo(f"{len(scan.violations)} violation(s) read; no throttle to add or extend")

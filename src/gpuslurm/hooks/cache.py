@@ -1,0 +1,174 @@
+"""What the root hooks keep between runs: the parsed config, and a replayed node's GPU identities.
+
+Both are small JSON files in ``<run_dir>/cache/`` (root's, 0600), written atomically and read
+back only through :mod:`gpuslurm.hooks.jobmap`'s checked file access (no symlinks, owner and
+mode verified). Either one missing, stale, unreadable or unsafe means doing the work again and
+rewriting the file; a cache that cannot be written only costs time. The task prolog runs as the
+job's user and uses neither.
+
+``config.json``: importing ``tomllib`` costs a hook more than reading everything else it needs.
+The file keeps the config text with its parsed document and is used only when that text is
+exactly the text read now, so it never stands for an edited file. It has to be found before the
+config is parsed, so its directory comes from the ``run_dir = "..."`` line of ``[paths]`` when
+there is one (the default run_dir otherwise); it is only written when the parse confirms that
+run_dir, so a config that spells run_dir another way is simply parsed every time.
+
+``node-identity.json``: a replayed node's identities come from parsing its capture bundle
+(nvidia-smi XML, lscpu, ...) into the model, which costs a prolog several times its own work.
+The file is valid while the bundle directory holds the same files: its real path and, for every
+file but ``health.json`` (read by every hook anyway), name, size, inode, modification and change
+times. The live node is never cached; NVML is asked on every run. Its identities change without
+a reboot: a MIG reconfiguration makes new MIG devices, UUIDs and capability minors, and a GPU
+that falls off the bus renumbers the others. A stale cache would then deny the wrong device files
+or map a job to a MIG device that no longer exists, and nothing cheap notices it: the health
+check finds a GPU by index and UUID but knows nothing of MIG, and the boot id and the driver stay
+the same. The prolog initialises NVML for the health gate anyway, so a cache would save little.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from gpuslurm import __version__
+from gpuslurm.errors import GpuslurmError
+
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
+    from gpuslurm.hw.identity import NodeIdentity
+
+Warn = Callable[[str], None]
+CACHE_DIR = "cache"
+CONFIG_FILE = "config.json"
+NODE_FILE = "node-identity.json"
+FORMAT = 1
+MAX_BYTES = 1 << 20
+NOT_KEYED = frozenset({"health.json"})  # read by the health check itself on every run
+
+
+# --- the config -------------------------------------------------------------------------------
+
+
+def load_hook_config(environ: Mapping[str, str], warn: Warn | None = None) -> Config:
+    """``gpuslurm.config.load_config(environ=environ)``, with the TOML parse cached."""
+    from gpuslurm.config import Config, config_from_doc, config_path, parse_toml, read_config_text
+
+    path, explicit = config_path(environ)
+    text = read_config_text(path, explicit)
+    if text is None:
+        return Config()
+    directory = os.path.join(run_dir_hint(text), CACHE_DIR)
+    cached = _load(directory, CONFIG_FILE, warn)
+    if isinstance(cached, dict) and cached.get("text") == text and isinstance(cached.get("doc"), dict):
+        return config_from_doc(cached["doc"], path)
+    doc = parse_toml(text, path)
+    cfg = config_from_doc(doc, path)  # a config that does not hold is not cached
+    if os.path.join(cfg.paths.run_dir, CACHE_DIR) == directory:
+        _store(directory, CONFIG_FILE, {"text": text, "doc": doc}, warn)
+    return cfg
+
+
+def run_dir_hint(text: str) -> str:
+    """Where to look for the cached parse of config ``text``: its ``[paths]`` ``run_dir = "..."``,
+    else the default. Only a hint: the cache is trusted for nothing but this very text."""
+    from gpuslurm.config import PathsConfig
+
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = line.split("#", 1)[0].strip()
+            continue
+        key, eq, value = line.partition("=")
+        value = value.strip()
+        if section == "[paths]" and eq and key.strip() == "run_dir" and value[:1] in ('"', "'"):
+            end = value.find(value[0], 1)
+            if end > 1 and "\\" not in value[:end]:
+                return value[1:end]
+    return PathsConfig().run_dir
+
+
+# --- the node ---------------------------------------------------------------------------------
+
+
+def node_identity(spec: str | None, run_dir: str, warn: Warn | None = None) -> NodeIdentity:
+    """The GPUs of the node ``spec`` names (see ``gpuslurm.hw.source``), cached when replayed."""
+    from gpuslurm.hw.identity import from_json
+    from gpuslurm.hw.source import bundle_path
+
+    bundle = bundle_path(spec)
+    if bundle is None:
+        return _read_node(spec)
+    directory = os.path.join(run_dir, CACHE_DIR)
+    try:
+        key = bundle_key(bundle)
+    except OSError:  # unreadable: the bundle reader says what is wrong with it
+        return _read_node(spec)
+    cached = _load(directory, NODE_FILE, warn)
+    if isinstance(cached, dict) and cached.get("key") == key:
+        try:
+            return from_json(cached["node"])
+        except (ValueError, TypeError, KeyError):
+            pass  # not what this version writes: read the bundle and write it anew
+    node = _read_node(spec)
+    from gpuslurm.hw.identity import to_json
+
+    _store(directory, NODE_FILE, {"key": key, "node": to_json(node)}, warn)
+    return node
+
+
+def bundle_key(bundle: str) -> list[Any]:
+    """What a node cache is valid for: the bundle's real path and its files' identities."""
+    real = os.path.realpath(bundle)
+    files = []
+    with os.scandir(real) as entries:
+        for entry in entries:
+            if entry.name not in NOT_KEYED:
+                st = entry.stat()  # follows a symlinked file, as the reader does
+                files.append([entry.name, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
+    return [real, sorted(files)]
+
+
+def _read_node(spec: str | None) -> NodeIdentity:
+    from gpuslurm.hw.identity import identity_of
+    from gpuslurm.hw.source import load_node
+
+    return identity_of(load_node(spec, links=False))
+
+
+# --- the files --------------------------------------------------------------------------------
+
+
+def _load(directory: str, name: str, warn: Warn | None) -> Any:
+    """The cached document, or None when absent, unsafe, unreadable or from another version."""
+    from gpuslurm.hooks.jobmap import read_private_file
+
+    try:
+        data = read_private_file(directory, name, MAX_BYTES)
+    except (GpuslurmError, OSError) as exc:  # e.g. a symlink planted there: not used, and said
+        if warn:
+            warn(f"cache not used: {exc}")
+        return None
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("gpuslurm") != __version__:
+        return None
+    return doc
+
+
+def _store(directory: str, name: str, doc: dict[str, Any], warn: Warn | None) -> None:
+    from gpuslurm.hooks.jobmap import write_private_file
+
+    doc = {"format": FORMAT, "gpuslurm": __version__, **doc}
+    try:
+        payload = json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
+        write_private_file(directory, name, payload + b"\n")
+    except (GpuslurmError, OSError, TypeError, ValueError) as exc:  # TypeError: a TOML date
+        if warn:
+            warn(f"cannot write the cache {os.path.join(directory, name)}: {exc}")

@@ -1,0 +1,69 @@
+"""The hooks' own entry point: ``python -I -c 'from gpuslurm.hooks.entry import run; run()' prolog``.
+
+The installed executables (``prolog/``, ``epilog/``) start here rather than at ``gpuslurm prolog``:
+the click command line costs as much as everything else the prolog does on a replayed node, and
+``python -m`` adds ``runpy``. The hooks read everything from the environment and take no options,
+so there is nothing for click to parse. ``gpuslurm prolog`` (and ``python -m gpuslurm.hooks``)
+run the same functions and return the same exit codes.
+
+:func:`run` also leaves without the interpreter's teardown, which frees every module one by one
+and costs a prolog about a tenth of its time; it runs the ``atexit`` handlers (NVML's shutdown)
+and flushes the standard streams first, so nothing a hook does is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+# hook name -> the module that runs it (its docstring's first line is the hook's --help)
+HOOKS = {"prolog": "gpuslurm.hooks.prolog", "epilog": "gpuslurm.hooks.epilog",
+         "task-prolog": "gpuslurm.hooks.taskprolog"}
+EXIT_USAGE = 2  # what click returns for a usage error, so both entry points agree
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the hook ``argv[0]`` names (default ``sys.argv[1:]``); its exit code for Slurm."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    hook = args[0] if args else ""
+    if hook in HOOKS and args[1:] in (["-h"], ["--help"]):
+        print(_summary(hook))
+        return 0
+    if hook not in HOOKS or len(args) != 1:
+        print(f"usage: python -m gpuslurm.hooks {{{','.join(HOOKS)}}} (the hooks take no options)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if hook == "prolog":
+        from gpuslurm.hooks.prolog import run_prolog
+
+        return run_prolog(os.environ)
+    if hook == "epilog":
+        from gpuslurm.hooks.epilog import run_epilog
+
+        return run_epilog(os.environ)
+    from gpuslurm.hooks.taskprolog import run_task_prolog
+
+    return run_task_prolog(os.environ, sys.stdout)
+
+
+def run() -> NoReturn:
+    """:func:`main` on ``sys.argv``, then exit with its code (see the module docstring)."""
+    code = main()
+    import atexit
+
+    atexit._run_exitfuncs()  # what interpreter shutdown would run first
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed by the caller: nothing more can be said
+            pass
+    os._exit(code)
+
+
+def _summary(hook: str) -> str:
+    import importlib
+
+    doc = importlib.import_module(HOOKS[hook]).__doc__ or ""
+    return doc.strip().splitlines()[0].replace("``", "")

@@ -1,0 +1,129 @@
+"""A node's GPU identities as light tuples: what the hooks need, without :mod:`gpuslurm.hw.model`.
+
+``NodeIdentity``, ``GpuIdentity`` and ``MigIdentity`` carry the facts the prolog, epilog and task
+prolog use (UUIDs, NVML index, ``/dev/nvidia`` minor, bus id, NUMA node and CPU affinity, MIG
+devices with their capability minors), under the same attribute names as ``Node``, ``Gpu`` and
+``MigDevice``, so the hook-path functions take either (``AnyNode``, ``AnyGpu``, ``AnyMig``).
+They exist because the model's frozen dataclasses import :mod:`dataclasses`, and with it
+:mod:`inspect`, which alone costs a hook about as long as an interpreter start; a hook that
+finds its node in the cache (:mod:`gpuslurm.hooks.nodecache`) never loads the model.
+
+``identity_of`` converts a full ``Node``; ``to_json``/``from_json`` are the cache's format.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from gpuslurm.hw.model import Gpu, MigDevice, Node
+
+
+def mig_device_files(parent_minor: int, gi_minor: int | None, ci_minor: int | None) -> tuple[str, ...]:
+    """The device files a job needs for a MIG device (parent GPU, GI cap, CI cap)."""
+    if gi_minor is None or ci_minor is None:
+        raise ValueError("MIG capability minors are unknown")
+    return (f"/dev/nvidia{parent_minor}", f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
+            f"/dev/nvidia-caps/nvidia-cap{ci_minor}")
+
+
+class MigIdentity(NamedTuple):
+    """A MIG device as the hooks know it (see ``MigDevice``)."""
+
+    index: int  # type: ignore[assignment]  # MigDevice's name; shadows tuple.index on purpose
+    gi_id: int
+    ci_id: int
+    uuid: str | None = None
+    gi_minor: int | None = None
+    ci_minor: int | None = None
+
+    def device_files(self, parent_minor: int) -> tuple[str, ...]:
+        return mig_device_files(parent_minor, self.gi_minor, self.ci_minor)
+
+
+class GpuIdentity(NamedTuple):
+    """A physical GPU as the hooks know it (see ``Gpu``)."""
+
+    uuid: str
+    index: int  # type: ignore[assignment]  # Gpu's name; shadows tuple.index on purpose
+    minor: int
+    bus_id: str
+    numa_node: int | None = None
+    cpu_affinity: tuple[int, ...] = ()
+    mig_mode: bool | None = None
+    mig_devices: tuple[MigIdentity, ...] = ()
+
+    @property
+    def device_file(self) -> str:
+        return f"/dev/nvidia{self.minor}"
+
+
+class NodeIdentity(NamedTuple):
+    """A node's GPUs in index order; ``source`` as in ``Node.source``."""
+
+    hostname: str
+    gpus: tuple[GpuIdentity, ...]
+    source: str = ""
+
+
+if TYPE_CHECKING:  # for annotations only: what the hook-path functions accept
+    from typing import TypeAlias
+
+    AnyNode: TypeAlias = Node | NodeIdentity
+    AnyGpu: TypeAlias = Gpu | GpuIdentity
+    AnyMig: TypeAlias = MigDevice | MigIdentity
+
+
+def identity_of(node: AnyNode) -> NodeIdentity:
+    """The identities of ``node``'s GPUs."""
+    return NodeIdentity(node.hostname, tuple(
+        GpuIdentity(g.uuid, g.index, g.minor, g.bus_id, g.numa_node, tuple(g.cpu_affinity), g.mig_mode,
+                    tuple(MigIdentity(m.index, m.gi_id, m.ci_id, m.uuid, m.gi_minor, m.ci_minor)
+                          for m in g.mig_devices))
+        for g in node.gpus), node.source)
+
+
+def to_json(node: NodeIdentity) -> dict[str, Any]:
+    """A JSON-ready dict (lists for tuples)."""
+    return {"hostname": node.hostname, "source": node.source,
+            "gpus": [[g.uuid, g.index, g.minor, g.bus_id, g.numa_node, list(g.cpu_affinity), g.mig_mode,
+                      [list(m) for m in g.mig_devices]] for g in node.gpus]}
+
+
+def from_json(doc: Any) -> NodeIdentity:
+    """The inverse of ``to_json``; ValueError (or TypeError) when ``doc`` is not one."""
+    gpus = []
+    for uuid, index, minor, bus_id, numa, cpus, mig_mode, migs in doc["gpus"]:
+        gpu = GpuIdentity(_text(uuid), _int(index), _int(minor), _text(bus_id), _opt_int(numa),
+                          tuple(_int(c) for c in cpus), _opt_bool(mig_mode),
+                          tuple(_mig(m) for m in migs))
+        gpus.append(gpu)
+    return NodeIdentity(_text(doc["hostname"]), tuple(gpus), _text(doc["source"]))
+
+
+def _mig(item: Any) -> MigIdentity:
+    index, gi_id, ci_id, uuid, gi_minor, ci_minor = item
+    return MigIdentity(_int(index), _int(gi_id), _int(ci_id), None if uuid is None else _text(uuid),
+                       _opt_int(gi_minor), _opt_int(ci_minor))
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise ValueError(f"not an integer: {value!r}")
+    return value
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _opt_bool(value: Any) -> bool | None:
+    if value is not None and type(value) is not bool:
+        raise ValueError(f"not true, false or null: {value!r}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if type(value) is not str:
+        raise ValueError(f"not a string: {value!r}")
+    return value

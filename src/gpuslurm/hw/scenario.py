@@ -1,0 +1,271 @@
+"""Replayed GPU activity: which processes use which GPU, how busy and how full, over time.
+
+A replayed node (a capture bundle) has no live utilisation. The monitor takes it from a scenario
+file: ``$GPUSLURM_SCENARIO`` (a file, or a directory holding ``scenario.json``), else
+``scenario.json`` beside the bundle's files. No scenario: every GPU idle, with no process.
+
+::
+
+    {"start": 1700000000,
+     "steps": [
+       {"at": 0,  "gpus": {"GPU-a…": {"util": 90, "mem_mib": 30000, "power_w": 300, "temp_c": 61}},
+                  "procs": [{"pid": 1234, "gpu": "GPU-b…", "mem_mib": 5000, "sm": 80}]},
+       {"at": 60, "gpus": {"GPU-b…": {"lost": true}}}]}
+
+Each step describes the whole node from ``start + at`` until the next step: a GPU a step does not
+mention is idle (0 %, its processes' memory), one marked ``lost`` has fallen off the bus (the
+monitor records that and carries on), and only the processes the step lists exist. ``start``
+(Unix seconds) defaults to the file's modification time, so a test that rewrites the file
+(atomically) makes its first step begin at once. A file with no ``steps`` is a single step.
+``gpu`` may name a MIG device by its UUID. A UUID that is neither a GPU nor a MIG device of the
+bundle is an error naming the file and the entry. The file is re-read when it changes; a broken
+rewrite keeps the previous scenario and is reported as a problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from gpuslurm.errors import CaptureError
+from gpuslurm.hw.model import Node
+from gpuslurm.hw.nvml import DeviceReading, ProcessReading, Reading
+
+ENV_VAR = "GPUSLURM_SCENARIO"
+FILE_NAME = "scenario.json"
+MAX_BYTES = 4 << 20
+_GPU_KEYS = {"util": "util_pct", "mem_mib": "mem_used_mib", "power_w": "power_w", "temp_c": "temp_c"}
+_PROC_KEYS = frozenset({"pid", "gpu", "mem_mib", "sm"})
+
+
+class GpuState(NamedTuple):
+    lost: bool = False
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    power_w: float | None = None
+    temp_c: float | None = None
+
+
+class Step(NamedTuple):
+    at: float
+    gpus: dict[str, GpuState]  # by GPU or MIG UUID
+    procs: tuple[ProcessReading, ...]
+
+
+class Scenario(NamedTuple):
+    start: float | None
+    steps: tuple[Step, ...]  # sorted by ``at``
+
+
+def scenario_path(bundle: Path | None, environ: dict[str, str] | None = None) -> Path | None:
+    """The scenario file to replay, or None when there is none."""
+    env = os.environ if environ is None else environ
+    named = env.get(ENV_VAR)
+    if named:
+        path = Path(named)
+        if path.is_dir():
+            path = path / FILE_NAME
+        if not path.is_file():
+            raise CaptureError("no such scenario file", source=f"{ENV_VAR}={named}")
+        return path
+    if bundle is not None and (bundle / FILE_NAME).is_file():
+        return bundle / FILE_NAME
+    return None
+
+
+def parse_scenario(text: str, source: str, node: Node) -> Scenario:
+    """Parse and check a scenario against ``node`` (pure); CaptureError names the entry at fault."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise CaptureError(f"not valid JSON: {exc}", source=source) from None
+    if not isinstance(doc, dict):
+        raise CaptureError("must be a JSON object", source=source)
+    parents: dict[str, tuple[str, str | None]] = {g.uuid.lower(): (g.uuid, None) for g in node.gpus}
+    for g in node.gpus:
+        for m in g.mig_devices:
+            if m.uuid:
+                parents[m.uuid.lower()] = (g.uuid, m.uuid)
+    start = doc.get("start")
+    if start is not None and not _is_number(start):
+        raise CaptureError(f"'start' must be Unix seconds, not {start!r}", source=source)
+    if "steps" in doc:
+        if extra := set(doc) - {"start", "steps"}:
+            raise CaptureError(f"unknown key {sorted(extra)[0]!r}", source=source)
+        raw_steps = doc["steps"]
+        if not isinstance(raw_steps, list) or not raw_steps:
+            raise CaptureError("'steps' must be a non-empty list", source=source)
+        where = [f"steps[{i}]" for i in range(len(raw_steps))]
+    else:
+        raw_steps = [{k: v for k, v in doc.items() if k != "start"}]
+        where = [""]
+    steps = [_step(item, w, source, parents, node.hostname) for item, w in zip(raw_steps, where, strict=True)]
+    return Scenario(None if start is None else float(start), tuple(sorted(steps, key=lambda s: s.at)))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _unknown(uuid: str, where: str, source: str, host: str) -> CaptureError:
+    return CaptureError(f"{where}: unknown GPU {uuid!r}: not a GPU or MIG device of {host}", source=source)
+
+
+def _step(item: Any, where: str, source: str, parents: dict[str, tuple[str, str | None]],
+          host: str) -> Step:
+    if not isinstance(item, dict):
+        raise CaptureError(f"{where or 'the scenario'} must be an object", source=source)
+    if extra := set(item) - {"at", "gpus", "procs"}:
+        raise CaptureError(f"{where + ': ' if where else ''}unknown key {sorted(extra)[0]!r}", source=source)
+    at = item.get("at", 0)
+    if not _is_number(at) or at < 0:
+        raise CaptureError(f"{where or 'the scenario'}: 'at' must be seconds from the start, not {at!r}",
+                           source=source)
+    gpus: dict[str, GpuState] = {}
+    raw_gpus = item.get("gpus", {})
+    if not isinstance(raw_gpus, dict):
+        raise CaptureError("'gpus' must be an object keyed by GPU UUID", source=f"{source} {where}".strip())
+    for uuid, spec in raw_gpus.items():
+        here = f"{where}.gpus[{uuid!r}]".lstrip(".")
+        if uuid.lower() not in parents:
+            raise _unknown(uuid, f"{where}.gpus".lstrip("."), source, host)
+        if not isinstance(spec, dict):
+            raise CaptureError(f"{here} must be an object", source=source)
+        values: dict[str, Any] = {}
+        for key, value in spec.items():
+            if key == "lost":
+                if not isinstance(value, bool):
+                    raise CaptureError(f"{here}: 'lost' must be true or false", source=source)
+                values["lost"] = value
+            elif key in _GPU_KEYS:
+                values[_GPU_KEYS[key]] = _measure(value, f"{here}.{key}", source, key == "util")
+            else:
+                raise CaptureError(f"{here}: unknown key {key!r}", source=source)
+        gpus[uuid.lower()] = GpuState(**values)
+    raw_procs = item.get("procs", [])
+    if not isinstance(raw_procs, list):
+        raise CaptureError("'procs' must be a list", source=f"{source} {where}".strip())
+    procs: list[ProcessReading] = []
+    for i, p in enumerate(raw_procs):
+        here = f"{where}.procs[{i}]".lstrip(".")
+        if not isinstance(p, dict) or "pid" not in p or "gpu" not in p:
+            raise CaptureError(f"{here} must be an object with 'pid' and 'gpu'", source=source)
+        if extra := set(p) - _PROC_KEYS:
+            raise CaptureError(f"{here}: unknown key {sorted(extra)[0]!r}", source=source)
+        pid = p["pid"]
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            raise CaptureError(f"{here}: 'pid' must be a process id, not {pid!r}", source=source)
+        gpu = p["gpu"]
+        if not isinstance(gpu, str) or gpu.lower() not in parents:
+            raise _unknown(str(gpu), here, source, host)
+        parent, mig = parents[gpu.lower()]
+        mem = _measure(p["mem_mib"], f"{here}.mem_mib", source) if "mem_mib" in p else None
+        sm = _measure(p["sm"], f"{here}.sm", source, True) if "sm" in p else None
+        procs.append(ProcessReading(pid, parent, mig, mem, sm))
+    return Step(float(at), gpus, tuple(procs))
+
+
+def _measure(value: Any, where: str, source: str, percent: bool = False) -> float:
+    if not _is_number(value) or value < 0 or (percent and value > 100):
+        want = "a percentage (0-100)" if percent else "a non-negative number"
+        raise CaptureError(f"{where} must be {want}, not {value!r}", source=source)
+    return float(value)
+
+
+def step_at(scenario: Scenario, start: float, now: float) -> Step | None:
+    """The step in force at ``now``, or None before the first one begins."""
+    current = None
+    for step in scenario.steps:
+        if start + step.at > now:
+            break
+        current = step
+    return current
+
+
+def readings(node: Node, step: Step | None) -> Reading:
+    """What NVML would report for ``node`` in ``step`` (None: idle, no processes)."""
+    gpus = step.gpus if step is not None else {}
+    lost = {g.uuid for g in node.gpus if gpus.get(g.uuid.lower(), GpuState()).lost}
+    procs = tuple(p for p in (step.procs if step else ()) if p.gpu_uuid not in lost)
+    used: dict[str, float] = {}
+    for p in procs:
+        key = (p.mig_uuid or p.gpu_uuid).lower()
+        used[key] = used.get(key, 0.0) + (p.mem_mib or 0.0)
+        if p.mig_uuid:
+            used[p.gpu_uuid.lower()] = used.get(p.gpu_uuid.lower(), 0.0) + (p.mem_mib or 0.0)
+    devices: list[DeviceReading] = []
+    problems: list[tuple[str, str, str]] = []
+    for g in node.gpus:
+        if g.uuid in lost:
+            problems.append(("gpu-lost", g.uuid, "the scenario says the GPU fell off the bus"))
+            continue
+        st = gpus.get(g.uuid.lower(), GpuState())
+        devices.append(DeviceReading(
+            g.uuid, None, st.util_pct if st.util_pct is not None else 0.0,
+            st.mem_used_mib if st.mem_used_mib is not None else used.get(g.uuid.lower(), 0.0),
+            float(g.memory_mib), st.power_w, st.temp_c))
+        for m in g.mig_devices if g.mig_mode else ():
+            if not m.uuid:
+                continue
+            ms = gpus.get(m.uuid.lower(), GpuState())
+            devices.append(DeviceReading(
+                g.uuid, m.uuid, ms.util_pct,  # NVML gives no utilisation for a MIG device
+                ms.mem_used_mib if ms.mem_used_mib is not None else used.get(m.uuid.lower(), 0.0),
+                float(m.memory_mib)))
+    return Reading(tuple(devices), procs, tuple(problems))
+
+
+class ScenarioSampler:
+    """The replay counterpart of :class:`gpuslurm.hw.nvml.NvmlSampler`."""
+
+    def __init__(self, node: Node, path: Path | None) -> None:
+        self.node = node
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._scenario: Scenario | None = None
+        self._start = 0.0
+        if path is not None:
+            self._load()  # a bad scenario stops the monitor before it starts
+
+    def _load(self) -> str | None:
+        """(Re)read the file if it changed; the problem text when a rewrite is broken."""
+        assert self.path is not None
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            if self._scenario is None:
+                raise CaptureError(f"cannot read: {exc.strerror}", source=self.path) from None
+            return f"cannot read: {exc.strerror}; the previous scenario goes on"
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return None
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read(MAX_BYTES + 1)
+            if len(data) > MAX_BYTES:
+                raise CaptureError(f"larger than {MAX_BYTES} bytes", source=self.path)
+            scenario = parse_scenario(data.decode("utf-8", "replace"), str(self.path), self.node)
+        except (OSError, CaptureError) as exc:
+            if self._scenario is None:
+                if isinstance(exc, CaptureError):
+                    raise
+                raise CaptureError(f"cannot read: {exc.strerror}", source=self.path) from None
+            self._stamp = stamp  # report a broken rewrite once, not every cycle
+            return f"{exc}; the previous scenario goes on"
+        self._stamp, self._scenario = stamp, scenario
+        self._start = scenario.start if scenario.start is not None else st.st_mtime
+        return None
+
+    def read(self, now: float) -> Reading:
+        problem = self._load() if self.path is not None else None
+        step = step_at(self._scenario, self._start, now) if self._scenario is not None else None
+        reading = readings(self.node, step)
+        if problem is not None:
+            reading = reading._replace(problems=(*reading.problems,
+                                                 ("scenario-error", str(self.path), problem)))
+        return reading
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,376 @@
+"""gpuslurm's own GPU device isolation, for nodes where Slurm's cgroup.conf does not constrain devices.
+
+What is denied (``denied_devices``, pure): the node's GPUs not given to the job (character major
+195, the GPU's minor) and, for MIG, the ``nvidia-caps`` capability devices of MIG instances not
+given. Everything else stays allowed (``/dev/nvidiactl``, ``nvidia-uvm``, ``/dev/null``...): a
+deny list, as Slurm builds for GRES devices. A job without GPUs is denied every GPU.
+
+How, on cgroup v1 (the ``devices`` hierarchy; verified in the real Slurm 22.05 test cluster).
+With ``ConstrainDevices=no`` Slurm leaves every task in the root devices cgroup, and when the
+prolog runs (as root, a child of slurmd) none of the job's processes exist yet, not even with
+``PrologFlags=Contain``. So:
+
+1. the prolog makes ``<cgroup_root>/devices/gpuslurm/job_<id>``, writes the denials to its
+   ``devices.deny`` and only then hands ``cgroup.procs`` (nothing else) to the job's uid;
+2. the task prolog, which slurmstepd runs as the user in a child of the task process before that
+   process execs the user's program (``SLURM_TASK_PID`` is its parent), writes that pid into
+   ``cgroup.procs``. v1 lets a process move one of its own uid into a cgroup whose
+   ``cgroup.procs`` it may write; everything the task starts inherits the cgroup. The user
+   cannot loosen it: ``devices.*`` are root's, a v1 child never has more than its parent, and
+   leaving would need write access to another cgroup's ``cgroup.procs``;
+3. the epilog kills what is left in the cgroup and removes it.
+
+On cgroup v2 the prolog attaches a BPF device program (``gpuslurm.isolate.bpf``) to the job's
+cgroup under slurmd's ``slurmstepd.scope``, creating the directory when Slurm has not yet; Slurm
+later puts the job's steps below it, and the program holds for all of them. No task-prolog step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
+    from gpuslurm.hw.identity import AnyNode
+    from gpuslurm.slurm.hookenv import JobDevice
+
+NVIDIA_MAJOR = 195
+DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
+V1_PARENT = "gpuslurm"  # our directory in the v1 devices hierarchy
+_TRUE = frozenset({"yes", "true", "1", "up"})  # what Slurm's config parser reads as true
+
+
+class Device(NamedTuple):
+    """A character device number."""
+
+    major: int
+    minor: int
+
+    @property
+    def v1_rule(self) -> str:
+        return f"c {self.major}:{self.minor} rwm"
+
+
+# --- pure decisions ---------------------------------------------------------------------------
+
+
+def char_majors(proc_devices: str) -> dict[str, int]:
+    """Character device majors by driver name, from the text of ``/proc/devices``."""
+    majors: dict[str, int] = {}
+    in_char = False
+    for line in proc_devices.splitlines():
+        text = line.strip()
+        if text.endswith(":"):
+            in_char = text == "Character devices:"
+            continue
+        number, _, name = text.partition(" ")
+        if in_char and number.isdigit() and name.strip():
+            majors.setdefault(name.strip(), int(number))
+    return majors
+
+
+def slurm_constrains_devices(cgroup_conf: str | None) -> bool:
+    """Whether Slurm's cgroup.conf text says ``ConstrainDevices=yes`` (the last setting wins)."""
+    result = False
+    for line in (cgroup_conf or "").splitlines():
+        key, eq, value = line.split("#", 1)[0].partition("=")
+        if eq and key.strip().lower() == "constraindevices":
+            result = value.strip().lower() in _TRUE
+    return result
+
+
+def isolation_wanted(mode: str, cgroup_conf: str | None) -> bool:
+    """Whether gpuslurm isolates devices: ``always``, ``never``, or ``auto`` = when Slurm does not."""
+    if mode == "never":
+        return False
+    if mode == "always":
+        return True
+    if mode == "auto":
+        return not slurm_constrains_devices(cgroup_conf)
+    raise ValueError(f"unknown cgroup.devices mode {mode!r}")
+
+
+def denied_devices(node: AnyNode, given: Sequence[JobDevice], caps_major: int | None) -> tuple[Device, ...]:
+    """The devices a job holding ``given`` must not open on ``node``.
+
+    ``caps_major`` is the ``nvidia-caps`` major, or None when that driver is not loaded: then no
+    capability device can be opened anyway and none is listed. A MIG instance of another job on
+    a GPU this job uses is reachable through the shared ``/dev/nvidia<minor>``, so its capability
+    minors must be known; ValueError when they are not.
+    """
+    mine_gpus = {d.gpu.minor for d in given}
+    allowed_caps: set[int] = set()
+    for d in given:
+        if d.mig is not None:
+            allowed_caps.update(m for m in (d.mig.gi_minor, d.mig.ci_minor) if m is not None)
+    given_migs = {(d.gpu.uuid, d.mig.gi_id, d.mig.ci_id) for d in given if d.mig is not None}
+    denied = {Device(NVIDIA_MAJOR, g.minor) for g in node.gpus if g.minor not in mine_gpus}
+    for gpu in node.gpus:
+        for mig in gpu.mig_devices:
+            if (gpu.uuid, mig.gi_id, mig.ci_id) in given_migs:
+                continue
+            caps = [m for m in (mig.gi_minor, mig.ci_minor) if m is not None]
+            if len(caps) < 2 and gpu.minor in mine_gpus and caps_major is not None:
+                raise ValueError(f"MIG device {mig.gi_id}/{mig.ci_id} of GPU {gpu.index} has no "
+                                 f"capability minors (mig-minors): it cannot be denied")
+            if caps_major is not None:
+                denied.update(Device(caps_major, m) for m in caps if m not in allowed_caps)
+    return tuple(sorted(denied))
+
+
+# --- cgroup v1 --------------------------------------------------------------------------------
+
+
+def _job_name(job_id: str) -> str:
+    main, sep, task = job_id.partition("_")
+    if not (main.isascii() and main.isdigit() and (not sep or (task.isascii() and task.isdigit()))):
+        raise ValueError(f"not a Slurm job id: {job_id!r}")
+    return f"job_{job_id}"
+
+
+def cgroup_version(cgroup_root: str) -> int | None:
+    """1 when ``cgroup_root`` has a v1 ``devices`` hierarchy, 2 when it is a cgroup2 mount."""
+    if os.path.exists(os.path.join(cgroup_root, "devices", "devices.deny")):
+        return 1
+    if os.path.exists(os.path.join(cgroup_root, "cgroup.controllers")):
+        return 2
+    return None
+
+
+def v1_job_dir(cgroup_root: str, job_id: str) -> str:
+    return os.path.join(cgroup_root, "devices", V1_PARENT, _job_name(job_id))
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def setup_v1(cgroup_root: str, job_id: str, uid: int, denied: Sequence[Device]) -> str:
+    """Make the job's devices cgroup with ``denied`` written, joinable by ``uid``; its path.
+
+    A cgroup left by an earlier run of the same job id is emptied and made afresh.
+    """
+    from gpuslurm.errors import HardwareError
+
+    path = v1_job_dir(cgroup_root, job_id)
+    try:
+        try:  # only ours: the devices hierarchy itself must already be mounted
+            os.mkdir(os.path.dirname(path), 0o755)
+        except FileExistsError:
+            pass
+        if os.path.isdir(path) and not remove_v1(cgroup_root, job_id):
+            raise HardwareError(f"{path}: left by an earlier job and still busy")
+        os.mkdir(path, 0o755)
+    except OSError as exc:
+        raise HardwareError(f"cannot make the job's devices cgroup {path}: {exc.strerror}") from None
+    try:
+        for dev in denied:  # the kernel takes one rule per write
+            _write(os.path.join(path, "devices.deny"), dev.v1_rule)
+        # Last: until now no process of the job's user could enter it half-configured.
+        os.chown(os.path.join(path, "cgroup.procs"), uid, -1, follow_symlinks=False)
+    except OSError as exc:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+        raise HardwareError(f"cannot set up the job's devices cgroup {path}: {exc.strerror}") from None
+    return path
+
+
+def join_v1(cgroup_root: str, job_id: str, pid: int) -> str | None:
+    """Move ``pid`` into the job's devices cgroup; its path, or None when the job has none."""
+    from gpuslurm.errors import HardwareError
+
+    path = v1_job_dir(cgroup_root, job_id)
+    if not os.path.isdir(path):
+        return None
+    try:
+        _write(os.path.join(path, "cgroup.procs"), str(pid))
+        with open(f"/proc/{pid}/cgroup") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise HardwareError(f"cannot move process {pid} into {path}: {exc.strerror}") from None
+    want = f"/{V1_PARENT}/{_job_name(job_id)}"
+    if not any(line.split(":", 2)[1:] == ["devices", want] for line in lines if line.count(":") >= 2):
+        raise HardwareError(f"process {pid} is not in {path} after moving it")
+    return path
+
+
+def remove_v1(cgroup_root: str, job_id: str, wait_s: float = 2.0) -> bool:
+    """Kill what is left in the job's devices cgroup and remove it; False if it stays busy.
+
+    Killing, not moving out: a process moved to the root cgroup would regain every GPU.
+    """
+    path = v1_job_dir(cgroup_root, job_id)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as fh:
+                pids = [int(p) for p in fh.read().split()]
+        except FileNotFoundError:
+            return True
+        import signal  # only now: an enum-heavy module the hooks need only to kill
+
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+
+
+# --- cgroup v2 --------------------------------------------------------------------------------
+
+
+def v2_job_dir(cgroup_root: str, job_parent: str, job_id: str) -> str:
+    parts = [p for p in job_parent.split("/") if p]
+    if job_parent.startswith("/") or ".." in parts:
+        raise ValueError(f"cgroup.v2_job_parent must be relative to cgroup_root: {job_parent!r}")
+    return os.path.join(cgroup_root, *parts, _job_name(job_id))
+
+
+def setup_v2(cgroup_root: str, job_parent: str, job_id: str, denied: Sequence[Device]) -> str:
+    """Attach a program denying ``denied`` to the job's v2 cgroup (made if missing); its path."""
+    from gpuslurm.errors import HardwareError
+    from gpuslurm.isolate.bpf import deny_devices
+
+    path = v2_job_dir(cgroup_root, job_parent, job_id)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise HardwareError(f"{parent} does not exist: is slurmd using cgroup/v2 there? "
+                            f"(set cgroup.v2_job_parent)")
+    try:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        deny_devices(path, [(d.major, d.minor) for d in denied])
+    except OSError as exc:
+        raise HardwareError(f"cannot set up the job's cgroup {path}: {exc.strerror}") from None
+    return path
+
+
+def remove_v2(cgroup_root: str, job_parent: str, job_id: str) -> bool:
+    """Remove the job's v2 cgroup if it is empty (Slurm normally has); the program goes with it."""
+    try:
+        os.rmdir(v2_job_dir(cgroup_root, job_parent, job_id))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # still in use, or Slurm's children left: Slurm removes it
+    return True
+
+
+# --- the hook steps ---------------------------------------------------------------------------
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def wanted(cfg: Config) -> bool:
+    """Whether this node's config asks gpuslurm to isolate devices (reads Slurm's cgroup.conf)."""
+    from gpuslurm.errors import InputError
+
+    if cfg.cgroup.devices != "auto":
+        return isolation_wanted(cfg.cgroup.devices, None)
+    try:
+        text = _read_text(cfg.paths.slurm_cgroup_conf)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", source=cfg.paths.slurm_cgroup_conf) from None
+    return isolation_wanted("auto", text)
+
+
+def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
+                node: AnyNode | None = None, spec: str | None = None) -> str | None:
+    """The prolog's step: limit the job to ``given``; a line for the log, or None if not ours.
+
+    Any failure raises a GpuslurmError, so that the prolog fails and the job does not start
+    with every GPU open.
+    """
+    if not wanted(cfg):
+        return None
+    from gpuslurm.errors import HardwareError
+
+    if node is None:
+        from gpuslurm.hw.source import load_node
+
+        node = load_node(spec, links=False)
+    caps_major = char_majors(_read_text("/proc/devices") or "").get("nvidia-caps")
+    try:
+        denied = denied_devices(node, given, caps_major)
+    except ValueError as exc:
+        raise HardwareError(str(exc)) from None
+    root = cfg.paths.cgroup_root
+    version = cgroup_version(root)
+    if version == 1:
+        path = setup_v1(root, job_id, uid, denied)
+    elif version == 2:
+        path = setup_v2(root, cfg.cgroup.v2_job_parent, job_id, denied)
+    else:
+        raise HardwareError(f"{root}: neither a cgroup v1 devices hierarchy nor a cgroup2 mount")
+    return f"devices cgroup {path}: {len(denied)} device(s) denied"
+
+
+def release_job(cfg: Config, job_id: str) -> str | None:
+    """The epilog's step: remove the job's cgroup; a line for the log, or None if there was none."""
+    from gpuslurm.errors import HardwareError
+
+    root = cfg.paths.cgroup_root
+    version = cgroup_version(root)
+    if version == 1:
+        path = v1_job_dir(root, job_id)
+        if not os.path.isdir(path):
+            return None
+        if not remove_v1(root, job_id):
+            raise HardwareError(f"{path}: processes of the job survive SIGKILL; left in place")
+        return f"removed {path}"
+    if version == 2:
+        path = v2_job_dir(root, cfg.cgroup.v2_job_parent, job_id)
+        if os.path.isdir(path) and remove_v2(root, cfg.cgroup.v2_job_parent, job_id):
+            return f"removed {path}"
+    return None
+
+
+def join_job_cgroup(environ: Mapping[str, str]) -> str | None:
+    """The task prolog's step (v1): move the task into its job's devices cgroup, if there is one.
+
+    The task is ``SLURM_TASK_PID`` (the task prolog's parent when that is unset). The standard
+    cgroup root is always tried, besides the configured one: the job's environment can name
+    another config file, and must not be able to steer the task away from its cgroup.
+    """
+    job_id = environ.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        return None
+    roots = [DEFAULT_CGROUP_ROOT]
+    try:
+        from gpuslurm.config import load_config
+
+        configured = load_config(environ=environ).paths.cgroup_root
+        if configured != DEFAULT_CGROUP_ROOT:
+            roots.append(configured)
+    except Exception:  # a bad config must not stop the join at the standard root
+        roots = [DEFAULT_CGROUP_ROOT]
+    task = environ.get("SLURM_TASK_PID", "").strip()
+    pid = int(task) if task.isascii() and task.isdigit() else os.getppid()
+    for root in roots:
+        path = join_v1(root, job_id, pid)
+        if path is not None:
+            return path
+    return None

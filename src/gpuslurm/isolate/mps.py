@@ -1,0 +1,607 @@
+"""Per-job CUDA MPS: whether a job asked for it, and its own control daemon's start and stop.
+
+What asks for MPS (``[mps] triggers``), as Slurm 22.05 shows it to the prolog (observed in the
+test cluster; none of it needs an extra command):
+
+* ``gres``: a job with ``--gres=mps:N``. Slurm puts ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the
+  job's share of the GPU, N out of the GPU's mps count, in percent) into the prolog's
+  environment, beside ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` for the GPU. There is no
+  ``SLURM_JOB_GRES``. That share becomes the daemon's active thread percentage.
+* ``comment``: ``SLURM_JOB_COMMENT`` (the job's ``--comment``) contains ``comment_token`` as a
+  word (words are separated by blanks, commas and semicolons).
+* ``feature``: ``SLURM_JOB_CONSTRAINTS`` (the job's ``--constraint``, verbatim, e.g. ``mps&ib``)
+  names ``feature``; a name after ``!`` does not count.
+
+Layout: ``<run_dir>/mps/`` (root, 0755) holds ``<jobid>/`` (root, 0755) with ``pipe/`` and
+``log/`` (the job's user, 0700) and ``mps.json`` (root, 0600: what ``stop_mps`` needs). The
+daemon runs as the job's user and group (no supplementary groups), with only
+``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``, ``CUDA_VISIBLE_DEVICES`` (the job's GPU
+UUIDs) and ``PATH`` in its environment. Its processes are found by their real uid and the pipe
+directory in their initial environment (and as children of the recorded daemon), never through a
+pid file the user can write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from gpuslurm.errors import CommandError, InputError
+
+if TYPE_CHECKING:
+    from gpuslurm.config import MpsConfig
+
+GRES_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+PIPE_VAR = "CUDA_MPS_PIPE_DIRECTORY"
+LOG_VAR = "CUDA_MPS_LOG_DIRECTORY"
+PID_FILE = "nvidia-cuda-mps-control.pid"  # the real daemon writes it into the pipe directory
+STATE_FILE = "mps.json"
+STATE_VERSION = 1
+KILL_WAIT_S = 2.0  # after SIGKILL: a process still there is stuck in the kernel (the driver)
+_POLL_S = 0.02
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_WORD_SEPARATORS = str.maketrans(",;", "  ")
+_CONSTRAINT_OPERATORS = str.maketrans("&|,[]()", "       ")
+
+
+class MpsRequest(NamedTuple):
+    """A job's request for MPS: what asked for it and the active thread percentage to set."""
+
+    trigger: str  # "gres", "comment" or "feature"
+    active_thread_percentage: int
+
+
+class MpsDirs(NamedTuple):
+    job: str  # <run_dir>/mps/<jobid>, root's
+    pipe: str  # CUDA_MPS_PIPE_DIRECTORY, the user's
+    log: str  # CUDA_MPS_LOG_DIRECTORY, the user's
+
+
+class MpsDaemon(NamedTuple):
+    """What the prolog started, recorded in ``mps.json`` for the epilog."""
+
+    job_id: str
+    uid: int
+    gid: int
+    pipe_dir: str
+    log_dir: str
+    uuids: tuple[str, ...]
+    trigger: str
+    active_thread_percentage: int
+    pid: int | None = None  # the control daemon, when it was found
+    pid_start: int | None = None  # its start time (clock ticks), so a reused pid is not taken for it
+
+
+class MpsStop(NamedTuple):
+    """What ``stop_mps`` did. ``daemon`` is None when ``mps.json`` was missing or unreadable."""
+
+    job_id: str
+    daemon: MpsDaemon | None
+    quit_error: str | None  # why ``quit`` failed; None when it was accepted
+    killed: tuple[int, ...]  # processes that had to be signalled
+    stuck: tuple[int, ...]  # processes still there after SIGKILL
+    errors: tuple[str, ...]  # state unreadable, directory not removed, ...
+
+
+# --- pure -----------------------------------------------------------------------------------
+
+
+def mps_request(environ: Mapping[str, str], cfg: MpsConfig) -> MpsRequest | None:
+    """Whether the job whose prolog environment this is asked for MPS, and by which trigger."""
+    if "gres" in cfg.triggers:
+        raw = environ.get(GRES_VAR, "").strip()
+        if raw:
+            return MpsRequest("gres", parse_percentage(raw))
+    comment = environ.get("SLURM_JOB_COMMENT", "")
+    if "comment" in cfg.triggers and cfg.comment_token and cfg.comment_token in comment_words(comment):
+        return MpsRequest("comment", cfg.active_thread_percentage)
+    constraints = environ.get("SLURM_JOB_CONSTRAINTS", "")
+    if "feature" in cfg.triggers and cfg.feature and cfg.feature in constraint_features(constraints):
+        return MpsRequest("feature", cfg.active_thread_percentage)
+    return None
+
+
+def parse_percentage(text: str) -> int:
+    """Slurm's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (an integer 1-100; a decimal is rounded up)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 100:
+        raise InputError(f"not a percentage between 1 and 100: {text!r}", source=GRES_VAR)
+    return math.ceil(value)
+
+
+def comment_words(comment: str) -> set[str]:
+    return set(comment.translate(_WORD_SEPARATORS).split())
+
+
+def constraint_features(constraints: str) -> set[str]:
+    """Feature names a ``--constraint`` expression asks for (counts ``*N`` and ``!name`` dropped)."""
+    names = set()
+    for word in constraints.translate(_CONSTRAINT_OPERATORS).split():
+        if word.startswith("!"):
+            continue
+        names.add(word.partition("*")[0])
+    return names - {""}
+
+
+def job_dirs(run_dir: str, job_id: str) -> MpsDirs:
+    job = os.path.join(run_dir, "mps", check_job_id(job_id))
+    return MpsDirs(job, os.path.join(job, "pipe"), os.path.join(job, "log"))
+
+
+def control_commands(active_thread_percentage: int, pinned_memory_limit_mib: int,
+                     n_devices: int) -> list[str]:
+    """The control commands that configure a fresh daemon (none when the defaults are wanted).
+
+    The pinned limit is per device, by ordinal among the daemon's ``CUDA_VISIBLE_DEVICES``.
+    """
+    commands = []
+    if active_thread_percentage != 100:
+        commands.append(f"set_default_active_thread_percentage {active_thread_percentage}")
+    if pinned_memory_limit_mib > 0:
+        commands += [f"set_default_device_pinned_mem_limit {i} {pinned_memory_limit_mib}M"
+                     for i in range(n_devices)]
+    return commands
+
+
+def daemon_env(pipe_dir: str, log_dir: str, uuids: Sequence[str], mps_control: str) -> dict[str, str]:
+    """The whole environment of the daemon and of its control commands."""
+    # The control daemon starts nvidia-cuda-mps-server itself; it sits beside it.
+    path = ":".join(dict.fromkeys([os.path.dirname(mps_control), "/usr/sbin", "/usr/bin", "/sbin", "/bin"]))
+    return {PIPE_VAR: pipe_dir, LOG_VAR: log_dir, "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+            "PATH": path}
+
+
+def job_gid(environ: Mapping[str, str], uid: int) -> int:
+    """The job's primary group: ``SLURM_JOB_GID``, else the user's from the password database."""
+    raw = environ.get("SLURM_JOB_GID", "").strip()
+    if raw:
+        if not (raw.isascii() and raw.isdigit()):
+            raise InputError(f"not a numeric gid: {raw!r}", source="SLURM_JOB_GID")
+        return int(raw)
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        raise InputError(f"is not set and uid {uid} has no passwd entry",
+                         source="SLURM_JOB_GID") from None
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it is ``<digits>`` or ``<digits>_<digits>``: it becomes a directory name."""
+    main, sep, task = job_id.partition("_")
+    if not (_digits(main) and (not sep or _digits(task))):
+        raise InputError(f"not a Slurm job id: {job_id!r}", source="job id")
+    return job_id
+
+
+def _digits(text: str) -> bool:
+    return 0 < len(text) <= 10 and text.isascii() and text.isdigit()
+
+
+def mps_exports(run_dir: str, job_id: str | None, uid: int | None = None) -> list[tuple[str, str]]:
+    """Task prolog: the MPS variables for a job whose daemon the prolog started, else none.
+
+    The pipe directory must exist and be owned by ``uid`` (default: ours, the job's user); only
+    root can create it, under a directory only root can write.
+    """
+    if job_id is None:
+        return []
+    try:
+        dirs = job_dirs(run_dir, job_id)
+        st = os.lstat(dirs.pipe)
+    except (InputError, OSError):
+        return []
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != (os.getuid() if uid is None else uid):
+        return []
+    return [(PIPE_VAR, dirs.pipe), (LOG_VAR, dirs.log)]
+
+
+def stuck_report(done: MpsStop, gpus: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """For daemon processes that survived SIGKILL: (the job's first physical GPU, a message)."""
+    if not done.stuck:
+        return None
+    physical = [g.get("parent_uuid") or g["uuid"] for g in gpus]
+    if not physical and done.daemon is not None:
+        physical = list(done.daemon.uuids)
+    pids = ", ".join(map(str, done.stuck))
+    return (physical[0] if physical else "?",
+            f"MPS daemon of job {done.job_id} (pid {pids}) survived SIGKILL")
+
+
+# --- start ------------------------------------------------------------------------------------
+
+
+def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: MpsRequest, *,
+              run_dir: str, mps_control: str, pinned_memory_limit_mib: int = 0,
+              timeout: float = 10.0) -> MpsDaemon:
+    """Create the job's directories, start its control daemon as ``uid``:``gid`` and configure it.
+
+    On any failure the daemon is stopped and the directories removed before the error is raised.
+    """
+    from gpuslurm.runner import run_command
+
+    if not uuids:
+        raise InputError("a job without GPUs gets no MPS daemon", source="MPS")
+    dirs = job_dirs(run_dir, job_id)
+    env = daemon_env(dirs.pipe, dirs.log, uuids, mps_control)
+    base = _open_base(os.path.dirname(dirs.job), create=True)
+    assert base is not None
+    try:
+        if _exists(base, job_id):  # left by a run of the same job id that was never stopped
+            _kill_now(_daemon_processes(None, dirs.pipe))
+            _remove(base, job_id)
+        os.mkdir(job_id, 0o755, dir_fd=base)
+        try:
+            _make_user_dirs(base, job_id, uid, gid)
+            run_command([mps_control, "-d"], env=env, user=uid, group=gid, cwd="/", timeout=timeout)
+            deadline = time.monotonic() + timeout
+            pid = _wait_for_daemon(uid, dirs.pipe, deadline)
+            for command in control_commands(request.active_thread_percentage,
+                                            pinned_memory_limit_mib, len(uuids)):
+                _control(mps_control, command, env, uid, gid, deadline)
+            daemon = MpsDaemon(job_id, uid, gid, dirs.pipe, dirs.log, tuple(uuids), request.trigger,
+                               request.active_thread_percentage, pid, _start_ticks(pid))
+            _write_state(base, job_id, daemon)
+            return daemon
+        except BaseException:
+            try:
+                _kill_now(_daemon_processes(uid, dirs.pipe))
+                _remove(base, job_id)
+            except OSError:
+                pass  # the start's own error is the one to report
+            raise
+    finally:
+        os.close(base)
+
+
+def _make_user_dirs(base: int, job_id: str, uid: int, gid: int) -> None:
+    job = os.open(job_id, _DIR_FLAGS, dir_fd=base)
+    try:
+        os.fchmod(job, 0o755)  # whatever the umask: the user must reach pipe/ and log/
+        for name in ("pipe", "log"):
+            os.mkdir(name, 0o700, dir_fd=job)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=job)
+            try:
+                os.fchown(fd, uid, gid)
+                os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(job)
+
+
+def _wait_for_daemon(uid: int, pipe_dir: str, deadline: float) -> int | None:
+    """The control daemon's pid once it runs; CommandError if none appears before ``deadline``."""
+    while True:
+        found = _daemon_processes(uid, pipe_dir)
+        if found:
+            return min(found)  # servers start only when a client connects: this is the daemon
+        if time.monotonic() >= deadline:
+            raise CommandError(f"the MPS control daemon for {pipe_dir} did not start")
+        time.sleep(_POLL_S)
+
+
+def _control(mps_control: str, command: str, env: dict[str, str], uid: int, gid: int,
+             deadline: float) -> None:
+    """Send one command; retried until ``deadline`` while the daemon is not listening yet."""
+    from gpuslurm.runner import run_command
+
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            run_command([mps_control], input_text=command + "\n", env=env, user=uid, group=gid,
+                        cwd="/", timeout=max(left, 0.1))
+            return
+        except CommandError as exc:
+            if time.monotonic() + _POLL_S >= deadline:
+                raise CommandError(f"MPS control command {command!r} failed: {exc}", exc.argv,
+                                   exc.returncode, exc.stderr) from None
+        time.sleep(_POLL_S)
+
+
+def _write_state(base: int, job_id: str, daemon: MpsDaemon) -> None:
+    payload = dict(daemon._asdict(), version=STATE_VERSION, uuids=list(daemon.uuids))
+    job = os.open(job_id, _DIR_FLAGS, dir_fd=base)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(STATE_FILE, flags, 0o600, dir_fd=job)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(payload, sort_keys=True) + "\n")
+    finally:
+        os.close(job)
+
+
+# --- stop -------------------------------------------------------------------------------------
+
+
+def stop_mps(job_id: str, *, run_dir: str, mps_control: str, timeout: float = 10.0,
+             grace: float = 5.0, uid: int | None = None, gid: int | None = None) -> MpsStop | None:
+    """Stop the job's daemon (``quit``, then signals) and remove its directories.
+
+    None when the job has no MPS directory here. ``uid``/``gid`` (from the epilog's environment)
+    are used only when ``mps.json`` cannot be read. Never raises for a daemon that misbehaves:
+    the result says what happened.
+    """
+    dirs = job_dirs(run_dir, job_id)
+    base = _open_base(os.path.dirname(dirs.job), create=False)
+    if base is None:
+        return None
+    try:
+        if not _exists(base, job_id):
+            return None
+        errors: list[str] = []
+        daemon = None
+        try:
+            daemon = _read_state(base, job_id, dirs.job)
+        except (InputError, OSError) as exc:
+            errors.append(f"cannot read the MPS state: {exc}")
+        if daemon is not None:
+            uid, gid = daemon.uid, daemon.gid
+        quit_error = _quit(mps_control, dirs, daemon, uid, gid, timeout)
+        killed, stuck = _stop_processes(uid, dirs.pipe, daemon, grace, quit_error is None)
+        try:
+            _remove(base, job_id)
+        except OSError as exc:
+            errors.append(f"cannot remove {dirs.job}: {exc.strerror or exc}")
+        return MpsStop(job_id, daemon, quit_error, killed, stuck, tuple(errors))
+    finally:
+        os.close(base)
+
+
+def _quit(mps_control: str, dirs: MpsDirs, daemon: MpsDaemon | None, uid: int | None,
+          gid: int | None, timeout: float) -> str | None:
+    from gpuslurm.runner import run_command
+
+    if uid is None:
+        return "the job's uid is unknown: quit not sent"
+    env = daemon_env(dirs.pipe, dirs.log, daemon.uuids if daemon else (), mps_control)
+    try:
+        run_command([mps_control], input_text="quit\n", env=env, user=uid,
+                    group=uid if gid is None else gid, cwd="/", timeout=timeout)
+    except CommandError as exc:
+        return str(exc)
+    return None
+
+
+def _stop_processes(uid: int | None, pipe_dir: str, daemon: MpsDaemon | None, grace: float,
+                    quit_sent: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Wait for the daemon to leave after ``quit``, signal what is left: (signalled, stuck)."""
+    hint = _recorded_pid(daemon)
+    left = _wait_gone(uid, pipe_dir, hint, grace if quit_sent else 0.0)
+    if not left:
+        return (), ()
+    signalled = set(left)
+    if not quit_sent:  # SIGTERM lets a daemon that never got quit clean up
+        import signal  # only now: an enum-heavy module most hook runs never need
+
+        _signal(left, signal.SIGTERM)
+        left = _wait_gone(uid, pipe_dir, hint, grace)
+        signalled.update(left)
+    return tuple(sorted(signalled)), _kill_now(left)
+
+
+def _kill_now(pids: Iterable[int]) -> tuple[int, ...]:
+    """SIGKILL ``pids``; those still alive ``KILL_WAIT_S`` later (stuck in the kernel)."""
+    import signal
+
+    alive = list(pids)
+    _signal(alive, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT_S
+    alive = [p for p in alive if _alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        alive = [p for p in alive if _alive(p)]
+    return tuple(alive)
+
+
+def _signal(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_gone(uid: int | None, pipe_dir: str, hint: int | None, wait: float) -> list[int]:
+    deadline = time.monotonic() + wait
+    while True:
+        left = _daemon_processes(uid, pipe_dir, hint)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(_POLL_S)
+
+
+def _recorded_pid(daemon: MpsDaemon | None) -> int | None:
+    """The recorded daemon pid if that process still is the one recorded (same start time)."""
+    if daemon is None or daemon.pid is None or daemon.pid_start is None:
+        return None
+    return daemon.pid if _start_ticks(daemon.pid) == daemon.pid_start else None
+
+
+def _read_state(base: int, job_id: str, job_path: str) -> MpsDaemon | None:
+    path = os.path.join(job_path, STATE_FILE)
+    job = os.open(job_id, _DIR_FLAGS, dir_fd=base)
+    try:
+        try:
+            fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=job)
+        except FileNotFoundError:
+            raise InputError("missing", source=path) from None
+    finally:
+        os.close(job)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise InputError("not a regular file of ours", source=path)
+        data = fh.read(1 << 16)
+    try:
+        doc = json.loads(data)
+        return state_from_dict(doc, path)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid JSON: {exc}", source=path) from None
+
+
+def state_from_dict(doc: Any, source: str) -> MpsDaemon:
+    """Validate a decoded ``mps.json``."""
+    if not isinstance(doc, dict):
+        raise InputError("not a JSON object", source=source)
+    kinds: dict[str, Any] = {"job_id": str, "uid": int, "gid": int, "pipe_dir": str, "log_dir": str,
+                             "uuids": list, "trigger": str, "active_thread_percentage": int,
+                             "pid": (int, type(None)), "pid_start": (int, type(None))}
+    for key, kind in kinds.items():
+        if not isinstance(doc.get(key), kind) or isinstance(doc.get(key), bool):
+            raise InputError(f"{key!r} missing or of the wrong type", source=source)
+    if not all(isinstance(u, str) for u in doc["uuids"]):
+        raise InputError("'uuids' must be strings", source=source)
+    return MpsDaemon(**{k: doc[k] for k in kinds if k != "uuids"}, uuids=tuple(doc["uuids"]))
+
+
+# --- processes and directories ----------------------------------------------------------------
+
+
+def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -> list[int]:
+    """Live processes of ``uid`` started with this pipe directory, or children of ``hint``."""
+    needle = f"{PIPE_VAR}={pipe_dir}".encode()
+    me = os.getpid()
+    candidates: dict[int, int] = {}  # pid -> ppid, of uid's live processes
+    found: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        facts = _status(pid)
+        if facts is None or (uid is not None and facts[1] != uid):
+            continue
+        candidates[pid] = facts[0]
+        if pid == hint or needle in _environ(pid):
+            found.add(pid)
+    grew = True
+    while grew:  # the daemon's servers, whatever their environment
+        more = {p for p, ppid in candidates.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
+    return sorted(found)
+
+
+def _status(pid: int) -> tuple[int, int] | None:
+    """(ppid, real uid) of a live process; None for one gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields: dict[bytes, list[bytes]] = {}
+    for line in data.splitlines():
+        key, _, value = line.partition(b":")
+        if key in (b"State", b"PPid", b"Uid"):
+            fields[key] = value.split()
+    try:
+        if fields[b"State"][0] in (b"Z", b"X"):
+            return None
+        return int(fields[b"PPid"][0]), int(fields[b"Uid"][0])
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    return _status(pid) is not None
+
+
+def _start_ticks(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    from gpuslurm.hw.procfs import ProcessProblem, read_identity
+
+    ident = read_identity(pid)
+    return None if isinstance(ident, ProcessProblem) else ident.start_ticks
+
+
+def _open_base(path: str, *, create: bool) -> int | None:
+    """``<run_dir>/mps`` reached without following symlinks: every component a directory of root
+    (or ours) not writable by others unless sticky; missing ones made 0755. None if missing and
+    not ``create``.
+    """
+    parts = [p for p in os.path.abspath(path).split("/") if p]
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        here = ""
+        for name in parts:
+            here += "/" + name
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:  # another prolog made it meanwhile; checked below
+                    pass
+                child = _open_checked(fd, name, here)
+            except OSError as exc:
+                raise _unsafe(here, exc) from None
+            os.close(fd)
+            fd = child
+            st = os.fstat(fd)
+            if st.st_uid not in (0, os.geteuid()):
+                raise InputError(f"refusing to use: owned by uid {st.st_uid}", source=here)
+            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                raise InputError(f"refusing to use: writable by group or others "
+                                 f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)
+        result, fd = fd, -1
+        return result
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _open_checked(fd: int, name: str, here: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        raise _unsafe(here, exc) from None
+
+
+def _unsafe(here: str, exc: OSError) -> InputError:
+    import errno
+
+    why = "a symlink or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR) \
+        else (exc.strerror or str(exc))
+    return InputError(f"refusing to use: {why}", source=here)
+
+
+def _exists(base: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=base)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _remove(base: int, name: str) -> None:
+    """Remove ``name`` under ``base`` and everything in it; symlinks inside are removed, never followed."""
+    import shutil
+
+    try:
+        st = os.lstat(name, dir_fd=base)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=base)
+    else:
+        os.unlink(name, dir_fd=base)

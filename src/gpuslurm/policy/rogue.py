@@ -1,0 +1,65 @@
+"""Rogue processes: on a GPU, but in no job or in a job that was not given that GPU (pure)."""
+
+from __future__ import annotations
+
+from gpuslurm.policy.usage import CycleView, device_of, user_of
+from gpuslurm.policy.wording import name_proc, span
+from gpuslurm.watch.model import Cycle, ProcSample, Violation
+
+
+def why_rogue(proc: ProcSample, v: CycleView) -> str | None:
+    """Why the process is rogue, or None when it runs where its job may run."""
+    if proc.job_id is None:
+        return "it is in no Slurm job"
+    alloc = v.allocs.get(proc.job_id)
+    if alloc is None or not alloc.uuids:
+        return f"job {proc.job_id} was given no GPU on this node"
+    given = alloc.uuids
+    if proc.gpu_uuid in given or (proc.mig_uuid is not None and proc.mig_uuid in given):
+        return None
+    if proc.mig_uuid is None and any(v.parent.get(u) == proc.gpu_uuid for u in given):
+        return None  # the driver did not name the MIG device: it may well be the job's own
+    return f"job {proc.job_id} was given {_list(given)}"
+
+
+def _list(uuids: tuple[str, ...]) -> str:
+    return uuids[0] if len(uuids) == 1 else ", ".join(uuids[:-1]) + " and " + uuids[-1]
+
+
+class RogueTracker:
+    """Remembers when each rogue (PID, device) was first seen, for as long as it stays rogue."""
+
+    def __init__(self, exempt: tuple[str, ...]) -> None:
+        self._exempt = frozenset(exempt)
+        self._since: dict[tuple[int, str], float] = {}
+
+    def update(self, cycle: Cycle, v: CycleView) -> list[Violation]:
+        found: list[Violation] = []
+        since: dict[tuple[int, str], float] = {}
+        for proc in cycle.procs:
+            why = why_rogue(proc, v)
+            if why is None:
+                continue
+            user = user_of(proc, v.allocs)
+            if user is not None and user in self._exempt:
+                continue
+            dev = device_of(proc)
+            key = (proc.pid, dev)
+            if key in since:
+                continue  # listed twice by the driver: one finding
+            start = since[key] = self._since.get(key, cycle.ts)
+            found.append(_violation(cycle, proc, dev, user, why, start))
+        self._since = since  # a process no longer rogue (or gone) is forgotten
+        return found
+
+    def __len__(self) -> int:
+        return len(self._since)
+
+
+def _violation(cycle: Cycle, proc: ProcSample, dev: str, user: str | None, why: str,
+               start: float) -> Violation:
+    duration = cycle.ts - start
+    who = f" of {user}" if user is not None else ""
+    evidence = f"{name_proc(proc)}{who} on {dev}, but {why} (seen for {span(duration)})"
+    return Violation("rogue", cycle.node, user, proc.job_id, proc.pid, proc.name, dev, start, duration,
+                     evidence, "critical")

@@ -1,0 +1,262 @@
+"""Throttle state, pure: who is throttled, how and until when; what ``sync`` makes of violations.
+
+A throttle applies to a user name (the name slurmctld resolves the submitting uid to). Times are
+whole Unix seconds. Nothing here reads a file or the clock: ``now`` is always passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from gpuslurm.errors import InputError
+from gpuslurm.watch.model import Violation
+
+MODES = ("reject", "cap", "priority")
+_STRICTNESS = {"priority": 0, "cap": 1, "reject": 2}
+MAX_NICE = 2147483645  # Slurm's largest nice (NICE_OFFSET - 3)
+MAX_SECONDS = 366 * 86400  # a throttle is a timeout, not a ban
+MAX_TEXT = 200  # reason and contact: one short line in sbatch's error output
+VIOLATION_VERSION = 1
+
+# POSIX-portable names plus what sssd/AD produce (user@domain, trailing $); never a tab, space,
+# '#' or newline, which would break the throttle file's lines.
+_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,254}")
+_DURATION_PART = re.compile(r"(\d+)\s*([smhdw])", re.I)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class Throttle(NamedTuple):
+    """One user's throttle: what happens to their GPU submissions until ``until``."""
+
+    user: str
+    until: int  # Unix seconds; the throttle is over at this instant
+    mode: str = "reject"  # reject | cap | priority
+    value: int = 0  # cap: most GPUs allowed; priority: nice added; reject: 0
+    created: int = 0
+    contact: str = ""  # whom to ask; empty: the plugin's default wording
+    reason: str = ""
+
+    def active(self, now: float) -> bool:
+        return self.until > now
+
+
+class SyncPolicy(NamedTuple):
+    """Which violations throttle their user, for how long after the violation was last seen."""
+
+    kinds: tuple[str, ...] = ("rogue",)
+    duration_s: int = 7200
+    mode: str = "reject"
+    value: int = 0
+    contact: str = ""
+
+
+def check_user(name: str) -> str:
+    """``name`` if it can be a user name in the throttle file; InputError otherwise."""
+    if not _USER.fullmatch(name):
+        raise InputError(f"not a valid user name: {name!r}", source="user")
+    return name
+
+
+def clean_text(text: str, limit: int = MAX_TEXT) -> str:
+    """One line of printable text: control characters (tabs, newlines) become spaces."""
+    flat = "".join(ch if ch.isprintable() else " " for ch in text)
+    flat = " ".join(flat.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def check_mode(mode: str, value: int | None, *, cap_default: int, nice_default: int) -> int:
+    """The ``value`` a throttle of ``mode`` stores (cap GPUs, nice, or 0); InputError if invalid."""
+    if mode not in MODES:
+        raise InputError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}", source="mode")
+    if mode == "reject":
+        if value not in (None, 0):
+            raise InputError("a value (--cap/--nice) only goes with mode cap or priority", source="mode")
+        return 0
+    if mode == "cap":
+        v = cap_default if value is None else value
+        if not 1 <= v <= 1_000_000:
+            raise InputError(f"cap must be a whole number of GPUs of at least 1, not {v}", source="cap")
+        return v
+    v = nice_default if value is None else value
+    if not 1 <= v <= MAX_NICE:
+        raise InputError(f"nice must be between 1 and {MAX_NICE}, not {v}", source="nice")
+    return v
+
+
+def make_throttle(user: str, until: int, mode: str, value: int, *, created: int, contact: str = "",
+                  reason: str = "") -> Throttle:
+    """A validated Throttle (the user name is checked, texts flattened to one line)."""
+    check_mode(mode, value if mode != "reject" else None, cap_default=1, nice_default=1)
+    return Throttle(check_user(user), int(until), mode, int(value), int(created), clean_text(contact),
+                    clean_text(reason))
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in ``90s``, ``30m``, ``2h``, ``1d``, ``1w`` or combinations (``1h30m``)."""
+    compact = text.strip()
+    parts = _DURATION_PART.findall(compact)
+    if not parts or _DURATION_PART.sub("", compact).strip():
+        raise InputError(f"not a duration: {text!r} (use e.g. 90s, 30m, 2h, 1d, 1h30m)", source="--for")
+    seconds = sum(int(n) * _UNIT_SECONDS[unit.lower()] for n, unit in parts)
+    if not 0 < seconds <= MAX_SECONDS:
+        raise InputError(f"duration {text!r} must be more than 0 and at most 366 days", source="--for")
+    return seconds
+
+
+def parse_until(text: str, now: float) -> int:
+    """Unix seconds for ``--until``: ISO date/time (local unless it has an offset), ``HH:MM``
+    (its next occurrence) or ``@EPOCH``. Must be in the future and within 366 days."""
+    raw = text.strip()
+    try:
+        if raw.startswith("@"):
+            when = float(raw[1:])
+        elif re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", raw):
+            base = datetime.fromtimestamp(now)
+            parts = [int(p) for p in raw.split(":")]
+            t = base.replace(hour=parts[0], minute=parts[1], second=parts[2] if len(parts) > 2 else 0,
+                             microsecond=0)
+            if t.timestamp() <= now:
+                t += timedelta(days=1)
+            when = t.timestamp()
+        else:
+            when = datetime.fromisoformat(raw).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise InputError(f"not a time: {text!r} (use e.g. 2030-01-31T18:00, 18:00 or @1900000000)",
+                         source="--until") from None
+    if when <= now:
+        raise InputError(f"{text!r} is not in the future", source="--until")
+    if when - now > MAX_SECONDS:
+        raise InputError(f"{text!r} is more than 366 days away", source="--until")
+    return int(when)
+
+
+def active_throttles(throttles: Iterable[Throttle], now: float) -> tuple[Throttle, ...]:
+    """The throttles not yet expired, one per user (the last one given wins), sorted by user."""
+    by_user = {t.user: t for t in throttles if t.active(now)}
+    return tuple(by_user[u] for u in sorted(by_user))
+
+
+def add_throttle(throttles: Iterable[Throttle], new: Throttle, now: float) -> tuple[Throttle, ...]:
+    """The state with ``new`` replacing any throttle of the same user (an explicit ``add`` wins)."""
+    return active_throttles([*(t for t in throttles if t.user != new.user), new], now)
+
+
+def remove_throttle(throttles: Iterable[Throttle], user: str,
+                    now: float) -> tuple[tuple[Throttle, ...], bool]:
+    """The state without ``user``'s throttle, and whether there was an active one."""
+    current = active_throttles(throttles, now)
+    kept = tuple(t for t in current if t.user != user)
+    return kept, len(kept) != len(current)
+
+
+def stricter(old: Throttle, new: Throttle) -> Throttle:
+    """Combine two throttles of one user: the later end, the stricter mode, the lower cap.
+
+    ``sync`` uses it so that an automatic throttle never shortens or softens one an admin set.
+    """
+    until = max(old.until, new.until)
+    rank_old, rank_new = _STRICTNESS[old.mode], _STRICTNESS[new.mode]
+    if rank_new > rank_old:
+        base = new
+    elif rank_new < rank_old:
+        base = old
+    else:
+        value = min(old.value, new.value) if old.mode == "cap" else max(old.value, new.value)
+        base = old._replace(value=value)
+    return base._replace(until=until, created=min(old.created, new.created) or new.created,
+                         contact=base.contact or old.contact or new.contact,
+                         reason=base.reason or old.reason or new.reason)
+
+
+def throttles_from_violations(violations: Iterable[Violation], policy: SyncPolicy,
+                              now: float) -> tuple[Throttle, ...]:
+    """One throttle per user with a violation of a configured kind, lasting ``policy.duration_s``
+    after the violation was last seen; those already over by ``now`` give nothing."""
+    latest: dict[str, tuple[float, Violation]] = {}
+    for v in violations:
+        if v.kind not in policy.kinds or not v.user or not _USER.fullmatch(v.user):
+            continue
+        end = v.start + max(v.duration_s, 0.0)
+        if v.user not in latest or end > latest[v.user][0]:
+            latest[v.user] = (end, v)
+    out = []
+    for user in sorted(latest):
+        end, v = latest[user]
+        until = int(end + policy.duration_s)
+        if until <= now:
+            continue
+        out.append(Throttle(user, until, policy.mode, policy.value, int(now), clean_text(policy.contact),
+                            violation_reason(v)))
+    return tuple(out)
+
+
+def apply_sync(throttles: Iterable[Throttle], proposed: Iterable[Throttle],
+               now: float) -> tuple[tuple[Throttle, ...], tuple[Throttle, ...]]:
+    """Merge ``proposed`` into the state; returns the new state and the throttles that changed."""
+    state = {t.user: t for t in active_throttles(throttles, now)}
+    changed = []
+    for new in proposed:
+        old = state.get(new.user)
+        merged = new if old is None else stricter(old, new)
+        if merged != old:
+            state[new.user] = merged
+            changed.append(merged)
+    return active_throttles(state.values(), now), tuple(changed)
+
+
+def violation_reason(v: Violation) -> str:
+    """A short, user-facing reason for a throttle caused by ``v``."""
+    what = {"rogue": "GPU process outside its job's GPUs", "idle": "idle GPU allocation",
+            "over-share": "GPU use over fair share"}.get(v.kind, f"{v.kind} violation")
+    parts = [what]
+    if v.process or v.pid is not None:
+        parts.append(f"process {v.process or '?'} (pid {v.pid if v.pid is not None else '?'})")
+    if v.job_id:
+        parts.append(f"job {v.job_id}")
+    if v.gpu_uuid:
+        parts.append(f"on {v.gpu_uuid}")
+    parts.append(f"node {v.node}")
+    return clean_text(", ".join(parts))
+
+
+# --- violation records: one JSON object per line, one file per node ----------------------------
+
+def violation_to_line(v: Violation) -> str:
+    """``v`` as one line of the shared violations file (JSON, no newline inside)."""
+    doc: dict[str, Any] = {"v": VIOLATION_VERSION, **v._asdict()}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def violation_from_line(line: str) -> Violation:
+    """Parse one line written by ``violation_to_line``; ValueError says what is wrong.
+
+    Unknown keys are ignored so that newer writers stay readable; a newer major version is not.
+    """
+    doc = json.loads(line)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if doc.get("v") != VIOLATION_VERSION:
+        raise ValueError(f"unknown record version {doc.get('v')!r}")
+    return Violation(
+        kind=_get(doc, "kind", str), node=_get(doc, "node", str),
+        user=_get(doc, "user", str, optional=True), job_id=_get(doc, "job_id", str, optional=True),
+        pid=_get(doc, "pid", int, optional=True), process=_get(doc, "process", str, optional=True),
+        gpu_uuid=_get(doc, "gpu_uuid", str, optional=True),
+        start=float(_get(doc, "start", (int, float))),
+        duration_s=float(_get(doc, "duration_s", (int, float))),
+        evidence=_get(doc, "evidence", str, optional=True) or "",
+        severity=_get(doc, "severity", str, optional=True) or "warning",
+    )
+
+
+def _get(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
+    value = doc.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{key!r} missing or of the wrong type")
+    return value

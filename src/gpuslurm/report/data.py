@@ -1,0 +1,92 @@
+"""What a report source hands to the report: time-bucketed series and spans (neutral, pure values).
+
+Every source (``query.load_sqlite``, a Prometheus loader) produces one :class:`ReportData` for a
+window ``[since, until)`` cut into buckets of ``step_s`` seconds. Bucket ``i`` covers
+``[start + i * step_s, start + (i + 1) * step_s)`` clipped to the window; ``start`` is ``since``
+rounded down to a multiple of ``step_s`` (so minute rollups never straddle two buckets when
+``step_s`` is a multiple of 60). Each series holds one value per bucket.
+
+Unknown stays ``None``, never 0: a bucket without a sample is "not measured", not "idle".
+Devices are named by UUID: a GPU's, or a MIG device's with its parent in ``gpu_uuid``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from gpuslurm.watch.model import Violation
+
+
+class GpuSeries(NamedTuple):
+    """One device's utilisation over the window."""
+
+    node: str
+    uuid: str  # the device: GPU UUID, or MIG UUID
+    gpu_uuid: str  # its physical GPU (== uuid for a whole GPU)
+    util: tuple[float | None, ...]  # mean utilisation % per bucket; None: no known sample
+
+
+class ProcSeries(NamedTuple):
+    """One process on one device over the window (a PID reused later is another series)."""
+
+    node: str
+    device: str  # GPU or MIG UUID it held a context on
+    pid: int
+    name: str | None
+    user: str | None  # owner's name, else None (see ``uid``)
+    uid: int | None
+    job_id: str | None  # None: in no Slurm job
+    seen: tuple[float, ...]  # fraction (0–1) of each bucket it was seen in; 0: absent
+    util: tuple[float | None, ...]  # its own mean SM utilisation % per bucket; None: unknown/absent
+
+
+class AllocationSpan(NamedTuple):
+    """A job's devices on one node, from when it started to when it was last seen."""
+
+    node: str
+    job_id: str
+    user: str
+    account: str | None
+    devices: tuple[str, ...]  # GPU or MIG UUIDs
+    start: float
+    end: float  # last seen (for a running job: the newest sample)
+
+
+class ReportData(NamedTuple):
+    """Everything a report needs for one window, from any source."""
+
+    source: str  # for the header: "sqlite:/var/lib/gpuslurm/monitor.db", "prometheus:http://..."
+    since: float
+    until: float
+    start: float  # left edge of bucket 0 (<= since)
+    step_s: float
+    gpus: tuple[GpuSeries, ...]
+    procs: tuple[ProcSeries, ...]
+    allocations: tuple[AllocationSpan, ...]
+    violations: tuple[Violation, ...]  # findings overlapping the window
+
+    @property
+    def buckets(self) -> int:
+        return bucket_count(self.start, self.until, self.step_s)
+
+    def bucket_span(self, i: int) -> tuple[float, float]:
+        """Bucket ``i`` as ``(lo, hi)`` seconds, clipped to the window."""
+        lo = self.start + i * self.step_s
+        return max(lo, self.since), min(lo + self.step_s, self.until)
+
+
+def bucket_start(since: float, step_s: float) -> float:
+    """The left edge of bucket 0: ``since`` rounded down to a multiple of ``step_s``."""
+    return (since // step_s) * step_s
+
+
+def bucket_count(start: float, until: float, step_s: float) -> int:
+    n = int((until - start) // step_s)
+    return n + 1 if start + n * step_s < until else n
+
+
+def auto_step(since: float, until: float, max_buckets: int = 2000) -> float:
+    """A bucket width for the window: whole minutes, at most ``max_buckets`` buckets (charts, speed)."""
+    span = max(until - since, 60.0)
+    minutes = -(-span // (60 * max_buckets))  # ceiling
+    return 60.0 * max(1.0, minutes)

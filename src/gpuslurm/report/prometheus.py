@@ -1,0 +1,345 @@
+"""Read a report window out of Prometheus (the node monitors' exporters) into :class:`ReportData`.
+
+The same buckets as :func:`gpuslurm.report.query.load_sqlite`: bucket ``i`` covers
+``[start + i·step, start + (i+1)·step)`` clipped to ``[since, until)``. Prometheus answers a
+``*_over_time(x[R])`` evaluated at ``t`` from the samples in ``(t - R, t]``, so a whole bucket is
+one point of a ``query_range`` evaluated at its right edge with ``R = step``; a bucket clipped by
+the window (the first when ``since`` is not on the grid, the last when ``until`` is not) is an
+instant query with its own range. A range query asks for at most :data:`MAX_POINTS` points, so
+long windows are split (Prometheus refuses more than 11,000 points per series).
+
+What differs from SQLite, by nature: Prometheus holds the exporter's values at scrape times, so a
+cycle the scrape missed is absent and one scraped twice counts twice; the process start time is
+not exported, so a PID reused by a process with the same name, job and user continues the same
+series; ``uid`` is unknown; a violation's evidence is rebuilt from its labels (the monitor's
+sentence carries a growing duration, which would make a new series every minute).
+Every failure (unreachable, HTTP error, not Prometheus' JSON) is a one-line InputError: exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from gpuslurm.errors import InputError
+from gpuslurm.policy.wording import span
+from gpuslurm.report.data import AllocationSpan, GpuSeries, ProcSeries, ReportData, bucket_count, bucket_start
+from gpuslurm.watch.model import Violation
+
+MAX_POINTS = 10_000  # per series and query; Prometheus' own limit is 11,000
+TIMEOUT_S = 30.0
+MAX_BYTES = 256 << 20
+# How far past ``until`` a job's last sighting and a finding's duration are read. SQLite's store
+# gives a job's (or finding's) whole span, also when it went on after the window; the report clips
+# it. Without this, a job running at ``until`` would seem to end at the last scrape before it.
+HORIZON_S = 3600.0
+
+Key = tuple[tuple[str, str], ...]  # a series' labels, sorted
+Matrix = dict[Key, dict[int, float]]  # series → bucket index → value
+
+
+class PrometheusError(InputError):
+    """Prometheus could not be asked, or its answer is not what the HTTP API promises."""
+
+
+def parse_source(text: str) -> str:
+    """The base URL of ``prometheus:URL`` (or a bare URL); InputError when it is not http(s)."""
+    url = text[len("prometheus:"):] if text.startswith("prometheus:") else text
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise PrometheusError(f"not an http(s) URL: {url!r} (e.g. prometheus:http://prom:9090)",
+                              source="--source")
+    return url.rstrip("/")
+
+
+class PrometheusClient:
+    """The two HTTP API calls the report needs, with timeouts and one-line errors."""
+
+    def __init__(self, url: str, timeout_s: float = TIMEOUT_S) -> None:
+        self.url = parse_source(url)
+        self.timeout_s = timeout_s
+
+    def instant(self, query: str, at: float) -> list[dict[str, Any]]:
+        """``/api/v1/query`` at ``at``: the vector's elements (``metric``, ``value``)."""
+        return self._get("query", {"query": query, "time": _ts(at)}, "vector")
+
+    def range(self, query: str, first: float, last: float, step_s: float) -> list[dict[str, Any]]:
+        """``/api/v1/query_range`` from ``first`` to ``last`` (both evaluated), split into parts of
+        at most MAX_POINTS points; the parts' values of one series are concatenated."""
+        points = round((last - first) / step_s) + 1
+        merged: dict[Key, dict[str, Any]] = {}
+        for part in range(0, points, MAX_POINTS):
+            lo = first + part * step_s
+            hi = first + (min(part + MAX_POINTS, points) - 1) * step_s
+            params = {"query": query, "start": _ts(lo), "end": _ts(hi), "step": repr(float(step_s))}
+            for item in self._get("query_range", params, "matrix"):
+                key = _key(item)
+                if key in merged:
+                    merged[key]["values"].extend(item.get("values") or ())
+                else:
+                    merged[key] = {"metric": item.get("metric") or {},
+                                   "values": list(item.get("values") or ())}
+        return list(merged.values())
+
+    def _get(self, endpoint: str, params: dict[str, str], want: str) -> list[dict[str, Any]]:
+        url = f"{self.url}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
+        here = f"prometheus:{self.url}"
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:  # noqa: S310 - scheme checked
+                raw = resp.read(MAX_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            raise PrometheusError(f"HTTP {exc.code} from /api/v1/{endpoint}: {_api_error(exc)}",
+                                  source=here) from None
+        except urllib.error.URLError as exc:
+            raise PrometheusError(f"unreachable: {_reason(exc.reason)}", source=here) from None
+        except (OSError, ValueError) as exc:  # a reset connection, a timeout while reading
+            raise PrometheusError(f"unreachable: {_reason(exc)}", source=here) from None
+        if len(raw) > MAX_BYTES:
+            raise PrometheusError(f"answer larger than {MAX_BYTES >> 20} MiB; shorten the window",
+                                  source=here)
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            raise PrometheusError(f"/api/v1/{endpoint} did not answer JSON: is this Prometheus?",
+                                  source=here) from None
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(data, dict):
+            why = doc.get("error") if isinstance(doc, dict) else None
+            raise PrometheusError(f"/api/v1/{endpoint} failed: {_one_line(str(why or 'no data'))}",
+                                  source=here)
+        if data.get("resultType") != want or not isinstance(data.get("result"), list):
+            raise PrometheusError(f"/api/v1/{endpoint} answered {data.get('resultType')!r}, not {want!r}",
+                                  source=here)
+        return [r for r in data["result"] if isinstance(r, dict)]
+
+
+def load_prometheus(url: str, since: float, until: float, step_s: float,
+                    client: PrometheusClient | None = None) -> ReportData:
+    """The window ``[since, until)`` of every node Prometheus scraped, in buckets of ``step_s``."""
+    prom = client or PrometheusClient(url)
+    start = bucket_start(since, step_s)
+    n = bucket_count(start, until, step_s)
+    grid = _Grid(prom, since, until, start, step_s, n)
+
+    samples = grid.matrix("count_over_time(gpuslurm_gpu_memory_total_bytes[{r}])")
+    if not samples:
+        raise PrometheusError(f"no gpuslurm GPU samples between {_iso(since)} and {_iso(until)} "
+                              "(is the monitor's exporter scraped?)", source=f"prometheus:{prom.url}")
+    util = grid.matrix("avg_over_time(gpuslurm_gpu_utilization_ratio[{r}])")
+    device_samples: dict[tuple[str, str], dict[int, float]] = {}
+    gpus = []
+    for key in sorted(samples, key=lambda k: (_device(k), _label(k, "node"))):
+        node, device, parent = _label(key, "node"), _device(key), _label(key, "gpu_uuid")
+        device_samples[(node, device)] = samples[key]
+        u = util.get(key, {})
+        gpus.append(GpuSeries(node, device, parent or device,
+                              tuple(u[b] * 100.0 if b in u else None for b in range(n))))
+
+    # a process is present in a scrape when either of its gauges is (an unknown value is absent)
+    counts = grid.matrix("count_over_time(gpuslurm_process_gpu_memory_bytes[{r}]) "
+                         "or count_over_time(gpuslurm_process_sm_utilization_ratio[{r}])")
+    sm = grid.matrix("avg_over_time(gpuslurm_process_sm_utilization_ratio[{r}])")
+    procs = []
+    for key in sorted(counts, key=_proc_order):
+        node, device = _label(key, "node"), _device(key)
+        mine, dev = counts[key], device_samples.get((node, device), {})
+        seen = tuple(_seen(mine.get(b, 0.0), dev.get(b)) for b in range(n))
+        if not any(seen):
+            continue
+        s = sm.get(key, {})
+        procs.append(ProcSeries(node, device, int(_label(key, "pid") or 0), _label(key, "process") or None,
+                                _label(key, "user") or None, None, _label(key, "job_id") or None, seen,
+                                tuple(s[b] * 100.0 if b in s else None for b in range(n))))
+
+    violations = tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until)
+    return ReportData(f"prometheus:{prom.url}", since, until, start, step_s, tuple(gpus), tuple(procs),
+                      _allocations(prom, since, until), violations)
+
+
+def _allocations(prom: PrometheusClient, since: float, until: float) -> tuple[AllocationSpan, ...]:
+    """Jobs seen in the window: start, last cycle that saw them (up to HORIZON_S later), devices."""
+    window = f"{_ms(until - since)}ms"
+    ends = prom.instant(f"max_over_time(gpuslurm_job_last_seen_timestamp_seconds"
+                        f"[{_ms(until + HORIZON_S - since)}ms])", until + HORIZON_S)
+    starts = {_job(r): _value(r) for r in prom.instant(
+        f"max_over_time(gpuslurm_job_start_timestamp_seconds[{window}])", until)}
+    devices: dict[tuple[str, str], set[str]] = {}
+    for r in prom.instant(f'max_over_time(gpuslurm_gpu_allocated{{job_id!=""}}[{window}])', until):
+        m = r.get("metric") or {}
+        devices.setdefault((m.get("node", ""), m.get("job_id", "")), set()).add(
+            m.get("mig_uuid") or m.get("gpu_uuid", ""))
+    out = []
+    for r in ends:
+        m = r.get("metric") or {}
+        job = _job(r)
+        begin, end = starts.get(job), _value(r)
+        if begin is None or end is None or not m.get("job_id"):
+            continue
+        out.append(AllocationSpan(m.get("node", ""), m["job_id"], m.get("user", ""), m.get("account") or None,
+                                  tuple(sorted(devices.get((job[0], job[1]), ()))), begin, end))
+    return tuple(sorted(out, key=lambda a: (a.start, a.job_id, a.node)))
+
+
+def load_violations(client: PrometheusClient | str, since: float,
+                    until: float | None = None) -> list[Violation]:
+    """Detector findings that lasted into ``[since, until]`` (until: now), from ``gpuslurm_violation_*``.
+
+    One finding per label set and start time; its duration is the longest the exporters reported.
+    """
+    prom = client if isinstance(client, PrometheusClient) else PrometheusClient(client)
+    until = time.time() if until is None else until
+    step = max(15.0, math.ceil((until - since) / 1000))  # ≤ ~1000 points: one query, cheap
+    first, last = since + step, since + step * math.ceil((until - since) / step)
+    window = f"[{_ms(step)}ms]"
+    starts = prom.range(f"max_over_time(gpuslurm_violation_start_timestamp_seconds{window})",
+                        first, last, step)
+    durations = {(_key(r), float(t)): _float(v) for r in prom.range(
+        f"max_over_time(gpuslurm_violation_duration_seconds{window})", first, last, step)
+        for t, v in r.get("values") or ()}
+    found: dict[tuple[Key, float], float] = {}
+    for r in starts:
+        key = _key(r)
+        for t, v in r.get("values") or ():
+            begin = _float(v)
+            if begin is None:
+                continue
+            d = durations.get((key, float(t))) or 0.0
+            found[(key, begin)] = max(found.get((key, begin), 0.0), d)
+    out = [_violation(dict(key), begin, d) for (key, begin), d in found.items()]
+    return sorted(out, key=lambda v: (v.start, v.node, v.kind, v.job_id or "", v.pid or 0))
+
+
+def _violation(m: dict[str, str], begin: float, duration: float) -> Violation:
+    pid = int(m["pid"]) if m.get("pid", "").isdigit() else None
+    who = " and ".join(x for x in (f"user {m['user']}" if m.get("user") else "",
+                                   f"job {m['job_id']}" if m.get("job_id") else "") if x)
+    proc = f"{m.get('process') or 'process'} (PID {pid})" if pid is not None else ""
+    where = m.get("mig_uuid") or m.get("gpu_uuid") or "a GPU"
+    evidence = (f"{m.get('kind', '?')} on {where} of node {m.get('node', '?')}"
+                f"{': ' + proc if proc else ''}{' of ' + who if who else ''}, for {span(duration)} "
+                "(reported through Prometheus)")
+    return Violation(m.get("kind", ""), m.get("node", ""), m.get("user") or None, m.get("job_id") or None,
+                     pid, m.get("process") or None, m.get("mig_uuid") or m.get("gpu_uuid") or None,
+                     begin, duration, evidence, m.get("severity") or "warning")
+
+
+class _Grid:
+    """Bucketed ``*_over_time`` queries: whole buckets by query_range, clipped ones one by one."""
+
+    def __init__(self, prom: PrometheusClient, since: float, until: float, start: float,
+                 step_s: float, n: int) -> None:
+        self.prom, self.since, self.until = prom, since, until
+        self.start, self.step_s, self.n = start, step_s, n
+
+    def matrix(self, template: str) -> Matrix:
+        """``template`` with ``{r}`` the range, per series and bucket; buckets without data left out."""
+        out: Matrix = {}
+        whole = [b for b in range(self.n) if self._span(b) == self._full(b)]
+        if whole:
+            query = template.format(r=f"{_ms(self.step_s)}ms")
+            first, last = self._full(whole[0])[1], self._full(whole[-1])[1]
+            for r in self.prom.range(query, first, last, self.step_s):
+                cells = out.setdefault(_key(r), {})
+                for t, v in r.get("values") or ():
+                    b = round((float(t) - self.start) / self.step_s) - 1
+                    value = _float(v)
+                    if 0 <= b < self.n and value is not None:
+                        cells[b] = value
+        for b in (b for b in range(self.n) if b not in whole):
+            lo, hi = self._span(b)
+            if hi - lo < 0.001:
+                continue
+            for r in self.prom.instant(template.format(r=f"{_ms(hi - lo)}ms"), hi):
+                value = _value(r)
+                if value is not None:
+                    out.setdefault(_key(r), {})[b] = value
+        return out
+
+    def _full(self, b: int) -> tuple[float, float]:
+        lo = self.start + b * self.step_s
+        return lo, lo + self.step_s
+
+    def _span(self, b: int) -> tuple[float, float]:
+        lo, hi = self._full(b)
+        return max(lo, self.since), min(hi, self.until)
+
+
+def _seen(count: float, device_samples: float | None) -> float:
+    """As SQLite: a process's samples over its device's samples in the bucket."""
+    if not count:
+        return 0.0
+    return 1.0 if not device_samples else min(count / device_samples, 1.0)
+
+
+def _key(item: dict[str, Any]) -> Key:
+    metric = item.get("metric") or {}
+    return tuple(sorted((str(k), str(v)) for k, v in metric.items() if k != "__name__"))
+
+
+def _label(key: Key, name: str) -> str:
+    for k, v in key:
+        if k == name:
+            return v
+    return ""
+
+
+def _device(key: Key) -> str:
+    return _label(key, "mig_uuid") or _label(key, "gpu_uuid")
+
+
+def _proc_order(key: Key) -> tuple[str, str, int, str]:
+    pid = _label(key, "pid")
+    return (_label(key, "node"), _device(key), int(pid) if pid.isdigit() else 0, _label(key, "job_id"))
+
+
+def _job(item: dict[str, Any]) -> tuple[str, str]:
+    m = item.get("metric") or {}
+    return (str(m.get("node", "")), str(m.get("job_id", "")))
+
+
+def _value(item: dict[str, Any]) -> float | None:
+    value = item.get("value")
+    return _float(value[1]) if isinstance(value, list) and len(value) == 2 else None
+
+
+def _float(text: Any) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def _ts(t: float) -> str:
+    return f"{t:.3f}"
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _api_error(exc: urllib.error.HTTPError) -> str:
+    try:
+        doc = json.loads(exc.read(1 << 16))
+        return _one_line(str(doc.get("error") or exc.reason))
+    except (ValueError, OSError, AttributeError):
+        return _one_line(str(exc.reason))
+
+
+def _reason(reason: object) -> str:
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return _one_line(str(reason)) or type(reason).__name__
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ts))

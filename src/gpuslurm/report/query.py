@@ -1,0 +1,165 @@
+"""Read a report window out of a monitor store (SQLite) into :class:`ReportData`.
+
+The store is opened read-only (``Store.open(readonly=True)``: ``mode=ro``, ``query_only``), so a
+report never blocks nor changes the monitor writing next to it. Raw samples and minute rollups are
+bucketed in SQL, both through their primary keys: ``gpu_sample``/``gpu_minute`` by
+``(device, ts|minute)`` (the ``device IN (…)`` term lets SQLite seek per device), ``proc_sample``
+by ``(ts, process)``, ``proc_minute`` by ``(process, minute)`` for the processes the
+``process_seen`` index says were alive in the window. Beyond the raw window the resolution is a
+minute: a minute row belongs to the bucket its minute starts in.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from typing import Any
+
+from gpuslurm.errors import InputError
+from gpuslurm.report.data import (
+    AllocationSpan,
+    GpuSeries,
+    ProcSeries,
+    ReportData,
+    bucket_count,
+    bucket_start,
+)
+from gpuslurm.watch.store import Store, StoreError
+
+_GPU_RAW = """SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct)
+FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts >= ? AND ts < ? GROUP BY device, b"""
+_GPU_MIN = """SELECT device, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum)
+FROM gpu_minute WHERE device IN (SELECT id FROM device) AND minute >= ? AND minute < ? GROUP BY device, b"""
+_PROCS = """SELECT id, device, pid, name, user, uid, job_id FROM process
+WHERE last_seen >= ? AND first_seen < ?"""
+_PROC_RAW = """SELECT process, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(sm_util_pct),
+total(sm_util_pct) FROM proc_sample WHERE ts >= ? AND ts < ? GROUP BY process, b"""
+_PROC_MIN = """SELECT process, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum)
+FROM proc_minute WHERE process IN (SELECT id FROM process WHERE last_seen >= ? AND first_seen < ?)
+AND minute >= ? AND minute < ? GROUP BY process, b"""
+_ALLOCS = """SELECT a.job_id, a.user, a.account, a.start, a.last_seen, d.uuid
+FROM allocation a JOIN allocation_device ad ON ad.job_id = a.job_id JOIN device d ON d.id = ad.device
+WHERE a.last_seen >= ? AND a.start < ? ORDER BY a.start, a.job_id, d.uuid"""
+
+# per (device or process, bucket): [samples, samples with utilisation, utilisation sum]
+_Acc = dict[tuple[int, int], list[float]]
+
+
+def load_sqlite(path: str, since: float, until: float, step_s: float) -> ReportData:
+    """The window ``[since, until)`` of the store at ``path``, in buckets of ``step_s`` seconds.
+
+    Raises InputError (StoreError) for a missing, damaged or foreign file, and when the store
+    holds no GPU sample at all or none in the window (naming the period it does hold).
+    """
+    store = Store.open(path, readonly=True)
+    try:
+        return _load(store, path, since, until, step_s)
+    except sqlite3.Error as exc:
+        raise StoreError(" ".join(str(exc).split()), source=path) from None
+    finally:
+        store.close()
+
+
+def stored_period(store: Store) -> tuple[float, float] | None:
+    """First and last sample time in the store (raw or rolled up), or None when it has none."""
+    conn = store._conn
+    row = conn.execute("SELECT min(ts), max(ts) FROM gpu_sample").fetchone()
+    mrow = conn.execute("SELECT min(minute), max(minute) + 60 FROM gpu_minute").fetchone()
+    lows = [x for x in (row[0], mrow[0]) if x is not None]
+    highs = [x for x in (row[1], mrow[1]) if x is not None]
+    return (float(min(lows)), float(max(highs))) if lows else None
+
+
+def _load(store: Store, path: str, since: float, until: float, step_s: float) -> ReportData:
+    conn = store._conn
+    start = bucket_start(since, step_s)
+    n = bucket_count(start, until, step_s)
+    minute_lo = math.floor(since / 60) * 60
+    node_row = conn.execute("SELECT value FROM meta WHERE key = 'node'").fetchone()
+    node = str(node_row[0]) if node_row else "node"
+    devices = {int(i): (str(u), str(g) if g else str(u))
+               for i, u, g in conn.execute("SELECT id, uuid, gpu_uuid FROM device")}
+
+    gpu: _Acc = {}
+    _accumulate(gpu, conn.execute(_GPU_RAW, (start, step_s, since, until)), n)
+    _accumulate(gpu, conn.execute(_GPU_MIN, (start, step_s, minute_lo, until)), n)
+    if not gpu:
+        period = stored_period(store)
+        if period is None:
+            raise InputError("the store holds no GPU samples yet (is the monitor running?)", source=path)
+        raise InputError(f"no GPU samples between {_iso(since)} and {_iso(until)} "
+                         f"(the store holds {_iso(period[0])} to {_iso(period[1])})", source=path)
+    gpu_n: dict[tuple[int, int], float] = {k: v[0] for k, v in gpu.items()}
+    gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n))
+                 for dev, (uuid, parent) in sorted(devices.items(), key=lambda d: d[1])
+                 if any((dev, b) in gpu for b in range(n)))
+
+    proc: _Acc = {}
+    _accumulate(proc, conn.execute(_PROC_RAW, (start, step_s, since, until)), n)
+    _accumulate(proc, conn.execute(_PROC_MIN, (start, step_s, since, until, minute_lo, until)), n)
+    cells: dict[int, list[tuple[int, list[float]]]] = {}
+    for (ident, b), cell in proc.items():
+        cells.setdefault(ident, []).append((b, cell))
+    procs = []
+    for ident, dev, pid, name, user, uid, job in conn.execute(_PROCS, (since, until)).fetchall():
+        mine = cells.get(int(ident))
+        if not mine:
+            continue
+        seen, util = _proc_series(mine, gpu_n, int(dev), n)
+        procs.append(ProcSeries(node, devices[int(dev)][0], int(pid), name, user,
+                                None if uid is None else int(uid), job, seen, util))
+
+    spans: dict[str, tuple[Any, ...]] = {}
+    devs: dict[str, list[str]] = {}
+    for job, user, account, a_start, last, uuid in conn.execute(_ALLOCS, (since, until)):
+        spans[job] = (job, user, account, float(a_start), float(last))
+        devs.setdefault(job, []).append(uuid)
+    allocations = tuple(AllocationSpan(node, j, u, acc, tuple(devs[j]), s, e)
+                        for j, u, acc, s, e in spans.values())
+    violations = tuple(store.violations(since, until))
+    return ReportData(f"sqlite:{path}", since, until, start, step_s, gpus, tuple(procs), allocations,
+                      violations)
+
+
+def _accumulate(acc: _Acc, rows: Any, n: int) -> None:
+    for ident, b, count, util_n, util_sum in rows:
+        b = min(max(int(b), 0), n - 1)  # a minute that began before ``since`` belongs to bucket 0
+        cell = acc.get((int(ident), b))
+        if cell is None:
+            acc[(int(ident), b)] = [float(count), float(util_n), float(util_sum)]
+        else:
+            cell[0] += count
+            cell[1] += util_n
+            cell[2] += util_sum
+
+
+def _means(acc: _Acc, ident: int, n: int) -> tuple[float | None, ...]:
+    out: list[float | None] = []
+    for b in range(n):
+        cell = acc.get((ident, b))
+        out.append(cell[2] / cell[1] if cell is not None and cell[1] else None)
+    return tuple(out)
+
+
+def _proc_series(cells: list[tuple[int, list[float]]], gpu_n: dict[tuple[int, int], float], dev: int,
+                 n: int) -> tuple[tuple[float, ...], tuple[float | None, ...]]:
+    """A process's presence (its samples over its device's, per bucket) and mean SM utilisation.
+
+    Built from its own buckets only: most processes live for a small part of a long window.
+    """
+    seen = [0.0] * n
+    util: list[float | None] = [None] * n
+    for b, (count, util_n, util_sum) in cells:
+        if not count:
+            continue
+        samples = gpu_n.get((dev, b))
+        seen[b] = min(count / samples, 1.0) if samples else 1.0
+        if util_n:
+            util[b] = util_sum / util_n
+    return tuple(seen), tuple(util)
+
+
+def _iso(ts: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ts))

@@ -1,0 +1,326 @@
+"""The throttle file that ``plugins/job_submit.lua`` reads on the controller, and the shared
+violations directory that ``gpuslurm throttle sync`` reads.
+
+Throttle file format (version 1), the contract with the Lua plugin: UTF-8 text, one throttle per
+line, seven fields separated by single tabs::
+
+    user  until  mode  value  created  contact  reason
+
+``until`` and ``created`` are Unix seconds (digits only); ``mode`` is reject, cap or priority;
+``value`` is the GPU cap, the nice added, or 0. ``contact`` and ``reason`` hold no tab or newline.
+Lines starting with ``#`` and blank lines are comments. The first line is a header carrying a
+write id that changes on every write, so the plugin can tell from one line that nothing changed.
+Any other line is junk: skipped (and reported) by both readers, dropped by the next write, as are
+expired throttles.
+
+The file is replaced atomically (a temporary file in the same directory, fsync, rename, fsync of
+the directory), mode 0644, by a writer that refuses a symlink at any point of the path and a
+directory that others can write. Writers serialise on a lock of the directory itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import time
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from gpuslurm.errors import InputError
+from gpuslurm.policy.throttle import MODES, Throttle, violation_from_line, violation_to_line
+from gpuslurm.watch.model import Violation
+
+HEADER_PREFIX = "# gpuslurm-throttle v1 id="
+COLUMNS = "# user\tuntil\tmode\tvalue\tcreated\tcontact\treason"
+MAX_FILE_BYTES = 64 << 20
+FILE_MODE = 0o644  # slurmctld runs as SlurmUser, which need not be root
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class ThrottleFile(NamedTuple):
+    """What a throttle file holds: its throttles (expired ones included) and its junk lines."""
+
+    throttles: tuple[Throttle, ...]
+    junk: tuple[tuple[int, str], ...] = ()  # (line number, text)
+    exists: bool = True
+
+
+class ViolationScan(NamedTuple):
+    violations: tuple[Violation, ...]
+    problems: tuple[str, ...] = ()  # "<file>:<line>: why", one per unreadable record or file
+
+
+class UnsafeThrottlePathError(InputError):
+    """The throttle file's path has a symlink, or a directory or file others could change."""
+
+
+# --- format --------------------------------------------------------------------------------------
+
+def format_throttle_file(throttles: Iterable[Throttle], write_id: str) -> str:
+    """The file's text: header, column line, one line per throttle."""
+    lines = [f"{HEADER_PREFIX}{write_id}", COLUMNS]
+    for t in throttles:
+        fields = (t.user, str(int(t.until)), t.mode, str(int(t.value)), str(int(t.created)),
+                  _field_text(t.contact), _field_text(t.reason))
+        lines.append("\t".join(fields))
+    return "\n".join(lines) + "\n"
+
+
+def parse_throttle_file(text: str) -> ThrottleFile:
+    """Parse the file's text with the plugin's rules; bad lines go to ``junk``, never raise."""
+    throttles: list[Throttle] = []
+    junk: list[tuple[int, str]] = []
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if not line.strip() or line.startswith("#"):
+            continue
+        t = _parse_line(line)
+        if t is None:
+            junk.append((number, line))
+        else:
+            throttles.append(t)
+    return ThrottleFile(tuple(throttles), tuple(junk))
+
+
+def _parse_line(line: str) -> Throttle | None:
+    fields = line.split("\t")
+    if len(fields) != 7:
+        return None
+    user, until, mode, value, created, contact, reason = fields
+    # the plugin's Lua pattern: no ASCII whitespace anywhere ("#" first would be a comment)
+    if (not user or any(c in " \t\n\r\f\v" for c in user) or mode not in MODES
+            or not (until.isdigit() and value.isdigit() and created.isdigit())
+            or not (until.isascii() and value.isascii() and created.isascii())):
+        return None
+    v = int(value)
+    if (mode == "cap" and v < 1) or (mode == "priority" and v < 1):
+        return None
+    return Throttle(user, int(until), mode, v, int(created), contact, reason)
+
+
+def _field_text(text: str) -> str:
+    return text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+
+
+# --- read and write ------------------------------------------------------------------------------
+
+def read_throttle_file(path: str) -> ThrottleFile:
+    """The throttle file at ``path``; an empty ThrottleFile (``exists=False``) when there is none."""
+    dfd = _open_dir(os.path.dirname(os.path.abspath(path)), create=False)
+    if dfd is None:
+        return ThrottleFile((), (), exists=False)
+    try:
+        return _read(dfd, path)
+    finally:
+        os.close(dfd)
+
+
+def update_throttle_file(path: str, change: Callable[[ThrottleFile], tuple[Throttle, ...] | None],
+                         now: float | None = None) -> tuple[ThrottleFile, tuple[Throttle, ...]]:
+    """Read, ``change`` and rewrite the file under the directory's lock; expired throttles and junk
+    lines are dropped. ``change`` returning None leaves the file as it is (the plugin then has
+    nothing to re-read). Returns what was read and what is in force now.
+    """
+    when = time.time() if now is None else now
+    dfd = _open_dir(os.path.dirname(os.path.abspath(path)), create=True)
+    assert dfd is not None
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX)  # released by close
+        before = _read(dfd, path)
+        wanted = change(before)
+        if wanted is None:
+            return before, tuple(t for t in before.throttles if t.active(when))
+        after = tuple(t for t in wanted if t.active(when))
+        write_id = f"{time.time_ns()}-{os.getpid()}"
+        _replace(dfd, path, format_throttle_file(after, write_id).encode())
+        return before, after
+    finally:
+        os.close(dfd)
+
+
+def write_throttle_file(path: str, throttles: Iterable[Throttle], now: float | None = None) -> str:
+    """Replace the file with ``throttles`` (expired ones left out); returns the path."""
+    wanted = tuple(throttles)
+    update_throttle_file(path, lambda _old: wanted, now)
+    return path
+
+
+def _read(dfd: int, path: str) -> ThrottleFile:
+    name = os.path.basename(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return ThrottleFile((), (), exists=False)
+    except OSError as exc:
+        why = "is a symlink" if _is_link(dfd, name) else (exc.strerror or str(exc))
+        raise UnsafeThrottlePathError(f"refusing to read: {why}", source=path) from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeThrottlePathError("refusing to read: not a regular file", source=path)
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"larger than {MAX_FILE_BYTES} bytes: not a throttle file", source=path)
+    return parse_throttle_file(data.decode("utf-8", errors="replace"))
+
+
+def _replace(dfd: int, path: str, payload: bytes) -> None:
+    name = os.path.basename(path)
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeThrottlePathError("refusing to replace a symlink", source=path)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeThrottlePathError("refusing to replace: not a regular file", source=path)
+    tmp = f".{name}.{os.getpid()}.tmp"
+    try:
+        os.unlink(tmp, dir_fd=dfd)  # ours from a crash: the directory is not writable by others
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), FILE_MODE)  # whatever the umask
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
+    os.fsync(dfd)
+
+
+def _open_dir(directory: str, *, create: bool) -> int | None:
+    """A descriptor for ``directory``, walked one component at a time without following symlinks.
+
+    Symlinks an admin put in the configured path are resolved first (``realpath``); the walk then
+    checks that every directory is owned by root or us and not writable by group or others (a
+    sticky ``/tmp`` is allowed above the last one), so nobody else can swap a component.
+    Returns None when a component is missing and ``create`` is false.
+    """
+    real = os.path.realpath(directory)
+    parts = [p for p in real.split("/") if p]
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        _check_dir(os.fstat(fd), "/", final=not parts)
+        for i, name in enumerate(parts):
+            here = "/" + "/".join(parts[: i + 1])
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                child = _open_child(fd, name, here)
+            except OSError as exc:
+                why = "is a symlink" if _is_link(fd, name) else (exc.strerror or str(exc))
+                raise UnsafeThrottlePathError(f"refusing to use: {why}", source=here) from None
+            os.close(fd)
+            fd = child
+            _check_dir(os.fstat(fd), here, final=i == len(parts) - 1)
+        result, fd = fd, -1
+        return result
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _open_child(fd: int, name: str, here: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        raise UnsafeThrottlePathError(f"refusing to use: {exc.strerror or exc}", source=here) from None
+
+
+def _check_dir(st: os.stat_result, here: str, *, final: bool) -> None:
+    if st.st_uid not in (0, os.geteuid()):
+        raise UnsafeThrottlePathError(f"refusing to use: owned by uid {st.st_uid}", source=here)
+    sticky_ok = not final and st.st_mode & stat.S_ISVTX
+    if st.st_mode & 0o022 and not sticky_ok:
+        raise UnsafeThrottlePathError(f"refusing to use: writable by group or others "
+                                 f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)
+
+
+def _is_link(dfd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dfd).st_mode)
+    except OSError:
+        return False
+
+
+# --- the shared violations directory -----------------------------------------------------------
+
+def violations_file(directory: str, node: str) -> str:
+    """``<directory>/<node>.jsonl``: where the monitor of ``node`` appends its violations."""
+    if not node or "/" in node or node.startswith("."):
+        raise InputError(f"not a node name: {node!r}", source="node")
+    return os.path.join(directory, f"{node}.jsonl")
+
+
+def append_violations(directory: str, node: str, violations: Iterable[Violation]) -> int:
+    """Append ``violations`` to the node's file, one line each, in one write; returns the count.
+
+    One ``write`` with ``O_APPEND`` keeps lines of concurrent writers whole.
+    """
+    lines = [violation_to_line(v) + "\n" for v in violations]
+    if not lines:
+        return 0
+    path = violations_file(directory, node)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, "".join(lines).encode())
+    finally:
+        os.close(fd)
+    return len(lines)
+
+
+def read_violations(directory: str, since: float | None = None) -> ViolationScan:
+    """Every violation in ``<directory>/*.jsonl`` (those that ended before ``since`` left out).
+
+    A missing directory is no violation; a line that does not parse (a torn write, a newer
+    version) or an unreadable file is a problem, reported and skipped.
+    """
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl") and not n.startswith("."))
+    except FileNotFoundError:
+        return ViolationScan(())
+    except OSError as exc:
+        raise InputError(f"cannot list: {exc.strerror}", source=directory) from None
+    found: list[Violation] = []
+    problems: list[str] = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    problems.append(f"{path}: not a regular file")
+                    continue
+                data = fh.read()
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror or exc}")
+            continue
+        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                v = violation_from_line(line)
+            except ValueError as exc:
+                problems.append(f"{path}:{number}: {exc}")
+                continue
+            if since is None or v.start + v.duration_s >= since:
+                found.append(v)
+    return ViolationScan(tuple(found), tuple(problems))

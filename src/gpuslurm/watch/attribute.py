@@ -1,0 +1,241 @@
+"""Which Slurm job a GPU process belongs to, and which GPUs each job was given.
+
+A process's job comes from its cgroup, which only root can change: Slurm puts every step's
+processes (and, with ``pam_slurm_adopt``, a user's ssh sessions) into
+``/slurm[_<node>]/uid_<uid>/job_<id>/step_<step>`` under cgroup v1, and into
+``/system.slice/[<node>_]slurmstepd.scope/job_<id>/step_<step>/…`` under cgroup v2. The prolog's
+job maps are the truth about which GPUs a job holds; ``squeue --json`` stands in, rate-limited,
+for jobs seen in a cgroup without a map (a node where the prolog is not installed).
+
+:func:`parse_cgroup` is pure. :class:`Attributor` keeps, per PID and start time, what it read
+about a process, so a steady process costs one read of its stat file per cycle; the cgroup and
+owner are read again every ``refresh_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+from gpuslurm.errors import GpuslurmError
+from gpuslurm.hw import procfs
+from gpuslurm.hw.nvml import ProcessReading
+from gpuslurm.watch.model import Allocation, ProcSample, ScanProblem
+
+
+class CgroupJob(NamedTuple):
+    """A Slurm job named by a cgroup path."""
+
+    job_id: str
+    step: str | None = None  # "0", "batch", "extern", "interactive", …
+    uid: int | None = None  # cgroup v1 paths carry it
+    node: str | None = None  # the ``slurm_<node>`` / ``<node>_slurmstepd.scope`` prefix, if any
+
+
+def parse_cgroup_path(path: str) -> CgroupJob | None:
+    """The job a single cgroup path names, or None when it is not inside a Slurm job."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if part == "slurm" or part.startswith("slurm_"):
+            node = part[6:] or None
+            rest = parts[i + 1:]
+            uid: int | None = None
+            if rest and rest[0].startswith("uid_"):
+                if not rest[0][4:].isdigit():
+                    return None
+                uid = int(rest[0][4:])
+                rest = rest[1:]
+            return _job(rest, uid, node)
+        if part.endswith("slurmstepd.scope"):
+            prefix = part[: -len("slurmstepd.scope")]
+            node = prefix[:-1] if prefix.endswith("_") and len(prefix) > 1 else None
+            if prefix and node is None:
+                continue  # some other unit whose name merely ends that way
+            return _job(parts[i + 1:], None, node)
+    return None
+
+
+def _job(rest: list[str], uid: int | None, node: str | None) -> CgroupJob | None:
+    if not rest or not rest[0].startswith("job_"):
+        return None
+    job_id = rest[0][4:]
+    if not (job_id.isascii() and job_id.isdigit()):
+        return None
+    step = rest[1][5:] if len(rest) > 1 and rest[1].startswith("step_") else None
+    return CgroupJob(job_id, step or None, uid, node)
+
+
+def parse_cgroup(text: str) -> CgroupJob | None:
+    """The job a ``/proc/PID/cgroup`` text puts the process in, or None.
+
+    The unified line (``0::``) and the freezer hierarchy (Slurm's v1 process tracking) are
+    preferred; otherwise the first hierarchy that names a job.
+    """
+    found: CgroupJob | None = None
+    for line in text.splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        job = parse_cgroup_path(path)
+        if job is None:
+            continue
+        if hier == "0" or "freezer" in controllers.split(","):
+            return job
+        if found is None:
+            found = job
+    return found
+
+
+def map_allocation(jmap: object) -> Allocation:
+    """An Allocation from a prolog job map (``gpuslurm.hooks.jobmap.JobMap``)."""
+    from gpuslurm.hooks.jobmap import JobMap
+
+    assert isinstance(jmap, JobMap)
+    return Allocation(jmap.job_id, jmap.user, jmap.uid, jmap.uuids, jmap.start, source="map")
+
+
+class _Known(NamedTuple):
+    start_ticks: int
+    uid: int
+    job_id: str | None
+    started: float
+    read_at: float
+
+
+class Attributor:
+    """Turns the processes a GPU reports into ProcSamples, and lists the node's allocations.
+
+    ``squeue`` is a function returning Allocations of running jobs on this node (see
+    :func:`gpuslurm.slurm.squeue.node_allocations`); None turns the fallback off.
+    """
+
+    def __init__(self, *, jobs_dir: str, proc_root: str = procfs.PROC_ROOT,
+                 squeue: Callable[[], Sequence[Allocation]] | None = None,
+                 squeue_interval_s: float = 60.0, refresh_s: float = 60.0) -> None:
+        self.jobs_dir = jobs_dir
+        self.proc_root = proc_root
+        self._squeue = squeue
+        self._squeue_interval = squeue_interval_s
+        self._squeue_at: float | None = None
+        self._squeue_allocs: dict[str, Allocation] = {}
+        self._refresh = refresh_s
+        self._known: dict[int, _Known] = {}
+        self._users: dict[int, str] = {}
+        self._maps_stamp: tuple[int, int] | None = None
+        self._maps: tuple[Allocation, ...] = ()
+        self._map_problems: tuple[ScanProblem, ...] = ()
+
+    # -- allocations ------------------------------------------------------------------------------
+
+    def _job_maps(self, now: float) -> tuple[tuple[Allocation, ...], tuple[ScanProblem, ...]]:
+        """The prolog's maps, re-read only when the directory changed (maps are renamed in)."""
+        try:
+            st = os.stat(self.jobs_dir)
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_ino)
+        except OSError:
+            stamp = None
+        if stamp is not None and stamp == self._maps_stamp:
+            return self._maps, self._map_problems
+        from gpuslurm.hooks.jobmap import list_job_ids, read_map
+
+        maps: list[Allocation] = []
+        problems: list[ScanProblem] = []
+        try:
+            ids = list_job_ids(self.jobs_dir) if stamp is not None else ()
+        except (GpuslurmError, OSError) as exc:
+            ids = ()
+            problems.append(ScanProblem(now, "jobmap-unreadable", self.jobs_dir, str(exc)))
+        for job_id in ids:
+            try:
+                jmap = read_map(job_id, self.jobs_dir)
+            except (GpuslurmError, OSError) as exc:  # one bad map must not hide the others
+                problems.append(ScanProblem(now, "jobmap-unreadable", job_id, str(exc)))
+                continue
+            if jmap is not None:
+                maps.append(map_allocation(jmap))
+        self._maps_stamp, self._maps, self._map_problems = stamp, tuple(maps), tuple(problems)
+        return self._maps, self._map_problems
+
+    def _from_squeue(self, now: float, wanted: Iterable[str],
+                     problems: list[ScanProblem]) -> dict[str, Allocation]:
+        if self._squeue is None:
+            return {}
+        due = self._squeue_at is None or now - self._squeue_at >= self._squeue_interval
+        if due and any(j not in self._squeue_allocs for j in wanted):
+            self._squeue_at = now
+            try:
+                self._squeue_allocs = {a.job_id: a for a in self._squeue()}
+            except GpuslurmError as exc:  # keep what the last good answer said
+                problems.append(ScanProblem(now, "squeue-error", "squeue", str(exc)))
+        return self._squeue_allocs
+
+    # -- processes --------------------------------------------------------------------------------
+
+    def _user(self, uid: int) -> str:
+        name = self._users.get(uid)
+        if name is None:
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                name = str(uid)
+            self._users[uid] = name
+        return name
+
+    def _lookup(self, pid: int, now: float, problems: list[ScanProblem]) -> tuple[str, _Known] | str:
+        """``(comm, facts)``, or the kind of problem recorded in ``problems``."""
+        ident = procfs.read_identity(pid, self.proc_root)
+        if isinstance(ident, procfs.ProcessProblem):
+            problems.append(ScanProblem(now, ident.kind, str(pid), ident.detail))
+            return ident.kind
+        known = self._known.get(pid)
+        if known is not None and known.start_ticks == ident.start_ticks \
+                and now - known.read_at < self._refresh:
+            return ident.comm, known
+        facts = procfs.read_process(pid, self.proc_root, ident)
+        if isinstance(facts, procfs.ProcessProblem):
+            problems.append(ScanProblem(now, facts.kind, str(pid), facts.detail))
+            self._known.pop(pid, None)
+            return facts.kind
+        job = parse_cgroup(facts.cgroup)
+        known = _Known(facts.start_ticks, facts.uid, job.job_id if job else None,
+                       procfs.start_time(facts.start_ticks, self.proc_root), now)
+        self._known[pid] = known
+        return facts.comm, known
+
+    def attribute(self, now: float, readings: Sequence[ProcessReading]) -> tuple[
+            tuple[ProcSample, ...], tuple[Allocation, ...], tuple[ScanProblem, ...]]:
+        """ProcSamples for ``readings``, the node's allocations, and what could not be read.
+
+        A process that exited is left out (its reading is stale); one whose /proc entry cannot
+        be read is kept with its owner and job unknown, so its GPU use is still seen.
+        """
+        problems: list[ScanProblem] = []
+        maps, map_problems = self._job_maps(now)
+        problems.extend(map_problems)
+        looked: dict[int, tuple[str, _Known] | str] = {}
+        samples: list[ProcSample] = []
+        for r in readings:
+            if r.pid in looked:
+                found = looked[r.pid]
+            else:
+                found = looked[r.pid] = self._lookup(r.pid, now, problems)
+            if isinstance(found, str):
+                if found == "pid-gone":
+                    continue
+                samples.append(ProcSample(now, r.gpu_uuid, r.pid, r.mig_uuid, mem_mib=r.mem_mib,
+                                          sm_util_pct=r.sm_util_pct))
+                continue
+            comm, k = found
+            samples.append(ProcSample(now, r.gpu_uuid, r.pid, r.mig_uuid, comm, k.uid, self._user(k.uid),
+                                      k.job_id, r.mem_mib, r.sm_util_pct, k.started))
+        for pid in [p for p in self._known if p not in looked]:
+            del self._known[pid]  # gone from every GPU: forget it so the cache cannot grow
+        mapped = {a.job_id for a in maps}
+        unmapped = {s.job_id for s in samples if s.job_id is not None and s.job_id not in mapped}
+        if not os.path.isdir(self.jobs_dir):
+            # no prolog on this node: squeue is the only source of allocations, idle ones included
+            unmapped.add("")
+        extra = self._from_squeue(now, unmapped, problems)
+        allocations = maps + tuple(a for j, a in sorted(extra.items()) if j not in mapped)
+        return tuple(samples), allocations, tuple(problems)

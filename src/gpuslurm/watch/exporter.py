@@ -1,0 +1,264 @@
+"""Prometheus metrics from the node monitor: ``gpuslurm monitor --prometheus-port N``.
+
+Each cycle replaces the whole exposition (:meth:`MetricsState.update`), so a job, process or
+violation that is gone from the cycle is gone from ``/metrics`` at once, and Prometheus marks its
+series stale at the next scrape. Only the counters (``*_total``) outlive a cycle. The text is
+rendered once per cycle, not per scrape: a scrape only copies bytes.
+
+Names follow Prometheus' conventions: base units (bytes, seconds, watts, celsius), ``_ratio`` for
+0–1 fractions, ``_total`` for counters. Every device series carries ``node``, ``gpu_uuid`` and
+``mig_uuid`` ("" for a whole GPU); job series add ``job_id``, ``user`` and ``account`` ("" when
+unknown). No sample carries a timestamp: Prometheus stamps it with the scrape time, which keeps
+its staleness handling working. The format is described in docs/prometheus.md.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+from collections.abc import Iterable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
+
+from gpuslurm.errors import InputError
+from gpuslurm.watch.model import Allocation, Cycle, Violation
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MIB = 1 << 20
+PREFIX = "gpuslurm_"
+
+# name (without PREFIX) → (type, help); the exposition lists families in this order
+FAMILIES: dict[str, tuple[str, str]] = {
+    "gpu_utilization_ratio": ("gauge", "GPU (or MIG device) utilisation over NVML's sample period, 0-1."),
+    "gpu_memory_used_bytes": ("gauge", "Device memory in use."),
+    "gpu_memory_total_bytes": ("gauge", "Device memory in total."),
+    "gpu_power_watts": ("gauge", "Power draw."),
+    "gpu_temperature_celsius": ("gauge", "GPU temperature."),
+    "gpu_allocated": ("gauge", "1 for each job holding the device (job labels set), 0 for a free device."),
+    "job_start_timestamp_seconds": ("gauge", "When the job holding GPUs here started (Unix seconds)."),
+    "job_last_seen_timestamp_seconds": ("gauge", "When a cycle last saw the job (Unix seconds)."),
+    "process_gpu_memory_bytes": ("gauge", "Device memory held by one process."),
+    "process_sm_utilization_ratio": ("gauge", "SM utilisation of one process, 0-1 (none on MIG devices)."),
+    "violation_active": ("gauge", "1 while a detector finding (rogue, idle, over-share) lasts."),
+    "violation_start_timestamp_seconds": ("gauge", "When the finding's condition began (Unix seconds)."),
+    "violation_duration_seconds": ("gauge", "How long the finding's condition has lasted."),
+    "monitor_last_cycle_timestamp_seconds": ("gauge", "When the last monitor cycle sampled (Unix seconds)."),
+    "monitor_cycles_total": ("counter", "Monitor cycles run since the monitor started."),
+    "monitor_problems_total": ("counter", "Things cycles could not read, by kind (pid-gone, gpu-lost, ...)."),
+    "violations_started_total": ("counter", "Detector findings that began, by kind."),
+}
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class Sample(NamedTuple):
+    family: str  # a key of FAMILIES
+    labels: Labels
+    value: float
+
+
+def escape_label_value(value: str) -> str:
+    """A label value as the text format wants it: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+def render(samples: Iterable[Sample]) -> str:
+    """The text exposition of ``samples``: families in FAMILIES order, each with HELP and TYPE."""
+    by_family: dict[str, list[Sample]] = {name: [] for name in FAMILIES}
+    for s in samples:
+        by_family[s.family].append(s)
+    out: list[str] = []
+    for name, rows in by_family.items():
+        kind, help_text = FAMILIES[name]
+        if not rows and kind != "counter":
+            continue
+        full = PREFIX + name
+        out.append(f"# HELP {full} {help_text}")
+        out.append(f"# TYPE {full} {kind}")
+        seen: set[Labels] = set()
+        for s in rows:
+            if s.labels in seen:  # a duplicate series would make the whole scrape fail
+                continue
+            seen.add(s.labels)
+            inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in s.labels)
+            series = f"{full}{{{inner}}}" if inner else full
+            out.append(f"{series} {format_value(s.value)}")
+    return "\n".join(out) + "\n"
+
+
+def _violation_key(v: Violation) -> tuple[object, ...]:
+    return (v.kind, v.job_id, v.pid, v.gpu_uuid, v.user, v.start)
+
+
+def cycle_samples(cycle: Cycle, violations: Sequence[Violation]) -> list[Sample]:
+    """The gauges describing one cycle (pure)."""
+    node = cycle.node
+    out: list[Sample] = []
+    parent: dict[str, str] = {}
+    for g in cycle.gpus:
+        if g.mig_uuid:
+            parent[g.mig_uuid] = g.gpu_uuid
+        dev: Labels = (("node", node), ("gpu_uuid", g.gpu_uuid), ("mig_uuid", g.mig_uuid or ""))
+        for family, value, scale in (("gpu_utilization_ratio", g.util_pct, 0.01),
+                                     ("gpu_memory_used_bytes", g.mem_used_mib, MIB),
+                                     ("gpu_memory_total_bytes", g.mem_total_mib, MIB),
+                                     ("gpu_power_watts", g.power_w, 1.0),
+                                     ("gpu_temperature_celsius", g.temp_c, 1.0)):
+            if value is not None:  # unknown stays absent, never 0
+                out.append(Sample(family, dev, value * scale))
+    jobs: dict[str, Allocation] = {a.job_id: a for a in cycle.allocations}
+    held: set[str] = set()
+    for a in cycle.allocations:
+        job = (("node", node), *_job_labels(a.job_id, a.user, a.account))
+        out.append(Sample("job_start_timestamp_seconds", job, a.start))
+        out.append(Sample("job_last_seen_timestamp_seconds", job, cycle.ts))
+        for uuid in a.uuids:
+            held.add(uuid)
+            labels = _device_labels(node, uuid, parent) + _job_labels(a.job_id, a.user, a.account)
+            out.append(Sample("gpu_allocated", labels, 1.0))
+    for g in cycle.gpus:
+        uuid = g.mig_uuid or g.gpu_uuid
+        if uuid not in held:
+            free = _device_labels(node, uuid, parent) + _job_labels(None, None, None)
+            out.append(Sample("gpu_allocated", free, 0.0))
+    for p in cycle.procs:
+        alloc = jobs.get(p.job_id) if p.job_id is not None else None
+        labels = (("node", node), ("gpu_uuid", p.gpu_uuid), ("mig_uuid", p.mig_uuid or ""),
+                  *_job_labels(p.job_id, p.user, alloc.account if alloc else None),
+                  ("pid", str(p.pid)), ("process", p.name or ""))
+        if p.mem_mib is not None:
+            out.append(Sample("process_gpu_memory_bytes", labels, p.mem_mib * MIB))
+        if p.sm_util_pct is not None:
+            out.append(Sample("process_sm_utilization_ratio", labels, p.sm_util_pct / 100.0))
+    for v in violations:
+        account = jobs[v.job_id].account if v.job_id in jobs else None
+        labels = (_device_labels(v.node, v.gpu_uuid or "", parent) + _job_labels(v.job_id, v.user, account)
+                  + (("pid", "" if v.pid is None else str(v.pid)), ("process", v.process or ""),
+                     ("kind", v.kind), ("severity", v.severity)))
+        out.append(Sample("violation_active", labels, 1.0))
+        out.append(Sample("violation_start_timestamp_seconds", labels, v.start))
+        out.append(Sample("violation_duration_seconds", labels, v.duration_s))
+    out.append(Sample("monitor_last_cycle_timestamp_seconds", (("node", node),), cycle.ts))
+    return out
+
+
+def _device_labels(node: str, uuid: str, parent: dict[str, str]) -> Labels:
+    if uuid.startswith("MIG-"):
+        return (("node", node), ("gpu_uuid", parent.get(uuid, "")), ("mig_uuid", uuid))
+    return (("node", node), ("gpu_uuid", uuid), ("mig_uuid", ""))
+
+
+def _job_labels(job_id: str | None, user: str | None, account: str | None) -> Labels:
+    return (("job_id", job_id or ""), ("user", user or ""), ("account", account or ""))
+
+
+class MetricsState:
+    """What ``/metrics`` serves: the last cycle's gauges and the counters. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._body = render(())
+        self._cycles = 0
+        self._problems: dict[tuple[str, str], int] = {}
+        self._started: dict[tuple[str, str], int] = {}
+        self._current: set[tuple[object, ...]] = set()
+
+    def update(self, cycle: Cycle, violations: Sequence[Violation]) -> None:
+        """Replace the exposition with ``cycle``'s (called by the monitor after each cycle)."""
+        self._cycles += 1
+        for p in cycle.problems:
+            key = (cycle.node, p.kind)
+            self._problems[key] = self._problems.get(key, 0) + 1
+        keys: set[tuple[object, ...]] = set()
+        for v in violations:
+            vkey = _violation_key(v)
+            keys.add(vkey)
+            if vkey not in self._current:
+                self._started[(v.node, v.kind)] = self._started.get((v.node, v.kind), 0) + 1
+        self._current = keys
+        samples = cycle_samples(cycle, violations)
+        samples.append(Sample("monitor_cycles_total", (("node", cycle.node),), float(self._cycles)))
+        samples += [Sample("monitor_problems_total", (("node", n), ("kind", k)), float(c))
+                    for (n, k), c in sorted(self._problems.items())]
+        samples += [Sample("violations_started_total", (("node", n), ("kind", k)), float(c))
+                    for (n, k), c in sorted(self._started.items())]
+        body = render(samples)
+        with self._lock:
+            self._body = body
+
+    def body(self) -> bytes:
+        with self._lock:
+            return self._body.encode()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    state: MetricsState
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "gpuslurm"
+
+    def do_GET(self) -> None:  # http.server's name
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE, self.server.state.body())
+        elif path == "/":
+            self._send(200, "text/html; charset=utf-8",
+                       b'<html><body><a href="/metrics">gpuslurm metrics</a></body></html>\n')
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found; try /metrics\n")
+
+    def _send(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # one line per scrape would flood the monitor's log
+
+
+class Exporter:
+    """An HTTP server for ``/metrics`` in a daemon thread; :func:`start_exporter` makes one."""
+
+    def __init__(self, server: _Server) -> None:
+        self._server = server
+        self.state = server.state
+        self.address: tuple[str, int] = server.server_address[:2]  # type: ignore[assignment]
+        self._thread = threading.Thread(target=server.serve_forever, name="gpuslurm-exporter", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_exporter(addr: str, port: int, state: MetricsState | None = None) -> Exporter:
+    """Listen on ``addr:port`` (port 0: any free port) and serve ``state``; InputError if it cannot."""
+    cls = _Server6 if ":" in addr else _Server
+    try:
+        server = cls((addr, port), _Handler)
+    except OSError as exc:
+        raise InputError(f"cannot listen on {addr}:{port}: {exc.strerror or exc}",
+                         source="--prometheus-port") from None
+    server.state = state or MetricsState()
+    return Exporter(server)

@@ -1,0 +1,136 @@
+"""Where ``gpuslurm status`` and ``watch`` get a node's present: the monitor's own code path.
+
+Each snapshot runs one monitor cycle (the sampler the monitor uses, NVML or a replayed bundle,
+the same attribution through ``/proc`` and the job maps, the same detectors) with nothing stored,
+then adds what the node monitor knows: its store's violations current now, which carry the
+history (an idle allocation needs half an hour of samples) a single look does not have. The
+detectors of a :class:`LiveView` keep their memory between snapshots, so ``watch`` finds idle
+jobs by itself after a while even with no monitor running.
+
+GPU health comes from the health gate's checks (NVML or the bundle's ``health.json``), less
+the leftover-process check, which is meant for a GPU between jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpuslurm.config import Config
+from gpuslurm.errors import GpuslurmError, InputError
+from gpuslurm.watch.model import Allocation, Cycle, ScanProblem, Violation
+from gpuslurm.watch.view import Snapshot, build_snapshot
+
+
+class _NoStore:
+    """The monitor's store interface, keeping nothing: a view must not write the node's store."""
+
+    def write_cycle(self, cycle: Cycle, violations: Sequence[Violation] = ()) -> None:
+        pass
+
+    def rollup(self, now: float, raw_window_s: float) -> None:
+        pass
+
+
+class LiveView:
+    """Snapshots of one node; ``source`` as ``--from`` (None: live NVML), ``db`` the monitor's store."""
+
+    def __init__(self, cfg: Config, source: str | None, db: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        from gpuslurm.policy.detect import Detector
+        from gpuslurm.watch.attribute import Attributor
+        from gpuslurm.watch.monitor import Monitor, open_sampler
+        from gpuslurm.watch.store import default_path
+
+        self.cfg = cfg
+        self.source = source
+        self.node_name = cfg.monitor.node_name or socket.gethostname().split(".")[0]
+        self.db = db or cfg.monitor.db or default_path(cfg.paths.state_dir)
+        self.clock = clock
+        self.warnings: deque[str] = deque(maxlen=20)  # the monitor's complaints, latest only
+        self.sampler, self.node = open_sampler(source)
+        # squeue describes the real node, not a replayed one; and only then is it worth its cost
+        squeue = _squeue(cfg, self.node_name, self.node) if self.node.source == "nvml" else None
+        self.attributor = Attributor(jobs_dir=cfg.paths.jobs_dir, squeue=squeue,
+                                     squeue_interval_s=cfg.monitor.squeue_interval_s)
+        self.detector = Detector(cfg.detect)
+        self.monitor = Monitor(self.sampler, self.attributor, _NoStore(), self.node_name,
+                               detector=self.detector, warn=self.warnings.append, clock=clock)
+
+    def snapshot(self) -> Snapshot:
+        """One cycle, the stored findings, health: a snapshot of the node now."""
+        cycle = self.monitor.cycle()
+        live = self.detector.violations
+        stored, findings, problem = self._stored(cycle.ts)
+        if problem is not None:
+            cycle = cycle._replace(problems=(*cycle.problems, problem))
+        violations = _merge(stored, live)
+        return build_snapshot(self.node, cycle, violations, faults=self._faults(), source=self._what(),
+                              findings=findings)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+    def _what(self) -> str:
+        return "NVML" if self.node.source == "nvml" else f"replay of {self.node.source or self.source}"
+
+    def _stored(self, now: float) -> tuple[list[Violation], str, ScanProblem | None]:
+        """The violations the monitor's store holds as current, where the view's came from, and
+        why the store could not be read (if it could not)."""
+        from gpuslurm.watch.store import Store
+
+        mine = "this view's detectors"
+        if not os.path.exists(self.db):
+            return [], mine, None
+        # a finding's end moves with every cycle that still sees it: recent means current
+        recent = now - 3 * self.cfg.monitor.interval_s - 5
+        try:
+            with Store.open(self.db, readonly=True, timeout_s=1.0) as store:
+                found = [v for v in store.violations(recent, now) if v.node == self.node_name]
+        except GpuslurmError as exc:
+            detail = exc.message if isinstance(exc, InputError) else str(exc)
+            return [], f"{mine} (monitor store unreadable)", ScanProblem(now, "store-unreadable", self.db,
+                                                                         detail)
+        return found, f"monitor store + {mine}", None
+
+    def _faults(self) -> dict[str, list[str]]:
+        from gpuslurm.hw.health import read_health
+        from gpuslurm.policy.health import gate_faults
+
+        try:
+            health = read_health(self.node.gpus, self.source)
+        except GpuslurmError as exc:
+            return {g.uuid: [f"health unknown: {exc}"] for g in self.node.gpus}
+        out: dict[str, list[str]] = {}
+        for uuid, h in health.items():
+            found = gate_faults(h._replace(processes=None), self.cfg.health)
+            if h.lost or h.error is not None:
+                out[uuid] = ["lost"] + [f.message for f in found]
+            elif found:
+                out[uuid] = [f.message for f in found]
+        return out
+
+
+def _merge(stored: Sequence[Violation], live: Sequence[Violation]) -> list[Violation]:
+    """Stored and live findings, one per (kind, job, PID, device): the stored one has the history."""
+    out: dict[tuple[Any, ...], Violation] = {}
+    for v in (*live, *stored):
+        out[(v.kind, v.job_id, v.pid, v.gpu_uuid)] = v
+    return list(out.values())
+
+
+def _squeue(cfg: Config, node_name: str, node: Any) -> Callable[[], tuple[Allocation, ...]] | None:
+    if not os.access(cfg.paths.squeue, os.X_OK):
+        return None
+    from gpuslurm.slurm.squeue import node_allocations
+
+    def allocations() -> tuple[Allocation, ...]:
+        found = node_allocations(cfg.paths.squeue, node_name, node, timeout=cfg.monitor.command_timeout_s)
+        return tuple(Allocation(j.job.job_id, j.job.user, j.job.uid, j.uuids, j.job.start, j.job.account,
+                                source="squeue") for j in found)
+
+    return allocations

@@ -1,0 +1,210 @@
+"""The node monitor: sample → attribute → detect → store, every interval, without drift.
+
+Each cycle reads every GPU and GPU process once (NVML, or a replayed scenario), attributes the
+processes to jobs (:mod:`gpuslurm.watch.attribute`), and writes the cycle to the store in one
+transaction, so ``kill -9`` loses at most the cycle being written. Nothing a cycle reads can stop
+the loop: a process that exits, an unreadable /proc entry, a lost GPU or a failing NVML call
+become :class:`ScanProblem` rows. A cycle the store cannot take (a locked or full disk) is kept
+and written with the next one (up to ``MAX_PENDING``), so a passing fault loses nothing.
+
+Cycles start on a fixed grid (``t0 + k × interval``): a slow cycle delays the next one, but the
+grid does not slide, and a cycle that overruns whole intervals skips their slots rather than
+running back to back. SIGTERM and SIGINT let the cycle under way finish, then the loop returns.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, Protocol
+
+from gpuslurm.errors import GpuslurmError
+from gpuslurm.hw.nvml import Reading
+from gpuslurm.watch.attribute import Attributor
+from gpuslurm.watch.model import Cycle, GpuSample, ScanProblem, Violation
+
+MAX_PENDING = 360  # cycles kept while the store refuses writes (an hour at 10 s)
+ROLLUP_EVERY_S = 60.0
+REPUBLISH_S = 60.0  # an ongoing violation is re-shared this often, with its grown duration
+
+
+class Sampler(Protocol):
+    def read(self, now: float) -> Reading: ...
+
+    def close(self) -> None: ...
+
+
+class Detector(Protocol):
+    def feed(self, cycle: Cycle) -> Sequence[Violation]: ...
+
+
+class CycleStore(Protocol):
+    def write_cycle(self, cycle: Cycle, violations: Sequence[Violation] = ()) -> None: ...
+
+    def rollup(self, now: float, raw_window_s: float) -> None: ...
+
+
+class Monitor:
+    """One node's monitor; :meth:`cycle` runs one cycle, :func:`run` repeats it."""
+
+    def __init__(self, sampler: Sampler, attributor: Attributor, store: CycleStore, node: str, *,
+                 raw_window_s: float = 86400.0, detector: Detector | None = None,
+                 publish: Callable[[Sequence[Violation]], None] | None = None,
+                 observe: Callable[[Cycle, Sequence[Violation]], None] | None = None,
+                 warn: Callable[[str], None] = lambda message: None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.sampler = sampler
+        self.attributor = attributor
+        self.store = store
+        self.node = node
+        self.raw_window_s = raw_window_s
+        self.detector = detector
+        self.publish = publish
+        self.observe = observe  # e.g. the Prometheus exporter's state: sees every cycle, stored or not
+        self.warn = warn
+        self.clock = clock
+        self.pending: list[tuple[Cycle, tuple[Violation, ...]]] = []
+        self._rolled_at: float | None = None
+        self._published: dict[tuple[Any, ...], float] = {}
+
+    def cycle(self) -> Cycle:
+        """Sample, attribute, detect and store one cycle; returns it (stored or pending)."""
+        now = self.clock()
+        try:
+            reading = self.sampler.read(now)
+        except GpuslurmError as exc:  # NVML itself failed: an empty cycle that says why
+            reading = Reading((), (), (("nvml-error", "nvml", str(exc)),))
+        gpus = tuple(GpuSample(now, d.uuid, d.mig_uuid, d.util_pct, d.mem_used_mib, d.mem_total_mib,
+                               d.power_w, d.temp_c) for d in reading.devices)
+        procs, allocations, found = self.attributor.attribute(now, reading.processes)
+        problems = tuple(ScanProblem(now, k, s, d) for k, s, d in reading.problems) + found
+        cycle = Cycle(now, self.node, gpus, procs, allocations, problems)
+        violations: tuple[Violation, ...] = ()
+        if self.detector is not None:
+            try:
+                violations = tuple(self.detector.feed(cycle))
+            except GpuslurmError as exc:
+                self.warn(f"detectors failed this cycle: {exc}")
+        self._store(cycle, violations)
+        self._publish(now, violations)
+        if self.observe is not None:
+            self.observe(cycle, violations)
+        self._rollup(now)
+        return cycle
+
+    def _publish(self, now: float, violations: tuple[Violation, ...]) -> None:
+        """Share new violations at once, and ongoing ones again every REPUBLISH_S (their duration)."""
+        if self.publish is None:
+            return
+        due: list[Violation] = []
+        seen: dict[tuple[Any, ...], float] = {}
+        for v in violations:
+            key = (v.kind, v.job_id, v.pid, v.gpu_uuid, v.user, v.start)
+            last = self._published.get(key)
+            if last is None or now - last >= REPUBLISH_S:
+                due.append(v)
+                last = now
+            seen[key] = last
+        self._published = seen  # an ended violation is forgotten
+        if not due:
+            return
+        try:
+            self.publish(due)
+        except (GpuslurmError, OSError) as exc:
+            self.warn(f"cannot publish violations: {exc}")
+            for v in due:  # try again next cycle
+                self._published.pop((v.kind, v.job_id, v.pid, v.gpu_uuid, v.user, v.start), None)
+
+    def _store(self, cycle: Cycle, violations: tuple[Violation, ...]) -> None:
+        self.pending.append((cycle, violations))
+        if len(self.pending) > MAX_PENDING:
+            dropped = self.pending.pop(0)[0]
+            self.warn(f"the store has refused {MAX_PENDING} cycles; dropping the one of {dropped.ts:.0f}")
+        while self.pending:
+            c, v = self.pending[0]
+            try:
+                self.store.write_cycle(c, v)
+            except GpuslurmError as exc:
+                self.warn(f"cannot store the cycle ({len(self.pending)} waiting): {exc}")
+                return
+            self.pending.pop(0)
+
+    def _rollup(self, now: float) -> None:
+        if self._rolled_at is not None and now - self._rolled_at < ROLLUP_EVERY_S:
+            return
+        self._rolled_at = now
+        try:
+            self.store.rollup(now, self.raw_window_s)
+        except GpuslurmError as exc:
+            self.warn(f"cannot roll up old samples: {exc}")
+
+
+def next_slot(t0: float, interval: float, now: float) -> float:
+    """The first grid time ``t0 + k × interval`` strictly after ``now`` (k ≥ 1)."""
+    k = max(1, math.floor((now - t0) / interval) + 1)
+    return t0 + k * interval
+
+
+def run(monitor: Monitor, interval: float, *, once: bool = False,
+        stop: threading.Event | None = None, on_cycle: Callable[[Cycle], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic) -> int:
+    """Run cycles every ``interval`` seconds until ``stop`` is set (or once); the cycle count."""
+    stop = stop or threading.Event()
+    t0 = monotonic()
+    count = 0
+    while True:
+        cycle = monitor.cycle()
+        count += 1
+        if on_cycle is not None:
+            on_cycle(cycle)
+        if once or stop.is_set():
+            return count
+        now = monotonic()
+        if stop.wait(next_slot(t0, interval, now) - now):
+            return count
+
+
+def stop_on_signals(stop: threading.Event) -> Callable[[], None]:
+    """Make SIGTERM and SIGINT set ``stop``; returns a function that restores the old handlers."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    old: dict[int, Any] = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+    return restore
+
+
+def open_sampler(source: str | None) -> tuple[Sampler, Any]:
+    """The sampler for ``source`` (a bundle or builtin name: replay; None: live NVML), and the Node.
+
+    Replay takes its activity from the scenario (see :mod:`gpuslurm.hw.scenario`); a scenario
+    naming an unknown GPU is a CaptureError here, before the first cycle.
+    """
+    from gpuslurm.hw.source import load_node, resolve_source
+
+    bundle = resolve_source(source)
+    node = load_node(source)
+    if bundle is not None:
+        from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
+
+        return ScenarioSampler(node, scenario_path(bundle)), node
+    from gpuslurm.hw.nvml import NvmlSampler
+
+    return NvmlSampler(), node
+
+
+def cycle_dict(cycle: Cycle) -> dict[str, Any]:
+    """``cycle`` as plain JSON-ready data."""
+    return {"ts": cycle.ts, "node": cycle.node,
+            "gpus": [g._asdict() for g in cycle.gpus],
+            "procs": [p._asdict() for p in cycle.procs],
+            "allocations": [a._asdict() for a in cycle.allocations],
+            "problems": [p._asdict() for p in cycle.problems]}

@@ -1,0 +1,444 @@
+"""The monitor's sample store: one SQLite file per node, ``<state_dir>/monitor.db`` by default.
+
+Layout (schema version 1). Devices (GPUs and MIG devices) and processes are interned, so the
+per-second rows hold numbers only:
+
+- ``device``: UUID → small id; ``process``: one row per (device, pid, start time, job), with
+  its owner, name and first/last seen.
+- ``gpu_sample`` / ``proc_sample``: raw samples, kept for the raw window.
+- ``gpu_minute`` / ``proc_minute``: per-minute rollups of older samples. They keep sample counts,
+  sums and maxima (utilisation, memory, power), so a mean over raw and rolled-up data is exact.
+- ``allocation`` (+ ``allocation_device``): jobs and their devices, first and last seen.
+- ``violation``: detector findings, one row per finding (updated while it lasts);
+  ``problem``: what a cycle could not read.
+
+Indexes serve the report queries: per-device time ranges come from the ``(device, ts)`` and
+``(device, minute)`` primary keys, so ``--last 24h`` on 8 GPUs reads 8 × 1440 minute rows plus
+the raw window instead of millions of samples; jobs and violations overlapping a period come from
+their ``last_seen``/``end_ts`` indexes.
+
+Durability: WAL mode; each cycle is one transaction, so ``kill -9`` of the writer loses at most
+the cycle being written. A file that is not SQLite, is damaged where opening reads it, or is not a
+gpuslurm store is reported in one line; opened for writing it is renamed aside
+(``monitor.db.corrupt-<UTC time>``, with its ``-wal``) and a new store is started, never deleted.
+Damage deeper in the file shows up later as :class:`StoreError`; :meth:`Store.check` looks for it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from gpuslurm.errors import InputError
+from gpuslurm.watch.model import Allocation, Cycle, ProcSample, Violation
+
+SCHEMA_VERSION = 1
+DEFAULT_NAME = "monitor.db"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_SCHEMA = """
+CREATE TABLE schema_version (version INTEGER NOT NULL, applied REAL NOT NULL);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE device (id INTEGER PRIMARY KEY, uuid TEXT NOT NULL UNIQUE, gpu_uuid TEXT);
+CREATE TABLE gpu_sample (
+  device INTEGER NOT NULL, ts REAL NOT NULL, util_pct REAL, mem_used_mib REAL, mem_total_mib REAL,
+  power_w REAL, temp_c REAL, PRIMARY KEY (device, ts)) WITHOUT ROWID;
+CREATE TABLE gpu_minute (
+  device INTEGER NOT NULL, minute INTEGER NOT NULL, n INTEGER NOT NULL,
+  util_n INTEGER NOT NULL, util_sum REAL NOT NULL, util_max REAL, mem_max REAL, mem_total REAL,
+  power_n INTEGER NOT NULL, power_sum REAL NOT NULL, power_max REAL, temp_max REAL,
+  PRIMARY KEY (device, minute)) WITHOUT ROWID;
+CREATE TABLE process (
+  id INTEGER PRIMARY KEY, device INTEGER NOT NULL, pid INTEGER NOT NULL, started REAL,
+  uid INTEGER, user TEXT, job_id TEXT, name TEXT, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
+CREATE INDEX process_key ON process (device, pid);
+CREATE INDEX process_job ON process (job_id) WHERE job_id IS NOT NULL;
+CREATE INDEX process_seen ON process (last_seen);
+CREATE TABLE proc_sample (
+  ts REAL NOT NULL, process INTEGER NOT NULL, mem_mib REAL, sm_util_pct REAL,
+  PRIMARY KEY (ts, process)) WITHOUT ROWID;
+CREATE TABLE proc_minute (
+  process INTEGER NOT NULL, minute INTEGER NOT NULL, n INTEGER NOT NULL,
+  util_n INTEGER NOT NULL, util_sum REAL NOT NULL, util_max REAL, mem_max REAL,
+  PRIMARY KEY (process, minute)) WITHOUT ROWID;
+CREATE TABLE allocation (
+  job_id TEXT PRIMARY KEY, user TEXT NOT NULL, uid INTEGER NOT NULL, account TEXT,
+  start REAL NOT NULL, last_seen REAL NOT NULL, source TEXT NOT NULL) WITHOUT ROWID;
+CREATE INDEX allocation_seen ON allocation (last_seen, start);
+CREATE INDEX allocation_user ON allocation (user, last_seen);
+CREATE TABLE allocation_device (
+  job_id TEXT NOT NULL, device INTEGER NOT NULL, PRIMARY KEY (job_id, device)) WITHOUT ROWID;
+CREATE TABLE problem (ts REAL NOT NULL, kind TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE INDEX problem_ts ON problem (ts);
+CREATE TABLE violation (
+  key TEXT PRIMARY KEY, kind TEXT NOT NULL, node TEXT NOT NULL, user TEXT, job_id TEXT, pid INTEGER,
+  process TEXT, gpu_uuid TEXT, start REAL NOT NULL, duration_s REAL NOT NULL, end_ts REAL NOT NULL,
+  evidence TEXT NOT NULL, severity TEXT NOT NULL) WITHOUT ROWID;
+CREATE INDEX violation_end ON violation (end_ts, start);
+CREATE INDEX violation_user ON violation (user, end_ts);
+"""
+
+
+def _max2(col: str) -> str:
+    """SQL for the larger of a stored and an incoming value where either may be NULL."""
+    return f"{col} = max(coalesce({col}, excluded.{col}), coalesce(excluded.{col}, {col}))"
+
+
+_GPU_ROLLUP = f"""
+INSERT INTO gpu_minute (device, minute, n, util_n, util_sum, util_max, mem_max, mem_total,
+                        power_n, power_sum, power_max, temp_max)
+SELECT device, CAST(ts / 60 AS INTEGER) * 60 AS m, count(*), count(util_pct), total(util_pct),
+       max(util_pct), max(mem_used_mib), max(mem_total_mib), count(power_w), total(power_w),
+       max(power_w), max(temp_c)
+FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts < ? GROUP BY device, m
+ON CONFLICT (device, minute) DO UPDATE SET
+  n = n + excluded.n, util_n = util_n + excluded.util_n, util_sum = util_sum + excluded.util_sum,
+  power_n = power_n + excluded.power_n, power_sum = power_sum + excluded.power_sum,
+  {_max2("util_max")}, {_max2("mem_max")}, {_max2("mem_total")}, {_max2("power_max")},
+  {_max2("temp_max")}
+"""  # noqa: S608 - built from constants only
+_PROC_ROLLUP = f"""
+INSERT INTO proc_minute (process, minute, n, util_n, util_sum, util_max, mem_max)
+SELECT process, CAST(ts / 60 AS INTEGER) * 60 AS m, count(*), count(sm_util_pct),
+       total(sm_util_pct), max(sm_util_pct), max(mem_mib)
+FROM proc_sample WHERE ts < ? GROUP BY process, m
+ON CONFLICT (process, minute) DO UPDATE SET
+  n = n + excluded.n, util_n = util_n + excluded.util_n, util_sum = util_sum + excluded.util_sum,
+  {_max2("util_max")}, {_max2("mem_max")}
+"""  # noqa: S608 - built from constants only
+
+
+class StoreError(InputError):
+    """The store cannot be used: not SQLite, damaged, not gpuslurm's, or from a newer gpuslurm."""
+
+
+class GpuStats(NamedTuple):
+    """One device's figures over a period (raw samples and minute rollups together)."""
+
+    uuid: str
+    samples: int
+    util_samples: int  # samples where utilisation was known: the weight of util_mean_pct
+    util_mean_pct: float | None
+    util_max_pct: float | None
+    mem_peak_mib: float | None
+
+
+def default_path(state_dir: str) -> str:
+    return os.path.join(state_dir, DEFAULT_NAME)
+
+
+class Store:
+    """An open store; use :meth:`open`. Not shared between threads."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str, readonly: bool,
+                 moved_aside: str | None = None) -> None:
+        self._conn = conn
+        self.path = path
+        self.readonly = readonly
+        self.moved_aside = moved_aside  # where an unusable file was moved when opening for writing
+        self._devices: dict[str, int] = {}
+        self._procs: dict[tuple[int, int, float | None, str | None], int] = {}
+        self._node: str | None = None
+
+    @classmethod
+    def open(cls, path: str, readonly: bool = False, timeout_s: float = 5.0) -> Store:
+        """Open (for writing: create or upgrade) the store at ``path``; see the module docstring."""
+        p = Path(path)
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            st = None
+        if st is None and readonly:
+            raise StoreError("no such file: no monitor store here", source=path)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise StoreError(f"refusing to use: {what}", source=path)
+        moved = None
+        conn = None
+        if st is not None:
+            conn, why = _try_connect(p, readonly, timeout_s)
+            if why is not None:
+                if readonly or why.startswith("written by a newer"):
+                    raise StoreError(why, source=path)
+                moved = _move_aside(p)
+        if conn is None:
+            conn = _connect(p, readonly=False, timeout_s=timeout_s)
+        if not readonly:
+            _prepare_writer(conn, path)
+        return cls(conn, path, readonly, moved)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def check(self) -> str | None:
+        """A full ``quick_check`` (reads the whole file): None when sound, else SQLite's first complaint."""
+        rows = self._read("PRAGMA quick_check(1)", ())
+        return None if rows and rows[0][0] == "ok" else str(rows[0][0] if rows else "no answer")
+
+    # ---- writing
+
+    def write_cycle(self, cycle: Cycle, violations: Iterable[Violation] = ()) -> None:
+        """Record one monitor cycle (and the detectors' findings) in one transaction."""
+        self._write(self._cycle_rows, cycle, tuple(violations))
+
+    def rollup(self, now: float, raw_window_s: float, keep_s: float | None = None) -> None:
+        """Fold raw samples older than ``raw_window_s`` into minute rows; drop all but ``keep_s``."""
+        cutoff = math.floor((now - raw_window_s) / 60) * 60  # whole minutes only: no bucket is split
+        self._write(self._rollup_rows, cutoff, None if keep_s is None else now - keep_s)
+
+    def _write(self, fn: Any, *args: Any) -> None:
+        if self.readonly:
+            raise StoreError("opened read-only", source=self.path)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                fn(conn, *args)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                # ids handed out inside the rolled-back transaction do not exist any more
+                self._devices.clear()
+                self._procs.clear()
+                self._node = None
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(_one_line(exc), source=self.path) from None
+
+    def _cycle_rows(self, conn: sqlite3.Connection, cycle: Cycle, violations: tuple[Violation, ...]) -> None:
+        if cycle.node != self._node:
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('node', ?)", (cycle.node,))
+            self._node = cycle.node
+        conn.executemany(
+            "INSERT OR REPLACE INTO gpu_sample VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(self._device(conn, g.mig_uuid or g.gpu_uuid, g.gpu_uuid), g.ts, g.util_pct,
+              g.mem_used_mib, g.mem_total_mib, g.power_w, g.temp_c) for g in cycle.gpus])
+        ids = [self._process(conn, p) for p in cycle.procs]
+        conn.executemany("INSERT OR REPLACE INTO proc_sample VALUES (?, ?, ?, ?)",
+                         [(p.ts, i, p.mem_mib, p.sm_util_pct) for p, i in zip(cycle.procs, ids, strict=True)])
+        for chunk in range(0, len(ids), 500):
+            part = ids[chunk:chunk + 500]
+            conn.execute(f"UPDATE process SET last_seen = max(last_seen, ?) WHERE id IN "  # noqa: S608
+                         f"({','.join('?' * len(part))})", (cycle.ts, *part))
+        for a in cycle.allocations:
+            self._allocation(conn, a, cycle.ts)
+        conn.executemany("INSERT INTO problem VALUES (?, ?, ?, ?)",
+                         [(p.ts, p.kind, p.subject, p.detail) for p in cycle.problems])
+        conn.executemany(
+            "INSERT INTO violation VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET duration_s = excluded.duration_s, end_ts = excluded.end_ts, "
+            "evidence = excluded.evidence, severity = excluded.severity",
+            [(_violation_key(v), *v[:8], v.duration_s, v.start + v.duration_s, v.evidence, v.severity)
+             for v in violations])
+
+    def _device(self, conn: sqlite3.Connection, uuid: str, gpu_uuid: str | None) -> int:
+        found = self._devices.get(uuid)
+        if found is not None:
+            return found
+        conn.execute("INSERT INTO device (uuid, gpu_uuid) VALUES (?, ?) ON CONFLICT (uuid) DO UPDATE "
+                     "SET gpu_uuid = coalesce(device.gpu_uuid, excluded.gpu_uuid)", (uuid, gpu_uuid))
+        ident = int(conn.execute("SELECT id FROM device WHERE uuid = ?", (uuid,)).fetchone()[0])
+        if gpu_uuid is not None:  # a MIG device first named by an allocation learns its parent later
+            self._devices[uuid] = ident
+        return ident
+
+    def _process(self, conn: sqlite3.Connection, p: ProcSample) -> int:
+        device = self._device(conn, p.mig_uuid or p.gpu_uuid, p.gpu_uuid)
+        key = (device, p.pid, p.started, p.job_id)
+        found = self._procs.get(key)
+        if found is not None:
+            return found
+        row = conn.execute("SELECT id FROM process WHERE device = ? AND pid = ? AND started IS ? "
+                           "AND job_id IS ? ORDER BY id DESC LIMIT 1", key).fetchone()
+        if row is None:
+            row = conn.execute(
+                "INSERT INTO process (device, pid, started, uid, user, job_id, name, first_seen, last_seen) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (*key[:3], p.uid, p.user, p.job_id, p.name, p.ts, p.ts)).fetchone()
+        if len(self._procs) > 100_000:  # processes come and go: do not grow without bound
+            self._procs.clear()
+        self._procs[key] = int(row[0])
+        return int(row[0])
+
+    def _allocation(self, conn: sqlite3.Connection, a: Allocation, ts: float) -> None:
+        conn.execute(
+            "INSERT INTO allocation VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id) DO UPDATE SET "
+            "last_seen = max(last_seen, excluded.last_seen), account = coalesce(excluded.account, account)",
+            (a.job_id, a.user, a.uid, a.account, a.start, ts, a.source))
+        conn.executemany("INSERT OR IGNORE INTO allocation_device VALUES (?, ?)",
+                         [(a.job_id, self._device(conn, u, u if u.startswith("GPU-") else None))
+                          for u in a.uuids])
+
+    def _rollup_rows(self, conn: sqlite3.Connection, cutoff: float, forget_before: float | None) -> None:
+        conn.execute(_GPU_ROLLUP, (cutoff,))
+        conn.execute("DELETE FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts < ?", (cutoff,))
+        conn.execute(_PROC_ROLLUP, (cutoff,))
+        conn.execute("DELETE FROM proc_sample WHERE ts < ?", (cutoff,))
+        if forget_before is None:
+            return
+        t = (forget_before,)
+        conn.execute("DELETE FROM gpu_minute WHERE device IN (SELECT id FROM device) AND minute < ?", t)
+        conn.execute("DELETE FROM proc_minute WHERE process IN "
+                     "(SELECT id FROM process WHERE last_seen < ?)", t)
+        conn.execute("DELETE FROM proc_minute WHERE minute < ?", t)
+        conn.execute("DELETE FROM process WHERE last_seen < ?", t)
+        conn.execute("DELETE FROM allocation_device WHERE job_id IN "
+                     "(SELECT job_id FROM allocation WHERE last_seen < ?)", t)
+        conn.execute("DELETE FROM allocation WHERE last_seen < ?", t)
+        conn.execute("DELETE FROM problem WHERE ts < ?", t)
+        conn.execute("DELETE FROM violation WHERE end_ts < ?", t)
+
+    # ---- reading
+
+    def gpu_stats(self, uuids: Sequence[str], since: float, until: float) -> dict[str, GpuStats]:
+        """Per device: samples, mean/max utilisation and peak memory in ``[since, until]``.
+
+        Beyond the raw window the resolution is one minute: a minute row counts whole when it
+        overlaps the period. Devices without samples are left out.
+        """
+        ids = {}
+        for uuid in dict.fromkeys(uuids):
+            row = self._read("SELECT id FROM device WHERE uuid = ?", (uuid,))
+            if row:
+                ids[int(row[0][0])] = uuid
+        out: dict[str, GpuStats] = {}
+        lo = math.floor(since / 60) * 60
+        for device, uuid in ids.items():
+            raw = self._read("SELECT count(*), count(util_pct), total(util_pct), max(util_pct), "
+                             "max(mem_used_mib) FROM gpu_sample WHERE device = ? AND ts BETWEEN ? AND ?",
+                             (device, since, until))[0]
+            agg = self._read("SELECT coalesce(sum(n), 0), coalesce(sum(util_n), 0), total(util_sum), "
+                             "max(util_max), max(mem_max) FROM gpu_minute "
+                             "WHERE device = ? AND minute BETWEEN ? AND ?", (device, lo, until))[0]
+            n, util_n = raw[0] + agg[0], raw[1] + agg[1]
+            if not n:
+                continue
+            out[uuid] = GpuStats(uuid, n, util_n, (raw[2] + agg[2]) / util_n if util_n else None,
+                                 _max(raw[3], agg[3]), _max(raw[4], agg[4]))
+        return out
+
+    def violations(self, since: float, until: float, kind: str | None = None,
+                   user: str | None = None, job_id: str | None = None) -> list[Violation]:
+        """Findings whose time span overlaps ``[since, until]``, oldest first."""
+        sql = ("SELECT kind, node, user, job_id, pid, process, gpu_uuid, start, duration_s, evidence, "
+               "severity FROM violation WHERE end_ts >= ? AND start <= ?")
+        args: list[Any] = [since, until]
+        for col, value in (("kind", kind), ("user", user), ("job_id", job_id)):
+            if value is not None:
+                sql += f" AND {col} = ?"
+                args.append(value)
+        return [Violation(*row) for row in self._read(sql + " ORDER BY start, key", tuple(args))]
+
+    def schema_version(self) -> int:
+        return int(self._read("SELECT max(version) FROM schema_version", ())[0][0])
+
+    def _read(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(_one_line(exc), source=self.path) from None
+
+
+def _violation_key(v: Violation) -> str:
+    # NULLs are distinct in SQLite's UNIQUE, so the identity of a finding is spelled out in text
+    return "|".join(str(x) for x in (v.kind, v.node, v.gpu_uuid, v.pid, v.job_id, v.user, repr(v.start)))
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _connect(p: Path, *, readonly: bool, timeout_s: float) -> sqlite3.Connection:
+    if readonly:  # mode=ro: never creates, never writes (the URI quotes odd characters in the path)
+        uri = p.absolute().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+        conn.execute("PRAGMA query_only = ON")
+    else:
+        conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None)
+    return conn
+
+
+def _try_connect(p: Path, readonly: bool, timeout_s: float) -> tuple[sqlite3.Connection | None, str | None]:
+    """Open an existing file and see whether it is a usable store: (connection, None) or (None, why)."""
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        return None, f"cannot read: {exc.strerror}"
+    if not head:
+        return (None, "empty file, not a gpuslurm store") if readonly else (None, None)
+    if head != SQLITE_MAGIC:
+        return None, "not an SQLite database"
+    conn = None
+    try:
+        conn = _connect(p, readonly=readonly, timeout_s=timeout_s)
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables and not readonly:
+            return conn, None  # a valid, empty database: the writer creates the schema
+        if "schema_version" not in tables:
+            why = "not a gpuslurm store (no schema_version table)"
+        else:
+            version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+            if not isinstance(version, int):
+                why = "not a gpuslurm store (no schema version recorded)"
+            elif version > SCHEMA_VERSION:
+                why = f"written by a newer gpuslurm (schema {version}, this one knows {SCHEMA_VERSION})"
+            else:
+                return conn, None
+    except sqlite3.Error as exc:
+        why = f"damaged SQLite file: {_one_line(exc)}"
+    if conn is not None:
+        conn.close()
+    return None, why
+
+
+def _move_aside(p: Path) -> str:
+    """Rename an unusable store (and its WAL files, which belong to it) out of the way."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = p.with_name(f"{p.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = p.with_name(f"{p.name}.corrupt-{stamp}.{n}")
+    os.rename(p, aside)
+    for suffix in ("-wal", "-shm"):
+        try:
+            os.rename(f"{p}{suffix}", f"{aside}{suffix}")
+        except FileNotFoundError:
+            pass
+    return str(aside)
+
+
+def _prepare_writer(conn: sqlite3.Connection, path: str) -> None:
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        # NORMAL in WAL mode: a committed cycle survives a killed process; only a power loss can
+        # drop the last commits, and the file stays consistent either way
+        conn.execute("PRAGMA synchronous = NORMAL")
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "schema_version" not in tables:
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT INTO schema_version VALUES (?, ?)", (SCHEMA_VERSION, time.time()))
+            conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StoreError(_one_line(exc), source=path) from None

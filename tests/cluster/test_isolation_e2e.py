@@ -1,0 +1,173 @@
+"""gpuslurm's own device isolation in the real test cluster, with Slurm's ConstrainDevices off.
+
+For this module only, the cluster's cgroup.conf says ``ConstrainDevices=no`` (slurmd restarted
+to read it) and slurm.conf gains Prolog=/Epilog=/TaskProlog= wrappers running gpuslurm with
+``/usr/bin/python3`` (the job's user must be able to run the task prolog). Jobs run as nobody,
+so the task prolog's move into the cgroup uses the user's own rights, as in production. Both
+files are restored and slurmd restarted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import gpuslurm
+from cluster_fixture import CLUSTER_SH
+from gpuslurm.hw.source import BUILTIN_DIR
+
+if TYPE_CHECKING:
+    from cluster_fixture import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+SCONTROL = "/usr/bin/scontrol"
+PYTHON = "/usr/bin/python3"
+SRC = Path(gpuslurm.__file__).resolve().parents[1]
+# The hooks' own entry point, as the installed executables run it: prolog and epilog with this
+# session's interpreter (root runs them), the task prolog with the system one, since the job's
+# user cannot reach an interpreter under /root (the entry needs nothing beyond the stdlib).
+RUN = "from gpuslurm.hooks.entry import run; run()"
+GPUS = 8
+PROBE = f"""
+grep devices /proc/self/cgroup | sed 's/^/CGROUP /'
+echo "JOB_GPUS=$SLURM_JOB_GPUS"
+{PYTHON} - <<'EOF'
+import errno
+for path in [f"/dev/nvidia{{i}}" for i in range({GPUS})] + ["/dev/nvidiactl", "/dev/null"]:
+    try:
+        open(path, "rb").close()
+        print("DEV", path, "OK")
+    except OSError as exc:
+        print("DEV", path, errno.errorcode.get(exc.errno, exc.errno))
+EOF
+"""
+
+
+@dataclass
+class Site:
+    cluster: SlurmCluster
+    root: Path
+
+    def configure(self, devices: str) -> None:
+        cgroup_conf = self.cluster.conf.parent / "cgroup.conf"
+        (self.root / "gpuslurm.toml").write_text(
+            f'[paths]\nrun_dir = "{self.root / "run"}"\nstate_dir = "{self.root / "state"}"\n'
+            f'scontrol = "{SCONTROL}"\nslurm_cgroup_conf = "{cgroup_conf}"\n'
+            f'[cgroup]\ndevices = "{devices}"\n[hooks]\ncommand_timeout_s = 20\n')
+
+    def run_probe(self, gres: str) -> tuple[int, str]:
+        out = self.root / "out"
+        jobid = self.cluster.sbatch([f"--gres={gres}", "--uid=nobody", "--chdir=/",
+                                     f"--output={out}/slurm-%j.out"], PROBE)
+        state = self.cluster.wait(jobid, timeout=60)
+        path = out / f"slurm-{jobid}.out"
+        text = path.read_text() if path.exists() else ""
+        assert state == "COMPLETED", f"{state}\n{text}\n{self.hook_log()}\n{self.cluster.log_tail()}"
+        return jobid, text
+
+    def hook_log(self) -> str:
+        path = self.root / "hooks.log"
+        return path.read_text() if path.exists() else ""
+
+
+def _restart_slurmd(cluster: SlurmCluster) -> None:
+    """Reconfigure, then restart slurmd through cluster.sh (which keeps slurmctld): cgroup.conf is
+    read when slurmd starts."""
+    subprocess.run([SCONTROL, "reconfigure"], env=cluster.env, capture_output=True, timeout=30, check=True)
+    pidfile = cluster.state_dir / "run" / "slurmd.pid"
+    pid = int(pidfile.read_text().strip())
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(200):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
+    up = subprocess.run(["/bin/bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True,
+                        timeout=120, check=False)
+    assert up.returncode == 0, up.stderr
+    host = subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
+                   capture_output=True, timeout=30, check=False)  # after a failed run drained it
+
+
+def _wrapper(path: Path, hook: str, env: dict[str, str], log: Path) -> None:
+    exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
+    run = f"{PYTHON if hook == 'task-prolog' else sys.executable} -c '{RUN}' {hook}"
+    path.write_text(f"#!/bin/sh\n{exports}exec {run} 2>>{log}\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def site(slurm_cluster: SlurmCluster) -> Iterator[Site]:
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is missing: the task prolog runs as nobody with it")
+    root = Path(tempfile.mkdtemp(prefix="gpuslurm-isolation-"))
+    root.chmod(0o755)
+    (root / "out").mkdir()
+    (root / "out").chmod(0o1777)  # the job, as nobody, writes its output there
+    (root / "hooks.log").touch()
+    (root / "hooks.log").chmod(0o666)  # the task prolog, as nobody, logs there too
+    shutil.copytree(BUILTIN_DIR / "dgx-h100", root / "bundle")
+    s = Site(slurm_cluster, root)
+    s.configure("auto")
+    env = {"GPUSLURM_CAPTURE": str(root / "bundle"), "GPUSLURM_CONFIG": str(root / "gpuslurm.toml"),
+           "SLURM_CONF": str(slurm_cluster.conf), "PYTHONPATH": str(SRC)}
+    for hook in ("prolog", "epilog", "task-prolog"):
+        _wrapper(root / f"{hook}.sh", hook, env, root / "hooks.log")
+    cgroup_conf = slurm_cluster.conf.parent / "cgroup.conf"
+    original_conf, original_cgroup = slurm_cluster.conf.read_text(), cgroup_conf.read_text()
+    lines = f"Prolog={root}/prolog.sh\nEpilog={root}/epilog.sh\nTaskProlog={root}/task-prolog.sh\n"
+    slurm_cluster.conf.write_text(original_conf.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
+    cgroup_conf.write_text(re.sub(r"(?m)^ConstrainDevices=.*$", "ConstrainDevices=no", original_cgroup))
+    try:
+        _restart_slurmd(slurm_cluster)
+        yield s
+    finally:
+        slurm_cluster.conf.write_text(original_conf)
+        cgroup_conf.write_text(original_cgroup)
+        _restart_slurmd(slurm_cluster)
+        if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _devices(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^DEV (\S+) (\S+)$", text, re.M))
+
+
+def test_gpuslurm_limits_a_four_gpu_job_to_its_devices(site: Site) -> None:
+    site.configure("auto")  # cgroup.conf says ConstrainDevices=no: gpuslurm is the isolation
+    jobid, out = site.run_probe("gpu:4")
+    found = re.search(r"^JOB_GPUS=(.*)$", out, re.M)
+    assert found, out
+    mine = {int(i) for i in found.group(1).split(",")}
+    assert len(mine) == 4
+    devices = _devices(out)
+    # dgx-h100: minor = index. ENXIO: let through to a device with no driver; EPERM: denied.
+    assert {f"/dev/nvidia{i}": devices.get(f"/dev/nvidia{i}") for i in range(GPUS)} == {
+        f"/dev/nvidia{i}": "ENXIO" if i in mine else "EPERM" for i in range(GPUS)}, out
+    assert devices["/dev/nvidiactl"] == "ENXIO" and devices["/dev/null"] == "OK"
+    assert re.search(rf"^CGROUP \d+:devices:/gpuslurm/job_{jobid}$", out, re.M), out
+    assert not Path(f"/sys/fs/cgroup/devices/gpuslurm/job_{jobid}").exists()  # the epilog removed it
+
+
+def test_without_gpuslurm_isolation_every_gpu_opens(site: Site) -> None:
+    site.configure("never")  # the negative control: ConstrainDevices=no and nothing else
+    _, out = site.run_probe("gpu:4")
+    devices = _devices(out)
+    assert {devices.get(f"/dev/nvidia{i}") for i in range(GPUS)} == {"ENXIO"}, out
+    assert re.search(r"^CGROUP \d+:devices:/$", out, re.M), out

@@ -1,0 +1,219 @@
+"""A per-job MPS daemon inside the real test cluster: started by the prolog as the job's user,
+reachable from the job, stopped by the epilog.
+
+The session cluster has no ``gres/mps`` (that needs another gres.conf and a slurmd restart), so
+jobs ask for MPS with the ``comment`` trigger; the ``gres`` trigger is tested on the prolog
+environment Slurm 22.05 gave a ``--gres=mps:50`` job (tests/isolate/test_mps.py). Like
+test_hooks_e2e, this module adds Prolog=/Epilog=/TaskProlog= to the running cluster and restores
+slurm.conf afterwards. Jobs run as ``nobody`` (``sbatch --uid``), so the daemon's uid is not root's.
+The MPS control program is the stand-in tests/fakes/nvidia-cuda-mps-control.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import gpuslurm
+from gpuslurm.hw.source import BUILTIN_DIR
+
+if TYPE_CHECKING:
+    from cluster_fixture import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+SCONTROL = "/usr/bin/scontrol"
+SYSTEM_PYTHON = "/usr/bin/python3"  # the task prolog runs as nobody, who cannot read pyenv's under /root
+NOBODY = 65534
+SRC = Path(gpuslurm.__file__).resolve().parents[1]
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
+# the hooks' own entry point, as the installed executables run it
+RUN = "from gpuslurm.hooks.entry import run; run()"
+
+
+@dataclass
+class MpsCluster:
+    cluster: SlurmCluster
+    root: Path
+    node: str
+
+    @property
+    def calls(self) -> Path:
+        return self.root / "mps-calls.jsonl"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "bin" / "nvidia-cuda-mps-control"
+
+    def records(self, event: str) -> list[dict[str, Any]]:
+        return [r for r in map(json.loads, self.calls.read_text().splitlines()) if r["event"] == event]
+
+    def scontrol(self, *args: str) -> str:
+        return subprocess.run([SCONTROL, *args], env=self.cluster.env, capture_output=True, text=True,
+                              check=True, timeout=30).stdout
+
+    def submit(self, args: list[str], script: str) -> int:
+        out = self.root / "out"
+        as_nobody = [f"--uid={NOBODY}", f"--gid={NOBODY}", "--chdir=/tmp", f"--output={out}/%j.out"]
+        return self.cluster.sbatch([*as_nobody, *args], script)
+
+    def output(self, jobid: int) -> str:
+        return (self.root / "out" / f"{jobid}.out").read_text()
+
+    def hook_log(self) -> str:
+        path = self.root / "hooks.log"
+        return path.read_text() if path.exists() else ""
+
+
+def _live_with_pipe_under(prefix: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        if "\nState:\tZ" not in state and any(
+                e.startswith(f"CUDA_MPS_PIPE_DIRECTORY={prefix}".encode()) for e in env):
+            found.append(int(name))
+    return found
+
+
+def _node_state(mc: MpsCluster) -> str:
+    match = re.search(r"\bState=(\S+)", mc.scontrol("-o", "show", "node", mc.node))
+    return match.group(1) if match else ""
+
+
+def _wait_idle(mc: MpsCluster, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not _node_state(mc).startswith("IDLE"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node {mc.node} is {_node_state(mc)}\n{mc.cluster.log_tail()}\n"
+                               f"{mc.hook_log()}")
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def mps_cluster(slurm_cluster: SlurmCluster) -> Iterator[MpsCluster]:
+    root = Path(tempfile.mkdtemp(prefix="gpuslurm-mps-e2e-"))
+    root.chmod(0o755)  # nobody reaches its pipe directory, the stand-in and its log through it
+    (root / "out").mkdir(mode=0o777)
+    (root / "out").chmod(0o777)
+    bundle = root / "bundle"
+    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    node = subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    mc = MpsCluster(slurm_cluster, root, node)
+    mc.calls.touch()
+    mc.calls.chmod(0o666)
+    mc.control.parent.mkdir(mode=0o755)
+    mc.control.write_text(f'#!/bin/sh\nGPUSLURM_FAKE_MPS_LOG={mc.calls} exec {FAKE} "$@"\n')
+    mc.control.chmod(0o755)
+    config = root / "gpuslurm.toml"
+    config.write_text(
+        "[paths]\n"
+        f'run_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\nscontrol = "{SCONTROL}"\n'
+        f'mps_control = "{mc.control}"\n'
+        f'slurm_cgroup_conf = "{slurm_cluster.conf.parent / "cgroup.conf"}"\n'
+        '[mps]\ntriggers = ["gres", "comment"]\nactive_thread_percentage = 60\n'
+        "[hooks]\ncommand_timeout_s = 20\n")
+    config.chmod(0o644)
+    env = {"GPUSLURM_CAPTURE": str(bundle), "GPUSLURM_CONFIG": str(config),
+           "SLURM_CONF": str(slurm_cluster.conf), "PYTHONPATH": str(SRC)}
+    exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
+    log = root / "hooks.log"
+    log.touch(mode=0o666)
+    log.chmod(0o666)
+    for hook, python, code in (("prolog", sys.executable, RUN), ("epilog", sys.executable, RUN),
+                               ("task-prolog", SYSTEM_PYTHON, RUN)):
+        path = root / f"{hook}.sh"
+        path.write_text(f"#!/bin/sh\n{exports}exec {python} -c '{code}' {hook} 2>>{log}\n")
+        path.chmod(0o755)
+    original = slurm_cluster.conf.read_text()
+    lines = f"Prolog={root}/prolog.sh\nEpilog={root}/epilog.sh\nTaskProlog={root}/task-prolog.sh\n"
+    slurm_cluster.conf.write_text(original.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
+    try:
+        mc.scontrol("reconfigure")
+        _wait_idle(mc)
+        yield mc
+    finally:
+        slurm_cluster.conf.write_text(original)
+        mc.scontrol("reconfigure")
+        subprocess.run([SCONTROL, "update", f"NodeName={node}", "State=RESUME"], env=slurm_cluster.env,
+                       capture_output=True, timeout=30, check=False)
+        for pid in _live_with_pipe_under(str(root)):  # a failed run must not leave daemons behind
+            os.kill(pid, signal.SIGKILL)
+        try:
+            _wait_idle(mc)
+        except TimeoutError as exc:
+            print(f"node did not come back: {exc}", file=sys.stderr)
+        if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+JOB = """\
+echo "UID=$(id -u)"
+env | grep -E "^CUDA_MPS_" | sed "s/^/ENV /"
+if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then
+  stat -c "PIPE %a %u" "$CUDA_MPS_PIPE_DIRECTORY"
+  echo "DAEMON $(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"
+  echo get_default_active_thread_percentage | {control} | sed "s/^/ASKED /"
+fi
+"""
+
+
+def test_mps_job_gets_its_own_daemon_as_its_user_and_the_epilog_stops_it(mps_cluster: MpsCluster) -> None:
+    mc = mps_cluster
+    jobid = mc.submit(["--gres=gpu:2", "--comment=train gpuslurm:mps"], JOB.format(control=mc.control))
+    state = mc.cluster.wait(jobid, timeout=60)
+    out = mc.output(jobid)
+    assert state == "COMPLETED", f"{out}\n{mc.hook_log()}\n{mc.cluster.log_tail()}"
+    pipe = mc.root / "run" / "mps" / str(jobid) / "pipe"
+    env = dict(re.findall(r"^ENV (\w+)=(.*)$", out, re.M))
+    assert "UID=65534" in out
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe), out
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(pipe.parent / "log")
+    assert f"PIPE 700 {NOBODY}" in out  # the job's own private pipe directory
+    assert "ASKED 60.0" in out  # the job reached its daemon, configured by the prolog
+
+    start, = mc.records("start")
+    daemon, = mc.records("daemon")
+    assert (start["uid"], start["gid"], start["groups"]) == (NOBODY, NOBODY, [])
+    assert start["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    assert len(start["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == 2
+    assert all(u.startswith("GPU-") for u in start["env"]["CUDA_VISIBLE_DEVICES"].split(","))
+    assert f"DAEMON {daemon['pid']}" in out and daemon["uid"] == NOBODY
+    commands = [r["command"] for r in mc.records("command")]
+    assert commands[0] == "set_default_active_thread_percentage 60"
+    # after the job: the epilog sent quit as the user, the daemon is gone, so are its directories
+    assert commands[-1] == "quit" and mc.records("client")[-1]["uid"] == NOBODY
+    deadline = time.monotonic() + 10
+    while _live_with_pipe_under(str(pipe)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_with_pipe_under(str(pipe)) == []
+    assert not pipe.parent.exists()
+    assert "MPS (comment) daemon pid" in mc.hook_log()
+
+
+def test_a_gpu_job_that_did_not_ask_gets_no_daemon(mps_cluster: MpsCluster) -> None:
+    mc = mps_cluster
+    before = len(mc.records("start"))
+    jobid = mc.submit(["--gres=gpu:1", "--comment=gpuslurm:mpsx"], JOB.format(control=mc.control))
+    assert mc.cluster.wait(jobid, timeout=60) == "COMPLETED", mc.hook_log()
+    out = mc.output(jobid)
+    assert "UID=65534" in out and "ENV CUDA_MPS" not in out
+    assert len(mc.records("start")) == before

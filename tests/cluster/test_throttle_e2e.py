@@ -1,0 +1,191 @@
+"""plugins/job_submit.lua inside the real slurmctld: throttled users' GPU jobs are refused, capped
+or niced; everyone else, and non-GPU jobs, pass; broken or missing files fail open.
+
+The module installs the plugin beside the session cluster's slurm.conf, adds JobSubmitPlugins=lua
+and runs ``scontrol reconfigure`` (which loads it); two real users are created with useradd and
+submit through their own uid. Everything is undone afterwards: slurm.conf restored and
+reconfigured, the plugin and throttle file removed, the users' jobs cancelled, the users deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from cluster_fixture import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = ROOT / "plugins" / "job_submit.lua"
+SBATCH, SCONTROL, SCANCEL = "/usr/bin/sbatch", "/usr/bin/scontrol", "/usr/bin/scancel"
+_RELOAD = re.search(r"^local RELOAD_SECONDS = (\d+)", PLUGIN.read_text(), re.M)
+# After the file changes, the plugin sees it within its reload interval.
+SETTLE_S = (int(_RELOAD.group(1)) if _RELOAD else 3) + 1.0
+
+
+@dataclass
+class User:
+    name: str
+    uid: int
+    gid: int
+
+
+@dataclass
+class Throttled:
+    cluster: SlurmCluster
+    file: Path
+    a: User
+    b: User
+
+    def gpuslurm(self, *args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "gpuslurm", "throttle", *args, "--file", str(self.file)],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    def submit(self, user: User, *args: str) -> subprocess.CompletedProcess[str]:
+        """sbatch as ``user`` (held, so the node is never the question); the job id is in stdout."""
+        argv = [SBATCH, "--parsable", "--hold", "--chdir=/tmp", "--output=/dev/null", *args,
+                "--wrap", "true"]
+        return subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True, timeout=60,
+                              check=False, user=user.uid, group=user.gid, extra_groups=[], cwd="/tmp")
+
+    def accepted(self, user: User, *args: str) -> int:
+        proc = self.submit(user, *args)
+        assert proc.returncode == 0, f"{user.name} {args}: {proc.stderr}\n{self.ctld_log()}"
+        return int(proc.stdout.strip().split(";")[0])
+
+    def refused(self, user: User, *args: str) -> str:
+        proc = self.submit(user, *args)
+        assert proc.returncode != 0, f"{user.name} {args} was accepted: job {proc.stdout}"
+        return proc.stderr
+
+    def job(self, jobid: int) -> str:
+        return subprocess.run([SCONTROL, "-o", "show", "job", str(jobid)], env=self.cluster.env,
+                              capture_output=True, text=True, timeout=30, check=True).stdout
+
+    def ctld_log(self) -> str:
+        path = self.cluster.log_dir / "slurmctld.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _scontrol(cluster: SlurmCluster, *args: str) -> None:
+    subprocess.run([SCONTROL, *args], env=cluster.env, capture_output=True, text=True, timeout=60,
+                   check=True)
+
+
+def _make_user(name: str) -> User:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        pass
+    else:
+        pytest.fail(f"user {name} already exists; not touching it")
+    subprocess.run(["/usr/sbin/useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                    "--user-group", name], check=True, timeout=30)
+    pw = pwd.getpwnam(name)
+    return User(name, pw.pw_uid, pw.pw_gid)
+
+
+@pytest.fixture(scope="module")
+def throttled(slurm_cluster: SlurmCluster) -> Iterator[Throttled]:
+    if not os.access("/usr/sbin/useradd", os.X_OK):
+        pytest.skip("useradd is missing")
+    etc = slurm_cluster.conf.parent
+    original = slurm_cluster.conf.read_text()
+    tag = os.getpid() % 100000
+    users: list[User] = []
+    try:
+        users += [_make_user(f"gsthr{tag}a"), _make_user(f"gsthr{tag}b")]
+        (etc / "job_submit.lua").write_text(PLUGIN.read_text())
+        slurm_cluster.conf.write_text(original.replace("\nNodeName=", "\nJobSubmitPlugins=lua\nNodeName=", 1))
+        _scontrol(slurm_cluster, "reconfigure")
+        yield Throttled(slurm_cluster, etc / "gpuslurm-throttle", users[0], users[1])
+    finally:
+        for user in users:
+            subprocess.run([SCANCEL, "-u", user.name], env=slurm_cluster.env, capture_output=True,
+                           timeout=30, check=False)
+        slurm_cluster.conf.write_text(original)
+        _scontrol(slurm_cluster, "reconfigure")
+        for name in ("job_submit.lua", "gpuslurm-throttle"):
+            (etc / name).unlink(missing_ok=True)
+        for user in users:
+            subprocess.run(["/usr/sbin/userdel", user.name], capture_output=True, timeout=30, check=False)
+
+
+def test_throttled_users_gpu_jobs_are_refused_with_the_message(throttled: Throttled) -> None:
+    t, a, b = throttled, throttled.a, throttled.b
+    t.gpuslurm("add", a.name, "--for", "1h", "--reason", "rogue process on GPU-e2e",
+               "--contact", "hpc-help@example.org")
+    time.sleep(SETTLE_S)
+    err = t.refused(a, "--gres=gpu:1")
+    until = re.search(r"until (\d{4}-\d\d-\d\d \d\d:\d\d)", err)
+    assert until, err
+    assert a.name in err and "rogue process on GPU-e2e" in err and "hpc-help@example.org" in err
+    for args in (["--gpus=1"], ["--gpus-per-node=1"], ["--gpus-per-task=1", "-n", "1"],
+                 ["--gres=gpu:h100:2"]):
+        assert "refused" in t.refused(a, *args), args
+    t.accepted(a)  # no GPUs: passes
+    t.accepted(b, "--gres=gpu:1")
+    t.accepted(b, "--gpus=2")
+    assert f"refused a GPU job of throttled user {a.name}" in t.ctld_log()
+
+
+def test_after_expiry_the_user_submits_again(throttled: Throttled) -> None:
+    t, a = throttled, throttled.a
+    t.gpuslurm("add", a.name, "--for", f"{int(SETTLE_S) + 4}s")
+    time.sleep(SETTLE_S)
+    t.refused(a, "--gres=gpu:1")
+    time.sleep(5)
+    t.accepted(a, "--gres=gpu:1")
+    assert "no user is throttled" in t.gpuslurm("list")
+
+
+def test_junk_lines_and_a_missing_file_fail_open(throttled: Throttled) -> None:
+    t, a, b = throttled, throttled.a, throttled.b
+    t.file.write_text("complete nonsense\n\x01\x02 binary junk\t\t\nanother\tbad\tline\n")
+    time.sleep(SETTLE_S)
+    t.accepted(a, "--gres=gpu:1")
+    t.accepted(b, "--gpus=1")
+    assert re.search(r"gpuslurm: throttle file .*gpuslurm-throttle: skipped 3 junk line", t.ctld_log())
+    # junk beside a valid line: the line still counts
+    t.gpuslurm("add", a.name, "--for", "1h")
+    with t.file.open("a") as fh:
+        fh.write("junk after the valid line\n")
+    time.sleep(SETTLE_S)
+    t.refused(a, "--gres=gpu:1")
+    t.accepted(b, "--gres=gpu:1")
+    t.file.unlink()
+    time.sleep(SETTLE_S)
+    t.accepted(a, "--gres=gpu:1")
+    assert re.search(r"gpuslurm: throttle file .* not readable", t.ctld_log())
+
+
+def test_cap_reduces_the_gpus_and_priority_adds_nice(throttled: Throttled) -> None:
+    t, a = throttled, throttled.a
+    t.gpuslurm("add", a.name, "--cap", "1", "--for", "1h")
+    time.sleep(SETTLE_S)
+    proc = t.submit(a, "--gres=gpu:4")
+    assert proc.returncode == 0, proc.stderr
+    assert "reduced to 1 GPU" in proc.stderr
+    job = t.job(int(proc.stdout.strip()))
+    assert re.search(r"\bTresPerNode=gres:gpu:1\b", job), job
+    job = t.job(t.accepted(a, "--gpus=3"))
+    assert re.search(r"\bTresPerJob=gres:gpu:1\b", job), job
+    t.gpuslurm("add", a.name, "--nice", "4321", "--for", "1h")
+    time.sleep(SETTLE_S)
+    assert re.search(r"\bNice=4321\b", t.job(t.accepted(a, "--gres=gpu:1")))
+    assert re.search(r"\bNice=0\b", t.job(t.accepted(a)))  # no GPUs, no penalty
+    t.gpuslurm("remove", a.name)

@@ -1,0 +1,64 @@
+"""Real device files and processes for the cgroup tests (root only; no GPU needed).
+
+A device file made with mknod for a major no driver registered opens with ENXIO when the cgroup
+lets the open through and EPERM when the cgroup refuses it: the two errors tell allowed from
+denied without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import gpuslurm
+
+NOBODY = 65534
+# Readable by nobody (pyenv's interpreter under /root is not); the package is put on its path.
+SYSTEM_PYTHON = "/usr/bin/python3"
+SRC = str(Path(gpuslurm.__file__).resolve().parents[1])
+# argv: device paths; prints "<path> <errno name or OK>" per device.
+PROBE = """
+import errno, sys
+for path in sys.argv[1:]:
+    try:
+        open(path, "rb").close()
+        print(path, "OK")
+    except OSError as exc:
+        print(path, errno.errorcode.get(exc.errno, exc.errno))
+"""
+
+
+def unavailable(what: str) -> str | None:
+    if os.geteuid() != 0:
+        return f"{what} needs root (mknod, cgroups)"
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        return f"{SYSTEM_PYTHON} is missing: the tests run processes as nobody with it"
+    return None
+
+
+def make_gpu_files(minors: range | list[int], major: int = 195) -> Iterator[Path]:
+    """A world-reachable temporary directory with ``nvidia<minor>`` character devices."""
+    tmp = Path(tempfile.mkdtemp(prefix="gpuslurm-dev-"))
+    try:
+        tmp.chmod(0o755)
+        for minor in minors:
+            os.mknod(tmp / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def parse_probe(output: str) -> dict[str, str]:
+    return {Path(p).name: r for p, r in (line.split() for line in output.splitlines() if line.strip())}
+
+
+def as_nobody(argv: list[str], **kwargs: object) -> subprocess.Popen[str]:
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
+    env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
+    return subprocess.Popen(argv, user=NOBODY, group=65534, extra_groups=[], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", **kwargs)  # type: ignore[call-overload]

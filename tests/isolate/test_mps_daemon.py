@@ -1,0 +1,375 @@
+"""The per-job MPS daemon for real: started as ``nobody`` by root, stopped, rolled back.
+
+The daemon is the stand-in ``tests/fakes/nvidia-cuda-mps-control`` (a real background process
+that listens on the pipe directory and records every call with its uid and gid). Root only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpuslurm
+from gpuslurm.errors import CommandError, InputError
+from gpuslurm.hooks.epilog import run_epilog
+from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.hw.source import BUILTIN_DIR, load_node
+from gpuslurm.isolate.mps import MpsRequest, start_mps, stop_mps
+
+NOBODY = 65534
+NOGROUP = 65534
+JOB = "8641"  # not 1234: other tests' jobs have cgroups that every task prolog looks for
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
+SRC = str(Path(gpuslurm.__file__).resolve().parents[1])
+SYSTEM_PYTHON = "/usr/bin/python3"  # readable by nobody, unlike pyenv's under /root
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+                                reason="runs the daemon as nobody: needs root and /usr/bin/python3")
+
+
+@dataclass
+class Mps:
+    root: Path
+    calls: Path
+
+    @property
+    def run_dir(self) -> str:
+        return str(self.root / "run")
+
+    def control(self, name: str = "nvidia-cuda-mps-control", **knobs: str) -> str:
+        """A wrapper that runs the stand-in with its log file (and test knobs) set."""
+        path = self.root / name
+        env = "".join(f"{k}={v} " for k, v in {"GPUSLURM_FAKE_MPS_LOG": self.calls, **knobs}.items())
+        path.write_text(f'#!/bin/sh\n{env}exec {FAKE} "$@"\n')
+        path.chmod(0o755)
+        return str(path)
+
+    def records(self, event: str | None = None) -> list[dict[str, Any]]:
+        lines = self.calls.read_text().splitlines() if self.calls.exists() else []
+        return [r for r in map(json.loads, lines) if event is None or r["event"] == event]
+
+    def start(self, job: str = "42", uuids: tuple[str, ...] = ("GPU-a", "GPU-b"), pct: int = 50,
+              pinned: int = 0, control: str | None = None, timeout: float = 5.0) -> Any:
+        return start_mps(job, NOBODY, NOGROUP, uuids, MpsRequest("comment", pct), run_dir=self.run_dir,
+                         mps_control=control or self.control(), pinned_memory_limit_mib=pinned,
+                         timeout=timeout)
+
+    def stop(self, job: str = "42", control: str | None = None, grace: float = 2.0) -> Any:
+        return stop_mps(job, run_dir=self.run_dir, mps_control=control or self.control(), timeout=5.0,
+                        grace=grace)
+
+
+def live(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return "\nState:\tZ" not in fh.read()  # our daemons are reparented to a pid 1 that may not reap
+    except OSError:
+        return False
+
+
+def processes_with(prefix: str) -> list[int]:
+    """Live processes whose CUDA_MPS_PIPE_DIRECTORY is under ``prefix``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(f"CUDA_MPS_PIPE_DIRECTORY={prefix}".encode()) for e in env) and live(int(name)):
+            found.append(int(name))
+    return found
+
+
+@pytest.fixture
+def mps() -> Iterator[Mps]:
+    root = Path(tempfile.mkdtemp(prefix="gpuslurm-mps-"))
+    root.chmod(0o755)  # nobody reaches the pipe directory through it
+    calls = root / "calls.jsonl"
+    calls.touch(mode=0o666)
+    calls.chmod(0o666)
+    try:
+        yield Mps(root, calls)
+    finally:
+        for pid in processes_with(str(root)):  # a failed test must not leave daemons behind
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def mode_owner(path: str | Path) -> tuple[int, int, int]:
+    st = os.lstat(path)
+    return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+
+
+def test_start_runs_the_daemon_as_the_user_in_private_directories(mps: Mps) -> None:
+    daemon = mps.start(pinned=2048)
+    job = Path(mps.run_dir) / "mps" / "42"
+    assert mode_owner(Path(mps.run_dir) / "mps") == (0o755, 0, 0)
+    assert mode_owner(job) == (0o755, 0, 0)
+    assert mode_owner(job / "pipe") == (0o700, NOBODY, NOGROUP)
+    assert mode_owner(job / "log") == (0o700, NOBODY, NOGROUP)
+    assert mode_owner(job / "mps.json") == (0o600, 0, 0)
+    assert daemon.pipe_dir == str(job / "pipe") and daemon.log_dir == str(job / "log")
+    assert daemon.pid is not None and live(daemon.pid)
+    assert Path(f"/proc/{daemon.pid}/status").read_text().count(f"\t{NOBODY}\t") >= 2  # Uid:, Gid:
+
+    start, = mps.records("start")
+    assert start["argv"] == ["-d"]
+    assert (start["uid"], start["euid"], start["gid"], start["egid"]) == (NOBODY, NOBODY, NOGROUP, NOGROUP)
+    assert start["groups"] == [] and start["cwd"] == "/"
+    assert start["env"] == {"CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
+                            "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir,
+                            "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+                            "PATH": f"{mps.root}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    assert mps.records("daemon")[0]["pid"] == daemon.pid
+    assert [c["stdin"] for c in mps.records("client")] == [
+        ["set_default_active_thread_percentage 50"], ["set_default_device_pinned_mem_limit 0 2048M"],
+        ["set_default_device_pinned_mem_limit 1 2048M"]]
+    assert all(c["uid"] == NOBODY and c["gid"] == NOGROUP for c in mps.records("client"))
+    assert [c["command"] for c in mps.records("command")] == [
+        "set_default_active_thread_percentage 50", "set_default_device_pinned_mem_limit 0 2048M",
+        "set_default_device_pinned_mem_limit 1 2048M"]
+    # the daemon could write its log: the log directory is really the user's
+    assert "Cmd:set_default_active_thread_percentage 50" in (job / "log" / "control.log").read_text()
+
+    state = json.loads((job / "mps.json").read_text())
+    assert (state["uid"], state["gid"], state["pid"]) == (NOBODY, NOGROUP, daemon.pid)
+    assert state["trigger"] == "comment"
+
+    done = mps.stop()
+    assert done is not None
+    assert (done.quit_error, done.killed, done.stuck, done.errors) == (None, (), (), ())
+    assert done.daemon == daemon
+    assert not live(daemon.pid)
+    assert not job.exists()
+    quit_call = mps.records("client")[-1]
+    assert quit_call["stdin"] == ["quit"] and quit_call["uid"] == NOBODY
+    assert quit_call["env"]["CUDA_MPS_PIPE_DIRECTORY"] == daemon.pipe_dir
+
+
+def test_default_settings_send_no_control_commands(mps: Mps) -> None:
+    mps.start(pct=100)
+    assert mps.records("client") == []
+    assert processes_with(mps.run_dir)
+
+
+def test_stop_without_a_daemon_is_nothing_to_do(mps: Mps) -> None:
+    assert mps.stop() is None  # no run_dir at all
+    mps.start(job="1")
+    assert mps.stop(job="2") is None
+    assert processes_with(mps.run_dir)  # job 1's daemon untouched
+
+
+def test_a_daemon_that_ignores_quit_is_terminated_then_killed(mps: Mps) -> None:
+    stubborn = mps.control("stubborn", GPUSLURM_FAKE_MPS_IGNORE_QUIT="1")
+    daemon = mps.start(control=stubborn)
+    t0 = time.monotonic()
+    done = mps.stop(control=stubborn, grace=0.5)
+    assert done is not None
+    assert done.quit_error is None and done.killed == (daemon.pid,) and done.stuck == ()
+    assert time.monotonic() - t0 >= 0.5  # it was given the grace period to quit
+    assert not live(daemon.pid)
+    assert not Path(daemon.pipe_dir).exists()
+
+
+def test_a_dead_daemon_fails_quit_and_the_directories_still_go(mps: Mps) -> None:
+    daemon = mps.start()
+    os.kill(daemon.pid, signal.SIGKILL)
+    done = mps.stop()
+    assert done is not None
+    assert done.quit_error is not None and "exited 1" in done.quit_error
+    assert done.killed == () and done.stuck == ()
+    assert not Path(daemon.pipe_dir).parent.exists()
+
+
+def test_start_failure_leaves_nothing_behind(mps: Mps) -> None:
+    with pytest.raises(CommandError, match="exited 1"):
+        mps.start(control=mps.control("failing", GPUSLURM_FAKE_MPS_FAIL_START="1"))
+    assert os.listdir(Path(mps.run_dir) / "mps") == []
+    assert processes_with(mps.run_dir) == []
+
+
+def test_a_control_command_that_fails_stops_the_started_daemon(mps: Mps) -> None:
+    broken = mps.root / "broken-control"
+    broken.write_text(f'#!/bin/sh\n[ "$1" = -d ] && GPUSLURM_FAKE_MPS_LOG={mps.calls} exec {FAKE} -d\n'
+                      'echo "Invalid command" >&2; exit 1\n')
+    broken.chmod(0o755)
+    with pytest.raises(CommandError, match="set_default_active_thread_percentage 50"):
+        mps.start(control=str(broken), timeout=0.5)
+    daemon_pid = mps.records("daemon")[0]["pid"]
+    assert not live(daemon_pid)
+    assert os.listdir(Path(mps.run_dir) / "mps") == []
+
+
+def test_a_stale_directory_of_the_same_job_is_replaced(mps: Mps) -> None:
+    old = mps.start()
+    new = mps.start()  # e.g. a requeued job whose epilog never ran here
+    assert not live(old.pid) and live(new.pid)
+    assert processes_with(mps.run_dir) == [new.pid]
+
+
+def test_unsafe_base_directories_are_refused(mps: Mps) -> None:
+    elsewhere = mps.root / "elsewhere"
+    elsewhere.mkdir()
+    run = Path(mps.run_dir)
+    run.mkdir()
+    (run / "mps").symlink_to(elsewhere)
+    with pytest.raises(InputError, match="symlink"):
+        mps.start()
+    assert os.listdir(elsewhere) == []
+    (run / "mps").unlink()
+    (run / "mps").mkdir()
+    os.chown(run / "mps", NOBODY, NOGROUP)  # a user-owned base could be swapped under us
+    with pytest.raises(InputError, match="owned by uid 65534"):
+        mps.start()
+    os.chown(run / "mps", 0, 0)
+    (run / "mps").chmod(0o777)
+    with pytest.raises(InputError, match="writable by group or others"):
+        mps.stop()
+    assert mps.records() == []
+
+
+def test_stop_removes_what_the_user_planted_without_following_it(mps: Mps) -> None:
+    daemon = mps.start()
+    precious = mps.root / "precious"
+    precious.mkdir()
+    (precious / "keep").write_text("x")
+    # as the user would: a symlink and a directory inside its own pipe directory
+    os.symlink(precious, Path(daemon.pipe_dir) / "link")
+    subdir = Path(daemon.log_dir) / "sub"
+    subdir.mkdir()
+    os.chown(subdir, NOBODY, NOGROUP)
+    done = mps.stop()
+    assert done is not None and done.errors == ()
+    assert (precious / "keep").read_text() == "x"
+    assert not Path(daemon.pipe_dir).parent.exists()
+
+
+# --- through the hooks ------------------------------------------------------------------------
+
+
+@dataclass
+class Site:
+    env: dict[str, str]  # the hook environment of job JOB, without its MPS request
+    uuids: list[str]  # the bundle's GPUs in index order
+    scontrol_log: Path
+
+
+def hook_site(mps: Mps, control: str | None = None) -> Site:
+    """A replayed DGX H100 and a config whose MPS control is the stand-in; scontrol records calls."""
+    bundle = mps.root / "bundle"
+    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    scontrol, scontrol_log = mps.root / "scontrol", mps.root / "scontrol.log"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {scontrol_log}\n')
+    scontrol.chmod(0o755)
+    config = mps.root / "gpuslurm.toml"
+    config.write_text(
+        "[paths]\n"
+        f'run_dir = "{mps.run_dir}"\n'
+        f'state_dir = "{mps.root / "state"}"\n'
+        f'scontrol = "{scontrol}"\n'
+        f'mps_control = "{control or mps.control()}"\n'
+        '[mps]\ntriggers = ["gres", "comment"]\nactive_thread_percentage = 40\n'
+        "[hooks]\ncommand_timeout_s = 5\n[epilog]\nkill_grace_s = 0.5\n"
+        '[cgroup]\ndevices = "never"\n')  # device isolation is tested on its own
+    env = {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": str(bundle), "SLURM_JOB_ID": JOB,
+           "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_USER": "nobody", "SLURM_JOB_GID": str(NOGROUP),
+           "SLURMD_NODENAME": "node07", "SLURM_JOB_GPUS": "2,3"}
+    return Site(env, [g.uuid for g in load_node(str(bundle)).gpus], scontrol_log)
+
+
+def job_env(site: Site, **extra: str) -> dict[str, str]:
+    return {**site.env, **extra}
+
+
+def quiet(hook: str) -> HookLog:
+    return HookLog(hook, stream=io.StringIO(), use_syslog=False)
+
+
+def task_prolog_as_nobody(env: dict[str, str]) -> str:
+    code = ("import os, sys; from gpuslurm.hooks.taskprolog import run_task_prolog; "
+            "sys.exit(run_task_prolog(dict(os.environ), sys.stdout))")
+    result = subprocess.run([SYSTEM_PYTHON, "-c", code], env={**env, "PYTHONPATH": SRC}, user=NOBODY,
+                            group=NOGROUP, extra_groups=[], capture_output=True, text=True, timeout=30,
+                            cwd="/", check=True)
+    return result.stdout
+
+
+def test_prolog_starts_mps_for_a_comment_job_and_the_epilog_stops_it(mps: Mps) -> None:
+    site = hook_site(mps)
+    env = job_env(site, SLURM_JOB_COMMENT="please gpuslurm:mps")
+    log = quiet("prolog")
+    assert run_prolog(env, log) == 0, log.lines
+    pipe = Path(mps.run_dir) / "mps" / JOB / "pipe"
+    [pid] = processes_with(mps.run_dir)
+    start, = mps.records("start")
+    assert start["uid"] == NOBODY
+    assert start["env"]["CUDA_VISIBLE_DEVICES"] == f"{site.uuids[2]},{site.uuids[3]}"
+    assert start["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    assert mps.records("command")[0]["command"] == "set_default_active_thread_percentage 40"
+    assert (Path(mps.run_dir) / "jobs" / f"{JOB}.json").exists()
+    assert any("MPS (comment) daemon pid" in line for line in log.lines)
+
+    out = task_prolog_as_nobody(env)
+    assert f"export CUDA_MPS_PIPE_DIRECTORY={pipe}\n" in out
+    assert f"export CUDA_MPS_LOG_DIRECTORY={pipe.parent / 'log'}\n" in out
+
+    log = quiet("epilog")
+    assert run_epilog(env, log) == 0, log.lines
+    assert not live(pid) and not pipe.parent.exists()
+    assert mps.records("client")[-1]["stdin"] == ["quit"]
+    assert any("stopped the job's MPS daemon" in line for line in log.lines)
+    assert not site.scontrol_log.exists()
+
+
+def test_gres_mps_job_gets_slurms_share(mps: Mps) -> None:
+    site = hook_site(mps)
+    assert run_prolog(job_env(site, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25", CUDA_VISIBLE_DEVICES="0"),
+                      quiet("prolog")) == 0
+    assert mps.records("command")[0]["command"] == "set_default_active_thread_percentage 25"
+
+
+def test_a_job_that_did_not_ask_gets_no_daemon_and_no_exports(mps: Mps) -> None:
+    site = hook_site(mps)
+    env = job_env(site, SLURM_JOB_COMMENT="gpuslurm:mpsx")
+    assert run_prolog(env, quiet("prolog")) == 0
+    assert mps.records() == [] and processes_with(mps.run_dir) == []
+    assert "CUDA_MPS" not in task_prolog_as_nobody(env)
+    assert run_epilog(env, quiet("epilog")) == 0
+
+
+def test_prolog_failing_after_mps_started_stops_it_again(mps: Mps) -> None:
+    site = hook_site(mps)
+    # the map cannot be written: its directory is a symlink (the prolog refuses, fails closed)
+    (mps.root / "run").mkdir(mode=0o755)
+    (mps.root / "run" / "jobs").symlink_to(mps.root)
+    log = quiet("prolog")
+    rc = run_prolog(job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps"), log)
+    assert rc == 2, log.lines
+    assert mps.records("daemon"), "MPS must have started before the map write failed"
+    assert processes_with(mps.run_dir) == []
+    assert os.listdir(Path(mps.run_dir) / "mps") == []
+    assert mps.records("client")[-1]["stdin"] == ["quit"]
+    assert any("stopped it again" in line for line in log.lines)
+
+
+def test_prolog_fails_when_the_requested_daemon_cannot_start(mps: Mps) -> None:
+    site = hook_site(mps, control=mps.control("failing", GPUSLURM_FAKE_MPS_FAIL_START="1"))
+    log = quiet("prolog")
+    assert run_prolog(job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps"), log) == 4, log.lines
+    assert not (Path(mps.run_dir) / "jobs" / f"{JOB}.json").exists()
+    assert os.listdir(Path(mps.run_dir) / "mps") == []

@@ -1,0 +1,68 @@
+"""NvmlSampler against a stand-in pynvml that also answers the live-sampling calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fakes import fake_pynvml as fp
+from fakes.fake_pynvml import SamplingNvml
+from gpuslurm.hw.nvml import DeviceReading, NvmlSampler, ProcessReading
+
+
+def _two_gpus(**kw: Any) -> SamplingNvml:
+    gpus = fp.dgx_h100()[:2]
+    return SamplingNvml(gpus=[dict(g) for g in gpus], **kw)
+
+
+def test_a_pass_reads_every_gpu_and_process() -> None:
+    nvml = _two_gpus(activity={
+        0: {"util": 97, "used_mib": 6000, "power_mw": 312500, "temp": 64,
+            "procs": [(100, 5000, None), (101, None, None)],
+            "samples": [(100, 10, 40), (100, 20, 85), (101, 15, 255)]},
+        1: {"util": 0, "used_mib": 0, "power_mw": 70000, "temp": 30}})
+    sampler = NvmlSampler(nvml)
+    r = sampler.read()
+    assert r.devices == (DeviceReading(fp.uuid(0), None, 97.0, 6000.0, 81559.0, 312.5, 64.0),
+                         DeviceReading(fp.uuid(1), None, 0.0, 0.0, 81559.0, 70.0, 30.0))
+    # the newest sample per PID; an out-of-range value (255) is "unknown", not 255 %
+    assert r.processes == (ProcessReading(100, fp.uuid(0), None, 5000.0, 85.0),
+                           ProcessReading(101, fp.uuid(0), None, None, None))
+    assert r.problems == ()
+    sampler.read()
+    assert nvml.stamps == [0, 0, 20, 0]  # asks only for samples newer than those seen
+    # graphics processes are not supported here: asked once, then never again
+    assert nvml.calls.count("nvmlDeviceGetGraphicsRunningProcesses") == 2  # once per GPU
+
+
+def test_a_lost_gpu_and_a_failing_call_cost_only_their_gpu() -> None:
+    quiet = {"util": 5, "power_mw": 1, "temp": 1}
+    nvml = _two_gpus(activity={0: quiet, 1: dict(quiet)})
+    sampler = NvmlSampler(nvml)
+    assert len(sampler.read().devices) == 2
+    nvml.gpus[1]["lost"] = True
+    r = sampler.read()
+    assert [d.uuid for d in r.devices] == [fp.uuid(0)]
+    assert [(k, s) for k, s, _ in r.problems] == [("gpu-lost", fp.uuid(1))]
+    nvml.gpus[1]["lost"] = False
+    nvml.errors["nvmlDeviceGetTemperature"] = fp.NVML_ERROR_UNKNOWN
+    r = sampler.read()
+    assert r.devices == () and {k for k, _, _ in r.problems} == {"nvml-error"}
+
+
+def test_mig_devices_report_memory_and_their_processes() -> None:
+    gpus = fp.h200_mig()
+    nvml = SamplingNvml(gpus=gpus, activity={0: {"util": 0, "power_mw": 1, "temp": 1,
+                                                  "procs": [(7, 300, 3), (8, 10, None)]}})
+    r = NvmlSampler(nvml).read()
+    assert [d.mig_uuid for d in r.devices] == [None, fp.uuid(0, "MIG"), fp.uuid(1, "MIG"),
+                                              fp.uuid(3, "MIG"), fp.uuid(4, "MIG")]
+    assert r.processes == (ProcessReading(7, fp.uuid(0xC8), fp.uuid(3, "MIG"), 300.0, None),)
+
+
+def test_no_driver_is_an_error_for_the_monitor_to_record() -> None:
+    import pytest
+
+    from gpuslurm.errors import HardwareError
+
+    with pytest.raises(HardwareError, match="NVML is not available"):
+        NvmlSampler(_two_gpus(init_error=fp.NVML_ERROR_DRIVER_NOT_LOADED)).read()

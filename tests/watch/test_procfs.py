@@ -1,0 +1,121 @@
+"""/proc readers against real processes: alive, exiting, reused, unreadable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from watch_helpers import sleeper, stop
+
+from gpuslurm.hw import procfs
+from gpuslurm.hw.procfs import ProcessFacts, ProcessProblem, parse_stat, read_identity, read_process
+
+
+def test_parse_stat_takes_the_name_up_to_the_last_parenthesis() -> None:
+    fields = ["S"] + ["1"] * 18 + ["4242"] + ["0"] * 20
+    ident = parse_stat(f"9 (evil) (name)) {' '.join(fields)}\n".encode())
+    assert ident == procfs.ProcIdentity("evil) (name)", 4242)
+    with pytest.raises(ValueError):
+        parse_stat(b"no parenthesis here")
+
+
+def test_a_live_process_is_read_whole() -> None:
+    proc = sleeper()
+    try:
+        facts = read_process(proc.pid)
+    finally:
+        stop(proc)
+    assert isinstance(facts, ProcessFacts)
+    assert (facts.pid, facts.comm, facts.uid) == (proc.pid, "sleep", os.getuid())
+    assert facts.cgroup == Path(f"/proc/{os.getpid()}/cgroup").read_text()  # inherited from us
+    assert abs(procfs.start_time(facts.start_ticks) - time.time()) < 60
+
+
+def test_an_exited_process_is_gone() -> None:
+    proc = sleeper()
+    stop(proc)
+    assert read_process(proc.pid) == ProcessProblem(proc.pid, "pid-gone", "the process exited")
+    assert read_identity(proc.pid).kind == "pid-gone"  # type: ignore[union-attr]
+
+
+def test_processes_exiting_while_being_read_never_raise() -> None:
+    """Many short-lived real processes read while they exit: every answer is facts or gone."""
+    kinds = set()
+    for _ in range(40):
+        proc = subprocess.Popen(["/bin/true"])
+        for _ in range(5):
+            r = read_process(proc.pid)
+            kinds.add("facts" if isinstance(r, ProcessFacts) else r.kind)
+        proc.wait()
+        r = read_process(proc.pid)
+        kinds.add("facts" if isinstance(r, ProcessFacts) else r.kind)
+    assert kinds <= {"facts", "pid-gone"} and "pid-gone" in kinds
+
+
+def test_a_reused_pid_between_reads_is_gone(tmp_path: Path) -> None:
+    """The identity given (an earlier stat reading) no longer matches: another process."""
+    proc = sleeper()
+    try:
+        ident = read_identity(proc.pid)
+        assert isinstance(ident, procfs.ProcIdentity)
+        stale = ident._replace(start_ticks=ident.start_ticks - 1)
+        r = read_process(proc.pid, identity=stale)
+    finally:
+        stop(proc)
+    assert isinstance(r, ProcessProblem) and r.kind == "pid-gone" and "reused" in r.detail
+
+
+def _fake(tmp_path: Path, pid: int, stat: str | None, cgroup: str | None, status: str | None) -> str:
+    d = tmp_path / str(pid)
+    d.mkdir(parents=True)
+    for name, text in (("stat", stat), ("cgroup", cgroup), ("status", status)):
+        if text is not None:
+            (d / name).write_text(text)
+    return str(tmp_path)
+
+
+STAT = "5 (x) S " + " ".join(["0"] * 30) + "\n"
+
+
+@pytest.mark.parametrize(("stat", "cgroup", "status", "kind"), [
+    ("garbage", "0::/\n", "Uid:\t0\n", "proc-unreadable"),
+    ("", "0::/\n", "Uid:\t0\n", "pid-gone"),  # a reaped process leaves empty files
+    (STAT, None, "Uid:\t0\n", "pid-gone"),
+    (STAT, "0::/\n", "Name:\tx\n", "proc-unreadable"),
+    (STAT, "0::/\n", "", "pid-gone"),
+])
+def test_odd_proc_entries(tmp_path: Path, stat: str, cgroup: str | None, status: str | None,
+                          kind: str) -> None:
+    root = _fake(tmp_path, 5, stat, cgroup, status)
+    r = read_process(5, root)
+    assert isinstance(r, ProcessProblem) and r.kind == kind
+
+
+def test_an_entry_the_reader_may_not_read_is_unreadable(tmp_path: Path) -> None:
+    """Run the reader as nobody against a file it has no permission for (root would bypass it)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to nobody")
+    root = tmp_path / "proc"
+    _fake(root, 5, STAT, "0::/\n", "Uid:\t0\n")
+    os.chmod(root / "5" / "cgroup", 0)
+    tmp_path.chmod(0o755)
+    root.chmod(0o755)
+    rfd, wfd = os.pipe()
+    child = os.fork()
+    if child == 0:  # as nobody, in a forked copy of this process (nobody cannot run our python)
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            r = read_process(5, str(root))
+            os.write(wfd, f"{r.kind} {r.detail}".encode())  # type: ignore[union-attr]
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    out = os.read(rfd, 4096).decode()
+    os.close(rfd)
+    os.waitpid(child, 0)
+    assert out.startswith("proc-unreadable ") and "Permission denied" in out
