@@ -41,7 +41,8 @@ def test_by_user_exact(store: Path, step: float) -> None:
     assert alice.evidence == ("python (PID 100, job 1): 2.0 h at >80 % (expected quota: 20 %)",)
     assert (bob.jobs, bob.idle_jobs, bob.over_quota) == (2, 1, False)  # job 3 idle, job 2 25 % busy
     assert (carol.violations, carol.rogue_processes) == (1, 1)
-    assert carol.evidence[0].startswith("rogue: miner (PID 200, no job) on GPU-11111111-bbbb: 1.0 h — ")
+    assert carol.evidence[0] == ("rogue (1.0 h in the window): miner (PID 200) uses GPU-11111111-bbbb "
+                                 "but is in no Slurm job")
     assert report.recommendations == (
         "alice: used 30 % of GPU capacity against a 20 % quota — lower its priority or cap its GPUs "
         "(gpuslurm throttle)",

@@ -42,9 +42,11 @@ def draw_gpus(ax: Any, data: ReportData, report: Report) -> None:
         ax.plot(times, _nan(g.util), label=f"{g.node}:{label}" if len(nodes) > 1 else label, linewidth=1)
     ax.set_title(TITLES[0])
     ax.set_ylabel("utilisation (%)")
-    ax.set_ylim(0, 105)
+    # Headroom above 100 % holds the legend, so it never hides a busy GPU's line.
+    ax.set_ylim(0, 100 + 12 * ((len(data.gpus) + 3) // 4))
+    ax.set_yticks(range(0, 101, 20))
     if data.gpus:
-        ax.legend(fontsize="small", ncol=2, loc="upper left")
+        ax.legend(fontsize="small", ncol=4, loc="upper left")
 
 
 def draw_users(ax: Any, report: Report) -> None:

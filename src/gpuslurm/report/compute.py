@@ -376,10 +376,13 @@ def _merged(vs: list[Violation], data: ReportData) -> list[Violation]:
 
 
 def _violation_line(v: Violation) -> str:
+    hours = f"{v.duration_s / 3600:.1f} h in the window"
+    if v.evidence:  # the detector's sentence already names the process, job and GPU
+        return f"{v.kind} ({hours}): {v.evidence}"
     who = (_label(v.process, v.pid, v.job_id) if v.pid is not None
            else f"job {v.job_id}" if v.job_id else v.user or "?")
     where = f" on {v.gpu_uuid}" if v.gpu_uuid else ""
-    return f"{v.kind}: {who}{where}: {v.duration_s / 3600:.1f} h — {v.evidence}"
+    return f"{v.kind} ({hours}): {who}{where}"
 
 
 def _recommendations(rows: tuple[Row, ...]) -> tuple[str, ...]:
