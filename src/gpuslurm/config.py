@@ -85,9 +85,12 @@ class PathsConfig(NamedTuple):
     mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
     scontrol: str = "/usr/bin/scontrol"
     squeue: str = "/usr/bin/squeue"  # mig apply: jobs still on the node
+    sshare: str = "/usr/bin/sshare"  # [detect.share] quota_source = "slurm"
     cgroup_root: str = "/sys/fs/cgroup"
     slurm_cgroup_conf: str = "/etc/slurm/cgroup.conf"
     violations_dir: str = "/var/lib/gpuslurm/violations"  # node monitors write, `throttle sync` reads
+    sendmail: str = "/usr/sbin/sendmail"  # [act] alerts by mail (run as `sendmail -t -oi`)
+    scancel: str = "/usr/bin/scancel"  # [act.idle] scancel
 
     @property
     def jobs_dir(self) -> str:
@@ -127,6 +130,7 @@ class MonitorConfig(NamedTuple):
     node_name: str = ""  # "": the host's short name (set it with several slurmd per host)
     squeue_interval_s: float = 60.0  # the squeue fallback runs at most this often
     command_timeout_s: float = 10.0
+    admin_comment_interval_s: float = 300.0  # with [epilog] admin_comment: running jobs' AdminComment
 
 
 class RogueDetect(NamedTuple):
@@ -150,6 +154,8 @@ class ShareDetect(NamedTuple):
     min_samples: int = 3
     min_coverage: float = 0.8
     quota_source: str = "config"
+    slurm_cluster_gpus: int = 0  # the GPUs Slurm's shares divide; 0: read shares as node fractions
+    slurm_refresh_s: float = 300.0  # sshare runs at most this often
     default_quota: float = 1.0  # 1.0: nobody is over quota unless users/accounts/Slurm say so
     users: tuple[tuple[str, float], ...] = ()
     accounts: tuple[tuple[str, float], ...] = ()
@@ -187,6 +193,47 @@ class ThrottleConfig(NamedTuple):
     sync_minutes: float = 120.0  # fractions allowed (tests use seconds)
 
 
+class ActRogue(NamedTuple):
+    log: bool = True
+    alert: bool = True
+    alert_user: bool = False
+    kill: bool = False  # also needs [act] dry_run = false
+    kill_root: bool = False
+    kill_grace_s: float = 10.0
+
+
+class ActIdle(NamedTuple):
+    log: bool = True
+    alert: bool = True
+    alert_user: bool = False
+    scancel: bool = False  # also needs [act] dry_run = false
+    warnings: int = 3
+    warning_interval_s: float = 900.0
+
+
+class ActShare(NamedTuple):
+    log: bool = True
+    alert: bool = True
+    alert_user: bool = False
+
+
+class ActConfig(NamedTuple):
+    dry_run: bool = True  # kill and scancel only say what they would do
+    log_file: str = ""  # "": <paths.state_dir>/actions.jsonl
+    syslog: str = "/dev/log"  # the syslog socket; "": no syslog
+    log_interval_s: float = 600.0  # an ongoing violation is logged again this often
+    alert_interval_s: float = 3600.0  # at most one alert per violation this often
+    mail_to: tuple[str, ...] = ()
+    mail_from: str = ""
+    user_domain: str = ""  # a user's address: <user>@<user_domain>, or the bare name when ""
+    webhook: str = ""
+    timeout_s: float = 10.0
+    exempt_users: tuple[str, ...] = ()  # never killed, never cancelled
+    rogue: ActRogue = ActRogue()
+    idle: ActIdle = ActIdle()
+    share: ActShare = ActShare()
+
+
 class Config(NamedTuple):
     """The whole configuration; every section has defaults."""
 
@@ -199,6 +246,7 @@ class Config(NamedTuple):
     monitor: MonitorConfig = MonitorConfig()
     detect: DetectConfig = DetectConfig()
     throttle: ThrottleConfig = ThrottleConfig()
+    act: ActConfig = ActConfig()
     source: str | None = None  # the file read; None when all defaults
 
 
@@ -221,6 +269,7 @@ RULES: dict[str, Rule] = {
     "monitor.raw_window_s": Rule(lo=60, hi=366 * 86400),
     "monitor.squeue_interval_s": Rule(lo=1, hi=86400),
     "monitor.command_timeout_s": Rule(lo=0.1, hi=600),
+    "monitor.admin_comment_interval_s": Rule(lo=1, hi=7 * 86400),
     "throttle.file": Rule(abspath=True),
     "throttle.cap_gpus": Rule(lo=1, hi=1_000_000),
     "throttle.nice": Rule(lo=1, hi=2147483645),
@@ -228,6 +277,14 @@ RULES: dict[str, Rule] = {
     "throttle.sync_mode": Rule(choices=THROTTLE_MODES),
     "throttle.sync_minutes": Rule(lo=0.1, hi=366 * 24 * 60),
     "detect.rogue.exempt_users": Rule(item=str),
+    "act.log_interval_s": Rule(lo=1, hi=7 * 86400),
+    "act.alert_interval_s": Rule(lo=0, hi=30 * 86400),
+    "act.mail_to": Rule(item=str),
+    "act.timeout_s": Rule(lo=0.1, hi=600),
+    "act.exempt_users": Rule(item=str),
+    "act.rogue.kill_grace_s": Rule(lo=0, hi=600),
+    "act.idle.warnings": Rule(lo=0, hi=1000),
+    "act.idle.warning_interval_s": Rule(lo=0, hi=7 * 86400),
     **{f"detect.{s}.threshold_pct": Rule(lo=0, hi=100) for s in ("idle", "share")},
     **{f"detect.{s}.min_samples": Rule(lo=1, hi=100000) for s in ("idle", "share")},
     **{f"detect.{s}.min_coverage": Rule(lo=0, hi=1) for s in ("idle", "share")},
@@ -235,6 +292,8 @@ RULES: dict[str, Rule] = {
     "detect.idle.grace_s": Rule(lo=0, hi=7 * 86400),
     "detect.share.duration_s": Rule(lo=1, hi=7 * 86400),
     "detect.share.quota_source": Rule(choices=QUOTA_SOURCES),
+    "detect.share.slurm_cluster_gpus": Rule(lo=0, hi=10_000_000),
+    "detect.share.slurm_refresh_s": Rule(lo=10, hi=86400),
     "detect.share.default_quota": Rule(lo=0, hi=1),
     **{f"detect.share.{k}": Rule(item=float, lo=0, hi=1, mapping=True) for k in ("users", "accounts")},
     "detect.defensive.fraction": Rule(lo=0, hi=1),

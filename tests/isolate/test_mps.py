@@ -16,19 +16,21 @@ from gpuslurm.config import MpsConfig
 from gpuslurm.errors import InputError
 from gpuslurm.isolate.mps import (
     MpsDaemon,
-    MpsRequest,
     MpsStop,
-    comment_words,
-    constraint_features,
     control_commands,
     daemon_env,
+    state_from_dict,
+    stuck_report,
+)
+from gpuslurm.isolate.mps_request import (
+    MpsRequest,
+    comment_words,
+    constraint_features,
     job_dirs,
     job_gid,
     mps_exports,
     mps_request,
     parse_percentage,
-    state_from_dict,
-    stuck_report,
 )
 
 COMMON = {"SLURMD_NODENAME": "vm", "SLURM_CLUSTER_NAME": "gpuslurm-test", "SLURM_JOB_CPUS_PER_NODE": "2",

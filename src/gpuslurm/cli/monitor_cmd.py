@@ -69,6 +69,9 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
         _warn(f"serving metrics on http://{prometheus_addr}:{prometheus_port}/metrics")
     monitor_ = mon.Monitor(sampler, attributor, store, node_name, raw_window_s=mc.raw_window_s,
                            detector=detector, publish=publish, warn=_warn,
+                           comments=_comments(cfg, store),
+                           act=_actions(cfg, node_name),
+                           quotas=_slurm_quotas(cfg, node),
                            observe=exporter.state.update if exporter else None)
     stop = threading.Event()
     restore = mon.stop_on_signals(stop)
@@ -98,6 +101,44 @@ def _squeue(cfg: Any, node_name: str, node: Any) -> Any:
                                 source="squeue") for j in found)
 
     return allocations
+
+
+def _comments(cfg: Any, store: Any) -> Any:
+    """With ``[epilog] admin_comment``, what keeps running jobs' AdminComment current."""
+    if not cfg.epilog.admin_comment:
+        return None
+    if not os.access(cfg.paths.scontrol, os.X_OK):
+        _warn(f"{cfg.paths.scontrol} is missing: jobs' AdminComment is not kept current")
+        return None
+    from gpuslurm.hooks.epilog import admin_comment
+    from gpuslurm.slurm.scontrol import refused_as_finished, set_admin_comment
+    from gpuslurm.watch.comments import CommentUpdater
+
+    def send(job_id: str, text: str) -> None:
+        set_admin_comment(job_id, text, scontrol=cfg.paths.scontrol, timeout=cfg.monitor.command_timeout_s)
+
+    return CommentUpdater(cfg.monitor.admin_comment_interval_s, stats=store.gpu_stats, text=admin_comment,
+                          send=send, finished=refused_as_finished)
+
+
+def _actions(cfg: Any, node_name: str) -> Any:
+    """What carries out ``[act]`` each cycle (see docs/monitor.md, "Actions")."""
+    from gpuslurm.watch.act import Actor
+
+    actor = Actor(cfg, node_name, warn=_warn)
+    if cfg.act.dry_run and (cfg.act.rogue.kill or cfg.act.idle.scancel):
+        _warn("[act] dry_run is on: rogue processes and idle jobs are only reported, "
+              "never killed or cancelled")
+    return actor.act
+
+
+def _slurm_quotas(cfg: Any, node: Any) -> Any:
+    """With ``quota_source = "slurm"``: Slurm's shares as quotas on this node's GPUs, cached."""
+    if cfg.detect.share.quota_source != "slurm":
+        return None
+    from gpuslurm.slurm.sshare import node_quota_cache
+
+    return node_quota_cache(cfg, sum(1 for _ in node.gpus))
 
 
 def _detection(cfg: Any, node_name: str) -> tuple[Any, Any]:

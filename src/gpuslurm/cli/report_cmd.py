@@ -51,8 +51,9 @@ def fairshare_report(last: str | None, since: str | None, until: str | None, by:
     step_s = step if step is not None else auto_step(lo, hi)
     data = _load(_source(source, db, cfg), lo, hi, step_s)
     share = cfg.detect.share
-    policy = Policy(Quotas(share).of, dict(share.accounts), busy_pct=share.threshold_pct,
-                    idle_pct=cfg.detect.idle.threshold_pct)
+    users, accounts = _slurm_quotas(cfg, data)
+    policy = Policy(Quotas(share, users).of, {**accounts, **dict(share.accounts)},
+                    busy_pct=share.threshold_pct, idle_pct=cfg.detect.idle.threshold_pct)
     report = compute(data, by, policy)
     write_report(report, fmt, sys.stdout)
     if plot is not None:
@@ -62,6 +63,27 @@ def fairshare_report(last: str | None, since: str | None, until: str | None, by:
         write_report(report, "table", text)
         write_plot(plot, data, report, text.getvalue())
         click.echo(f"wrote {plot}", err=True)
+
+
+def _slurm_quotas(cfg: Config, data: ReportData) -> tuple[dict[str, float] | None, dict[str, float]]:
+    """With ``quota_source = "slurm"``: Slurm's user and account quotas on the report's GPUs.
+
+    A failed ``sshare`` is said on stderr; the report then judges by the config alone.
+    """
+    if cfg.detect.share.quota_source != "slurm":
+        return None, {}
+    from gpuslurm.errors import GpuslurmError
+    from gpuslurm.report.compute import physical_gpus
+    from gpuslurm.slurm.sshare import quotas, read_shares
+
+    try:
+        found = read_shares(cfg.paths.sshare, timeout=cfg.monitor.command_timeout_s)
+    except GpuslurmError as exc:
+        click.echo(f"gpuslurm fairshare-report: cannot read Slurm's shares, judging by [detect.share] "
+                   f"alone: {exc}", err=True)
+        return None, {}
+    q = quotas(found, cfg.detect.share.slurm_cluster_gpus, physical_gpus(data))
+    return dict(q.users), dict(q.accounts)
 
 
 def _source(source: str | None, db: str | None, cfg: Config) -> str:

@@ -5,7 +5,8 @@ job's MPS daemon; (3) kill what the job left on its GPUs (SIGTERM, ``kill_grace_
 and check that the GPUs were released (no processes, memory freed); (4) remove the job's cgroup
 device limits; (5) remove the map; (6) bookkeeping: the per-job summary
 ``<state_dir>/jobs/<jobid>-summary.json`` (with utilisation and memory from the monitor's store
-when there is one) and, if configured, the job's AdminComment.
+when there is one) and, if configured, the job's AdminComment (Slurm 22.05 refuses that for a
+finished job; the node monitor keeps it current while the job runs: :mod:`gpuslurm.watch.comments`).
 
 Which processes on the job's physical GPUs are its leftovers, and how they are killed without
 ever signalling a reused PID: :mod:`gpuslurm.hooks.leftovers`. When another job still holds the
@@ -137,7 +138,7 @@ def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, s
         except (GpuslurmError, OSError) as exc:
             log.error(f"cannot write the job summary: {exc}")
     if cfg.epilog.admin_comment:
-        from gpuslurm.slurm.scontrol import set_admin_comment
+        from gpuslurm.slurm.scontrol import refused_as_finished, set_admin_comment
 
         text = admin_comment(len(gpus), list(stats.values()), len(release.leftovers))
         try:
@@ -145,7 +146,10 @@ def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, s
                               timeout=cfg.hooks.command_timeout_s)
             log.info(f"AdminComment: {text}")
         except GpuslurmError as exc:
-            log.error(f"cannot set the job's AdminComment: {exc}")
+            if refused_as_finished(exc):  # Slurm 22.05: the monitor keeps it current while the job runs
+                log.info("Slurm does not update a finished job: the monitor's last AdminComment stands")
+            else:
+                log.error(f"cannot set the job's AdminComment: {exc}")
 
 
 def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Any,
@@ -308,7 +312,8 @@ def _stop_mps(environ: Mapping[str, str], job_id: str, uid: int, gpus: Sequence[
               cfg: Any, log: HookLog) -> list[Any]:
     """Stop the job's MPS daemon if the prolog started one. One that survives SIGKILL is stuck in
     the driver: a ``leftover_processes`` fault, so the node drains before the next job."""
-    from gpuslurm.isolate.mps import job_gid, stop_mps, stuck_report
+    from gpuslurm.isolate.mps import stop_mps, stuck_report
+    from gpuslurm.isolate.mps_request import job_gid
 
     try:
         try:

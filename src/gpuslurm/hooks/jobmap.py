@@ -50,6 +50,7 @@ class JobMap(NamedTuple):
     uid: int
     devices: tuple[MappedDevice, ...]
     start: float  # seconds since the epoch, when the prolog wrote the map
+    account: str | None = None  # SLURM_JOB_ACCOUNT; maps written before it was recorded have none
 
     @property
     def uuids(self) -> tuple[str, ...]:
@@ -69,6 +70,7 @@ class JobMap(NamedTuple):
             "gpus": [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
                       "parent_uuid": d.parent_uuid, "device_files": list(d.device_files)}
                      for d in self.devices],
+            **({"account": self.account} if self.account else {}),
         }
 
     @classmethod
@@ -94,11 +96,12 @@ class JobMap(NamedTuple):
         start = _field(data, "start", (int, float), source)
         return cls(job_id=check_job_id(_field(data, "job_id", str, source)),
                    user=_field(data, "user", str, source), uid=_field(data, "uid", int, source),
-                   devices=tuple(devices), start=float(start))
+                   devices=tuple(devices), start=float(start),
+                   account=_field(data, "account", str, source, optional=True) or None)
 
 
 def job_map(job_id: str, user: str, uid: int, devices: Iterable[JobDevice],
-            start: float | None = None) -> JobMap:
+            start: float | None = None, account: str | None = None) -> JobMap:
     """Build the map for a job from the devices ``resolve_job_gpus`` found."""
     mapped = []
     for dev in devices:
@@ -110,7 +113,7 @@ def job_map(job_id: str, user: str, uid: int, devices: Iterable[JobDevice],
                                    parent_uuid=dev.gpu.uuid if dev.mig is not None else None,
                                    device_files=files))
     return JobMap(check_job_id(job_id), user, uid, tuple(mapped),
-                  time.time() if start is None else start)
+                  time.time() if start is None else start, account or None)
 
 
 def check_job_id(job_id: str) -> str:

@@ -142,7 +142,8 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
     _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
     mps = _start_mps(environ, cfg, job_id, uid, [d.uuid for d in devices], log)
     try:  # every step after MPS started: a failure stops the daemon again
-        path = write_map(job_map(job_id, user, uid, devices), cfg.paths.jobs_dir)
+        account = environ.get("SLURM_JOB_ACCOUNT", "").strip() or None  # for --by account reports
+        path = write_map(job_map(job_id, user, uid, devices, account=account), cfg.paths.jobs_dir)
         log.info(f"{len(devices)} device(s) {','.join(d.uuid for d in devices)} mapped in {path}")
     except BaseException:
         if mps:
@@ -161,11 +162,13 @@ def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
 def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuids: list[str],
                log: HookLog) -> bool:
     """Start the job's MPS daemon if it asked for one (True); a failure raises (fail closed)."""
-    from gpuslurm.isolate.mps import job_gid, mps_request, start_mps
+    from gpuslurm.isolate.mps_request import job_gid, mps_request
 
     request = mps_request(environ, cfg.mps)
     if request is None:
         return False
+    from gpuslurm.isolate.mps import start_mps
+
     daemon = start_mps(job_id, uid, job_gid(environ, uid), uuids, request, run_dir=cfg.paths.run_dir,
                        mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
                        pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib)

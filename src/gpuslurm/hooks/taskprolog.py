@@ -63,7 +63,7 @@ def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
     if mine.gpu.cpu_affinity:
         values.append(("GPUSLURM_GPU_CPUS", format_ranges(mine.gpu.cpu_affinity)))
     from gpuslurm.config import load_config
-    from gpuslurm.isolate.mps import mps_exports
+    from gpuslurm.isolate.mps_request import mps_exports
 
     values += mps_exports(load_config(environ=environ).paths.run_dir, env.job_id)
     # Slurm takes the value to the end of the line: a newline would smuggle in another command.

@@ -142,6 +142,11 @@ class _Groups:
         return acc
 
 
+def physical_gpus(data: ReportData) -> int:
+    """The physical GPUs the window saw: the capacity a share (and a quota) is a fraction of."""
+    return len({(g.node, g.gpu_uuid) for g in data.gpus})
+
+
 def compute(data: ReportData, by: str, policy: Policy) -> Report:
     """Turn the window's series into rows grouped ``by`` user, account, job or process."""
     if by not in BY_CHOICES:
@@ -157,8 +162,8 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
     for g in data.gpus:
         if g.uuid != g.gpu_uuid:
             migs[(g.node, g.gpu_uuid)] = migs.get((g.node, g.gpu_uuid), 0) + 1
-    physical = {(g.node, g.gpu_uuid) for g in data.gpus}
-    capacity = len(physical) * hours
+    physical = physical_gpus(data)
+    capacity = physical * hours
 
     procs_on: dict[tuple[str, str], list[ProcSeries]] = {}
     for p in data.procs:
@@ -245,7 +250,7 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                          if acc.allocated or acc.used or acc.violations),
                         key=lambda r: (-r.used_gpu_hours, -r.allocated_gpu_hours, r.key)))
     allocated = sum(r.allocated_gpu_hours for r in rows)
-    totals = Totals(hours, len(physical), capacity, allocated, total_used,
+    totals = Totals(hours, physical, capacity, allocated, total_used,
                     sum(r.idle_gpu_hours for r in rows), sum(r.unmeasured_gpu_hours for r in rows),
                     100.0 * total_used / capacity if capacity else 0.0,
                     100.0 * allocated / capacity if capacity else 0.0, len(data.violations))

@@ -6,7 +6,7 @@ still kept to one printable line, since Slurm shows it in ``sinfo -R`` and logs.
 
 from __future__ import annotations
 
-from gpuslurm.errors import InputError
+from gpuslurm.errors import CommandError, InputError
 from gpuslurm.runner import CommandResult, run_command
 
 MAX_REASON = 1000  # Slurm keeps longer reasons, but sinfo -R is read by people
@@ -61,3 +61,16 @@ def set_admin_comment(job_id: str, text: str, *, scontrol: str, timeout: float) 
         line = line[: MAX_ADMIN_COMMENT - 3] + "..."
     return run_command([scontrol, "update", f"JobId={check_job_id(job_id)}", f"AdminComment={line}"],
                        timeout=timeout)
+
+
+# What slurmctld answers to an update of a job that has ended (22.05: ESLURM_JOB_FINISHED; a job
+# still completing: ESLURM_ALREADY_DONE)
+FINISHED_REFUSALS = ("Job has already finished", "already completing or completed")
+
+
+def refused_as_finished(exc: Exception) -> bool:
+    """Whether ``exc`` is scontrol refusing a job update because the job has ended."""
+    if not isinstance(exc, CommandError) or exc.returncode is None:
+        return False
+    said = f"{exc.stderr}\n{exc}".lower()
+    return any(m.lower() in said for m in FINISHED_REFUSALS)

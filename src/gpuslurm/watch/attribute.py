@@ -92,7 +92,7 @@ def map_allocation(jmap: object) -> Allocation:
     from gpuslurm.hooks.jobmap import JobMap
 
     assert isinstance(jmap, JobMap)
-    return Allocation(jmap.job_id, jmap.user, jmap.uid, jmap.uuids, jmap.start, source="map")
+    return Allocation(jmap.job_id, jmap.user, jmap.uid, jmap.uuids, jmap.start, jmap.account, source="map")
 
 
 class _Known(NamedTuple):
@@ -237,5 +237,8 @@ class Attributor:
             # no prolog on this node: squeue is the only source of allocations, idle ones included
             unmapped.add("")
         extra = self._from_squeue(now, unmapped, problems)
+        # a map older than the account field: squeue's last answer may know the account
+        maps = tuple(a._replace(account=extra[a.job_id].account) if a.account is None and a.job_id in extra
+                     else a for a in maps)
         allocations = maps + tuple(a for j, a in sorted(extra.items()) if j not in mapped)
         return tuple(samples), allocations, tuple(problems)

@@ -18,18 +18,20 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpuslurm.errors import GpuslurmError
 from gpuslurm.hw.nvml import Reading
 from gpuslurm.watch.attribute import Attributor
-from gpuslurm.watch.model import Cycle, GpuSample, ScanProblem, Violation
+from gpuslurm.watch.comments import PROBLEM_KIND, CommentUpdater
+from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ScanProblem, Violation
 
 MAX_PENDING = 360  # cycles kept while the store refuses writes (an hour at 10 s)
 ROLLUP_EVERY_S = 60.0
 REPUBLISH_S = 60.0  # an ongoing violation is re-shared this often, with its grown duration
+SSHARE_PROBLEM = "sshare-error"
 
 
 class Sampler(Protocol):
@@ -40,6 +42,20 @@ class Sampler(Protocol):
 
 class Detector(Protocol):
     def feed(self, cycle: Cycle) -> Sequence[Violation]: ...
+
+
+@runtime_checkable
+class ShareAware(Protocol):
+    """A detector that takes Slurm's shares (``policy.detect.Detector``)."""
+
+    def set_shares(self, shares: Mapping[str, float] | None) -> None: ...
+
+
+class QuotaFeed(Protocol):
+    """Slurm's quotas per user when freshly read (``slurm.sshare.ShareCache``): ``(quotas or None,
+    why a due read failed or None)``."""
+
+    def poll(self, now: float) -> tuple[Mapping[str, float] | None, str | None]: ...
 
 
 class CycleStore(Protocol):
@@ -55,6 +71,9 @@ class Monitor:
                  raw_window_s: float = 86400.0, detector: Detector | None = None,
                  publish: Callable[[Sequence[Violation]], None] | None = None,
                  observe: Callable[[Cycle, Sequence[Violation]], None] | None = None,
+                 comments: CommentUpdater | None = None,
+                 act: Callable[[Cycle, Sequence[Violation]], Sequence[ScanProblem]] | None = None,
+                 quotas: QuotaFeed | None = None,
                  warn: Callable[[str], None] = lambda message: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.sampler = sampler
@@ -65,6 +84,10 @@ class Monitor:
         self.detector = detector
         self.publish = publish
         self.observe = observe  # e.g. the Prometheus exporter's state: sees every cycle, stored or not
+        self.comments = comments  # keeps the jobs' AdminComment current (watch.comments)
+        self.act = act  # the configured actions (watch.act.Actor.act)
+        self.quotas = quotas  # Slurm's shares for the detector ([detect.share] quota_source = "slurm")
+        self._carried: tuple[ScanProblem, ...] = ()  # problems met after the last cycle was stored
         self.warn = warn
         self.clock = clock
         self.pending: list[tuple[Cycle, tuple[Violation, ...]]] = []
@@ -81,7 +104,9 @@ class Monitor:
         gpus = tuple(GpuSample(now, d.uuid, d.mig_uuid, d.util_pct, d.mem_used_mib, d.mem_total_mib,
                                d.power_w, d.temp_c) for d in reading.devices)
         procs, allocations, found = self.attributor.attribute(now, reading.processes)
-        problems = tuple(ScanProblem(now, k, s, d) for k, s, d in reading.problems) + found
+        problems = tuple(ScanProblem(now, k, s, d) for k, s, d in reading.problems) + found + self._carried
+        problems += self._quotas(now)
+        self._carried = ()
         cycle = Cycle(now, self.node, gpus, procs, allocations, problems)
         violations: tuple[Violation, ...] = ()
         if self.detector is not None:
@@ -94,7 +119,52 @@ class Monitor:
         if self.observe is not None:
             self.observe(cycle, violations)
         self._rollup(now)
+        self._comment(now, allocations)
+        self._act(cycle, violations)
         return cycle
+
+    def _quotas(self, now: float) -> tuple[ScanProblem, ...]:
+        """Give the detector Slurm's shares when a due read brought new ones; a failed read keeps
+        the last ones and becomes a problem of this cycle."""
+        if self.quotas is None or not isinstance(self.detector, ShareAware):
+            return ()
+        fresh, why = self.quotas.poll(now)
+        if fresh is not None:
+            self.detector.set_shares(fresh)
+        if why is None:
+            return ()
+        self.warn(f"cannot read Slurm's shares (the last quotas stay): {why}")
+        return (ScanProblem(now, SSHARE_PROBLEM, "sshare", why),)
+
+    def _comment(self, now: float, allocations: tuple[Allocation, ...]) -> None:
+        """Update the due jobs' AdminComment, after the store so the figures include this cycle.
+
+        What fails is said on stderr now and stored with the next cycle's problems.
+        """
+        if self.comments is None:
+            return
+        try:
+            found = self.comments.update(now, allocations)
+        except Exception as exc:  # bookkeeping: a bug here must not stop the sampling
+            why = f"internal error: {type(exc).__name__}: {exc}"
+            self.warn(f"cannot update AdminComments: {why}")
+            self._carried = (ScanProblem(now, PROBLEM_KIND, "monitor", why),)
+            return
+        for p in found:
+            self.warn(f"cannot update the AdminComment of job {p.subject}: {p.detail}")
+        self._carried = found
+
+    def _act(self, cycle: Cycle, violations: tuple[Violation, ...]) -> None:
+        """Log, alert, kill, scancel as configured; failures are stored with the next cycle."""
+        if self.act is None:
+            return
+        try:
+            found = tuple(self.act(cycle, violations))
+        except Exception as exc:  # the actor reports its own failures; this is a bug in it
+            found = (ScanProblem(cycle.ts, "action", "monitor",
+                                 f"internal error: {type(exc).__name__}: {exc}"),)
+            self.warn(f"actions failed: {found[0].detail}")
+        self._carried += found
 
     def _publish(self, now: float, violations: tuple[Violation, ...]) -> None:
         """Share new violations at once, and ongoing ones again every REPUBLISH_S (their duration)."""

@@ -1,0 +1,141 @@
+"""Whether a job asked for MPS, and where its daemon's directories are: the light part of MPS.
+
+The prolog asks every job and the task prolog exports the pipe directory, so this module keeps to
+the standard library's cheapest imports; starting and stopping daemons is in
+:mod:`gpuslurm.isolate.mps`.
+
+What asks for MPS (``[mps] triggers``), as Slurm 22.05 shows it to the prolog (observed in the
+test cluster; none of it needs an extra command):
+
+* ``gres``: a job with ``--gres=mps:N``. Slurm puts ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the
+  job's share of the GPU, N out of the GPU's mps count, in percent) into the prolog's
+  environment, beside ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` for the GPU. There is no
+  ``SLURM_JOB_GRES``. That share becomes the daemon's active thread percentage.
+* ``comment``: ``SLURM_JOB_COMMENT`` (the job's ``--comment``) contains ``comment_token`` as a
+  word (words are separated by blanks, commas and semicolons).
+* ``feature``: ``SLURM_JOB_CONSTRAINTS`` (the job's ``--constraint``, verbatim, e.g. ``mps&ib``)
+  names ``feature``; a name after ``!`` does not count.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple
+
+from gpuslurm.errors import InputError
+
+if TYPE_CHECKING:
+    from gpuslurm.config import MpsConfig
+
+GRES_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+PIPE_VAR = "CUDA_MPS_PIPE_DIRECTORY"
+LOG_VAR = "CUDA_MPS_LOG_DIRECTORY"
+_WORD_SEPARATORS = str.maketrans(",;", "  ")
+_CONSTRAINT_OPERATORS = str.maketrans("&|,[]()", "       ")
+
+
+class MpsRequest(NamedTuple):
+    """A job's request for MPS: what asked for it and the active thread percentage to set."""
+
+    trigger: str  # "gres", "comment" or "feature"
+    active_thread_percentage: int
+
+
+class MpsDirs(NamedTuple):
+    job: str  # <run_dir>/mps/<jobid>, root's
+    pipe: str  # CUDA_MPS_PIPE_DIRECTORY, the user's
+    log: str  # CUDA_MPS_LOG_DIRECTORY, the user's
+
+
+def mps_request(environ: Mapping[str, str], cfg: MpsConfig) -> MpsRequest | None:
+    """Whether the job whose prolog environment this is asked for MPS, and by which trigger."""
+    if "gres" in cfg.triggers:
+        raw = environ.get(GRES_VAR, "").strip()
+        if raw:
+            return MpsRequest("gres", parse_percentage(raw))
+    comment = environ.get("SLURM_JOB_COMMENT", "")
+    if "comment" in cfg.triggers and cfg.comment_token and cfg.comment_token in comment_words(comment):
+        return MpsRequest("comment", cfg.active_thread_percentage)
+    constraints = environ.get("SLURM_JOB_CONSTRAINTS", "")
+    if "feature" in cfg.triggers and cfg.feature and cfg.feature in constraint_features(constraints):
+        return MpsRequest("feature", cfg.active_thread_percentage)
+    return None
+
+
+def parse_percentage(text: str) -> int:
+    """Slurm's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (an integer 1-100; a decimal is rounded up)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 100:
+        raise InputError(f"not a percentage between 1 and 100: {text!r}", source=GRES_VAR)
+    return math.ceil(value)
+
+
+def comment_words(comment: str) -> set[str]:
+    return set(comment.translate(_WORD_SEPARATORS).split())
+
+
+def constraint_features(constraints: str) -> set[str]:
+    """Feature names a ``--constraint`` expression asks for (counts ``*N`` and ``!name`` dropped)."""
+    names = set()
+    for word in constraints.translate(_CONSTRAINT_OPERATORS).split():
+        if word.startswith("!"):
+            continue
+        names.add(word.partition("*")[0])
+    return names - {""}
+
+
+def job_dirs(run_dir: str, job_id: str) -> MpsDirs:
+    job = os.path.join(run_dir, "mps", check_job_id(job_id))
+    return MpsDirs(job, os.path.join(job, "pipe"), os.path.join(job, "log"))
+
+
+def job_gid(environ: Mapping[str, str], uid: int) -> int:
+    """The job's primary group: ``SLURM_JOB_GID``, else the user's from the password database."""
+    raw = environ.get("SLURM_JOB_GID", "").strip()
+    if raw:
+        if not (raw.isascii() and raw.isdigit()):
+            raise InputError(f"not a numeric gid: {raw!r}", source="SLURM_JOB_GID")
+        return int(raw)
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        raise InputError(f"is not set and uid {uid} has no passwd entry",
+                         source="SLURM_JOB_GID") from None
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it is ``<digits>`` or ``<digits>_<digits>``: it becomes a directory name."""
+    main, sep, task = job_id.partition("_")
+    if not (_digits(main) and (not sep or _digits(task))):
+        raise InputError(f"not a Slurm job id: {job_id!r}", source="job id")
+    return job_id
+
+
+def _digits(text: str) -> bool:
+    return 0 < len(text) <= 10 and text.isascii() and text.isdigit()
+
+
+def mps_exports(run_dir: str, job_id: str | None, uid: int | None = None) -> list[tuple[str, str]]:
+    """Task prolog: the MPS variables for a job whose daemon the prolog started, else none.
+
+    The pipe directory must exist and be owned by ``uid`` (default: ours, the job's user); only
+    root can create it, under a directory only root can write.
+    """
+    if job_id is None:
+        return []
+    try:
+        dirs = job_dirs(run_dir, job_id)
+        st = os.lstat(dirs.pipe)
+    except (InputError, OSError):
+        return []
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != (os.getuid() if uid is None else uid):
+        return []
+    return [(PIPE_VAR, dirs.pipe), (LOG_VAR, dirs.log)]
