@@ -5,6 +5,15 @@ on loopback, the node an emulated DGX H100 with fake ``/dev/nvidiaN``) and ``dow
 the session, even after failures. Only one such cluster can run per host: the device files and
 Slurm's cgroups are global.
 
+Accounting (slurmdbd with a private MariaDB, ``cluster.sh up --with-slurmdbd``) costs a few seconds
+and is off by default. A module that needs it asks for ``slurm_accounting_cluster`` (import it
+into the module: ``from cluster_fixture import slurm_accounting_cluster``): the session cluster is
+restarted with accounting for that module and without it afterwards, in the same state directory.
+With ``GPUSLURM_CLUSTER_SLURMDBD=1`` the session cluster has accounting from the start and nothing
+is restarted. In such a cluster ``cluster.sacctmgr("add", "account", "team")`` and
+``cluster.sacctmgr("add", "user", "nobody", "account=team", "fairshare=5")`` add associations,
+which ``sshare -P -a`` then lists; ``sacct`` shows finished jobs.
+
 Environment: ``GPUSLURM_BUNDLE`` (default dgx-h100), ``GPUSLURM_BIN`` (the gpuslurm executable),
 ``GPUSLURM_CLUSTER_EXTRA_CONF`` (extra slurm.conf lines), ``GPUSLURM_KEEP_CLUSTER=1`` keeps the
 state directory (configs and logs) after the session.
@@ -36,6 +45,8 @@ FINAL_STATES = frozenset({
     "BOOT_FAIL", "DEADLINE",
 })
 LOCK_PATH = "/run/lock/gpuslurm-test-cluster.lock"
+SACCTMGR = "/usr/bin/sacctmgr"
+ACCOUNTING_NEEDS = ("/usr/sbin/slurmdbd", SACCTMGR, "/usr/sbin/mariadbd", "/usr/bin/mariadb-install-db")
 _JOB_STATE = re.compile(r"\bJobState=(\S+)")
 
 
@@ -46,6 +57,14 @@ def cluster_unavailable() -> str | None:
     missing = [path for path in NEEDED if not os.access(path, os.X_OK)]
     if missing:
         return f"{', '.join(missing)} missing: apt-get install -y slurm-wlm munge"
+    return None
+
+
+def accounting_unavailable() -> str | None:
+    """Why this machine cannot add slurmdbd and MariaDB to the test cluster, or None."""
+    missing = [path for path in ACCOUNTING_NEEDS if not os.access(path, os.X_OK)]
+    if missing:
+        return f"{', '.join(missing)} missing: apt-get install -y slurmdbd mariadb-server"
     return None
 
 
@@ -63,6 +82,20 @@ class SlurmCluster:
     @property
     def log_dir(self) -> Path:
         return self.state_dir / "log"
+
+    @property
+    def accounting(self) -> bool:
+        """Whether slurmdbd keeps this cluster's accounting (``up --with-slurmdbd``)."""
+        return (self.state_dir / "etc" / "slurmdbd.conf").exists()
+
+    def sacctmgr(self, *args: str) -> str:
+        """``sacctmgr -i ARGS`` (no confirmation prompt); its output, RuntimeError on failure."""
+        result = subprocess.run([SACCTMGR, "-i", *args], env=self.env, capture_output=True, text=True,
+                                timeout=30, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"sacctmgr {' '.join(args)} failed ({result.returncode}): "
+                               f"{result.stderr.strip()} {result.stdout.strip()}")
+        return result.stdout
 
     def sbatch(self, args: Sequence[str], script: str) -> int:
         """Submit ``script`` (a shell script body) with extra sbatch ``args``; the job id.
@@ -135,9 +168,21 @@ def _gpuslurm_bin(state_dir: Path) -> str:
     return str(wrapper)
 
 
-def _cluster_sh(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["/bin/bash", str(CLUSTER_SH), command], env=env, capture_output=True,
+def _cluster_sh(command: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/bin/bash", str(CLUSTER_SH), command, *args], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
+
+
+def _restart(cluster: SlurmCluster, *up_args: str) -> None:
+    """``down``, then ``up UP_ARGS`` in the same state directory (the session lock is held)."""
+    env = {key: value for key, value in cluster.env.items() if key != "SLURM_CONF"}
+    down = _cluster_sh("down", env)
+    if down.returncode != 0:
+        pytest.fail(f"cluster.sh down failed ({down.returncode}):\n{down.stderr}", pytrace=False)
+    up = _cluster_sh("up", env, *up_args)
+    if up.returncode != 0:
+        pytest.fail(f"cluster.sh up {' '.join(up_args)} failed ({up.returncode}):\n{up.stderr}{up.stdout}",
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -158,7 +203,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     env["GPUSLURM_BIN"] = _gpuslurm_bin(state_dir)
     cluster = SlurmCluster(state_dir, {**env, "SLURM_CONF": str(state_dir / "etc" / "slurm.conf")})
     try:
-        up = _cluster_sh("up", env)
+        accounting = ["--with-slurmdbd"] if os.environ.get("GPUSLURM_CLUSTER_SLURMDBD") else []
+        up = _cluster_sh("up", env, *accounting)
         if up.returncode != 0:
             pytest.fail(f"cluster.sh up failed ({up.returncode}):\n{up.stderr}{up.stdout}", pytrace=False)
         yield cluster
@@ -171,3 +217,19 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         else:
             shutil.rmtree(state_dir, ignore_errors=True)
         lock.close()
+
+
+@pytest.fixture(scope="module")
+def slurm_accounting_cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session cluster with slurmdbd for one module (see module docstring)."""
+    if slurm_cluster.accounting:
+        yield slurm_cluster
+        return
+    reason = accounting_unavailable()
+    if reason:
+        pytest.skip(reason)
+    _restart(slurm_cluster, "--with-slurmdbd")
+    try:
+        yield slurm_cluster
+    finally:
+        _restart(slurm_cluster)

@@ -91,6 +91,7 @@ class PathsConfig(NamedTuple):
     violations_dir: str = "/var/lib/gpuslurm/violations"  # node monitors write, `throttle sync` reads
     sendmail: str = "/usr/sbin/sendmail"  # [act] alerts by mail (run as `sendmail -t -oi`)
     scancel: str = "/usr/bin/scancel"  # [act.idle] scancel
+    sacctmgr: str = "/usr/bin/sacctmgr"  # epilog.admin_comment of a finished job, in slurmdbd
 
     @property
     def jobs_dir(self) -> str:

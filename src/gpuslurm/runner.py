@@ -28,12 +28,13 @@ class CommandResult:
 def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_TIMEOUT,
                 check: bool = True, env: dict[str, str] | None = None,
                 input_text: str | None = None, user: int | None = None,
-                group: int | None = None, cwd: str | None = None) -> CommandResult:
+                group: int | None = None, groups: list[int] | None = None,
+                cwd: str | None = None) -> CommandResult:
     """Run ``argv`` (first element an absolute path) and return its output.
 
-    ``user``/``group`` (numeric ids; root only) run it as that user with no supplementary groups,
-    e.g. a job's MPS daemon as the job's user. Raises CommandError when the program is missing,
-    times out, or (with ``check``) exits non-zero.
+    ``user``/``group`` (numeric ids; root only) run it as that user, with the supplementary
+    ``groups`` given (none by default), e.g. a job's MPS daemon as the job's user. Raises
+    CommandError when the program is missing, times out, or (with ``check``) exits non-zero.
     """
     args = tuple(str(a) for a in argv)
     if not args or not os.path.isabs(args[0]):
@@ -44,7 +45,7 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             start_new_session=True, cwd=cwd,
             user=user, group=group if group is not None or user is None else user,
-            extra_groups=None if user is None else [],
+            extra_groups=None if user is None else list(groups or ()),
         )
     except FileNotFoundError as exc:
         raise CommandError(f"{args[0]}: not found", args) from exc

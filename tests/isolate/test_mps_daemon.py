@@ -373,3 +373,28 @@ def test_prolog_fails_when_the_requested_daemon_cannot_start(mps: Mps) -> None:
     assert run_prolog(job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps"), log) == 4, log.lines
     assert not (Path(mps.run_dir) / "jobs" / f"{JOB}.json").exists()
     assert os.listdir(Path(mps.run_dir) / "mps") == []
+
+
+def test_the_daemon_gets_the_users_supplementary_groups(mps: Mps) -> None:
+    # A site may give /dev/nvidia* to a group (NVreg_DeviceFileGID): the MPS server must have it.
+    tag = os.getpid() % 100000
+    group, user = f"gsgpu{tag}", f"gsmps{tag}"
+    subprocess.run(["/usr/sbin/groupadd", group], check=True, timeout=30)
+    try:
+        subprocess.run(["/usr/sbin/useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        "--user-group", "--groups", group, user], check=True, timeout=30)
+        try:
+            import grp
+            import pwd
+
+            pw, extra = pwd.getpwnam(user), grp.getgrnam(group).gr_gid
+            start_mps("43", pw.pw_uid, pw.pw_gid, ("GPU-a",), MpsRequest("comment", 100),
+                      run_dir=mps.run_dir, mps_control=mps.control(), timeout=5.0)
+            start, = mps.records("start")
+            assert (start["uid"], start["gid"]) == (pw.pw_uid, pw.pw_gid)
+            assert start["groups"] == [extra]
+            mps.stop("43")
+        finally:
+            subprocess.run(["/usr/sbin/userdel", user], check=False, timeout=30)
+    finally:
+        subprocess.run(["/usr/sbin/groupdel", group], check=False, timeout=30)

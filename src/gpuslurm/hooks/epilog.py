@@ -6,7 +6,8 @@ and check that the GPUs were released (no processes, memory freed); (4) remove t
 device limits; (5) remove the map; (6) bookkeeping: the per-job summary
 ``<state_dir>/jobs/<jobid>-summary.json`` (with utilisation and memory from the monitor's store
 when there is one) and, if configured, the job's AdminComment (Slurm 22.05 refuses that for a
-finished job; the node monitor keeps it current while the job runs: :mod:`gpuslurm.watch.comments`).
+finished job; the node monitor keeps it current while the job runs: :mod:`gpuslurm.watch.comments`;
+where slurmdbd runs, the epilog writes its final figures into the job's accounting record instead).
 
 Which processes on the job's physical GPUs are its leftovers, and how they are killed without
 ever signalling a reused PID: :mod:`gpuslurm.hooks.leftovers`. When another job still holds the
@@ -147,9 +148,27 @@ def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, s
             log.info(f"AdminComment: {text}")
         except GpuslurmError as exc:
             if refused_as_finished(exc):  # Slurm 22.05: the monitor keeps it current while the job runs
-                log.info("Slurm does not update a finished job: the monitor's last AdminComment stands")
+                _accounting_admin_comment(job_id, text, cfg, log)
             else:
                 log.error(f"cannot set the job's AdminComment: {exc}")
+
+
+def _accounting_admin_comment(job_id: str, text: str, cfg: Any, log: HookLog) -> None:
+    """slurmctld refused (the job finished): write it into slurmdbd's record of the job instead."""
+    from gpuslurm.slurm.scontrol import set_accounting_admin_comment
+
+    stands = "Slurm does not update a finished job: the monitor's last AdminComment stands"
+    if not os.access(cfg.paths.sacctmgr, os.X_OK):
+        log.info(stands)
+        return
+    try:
+        if set_accounting_admin_comment(job_id, text, sacctmgr=cfg.paths.sacctmgr,
+                                        timeout=cfg.hooks.command_timeout_s):
+            log.info(f"AdminComment (in slurmdbd, the job has finished): {text}")
+        else:  # no slurmdbd: slurmctld's copy is all there is
+            log.info(stands)
+    except GpuslurmError as exc:
+        log.error(f"cannot set the finished job's AdminComment in slurmdbd: {exc}")
 
 
 def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Any,

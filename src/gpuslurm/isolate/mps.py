@@ -14,7 +14,7 @@ test cluster; none of it needs an extra command):
 
 Layout: ``<run_dir>/mps/`` (root, 0755) holds ``<jobid>/`` (root, 0755) with ``pipe/`` and
 ``log/`` (the job's user, 0700) and ``mps.json`` (root, 0600: what ``stop_mps`` needs). The
-daemon runs as the job's user and group (no supplementary groups), with only
+daemon runs as the job's user and group (and the user's supplementary groups), with only
 ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``, ``CUDA_VISIBLE_DEVICES`` (the job's GPU
 UUIDs) and ``PATH`` in its environment. Its processes are found by their real uid and the pipe
 directory in their initial environment (and as children of the recorded daemon), never through a
@@ -133,7 +133,10 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
         os.mkdir(job_id, 0o755, dir_fd=base)
         try:
             _make_user_dirs(base, job_id, uid, gid)
-            run_command([mps_control, "-d"], env=env, user=uid, group=gid, cwd="/", timeout=timeout)
+            # The user's supplementary groups: a site may give GPU device files to a group
+            # (NVreg_DeviceFileGID), and the MPS server the daemon starts opens them.
+            run_command([mps_control, "-d"], env=env, user=uid, group=gid, groups=_user_groups(uid, gid),
+                        cwd="/", timeout=timeout)
             deadline = time.monotonic() + timeout
             pid = _wait_for_daemon(uid, dirs.pipe, deadline)
             for command in control_commands(request.active_thread_percentage,
@@ -152,6 +155,17 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
             raise
     finally:
         os.close(base)
+
+
+def _user_groups(uid: int, gid: int) -> list[int]:
+    """``uid``'s groups as the system knows them (none for a uid without a passwd entry)."""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return []
+    return sorted(set(os.getgrouplist(name, gid)) - {gid})
 
 
 def _make_user_dirs(base: int, job_id: str, uid: int, gid: int) -> None:

@@ -74,3 +74,37 @@ def refused_as_finished(exc: Exception) -> bool:
         return False
     said = f"{exc.stderr}\n{exc}".lower()
     return any(m.lower() in said for m in FINISHED_REFUSALS)
+
+
+# sacctmgr's answers when this host keeps no accounting database: slurm.conf names no slurmdbd
+# (AccountingStorageType=accounting_storage/none), or there is no Slurm configuration to read
+NO_ACCOUNTING = ("not running a supported accounting_storage plugin",
+                 "Could not establish a configuration source", "Unable to process configuration file")
+
+
+def set_accounting_admin_comment(job_id: str, text: str, *, sacctmgr: str, timeout: float) -> bool:
+    """``sacctmgr -i modify job where jobid=<id> set AdminComment=<text>``: the job's record in
+    slurmdbd, which (unlike slurmctld) still takes it after the job ended.
+
+    False when Slurm keeps no accounting database; CommandError when sacctmgr fails otherwise
+    (slurmdbd down, or the job not in its database yet: "Nothing modified"). sacctmgr 22.05
+    lowercases the value and stores quotes as backquotes; quotes are turned into backquotes here
+    already, since a value that starts with one would be cut at the next.
+    """
+    main, sep, _task = check_job_id(job_id).partition("_")
+    if sep:  # sacctmgr takes plain job ids only; the epilog always has one
+        raise InputError(f"sacctmgr needs a plain job id, not {job_id!r}", source="SLURM_JOB_ID")
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    line = line.replace('"', "`").replace("'", "`")
+    if len(line) > MAX_ADMIN_COMMENT:
+        line = line[: MAX_ADMIN_COMMENT - 3] + "..."
+    argv = [sacctmgr, "-i", "modify", "job", "where", f"jobid={main}", "set", f"AdminComment={line}"]
+    result = run_command(argv, timeout=timeout, check=False)
+    said = f"{result.stdout}\n{result.stderr}"
+    if result.returncode != 0 and any(m in said for m in NO_ACCOUNTING):
+        return False
+    if result.returncode != 0 or "Modified jobs" not in result.stdout:
+        last = " ".join(said.split())[-300:]
+        raise CommandError(f"sacctmgr modify job {main} failed ({result.returncode}): {last}",
+                           tuple(argv), result.returncode, result.stderr)
+    return True
