@@ -83,6 +83,14 @@ class Site:
         return path.read_text() if path.exists() else ""
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _restart_slurmd(cluster: SlurmCluster) -> None:
     """Reconfigure, then restart slurmd through cluster.sh (which keeps slurmctld): cgroup.conf is
     read when slurmd starts."""
@@ -90,11 +98,13 @@ def _restart_slurmd(cluster: SlurmCluster) -> None:
     pidfile = cluster.state_dir / "run" / "slurmd.pid"
     pid = int(pidfile.read_text().strip())
     os.kill(pid, signal.SIGTERM)
-    for _ in range(200):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+    # slurmd can take a while to stop (it waits for its RPCs and steps); starting the new one
+    # before the old one is gone leaves no slurmd at all once the old one finishes.
+    deadline = time.monotonic() + 60
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
         time.sleep(0.05)
     env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
     up = subprocess.run(["/bin/bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True,

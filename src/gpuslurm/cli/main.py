@@ -43,6 +43,7 @@ def _load(source: str | None) -> Any:
 # should not pay for the installer, nor `gres-conf` for the hooks.
 LAZY_COMMANDS = {
     "install": "gpuslurm.cli.install_cmd:install",
+    "hogs": "gpuslurm.cli.hogs_cmd:hogs",
     "prolog": "gpuslurm.cli.hook_cmds:prolog",
     "epilog": "gpuslurm.cli.hook_cmds:epilog",
     "task-prolog": "gpuslurm.cli.hook_cmds:task_prolog",
