@@ -2,7 +2,7 @@
 
 The prolog runs as root, so every file operation here is made against a directory file
 descriptor that was reached one component at a time without following a symlink, and whose
-owner and mode were checked (see ``_open_dir``). Files are created with
+owner and mode were checked (``gpuslurm.safedir``). Files are created with
 ``O_CREAT|O_EXCL|O_NOFOLLOW`` under a temporary name and renamed into place, so a reader sees
 either the old map or the new one, never half of one.
 """
@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
+from gpuslurm.safedir import UnsafePathError as UnsafePathError  # where callers import it from
+from gpuslurm.safedir import check_private, open_dir, why_refused
 
 if TYPE_CHECKING:
     from gpuslurm.slurm.hookenv import JobDevice
@@ -24,12 +26,6 @@ if TYPE_CHECKING:
 DEFAULT_JOBS_DIR = "/run/gpuslurm/jobs"
 FORMAT_VERSION = 1
 MAX_MAP_BYTES = 1 << 20  # a map is a few hundred bytes; refuse to slurp anything huge
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class UnsafePathError(InputError):
-    """A path gpuslurm writes as root is a symlink, not ours, or writable by others."""
 
 
 class MappedDevice(NamedTuple):
@@ -246,12 +242,12 @@ def _read_bytes(dfd: int, name: str, base: str, limit: int) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:  # ELOOP: a symlink
-        raise UnsafePathError(f"refusing to read: {_why(dfd, name, exc)}", source=path) from None
+        raise UnsafePathError(f"refusing to read: {why_refused(dfd, name, exc)}", source=path) from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePathError("refusing to read: not a regular file", source=path)
-        _check_owner(st, path, "file")
+        check_private(st, path, "file")
         data = fh.read(limit + 1)
     if len(data) > limit:
         raise InputError(f"larger than {limit} bytes: not a file gpuslurm wrote", source=path)
@@ -274,74 +270,13 @@ def _read(dfd: int, name: str, base: str) -> JobMap | None:
 
 
 def _open_dir(base: str, *, create: bool) -> int | None:
-    """A descriptor for ``base``, reached without following symlinks and checked at each step.
+    """A descriptor for ``base``, reached and checked as :func:`gpuslurm.safedir.open_dir` does.
 
-    Ancestors must be directories owned by root or by us, not writable by group or others unless
-    sticky (``/tmp``). Missing ones are created 0755 (other hooks put per-job directories the
-    user must reach beside ``base``); ``base`` itself is created 0700, must be ours and not
-    writable by others, and is narrowed to 0700 if it was readable by them. Returns None when a
-    component is missing and ``create`` is false.
+    Missing ancestors are made 0755 (other hooks put per-job directories the user must reach
+    beside ``base``); ``base`` itself must be ours and private (made or narrowed to 0700). None
+    when a component is missing and ``create`` is false.
     """
-    path = os.path.abspath(base)
-    parts = [p for p in path.split("/") if p]
-    fd = os.open("/", _DIR_FLAGS)
-    try:
-        _check_dir(os.fstat(fd), "/", final=not parts)
-        for i, name in enumerate(parts):
-            final = i == len(parts) - 1
-            here = "/" + "/".join(parts[: i + 1])
-            try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    return None
-                try:
-                    os.mkdir(name, 0o700 if final else 0o755, dir_fd=fd)
-                except FileExistsError:  # another prolog made it meanwhile; it is checked below
-                    pass
-                child = _open_child(fd, name, here)
-            except OSError as exc:
-                raise UnsafePathError(f"refusing to use: {_why(fd, name, exc)}", source=here) from None
-            os.close(fd)
-            fd = child
-            st = os.fstat(fd)
-            _check_dir(st, here, final=final)
-            if final and st.st_mode & 0o077:
-                os.fchmod(fd, 0o700)
-        result, fd = fd, -1
-        return result
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _open_child(fd: int, name: str, here: str) -> int:
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=fd)
-    except OSError as exc:
-        raise UnsafePathError(f"refusing to use: {_why(fd, name, exc)}", source=here) from None
-
-
-def _check_dir(st: os.stat_result, here: str, *, final: bool) -> None:
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePathError("refusing to use: not a directory", source=here)
-    if final:
-        _check_owner(st, here, "directory")
-        return
-    if st.st_uid not in (0, os.geteuid()):
-        raise UnsafePathError(f"refusing to use: owned by uid {st.st_uid}", source=here)
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        raise UnsafePathError(f"refusing to use: writable by group or others "
-                              f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)
-
-
-def _check_owner(st: os.stat_result, path: str, what: str) -> None:
-    if st.st_uid != os.geteuid():
-        raise UnsafePathError(f"refusing to use: {what} owned by uid {st.st_uid}, not {os.geteuid()}",
-                              source=path)
-    if st.st_mode & 0o022:
-        raise UnsafePathError(f"refusing to use: {what} writable by group or others "
-                              f"(mode {stat.S_IMODE(st.st_mode):04o})", source=path)
+    return open_dir(base, create_mode=0o755 if create else None, private=True)
 
 
 def _refuse_odd_entry(dfd: int, name: str, base: str) -> None:
@@ -355,7 +290,7 @@ def _refuse_odd_entry(dfd: int, name: str, base: str) -> None:
         raise UnsafePathError("refusing to replace a symlink", source=path)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError("refusing to replace: not a regular file", source=path)
-    _check_owner(st, path, "file")
+    check_private(st, path, "file")
 
 
 def _create_exclusive(dfd: int, name: str, base: str) -> int:
@@ -373,18 +308,6 @@ def _create_exclusive(dfd: int, name: str, base: str) -> int:
                                       source=path) from None
             os.unlink(name, dir_fd=dfd)
     raise AssertionError("unreachable")
-
-
-def _why(dfd: int, name: str, exc: OSError) -> str:
-    try:
-        st = os.lstat(name, dir_fd=dfd)
-    except OSError:
-        return exc.strerror or str(exc)
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symlink"
-    if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
-        return "not a regular file or directory"
-    return exc.strerror or str(exc)
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str,

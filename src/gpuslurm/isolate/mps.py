@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CommandError, InputError
 from gpuslurm.isolate.mps_request import LOG_VAR, PIPE_VAR, MpsDirs, MpsRequest, job_dirs
+from gpuslurm.safedir import DIR_FLAGS, open_dir
 
 if TYPE_CHECKING:
     pass
@@ -41,7 +42,6 @@ STATE_FILE = "mps.json"
 STATE_VERSION = 1
 KILL_WAIT_S = 2.0  # after SIGKILL: a process still there is stuck in the kernel (the driver)
 _POLL_S = 0.02
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class MpsDaemon(NamedTuple):
@@ -169,12 +169,12 @@ def _user_groups(uid: int, gid: int) -> list[int]:
 
 
 def _make_user_dirs(base: int, job_id: str, uid: int, gid: int) -> None:
-    job = os.open(job_id, _DIR_FLAGS, dir_fd=base)
+    job = os.open(job_id, DIR_FLAGS, dir_fd=base)
     try:
         os.fchmod(job, 0o755)  # whatever the umask: the user must reach pipe/ and log/
         for name in ("pipe", "log"):
             os.mkdir(name, 0o700, dir_fd=job)
-            fd = os.open(name, _DIR_FLAGS, dir_fd=job)
+            fd = os.open(name, DIR_FLAGS, dir_fd=job)
             try:
                 os.fchown(fd, uid, gid)
                 os.fchmod(fd, 0o700)
@@ -215,7 +215,7 @@ def _control(mps_control: str, command: str, env: dict[str, str], uid: int, gid:
 
 def _write_state(base: int, job_id: str, daemon: MpsDaemon) -> None:
     payload = dict(daemon._asdict(), version=STATE_VERSION, uuids=list(daemon.uuids))
-    job = os.open(job_id, _DIR_FLAGS, dir_fd=base)
+    job = os.open(job_id, DIR_FLAGS, dir_fd=base)
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(STATE_FILE, flags, 0o600, dir_fd=job)
@@ -334,7 +334,7 @@ def _recorded_pid(daemon: MpsDaemon | None) -> int | None:
 
 def _read_state(base: int, job_id: str, job_path: str) -> MpsDaemon | None:
     path = os.path.join(job_path, STATE_FILE)
-    job = os.open(job_id, _DIR_FLAGS, dir_fd=base)
+    job = os.open(job_id, DIR_FLAGS, dir_fd=base)
     try:
         try:
             fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=job)
@@ -438,56 +438,11 @@ def _start_ticks(pid: int | None) -> int | None:
 
 
 def _open_base(path: str, *, create: bool) -> int | None:
-    """``<run_dir>/mps`` reached without following symlinks: every component a directory of root
-    (or ours) not writable by others unless sticky; missing ones made 0755. None if missing and
-    not ``create``.
+    """``<run_dir>/mps`` reached as :func:`gpuslurm.safedir.open_dir` does: every component a
+    directory of root (or ours), no symlink, not writable by others (unless sticky, above the
+    base); missing ones made 0755. None if missing and not ``create``.
     """
-    parts = [p for p in os.path.abspath(path).split("/") if p]
-    fd = os.open("/", _DIR_FLAGS)
-    try:
-        here = ""
-        for name in parts:
-            here += "/" + name
-            try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    return None
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:  # another prolog made it meanwhile; checked below
-                    pass
-                child = _open_checked(fd, name, here)
-            except OSError as exc:
-                raise _unsafe(here, exc) from None
-            os.close(fd)
-            fd = child
-            st = os.fstat(fd)
-            if st.st_uid not in (0, os.geteuid()):
-                raise InputError(f"refusing to use: owned by uid {st.st_uid}", source=here)
-            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-                raise InputError(f"refusing to use: writable by group or others "
-                                 f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)
-        result, fd = fd, -1
-        return result
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _open_checked(fd: int, name: str, here: str) -> int:
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=fd)
-    except OSError as exc:
-        raise _unsafe(here, exc) from None
-
-
-def _unsafe(here: str, exc: OSError) -> InputError:
-    import errno
-
-    why = "a symlink or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR) \
-        else (exc.strerror or str(exc))
-    return InputError(f"refusing to use: {why}", source=here)
+    return open_dir(path, create_mode=0o755 if create else None, error=InputError)
 
 
 def _exists(base: int, name: str) -> bool:

@@ -29,13 +29,13 @@ from typing import NamedTuple
 
 from gpuslurm.errors import InputError
 from gpuslurm.policy.throttle import MODES, Throttle, violation_from_line, violation_to_line
+from gpuslurm.safedir import open_dir, why_refused
 from gpuslurm.watch.model import Violation
 
 HEADER_PREFIX = "# gpuslurm-throttle v1 id="
 COLUMNS = "# user\tuntil\tmode\tvalue\tcreated\tcontact\treason"
 MAX_FILE_BYTES = 64 << 20
 FILE_MODE = 0o644  # slurmctld runs as SlurmUser, which need not be root
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class ThrottleFile(NamedTuple):
@@ -153,8 +153,8 @@ def _read(dfd: int, path: str) -> ThrottleFile:
     except FileNotFoundError:
         return ThrottleFile((), (), exists=False)
     except OSError as exc:
-        why = "is a symlink" if _is_link(dfd, name) else (exc.strerror or str(exc))
-        raise UnsafeThrottlePathError(f"refusing to read: {why}", source=path) from None
+        raise UnsafeThrottlePathError(f"refusing to read: {why_refused(dfd, name, exc)}",
+                                      source=path) from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
@@ -200,64 +200,14 @@ def _replace(dfd: int, path: str, payload: bytes) -> None:
 
 
 def _open_dir(directory: str, *, create: bool) -> int | None:
-    """A descriptor for ``directory``, walked one component at a time without following symlinks.
+    """A descriptor for ``directory``, walked and checked as :func:`gpuslurm.safedir.open_dir` does.
 
     Symlinks an admin put in the configured path are resolved first (``realpath``); the walk then
-    checks that every directory is owned by root or us and not writable by group or others (a
-    sticky ``/tmp`` is allowed above the last one), so nobody else can swap a component.
-    Returns None when a component is missing and ``create`` is false.
+    refuses any symlink and any directory not owned by root or us or writable by group or others
+    (a sticky ``/tmp`` is allowed above the last one). None when one is missing and not ``create``.
     """
-    real = os.path.realpath(directory)
-    parts = [p for p in real.split("/") if p]
-    fd = os.open("/", _DIR_FLAGS)
-    try:
-        _check_dir(os.fstat(fd), "/", final=not parts)
-        for i, name in enumerate(parts):
-            here = "/" + "/".join(parts[: i + 1])
-            try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    return None
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                child = _open_child(fd, name, here)
-            except OSError as exc:
-                why = "is a symlink" if _is_link(fd, name) else (exc.strerror or str(exc))
-                raise UnsafeThrottlePathError(f"refusing to use: {why}", source=here) from None
-            os.close(fd)
-            fd = child
-            _check_dir(os.fstat(fd), here, final=i == len(parts) - 1)
-        result, fd = fd, -1
-        return result
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _open_child(fd: int, name: str, here: str) -> int:
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=fd)
-    except OSError as exc:
-        raise UnsafeThrottlePathError(f"refusing to use: {exc.strerror or exc}", source=here) from None
-
-
-def _check_dir(st: os.stat_result, here: str, *, final: bool) -> None:
-    if st.st_uid not in (0, os.geteuid()):
-        raise UnsafeThrottlePathError(f"refusing to use: owned by uid {st.st_uid}", source=here)
-    sticky_ok = not final and st.st_mode & stat.S_ISVTX
-    if st.st_mode & 0o022 and not sticky_ok:
-        raise UnsafeThrottlePathError(f"refusing to use: writable by group or others "
-                                 f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)
-
-
-def _is_link(dfd: int, name: str) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(name, dir_fd=dfd).st_mode)
-    except OSError:
-        return False
+    return open_dir(os.path.realpath(directory), create_mode=0o755 if create else None,
+                    error=UnsafeThrottlePathError)
 
 
 # --- the shared violations directory -----------------------------------------------------------

@@ -1,0 +1,117 @@
+"""Reach a directory as root without letting another user redirect the path.
+
+Each component is opened relative to its parent's descriptor with ``O_NOFOLLOW``, so a symlink
+anywhere is refused rather than followed, and each is checked before the next one is opened
+through it: owned by root or by us, and not writable by group or others unless sticky (``/tmp``:
+others cannot rename or remove our entries). The last directory is where callers create files,
+so it never gets the sticky exception. Imports only ``os`` and ``stat``: the hooks use it on every
+job.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from gpuslurm.errors import InputError
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePathError(InputError):
+    """A path gpuslurm writes as root is a symlink, not ours, or writable by others."""
+
+
+def open_dir(path: str, *, create_mode: int | None = None, private: bool = False,
+             error: type[InputError] = UnsafePathError) -> int | None:
+    """A descriptor for the directory ``path`` (made absolute, never resolved), checked at each step.
+
+    ``create_mode``: missing directories are made with exactly this mode; None returns None when
+    one is missing. ``private``: the last directory must be ours (not merely root's), is made 0700
+    and narrowed to 0700 if others could read it. Refusals raise ``error`` naming the component.
+    """
+    parts = [p for p in os.path.abspath(path).split("/") if p]
+    if private and not parts:
+        raise error("refusing to make the root directory private", source="/")
+    fd = os.open("/", DIR_FLAGS)
+    try:
+        _check(os.fstat(fd), "/", final=not parts, private=False, error=error)
+        here = ""
+        for i, name in enumerate(parts):
+            final = i == len(parts) - 1
+            here += "/" + name
+            mode = 0o700 if final and private else create_mode
+            child, created = _open_or_make(fd, name, here, mode, error)
+            if child is None:
+                return None
+            os.close(fd)
+            fd = child
+            st = os.fstat(fd)
+            _check(st, here, final=final, private=private and final, error=error)
+            if created and mode is not None and stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(fd, mode)  # mkdir's mode went through the umask
+            elif final and private and st.st_mode & 0o077:
+                os.fchmod(fd, 0o700)
+        result, fd = fd, -1
+        return result
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def check_private(st: os.stat_result, source: str, what: str,
+                  error: type[InputError] = UnsafePathError) -> None:
+    """Refuse ``st`` unless it is ours and not writable by group or others."""
+    if st.st_uid != os.geteuid():
+        raise error(f"refusing to use: {what} owned by uid {st.st_uid}, not {os.geteuid()}",
+                    source=source)
+    if st.st_mode & 0o022:
+        raise error(f"refusing to use: {what} writable by group or others "
+                    f"(mode {stat.S_IMODE(st.st_mode):04o})", source=source)
+
+
+def why_refused(dfd: int, name: str, exc: OSError) -> str:
+    """Why opening ``name`` under ``dfd`` failed, in words: a symlink says so rather than ELOOP."""
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except OSError:
+        return exc.strerror or str(exc)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
+        return "not a regular file or directory"
+    return exc.strerror or str(exc)
+
+
+def _open_or_make(fd: int, name: str, here: str, mode: int | None,
+                  error: type[InputError]) -> tuple[int | None, bool]:
+    """(descriptor of ``name`` under ``fd``, whether we made it); (None, False) if missing."""
+    created = False
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=fd), created
+    except FileNotFoundError:
+        if mode is None:
+            return None, created
+    except OSError as exc:
+        raise error(f"refusing to use: {why_refused(fd, name, exc)}", source=here) from None
+    try:
+        os.mkdir(name, mode, dir_fd=fd)
+        created = True
+    except FileExistsError:  # another process made it meanwhile; it is checked like any other
+        pass
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=fd), created
+    except OSError as exc:
+        raise error(f"refusing to use: {why_refused(fd, name, exc)}", source=here) from None
+
+
+def _check(st: os.stat_result, here: str, *, final: bool, private: bool,
+           error: type[InputError]) -> None:
+    if private:
+        check_private(st, here, "directory", error)
+        return
+    if st.st_uid not in (0, os.geteuid()):
+        raise error(f"refusing to use: owned by uid {st.st_uid}", source=here)
+    if st.st_mode & 0o022 and (final or not st.st_mode & stat.S_ISVTX):
+        raise error(f"refusing to use: writable by group or others "
+                    f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)

@@ -1,0 +1,211 @@
+"""The shared walk that reaches a directory without following symlinks: real directories, real
+owners (chown needs root), real umask."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuslurm.errors import InputError
+from gpuslurm.safedir import UnsafePathError, check_private, open_dir, why_refused
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+class OddError(InputError):
+    """A caller's own error class."""
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def umask_077() -> Iterator[None]:
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def refused(path: Path, *, create_mode: int | None = None, private: bool = False) -> UnsafePathError:
+    before = open_fds()
+    with pytest.raises(UnsafePathError) as info:
+        open_dir(str(path), create_mode=create_mode, private=private)
+    assert open_fds() == before  # a refusal leaks no descriptor
+    return info.value
+
+
+def test_the_descriptor_is_the_directory(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "marker").write_text("x")
+    fd = open_dir(str(tmp_path / "a" / "b"))
+    assert fd is not None
+    try:
+        st = os.fstat(fd)
+        want = os.stat(tmp_path / "a" / "b")
+        assert (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino)
+        assert os.listdir(fd) == ["marker"]
+        assert not os.get_inheritable(fd)  # never handed to a command the hook runs
+    finally:
+        os.close(fd)
+
+
+def test_relative_paths_are_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "rel").mkdir()
+    monkeypatch.chdir(tmp_path)
+    fd = open_dir("rel")
+    assert fd is not None
+    try:
+        assert os.fstat(fd).st_ino == os.stat(tmp_path / "rel").st_ino
+    finally:
+        os.close(fd)
+
+
+def test_missing_without_create_is_none_and_makes_nothing(tmp_path: Path) -> None:
+    assert open_dir(str(tmp_path / "x" / "y")) is None
+    assert open_dir(str(tmp_path / "x" / "y"), private=True) is None
+    assert not (tmp_path / "x").exists()
+
+
+def test_created_with_exactly_the_mode_whatever_the_umask(tmp_path: Path, umask_077: None) -> None:
+    fd = open_dir(str(tmp_path / "a" / "b" / "c"), create_mode=0o751)
+    assert fd is not None
+    os.close(fd)
+    assert [mode(tmp_path / p) for p in ("a", "a/b", "a/b/c")] == [0o751] * 3
+    fd = open_dir(str(tmp_path / "p" / "q"), create_mode=0o755, private=True)
+    assert fd is not None
+    os.close(fd)
+    assert (mode(tmp_path / "p"), mode(tmp_path / "p" / "q")) == (0o755, 0o700)
+
+
+def test_an_existing_directory_keeps_its_mode(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    os.chmod(tmp_path / "a", 0o711)
+    fd = open_dir(str(tmp_path / "a" / "b"), create_mode=0o755)
+    assert fd is not None
+    os.close(fd)
+    assert mode(tmp_path / "a") == 0o711
+
+
+def test_private_final_is_narrowed(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    os.chmod(tmp_path / "jobs", 0o755)
+    fd = open_dir(str(tmp_path / "jobs"), private=True)
+    assert fd is not None
+    os.close(fd)
+    assert mode(tmp_path / "jobs") == 0o700
+    fd = open_dir(str(tmp_path / "jobs"))  # without the policy nothing is narrowed
+    assert fd is not None
+    os.close(fd)
+
+
+@pytest.mark.parametrize("create_mode", [None, 0o755])
+def test_a_symlinked_component_is_refused_not_followed(tmp_path: Path, create_mode: int | None) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    err = refused(tmp_path / "link", create_mode=create_mode)
+    assert (err.source, err.message) == (str(tmp_path / "link"), "refusing to use: is a symlink")
+    err = refused(tmp_path / "link" / "sub", create_mode=create_mode)
+    assert err.source == str(tmp_path / "link")
+    assert os.listdir(real) == []  # nothing was made through the link
+
+
+def test_a_symlink_to_a_missing_target_is_refused_not_created(tmp_path: Path) -> None:
+    (tmp_path / "dangling").symlink_to(tmp_path / "target")
+    err = refused(tmp_path / "dangling", create_mode=0o755)
+    assert "symlink" in err.message
+    assert not (tmp_path / "target").exists()
+
+
+def test_a_file_or_fifo_as_a_component_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    assert refused(tmp_path / "file" / "sub", create_mode=0o755).message == \
+        "refusing to use: Not a directory"
+    assert refused(tmp_path / "fifo", create_mode=0o755).message == \
+        "refusing to use: not a regular file or directory"
+
+
+@pytest.mark.parametrize("bits", [0o020, 0o002])
+def test_writable_by_group_or_others_is_refused(tmp_path: Path, bits: int) -> None:
+    (tmp_path / "shared" / "base").mkdir(parents=True)
+    os.chmod(tmp_path / "shared", 0o755 | bits)
+    err = refused(tmp_path / "shared" / "base")
+    assert err.source == str(tmp_path / "shared")
+    assert err.message == f"refusing to use: writable by group or others (mode {0o755 | bits:04o})"
+    os.chmod(tmp_path / "shared", 0o755)
+    os.chmod(tmp_path / "shared" / "base", 0o755 | bits)
+    assert refused(tmp_path / "shared" / "base").source == str(tmp_path / "shared" / "base")
+
+
+def test_sticky_is_allowed_above_the_last_directory_only(tmp_path: Path) -> None:
+    (tmp_path / "tmp" / "base").mkdir(parents=True)
+    os.chmod(tmp_path / "tmp", 0o1777)
+    fd = open_dir(str(tmp_path / "tmp" / "base"))
+    assert fd is not None
+    os.close(fd)
+    err = refused(tmp_path / "tmp")  # others could plant entries where the caller creates its own
+    assert "writable by group or others (mode 1777)" in err.message
+    refused(tmp_path / "tmp", private=True)
+
+
+@needs_root
+def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "theirs" / "base").mkdir(parents=True)
+    os.chown(tmp_path / "theirs", NOBODY, NOBODY)
+    err = refused(tmp_path / "theirs" / "base", create_mode=0o755)
+    assert (err.source, err.message) == (str(tmp_path / "theirs"), "refusing to use: owned by uid 65534")
+    os.chown(tmp_path / "theirs", 0, 0)
+    os.chown(tmp_path / "theirs" / "base", NOBODY, NOBODY)
+    assert refused(tmp_path / "theirs" / "base").message == "refusing to use: owned by uid 65534"
+    assert refused(tmp_path / "theirs" / "base", private=True).message == \
+        "refusing to use: directory owned by uid 65534, not 0"
+    assert mode(tmp_path / "theirs" / "base") == 0o755  # a refused directory is not narrowed
+
+
+def test_the_callers_error_class_is_raised(tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path)
+    with pytest.raises(OddError, match="symlink"):
+        open_dir(str(tmp_path / "link"), error=OddError)
+
+
+def test_the_root_directory_is_never_made_private() -> None:
+    before = mode(Path("/"))
+    with pytest.raises(UnsafePathError, match="root directory"):
+        open_dir("/", private=True)
+    assert mode(Path("/")) == before
+    fd = open_dir("/")
+    assert fd is not None
+    os.close(fd)
+
+
+def test_check_private_and_why_refused_on_files(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_text("x")
+    os.chmod(path, 0o600)
+    check_private(os.stat(path), str(path), "file")
+    os.chmod(path, 0o620)
+    with pytest.raises(UnsafePathError, match=r"file writable by group or others \(mode 0620\)"):
+        check_private(os.stat(path), str(path), "file")
+    (tmp_path / "l").symlink_to(path)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError) as info:
+            os.open("l", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        assert why_refused(dfd, "l", info.value) == "is a symlink"
+        assert why_refused(dfd, "gone", FileNotFoundError(2, "No such file or directory")) == \
+            "No such file or directory"
+    finally:
+        os.close(dfd)
