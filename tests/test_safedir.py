@@ -209,3 +209,37 @@ def test_check_private_and_why_refused_on_files(tmp_path: Path) -> None:
             "No such file or directory"
     finally:
         os.close(dfd)
+
+
+def test_replace_file_sets_the_mode_and_replaces_a_symlink_without_following_it(tmp_path: Path) -> None:
+    from gpuslurm.safedir import replace_file
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    target = tmp_path / "gres.conf"
+    target.symlink_to(victim)
+    old = os.umask(0o077)
+    try:
+        replace_file(str(target), b"new\n", 0o644)
+    finally:
+        os.umask(old)
+    assert not target.is_symlink() and target.read_text() == "new\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644 and victim.read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gres.conf", "victim"]  # no temporary left
+
+
+def test_replace_at_removes_its_own_stale_temporary_but_refuses_a_planted_one(tmp_path: Path) -> None:
+    from gpuslurm.safedir import replace_at
+
+    tmp = tmp_path / f".map.json.{os.getpid()}.tmp"
+    tmp.write_text("left by a crash")
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        replace_at(dfd, "map.json", b"{}", 0o600)
+        assert (tmp_path / "map.json").read_text() == "{}" and not tmp.exists()
+        tmp.symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(UnsafePathError, match="a symlink is already at the temporary name"):
+            replace_at(dfd, "map.json", b"[]", 0o600)
+    finally:
+        os.close(dfd)
+    assert (tmp_path / "map.json").read_text() == "{}" and not (tmp_path / "elsewhere").exists()

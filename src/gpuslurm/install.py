@@ -318,20 +318,11 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
 
 
 def atomic_write(path: Path, content: bytes, mode: int) -> None:
-    """Write ``content`` to a temporary file beside ``path`` and rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(content)
-            fh.flush()
-            _own(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        # rename replaces a link at ``path`` rather than writing through it.
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Replace ``path`` atomically with ``content``, mode exactly ``mode`` (see
+    :func:`gpuslurm.safedir.replace_file`); made by root, it is root's."""
+    from gpuslurm.safedir import replace_file
+
+    replace_file(str(path), content, mode)
 
 
 def _own(fd: int, mode: int) -> None:

@@ -115,3 +115,51 @@ def _check(st: os.stat_result, here: str, *, final: bool, private: bool,
     if st.st_mode & 0o022 and (final or not st.st_mode & stat.S_ISVTX):
         raise error(f"refusing to use: writable by group or others "
                     f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)
+
+
+def replace_at(dfd: int, name: str, payload: bytes, mode: int, *,
+               error: type[InputError] = UnsafePathError, source: str | None = None) -> None:
+    """Replace ``name`` in the directory ``dfd`` with ``payload``, atomically, with exactly ``mode``.
+
+    The data goes to a temporary name created exclusively without following symlinks, is synced,
+    and is renamed over ``name`` (a rename replaces a symlink at ``name``, never writes through it),
+    so readers see the old file or the new one. A regular file of ours left at the temporary name
+    by a crash is removed; anything else there is refused with ``error``. ``OSError`` from the
+    write itself (disk full, read-only file system) is the caller's to word.
+    """
+    tmp = f".{name}.{os.getpid()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for attempt in range(2):
+        try:
+            fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
+            break
+        except FileExistsError:
+            st = os.lstat(tmp, dir_fd=dfd)
+            if attempt or not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "something"
+                raise error(f"refusing to write: {kind} is already at the temporary name",
+                            source=source or tmp) from None
+            os.unlink(tmp, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)  # exactly this, whatever the umask
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
+    os.fsync(dfd)
+
+
+def replace_file(path: str, payload: bytes, mode: int) -> None:
+    """:func:`replace_at` for a path an admin or user named (its directory is opened as given)."""
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        replace_at(dfd, os.path.basename(path), payload, mode, source=path)
+    finally:
+        os.close(dfd)

@@ -183,7 +183,7 @@ def test_write_atomic_replaces_the_file_and_never_follows_a_planted_link(tmp_pat
     assert target.read_text() == "new\n" and (target.stat().st_mode & 0o777) == 0o644
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
-    (tmp_path / f".gres.conf.gpuslurm-{os.getpid()}").symlink_to(victim)
-    with pytest.raises(InputError, match=r"gres\.conf: cannot write"):
+    (tmp_path / f".gres.conf.{os.getpid()}.tmp").symlink_to(victim)  # safedir.replace_at's name
+    with pytest.raises(InputError, match=r"gres\.conf: refusing to write: a symlink is already at"):
         write_atomic(target, "evil\n")
     assert victim.read_text() == "precious\n" and target.read_text() == "new\n"

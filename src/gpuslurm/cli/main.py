@@ -200,12 +200,11 @@ def _emit(text: str, output: Path | None) -> None:
     if output is None:
         click.echo(text, nl=False)
         return
-    tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")
+    from gpuslurm.safedir import replace_file
+
     try:
-        tmp.write_text(text)
-        tmp.replace(output)
+        replace_file(str(output), text.encode("utf-8"), 0o644)  # slurmd and slurmctld read it
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise InputError(f"cannot write: {exc.strerror}", output) from None
     click.echo(f"wrote {output}", err=True)
 

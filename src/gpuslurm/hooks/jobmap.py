@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
 from gpuslurm.safedir import UnsafePathError as UnsafePathError  # where callers import it from
-from gpuslurm.safedir import check_private, open_dir, why_refused
+from gpuslurm.safedir import check_private, open_dir, replace_at, why_refused
 
 if TYPE_CHECKING:
     from gpuslurm.slurm.hookenv import JobDevice
@@ -138,22 +138,7 @@ def write_private_file(base: str, final: str, payload: bytes) -> str:
     assert dfd is not None
     try:
         _refuse_odd_entry(dfd, final, base)
-        tmp = f".{final}.{os.getpid()}.tmp"
-        fd = _create_exclusive(dfd, tmp, base)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            # rename replaces whatever is at the final name without following it
-            os.replace(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
-        os.fsync(dfd)
+        replace_at(dfd, final, payload, 0o600, source=os.path.join(base, final))
     finally:
         os.close(dfd)
     return os.path.join(base, final)
@@ -291,23 +276,6 @@ def _refuse_odd_entry(dfd: int, name: str, base: str) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError("refusing to replace: not a regular file", source=path)
     check_private(st, path, "file")
-
-
-def _create_exclusive(dfd: int, name: str, base: str) -> int:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    path = os.path.join(base, name)
-    for attempt in range(2):
-        try:
-            return os.open(name, flags, 0o600, dir_fd=dfd)
-        except FileExistsError:
-            st = os.lstat(name, dir_fd=dfd)
-            # left by a crashed prolog that had our pid: ours to remove; anything else is not
-            if attempt or not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "something"
-                raise UnsafePathError(f"refusing to write: {kind} is already at the temporary name",
-                                      source=path) from None
-            os.unlink(name, dir_fd=dfd)
-    raise AssertionError("unreachable")
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str,

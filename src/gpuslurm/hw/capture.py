@@ -47,9 +47,9 @@ class _Bundle:
         self.log: list[str] = []
 
     def write(self, name: str, text: str) -> None:
-        tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, self.dir / name)
+        from gpuslurm.safedir import replace_file
+
+        replace_file(str(self.dir / name), text.encode("utf-8"), 0o644)
         if name != LOG:
             self.written.append(name)
 

@@ -18,7 +18,6 @@ drained at the end, its reason untouched unless a step fails.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable
@@ -91,25 +90,13 @@ def mode_query(out: str) -> tuple[bool | None, bool | None]:
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to a new file beside ``path`` and rename it over ``path``.
+    """Replace ``path`` atomically (see :func:`gpuslurm.safedir.replace_file`); slurmd and
+    slurmctld both read gres.conf, so the mode is exactly ``mode``, not the umask's."""
+    from gpuslurm.safedir import replace_file
 
-    The temporary name is created exclusively and never through a symlink, so nothing planted in
-    the directory is followed; readers see the old file or the new one, never half of either.
-    """
-    tmp = path.with_name(f".{path.name}.gpuslurm-{os.getpid()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        replace_file(str(path), text.encode("utf-8"), mode)
     except OSError as exc:
-        raise InputError(f"cannot write: {exc.strerror}", path) from None
-    try:
-        os.fchmod(fd, mode)  # not the umask's: slurmd and slurmctld both read gres.conf
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)  # ours: created exclusively above
         raise InputError(f"cannot write: {exc.strerror}", path) from None
 
 

@@ -141,14 +141,9 @@ def write_plot(path: str, data: ReportData, report: Report, text: str = "") -> N
         payload = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>GPU fair-share report"
                    f"</title></head>\n<body>\n<h1>GPU fair-share report</h1>\n<p>{heading}"
                    f"</p>\n{images}\n<pre>{html.escape(text)}</pre>\n</body></html>\n").encode()
-    tmp = f"{path}.tmp{os.getpid()}"
+    from gpuslurm.safedir import replace_file
+
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, path)
+        replace_file(path, payload, 0o644)
     except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise InputError(f"cannot write: {exc.strerror}", source=path) from None

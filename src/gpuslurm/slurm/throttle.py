@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from gpuslurm.errors import InputError
 from gpuslurm.policy.throttle import MODES, Throttle, violation_from_line, violation_to_line
-from gpuslurm.safedir import open_dir, why_refused
+from gpuslurm.safedir import open_dir, replace_at, why_refused
 from gpuslurm.watch.model import Violation
 
 HEADER_PREFIX = "# gpuslurm-throttle v1 id="
@@ -176,27 +176,7 @@ def _replace(dfd: int, path: str, payload: bytes) -> None:
             raise UnsafeThrottlePathError("refusing to replace a symlink", source=path)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeThrottlePathError("refusing to replace: not a regular file", source=path)
-    tmp = f".{name}.{os.getpid()}.tmp"
-    try:
-        os.unlink(tmp, dir_fd=dfd)  # ours from a crash: the directory is not writable by others
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                 dir_fd=dfd)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), FILE_MODE)  # whatever the umask
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        raise
-    os.fsync(dfd)
+    replace_at(dfd, name, payload, FILE_MODE, error=UnsafeThrottlePathError, source=path)
 
 
 def _open_dir(directory: str, *, create: bool) -> int | None:
