@@ -1,3 +1,4 @@
+import os
 import pathlib
 
 import pytest
@@ -22,4 +23,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
         reason = slurm_available()
         if reason:
+            if os.environ.get("GPUSLURM_REQUIRE_SLURM"):  # CI: a skip here would hide every e2e test
+                pytest.fail(f"GPUSLURM_REQUIRE_SLURM is set, but {reason}", pytrace=False)
             pytest.skip(reason)

@@ -70,7 +70,14 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.communicate()
+    try:
+        proc.communicate(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        # something that left the group still holds our pipes: stop reading, just reap ours
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
 
 
 def which(name: str, candidates: tuple[str, ...] = ("/usr/bin", "/usr/sbin", "/bin", "/sbin",

@@ -125,8 +125,8 @@ def test_mig_device_without_utilisation_and_without_processes_is_idle() -> None:
     det = _det()
     gpus = [gpu("GPU-aaaa", None), gpu("GPU-aaaa", None, "MIG-a1"), gpu("GPU-aaaa", None, "MIG-a2")]
     job = alloc("812", "alice", "MIG-a1")
-    found = run(det, TIMES[:7], lambda t: cycle(t, gpus, [proc(9, "GPU-aaaa", "813", mig="MIG-a2")],
-                                                    [job, alloc("813", "bob", "MIG-a2")]))
+    bobs = proc(9, "GPU-aaaa", "813", user="bob", mig="MIG-a2")
+    found = run(det, TIMES[:7], lambda t: cycle(t, gpus, [bobs], [job, alloc("813", "bob", "MIG-a2")]))
     assert kinds(found[-1]) == [("idle", "812", "MIG-a1")]
 
 

@@ -116,3 +116,16 @@ def test_disabled() -> None:
 
 def test_a_process_listed_twice_is_one_finding() -> None:
     assert len(_one([proc(10, G0), proc(10, G0)], [])) == 1
+
+
+def test_a_process_of_another_uid_in_a_jobs_cgroup_is_rogue() -> None:
+    # e.g. a cgroup a user made under their own systemd slice, named like a Slurm job's
+    from gpuslurm.policy.rogue import why_rogue
+    from gpuslurm.policy.usage import view
+
+    job = alloc("812", "alice", "GPU-aaaa")
+    intruder = proc(9, "GPU-aaaa", "812", user="bob")
+    why = why_rogue(intruder, view(cycle(0.0, {"GPU-aaaa": 50.0}, [intruder], [job])))
+    assert why is not None and "uid" in why and "812" in why
+    owner = intruder._replace(uid=job.uid, user="alice")
+    assert why_rogue(owner, view(cycle(0.0, {"GPU-aaaa": 50.0}, [owner], [job]))) is None

@@ -183,3 +183,11 @@ def test_squeue_fills_in_for_jobs_without_a_map_rate_limited(tmp_path: Path) -> 
     assert len(calls) == 2 and [(a.job_id, a.source) for a in allocs] == [("5", "map"), ("99", "squeue")]
     att.attribute(300.0, reading)  # known now: no more calls
     assert len(calls) == 2
+
+
+def test_a_slurm_shaped_cgroup_under_a_users_own_slice_is_no_job() -> None:
+    from gpuslurm.watch.attribute import parse_cgroup_path
+
+    fake = "/user.slice/user-1000.slice/user@1000.service/app.slice/slurm/uid_1000/job_5/step_0"
+    assert parse_cgroup_path(fake) is None
+    assert parse_cgroup_path("/slurm/uid_1000/job_5/step_0") is not None

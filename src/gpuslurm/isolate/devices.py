@@ -352,8 +352,9 @@ def join_job_cgroup(environ: Mapping[str, str]) -> str | None:
     """The task prolog's step (v1): move the task into its job's devices cgroup, if there is one.
 
     The task is ``SLURM_TASK_PID`` (the task prolog's parent when that is unset). The standard
-    cgroup root is always tried, besides the configured one: the job's environment can name
-    another config file, and must not be able to steer the task away from its cgroup.
+    cgroup root is always tried, besides the one the site config file names. The environment is
+    the job's, so ``$GPUSLURM_CONFIG`` is ignored here: a job's own config file must not steer the
+    task away from its cgroup.
     """
     job_id = environ.get("SLURM_JOB_ID", "").strip()
     if not job_id:
@@ -362,7 +363,7 @@ def join_job_cgroup(environ: Mapping[str, str]) -> str | None:
     try:
         from gpuslurm.config import load_config
 
-        configured = load_config(environ=environ).paths.cgroup_root
+        configured = load_config(environ={}).paths.cgroup_root  # the site's file, never the job's
         if configured != DEFAULT_CGROUP_ROOT:
             roots.append(configured)
     except Exception:  # a bad config must not stop the join at the standard root

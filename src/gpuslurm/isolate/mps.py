@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gpuslurm.errors import CommandError, InputError
+from gpuslurm.errors import CommandError, HardwareError, InputError
 from gpuslurm.isolate.mps_request import LOG_VAR, PIPE_VAR, MpsDirs, MpsRequest, job_dirs
 from gpuslurm.safedir import DIR_FLAGS, open_dir
 
@@ -130,9 +130,16 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
         if _exists(base, job_id):  # left by a run of the same job id that was never stopped
             _kill_now(_daemon_processes(None, dirs.pipe))
             _remove(base, job_id)
-        os.mkdir(job_id, 0o755, dir_fd=base)
         try:
-            _make_user_dirs(base, job_id, uid, gid)
+            os.mkdir(job_id, 0o755, dir_fd=base)
+        except OSError as exc:  # a full or read-only /run: the node's problem, not a bug
+            raise HardwareError(f"{dirs.job}: cannot make the MPS directory: {exc.strerror}") from None
+        try:
+            try:
+                _make_user_dirs(base, job_id, uid, gid)
+            except OSError as exc:
+                raise HardwareError(f"{dirs.job}: cannot make the MPS pipe and log directories: "
+                                    f"{exc.strerror}") from None
             # The user's supplementary groups: a site may give GPU device files to a group
             # (NVreg_DeviceFileGID), and the MPS server the daemon starts opens them.
             run_command([mps_control, "-d"], env=env, user=uid, group=gid, groups=_user_groups(uid, gid),

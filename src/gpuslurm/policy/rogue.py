@@ -14,6 +14,9 @@ def why_rogue(proc: ProcSample, v: CycleView) -> str | None:
     alloc = v.allocs.get(proc.job_id)
     if alloc is None or not alloc.uuids:
         return f"job {proc.job_id} was given no GPU on this node"
+    if proc.uid is not None and proc.uid != alloc.uid:
+        # a job's processes are its user's: another uid in its cgroup got there by other means
+        return f"it runs as uid {proc.uid}, but job {proc.job_id} is uid {alloc.uid}'s"
     given = alloc.uuids
     if proc.gpu_uuid in given or (proc.mig_uuid is not None and proc.mig_uuid in given):
         return None

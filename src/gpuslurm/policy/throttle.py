@@ -114,6 +114,8 @@ def parse_until(text: str, now: float) -> int:
     try:
         if raw.startswith("@"):
             when = float(raw[1:])
+            if not 0 <= when < 1e11:  # NaN and infinities too
+                raise ValueError(raw)
         elif re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", raw):
             base = datetime.fromtimestamp(now)
             parts = [int(p) for p in raw.split(":")]

@@ -35,9 +35,12 @@ def parse_time(text: str, now: float, option: str) -> float:
         return now - parse_duration(s[1:], option)
     if s.startswith("@"):
         try:
-            return float(s[1:])
+            value = float(s[1:])
         except ValueError:
-            raise InputError(f"bad Unix time {text!r}", source=option) from None
+            value = float("nan")
+        if not 0 <= value < 1e11:  # also NaN and infinities: datetime cannot show them
+            raise InputError(f"bad Unix time {text!r}", source=option)
+        return value
     try:
         return datetime.fromisoformat(s).timestamp()  # naive: local time
     except ValueError:

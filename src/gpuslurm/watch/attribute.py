@@ -38,6 +38,8 @@ def parse_cgroup_path(path: str) -> CgroupJob | None:
     """The job a single cgroup path names, or None when it is not inside a Slurm job."""
     parts = path.split("/")
     for i, part in enumerate(parts):
+        if part == "user.slice" or part.startswith("user@"):
+            return None  # systemd lets users make cgroups here: no Slurm job lives below
         if part == "slurm" or part.startswith("slurm_"):
             node = part[6:] or None
             rest = parts[i + 1:]

@@ -112,12 +112,15 @@ class Monitor:
         if self.detector is not None:
             try:
                 violations = tuple(self.detector.feed(cycle))
-            except GpuslurmError as exc:
-                self.warn(f"detectors failed this cycle: {exc}")
+            except Exception as exc:  # a bug in one rule must not stop sampling and storing
+                self.warn(f"detectors failed this cycle: {type(exc).__name__}: {exc}")
         self._store(cycle, violations)
         self._publish(now, violations)
         if self.observe is not None:
-            self.observe(cycle, violations)
+            try:
+                self.observe(cycle, violations)
+            except Exception as exc:  # the exporter is a view: it never stops the monitor
+                self.warn(f"exporter failed this cycle: {type(exc).__name__}: {exc}")
         self._rollup(now)
         self._comment(now, allocations)
         self._act(cycle, violations)
