@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,13 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
     args = tuple(str(a) for a in argv)
     if not args or not os.path.isabs(args[0]):
         raise CommandError(f"refusing to run {args[:1]!r}: commands need an absolute path", args)
+    verify = None
+    if user is not None:
+        gid = group if group is not None else user
+        for what, value in (("uid", user), ("gid", gid), *(("group", g) for g in groups or ())):
+            if not 0 <= value <= MAX_ID:  # (uid_t)-1 would leave the child root
+                raise CommandError(f"refusing to run {Path(args[0]).name} as impossible {what} {value}", args)
+        verify = _dropped_check(user, gid, groups or ())
     try:
         proc = subprocess.Popen(
             args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
@@ -46,7 +54,10 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
             start_new_session=True, cwd=cwd,
             user=user, group=group if group is not None or user is None else user,
             extra_groups=None if user is None else list(groups or ()),
+            preexec_fn=verify,
         )
+    except subprocess.SubprocessError as exc:  # the child found it was not fully dropped
+        raise CommandError(f"{args[0]}: not run: privileges were not dropped ({exc})", args) from exc
     except FileNotFoundError as exc:
         raise CommandError(f"{args[0]}: not found", args) from exc
     except PermissionError as exc:
@@ -63,6 +74,22 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
         raise CommandError(f"{Path(args[0]).name} exited {proc.returncode}: {why}", args,
                            proc.returncode, err)
     return result
+
+
+MAX_ID = 2**32 - 2  # 2**32 - 1 is (uid_t)-1: "leave unchanged" to setresuid
+
+
+def _dropped_check(uid: int, gid: int, groups: Sequence[int]) -> Callable[[], None]:
+    """Run in the child after Popen's setgroups/setregid/setreuid, before exec: abort unless
+    real, effective and saved ids and the supplementary groups are exactly the wanted ones."""
+    want_groups = sorted(set(groups))
+
+    def check() -> None:
+        if (os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid)
+                or sorted(set(os.getgroups()) - {gid}) != [g for g in want_groups if g != gid]):
+            raise PermissionError("ids after the drop are not the job's")
+
+    return check
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

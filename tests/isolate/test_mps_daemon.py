@@ -398,3 +398,74 @@ def test_the_daemon_gets_the_users_supplementary_groups(mps: Mps) -> None:
             subprocess.run(["/usr/sbin/userdel", user], check=False, timeout=30)
     finally:
         subprocess.run(["/usr/sbin/groupdel", group], check=False, timeout=30)
+
+
+# --- attacks (issue 9): impossible ids, and processes that only carry the job's pipe directory --
+
+@pytest.mark.parametrize("uid, gid", [(4294967295, NOGROUP), (NOBODY, 4294967295), (2**32, NOGROUP),
+                                      (NOBODY, 2**40), (-1, NOGROUP)])
+def test_impossible_ids_are_refused_before_anything_starts(mps: Mps, uid: int, gid: int) -> None:
+    # (uid_t)-1 is "leave unchanged" to setreuid: the daemon would have run as root.
+    with pytest.raises(InputError, match="impossible id"):
+        start_mps("44", uid, gid, ("GPU-a",), MpsRequest("comment", 100), run_dir=mps.run_dir,
+                  mps_control=mps.control(), timeout=5.0)
+    assert mps.records() == []
+    assert not (Path(mps.run_dir) / "mps" / "44").exists()
+
+
+def test_job_gid_refuses_impossible_ids_from_the_environment() -> None:
+    from gpuslurm.isolate.mps_request import job_gid
+
+    for env, uid in (({"SLURM_JOB_GID": "4294967295"}, NOBODY), ({"SLURM_JOB_GID": "9" * 30}, NOBODY),
+                     ({"SLURM_JOB_GID": "100"}, 4294967295)):
+        with pytest.raises(InputError):
+            job_gid(env, uid)
+
+
+def test_the_runner_refuses_minus_one_and_verifies_the_drop() -> None:
+    from gpuslurm.runner import _dropped_check, run_command
+
+    with pytest.raises(CommandError, match="impossible uid"):
+        run_command(["/usr/bin/id", "-u"], user=4294967295)
+    with pytest.raises(CommandError, match="impossible gid"):
+        run_command(["/usr/bin/id", "-u"], user=NOBODY, group=4294967295)
+    assert run_command(["/usr/bin/id", "-u"], user=NOBODY).stdout.strip() == str(NOBODY)
+    with pytest.raises(PermissionError):  # we are root: not what a dropped child must be
+        _dropped_check(NOBODY, NOGROUP, ())()
+
+
+def _bystander(pipe_dir: str, user: int | None) -> subprocess.Popen[bytes]:
+    """A process of ``user`` (root when None) that carries another job's pipe directory."""
+    return subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": pipe_dir},
+                            user=user, group=user, extra_groups=[] if user is not None else None)
+
+
+@pytest.mark.parametrize("who", [None, 1])  # root, and the system user "daemon" (uid 1)
+def test_a_process_of_root_or_another_user_with_the_pipe_directory_survives_stop(mps: Mps,
+                                                                                who: int | None) -> None:
+    stubborn = mps.control("stubborn", GPUSLURM_FAKE_MPS_IGNORE_QUIT="1")
+    daemon = mps.start(control=stubborn)
+    (Path(daemon.pipe_dir).parent / "mps.json").unlink()  # the epilog then knows no uid from it
+    victim = _bystander(daemon.pipe_dir, who)
+    try:
+        time.sleep(0.1)
+        done = mps.stop(control=stubborn, grace=0.3)
+        assert victim.poll() is None, "another user's process was killed by this job's MPS stop"
+        assert victim.pid not in done.killed
+        assert daemon.pid in done.killed and not live(daemon.pid)  # the job's own daemon still goes
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_root_process_with_the_pipe_directory_survives_a_stale_restart(mps: Mps) -> None:
+    daemon = mps.start()
+    victim = _bystander(daemon.pipe_dir, None)
+    try:
+        time.sleep(0.1)
+        mps.start()  # the same job id again: the stale one is cleared
+        assert victim.poll() is None, "a root process was killed as a stale MPS daemon"
+    finally:
+        victim.kill()
+        victim.wait()
+        mps.stop()

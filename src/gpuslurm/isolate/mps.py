@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CommandError, HardwareError, InputError
-from gpuslurm.isolate.mps_request import LOG_VAR, PIPE_VAR, MpsDirs, MpsRequest, job_dirs
+from gpuslurm.isolate.mps_request import LOG_VAR, PIPE_VAR, MpsDirs, MpsRequest, check_id, job_dirs
 from gpuslurm.safedir import DIR_FLAGS, open_dir
 
 if TYPE_CHECKING:
@@ -122,13 +122,15 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
 
     if not uuids:
         raise InputError("a job without GPUs gets no MPS daemon", source="MPS")
+    check_id(uid, "SLURM_JOB_UID")
+    check_id(gid, "SLURM_JOB_GID")
     dirs = job_dirs(run_dir, job_id)
     env = daemon_env(dirs.pipe, dirs.log, uuids, mps_control)
     base = _open_base(os.path.dirname(dirs.job), create=True)
     assert base is not None
     try:
         if _exists(base, job_id):  # left by a run of the same job id that was never stopped
-            _kill_now(_daemon_processes(None, dirs.pipe))
+            _kill_now(_daemon_processes(uid, dirs.pipe), uid)
             _remove(base, job_id)
         try:
             os.mkdir(job_id, 0o755, dir_fd=base)
@@ -155,7 +157,7 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
             return daemon
         except BaseException:
             try:
-                _kill_now(_daemon_processes(uid, dirs.pipe))
+                _kill_now(_daemon_processes(uid, dirs.pipe), uid)
                 _remove(base, job_id)
             except OSError:
                 pass  # the start's own error is the one to report
@@ -258,6 +260,8 @@ def stop_mps(job_id: str, *, run_dir: str, mps_control: str, timeout: float = 10
             errors.append(f"cannot read the MPS state: {exc}")
         if daemon is not None:
             uid, gid = daemon.uid, daemon.gid
+        if uid is None:  # only the job's user's processes may be signalled: the pipe's owner is it
+            uid = _pipe_owner(base, job_id)
         quit_error = _quit(mps_control, dirs, daemon, uid, gid, timeout)
         killed, stuck = _stop_processes(uid, dirs.pipe, daemon, grace, quit_error is None)
         try:
@@ -287,6 +291,8 @@ def _quit(mps_control: str, dirs: MpsDirs, daemon: MpsDaemon | None, uid: int | 
 def _stop_processes(uid: int | None, pipe_dir: str, daemon: MpsDaemon | None, grace: float,
                     quit_sent: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Wait for the daemon to leave after ``quit``, signal what is left: (signalled, stuck)."""
+    if uid is None:  # whose processes they are is unknown: signal none (another user's, root's)
+        return (), ()
     hint = _recorded_pid(daemon)
     left = _wait_gone(uid, pipe_dir, hint, grace if quit_sent else 0.0)
     if not left:
@@ -295,18 +301,18 @@ def _stop_processes(uid: int | None, pipe_dir: str, daemon: MpsDaemon | None, gr
     if not quit_sent:  # SIGTERM lets a daemon that never got quit clean up
         import signal  # only now: an enum-heavy module most hook runs never need
 
-        _signal(left, signal.SIGTERM)
+        _signal(left, signal.SIGTERM, uid)
         left = _wait_gone(uid, pipe_dir, hint, grace)
         signalled.update(left)
-    return tuple(sorted(signalled)), _kill_now(left)
+    return tuple(sorted(signalled)), _kill_now(left, uid)
 
 
-def _kill_now(pids: Iterable[int]) -> tuple[int, ...]:
-    """SIGKILL ``pids``; those still alive ``KILL_WAIT_S`` later (stuck in the kernel)."""
+def _kill_now(pids: Iterable[int], uid: int) -> tuple[int, ...]:
+    """SIGKILL ``pids`` (those of ``uid``); those still alive ``KILL_WAIT_S`` later (stuck in the kernel)."""
     import signal
 
     alive = list(pids)
-    _signal(alive, signal.SIGKILL)
+    _signal(alive, signal.SIGKILL, uid)
     deadline = time.monotonic() + KILL_WAIT_S
     alive = [p for p in alive if _alive(p)]
     while alive and time.monotonic() < deadline:
@@ -315,12 +321,25 @@ def _kill_now(pids: Iterable[int]) -> tuple[int, ...]:
     return tuple(alive)
 
 
-def _signal(pids: Iterable[int], sig: int) -> None:
+def _signal(pids: Iterable[int], sig: int, uid: int) -> None:
+    """Signal each pid through a pidfd, and only if, once pinned, its real uid is still ``uid``:
+    a pid reused by root or another user in between is left alone."""
+    import signal
+
     for pid in pids:
         try:
-            os.kill(pid, sig)
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue  # gone
+        try:
+            facts = _status(pid)
+            if facts is None or facts[1] != uid:
+                continue
+            signal.pidfd_send_signal(fd, sig)
         except ProcessLookupError:
             pass
+        finally:
+            os.close(fd)
 
 
 def _wait_gone(uid: int | None, pipe_dir: str, hint: int | None, wait: float) -> list[int]:
@@ -380,7 +399,13 @@ def state_from_dict(doc: Any, source: str) -> MpsDaemon:
 
 
 def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -> list[int]:
-    """Live processes of ``uid`` started with this pipe directory, or children of ``hint``."""
+    """Live processes of ``uid`` started with this pipe directory, or children of ``hint``.
+
+    Only ``uid``'s: anyone can put the job's pipe directory into their own environment, root
+    included, and must not be killed for it. ``uid`` None finds nothing.
+    """
+    if uid is None:
+        return []
     needle = f"{PIPE_VAR}={pipe_dir}".encode()
     me = os.getpid()
     candidates: dict[int, int] = {}  # pid -> ppid, of uid's live processes
@@ -390,7 +415,7 @@ def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -
             continue
         pid = int(name)
         facts = _status(pid)
-        if facts is None or (uid is not None and facts[1] != uid):
+        if facts is None or facts[1] != uid:
             continue
         candidates[pid] = facts[0]
         if pid == hint or needle in _environ(pid):
@@ -450,6 +475,21 @@ def _open_base(path: str, *, create: bool) -> int | None:
     base); missing ones made 0755. None if missing and not ``create``.
     """
     return open_dir(path, create_mode=0o755 if create else None, error=InputError)
+
+
+def _pipe_owner(base: int, job_id: str) -> int | None:
+    """The owner of ``<job>/pipe`` (root made it and gave it to the job's user); None if missing."""
+    try:
+        job = os.open(job_id, DIR_FLAGS, dir_fd=base)
+    except OSError:
+        return None
+    try:
+        st = os.lstat("pipe", dir_fd=job)
+    except OSError:
+        return None
+    finally:
+        os.close(job)
+    return st.st_uid if stat.S_ISDIR(st.st_mode) and st.st_uid != 0 else None
 
 
 def _exists(base: int, name: str) -> bool:

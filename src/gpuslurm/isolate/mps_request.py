@@ -95,13 +95,26 @@ def job_dirs(run_dir: str, job_id: str) -> MpsDirs:
     return MpsDirs(job, os.path.join(job, "pipe"), os.path.join(job, "log"))
 
 
+# (uid_t)-1 and (gid_t)-1 mean "leave unchanged" to setuid/setgid/setresuid: a daemon "dropped"
+# to them stays root. Anything above does not fit in an id at all.
+MAX_ID = 2**32 - 2
+
+
+def check_id(value: int, source: str) -> int:
+    """``value`` if a process can really run as it; InputError for (uid_t)-1 and out-of-range ids."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise InputError(f"impossible id {value!r} (must be 0..{MAX_ID})", source=source)
+    return value
+
+
 def job_gid(environ: Mapping[str, str], uid: int) -> int:
     """The job's primary group: ``SLURM_JOB_GID``, else the user's from the password database."""
+    check_id(uid, "SLURM_JOB_UID")
     raw = environ.get("SLURM_JOB_GID", "").strip()
     if raw:
-        if not (raw.isascii() and raw.isdigit()):
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
             raise InputError(f"not a numeric gid: {raw!r}", source="SLURM_JOB_GID")
-        return int(raw)
+        return check_id(int(raw), "SLURM_JOB_GID")
     import pwd
 
     try:

@@ -205,4 +205,6 @@ def _uid(value: str | None) -> int | None:
         return None
     if not (value.isascii() and value.isdigit()):
         raise InputError(f"not a numeric uid: {value!r}", source="SLURM_JOB_UID")
+    if len(value) > 10 or int(value) > 2**32 - 2:  # (uid_t)-1 is "unchanged" to setuid
+        raise InputError(f"impossible uid: {value!r}", source="SLURM_JOB_UID")
     return int(value)
