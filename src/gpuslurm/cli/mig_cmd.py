@@ -111,7 +111,12 @@ def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None
     from gpuslurm.hw.source import load_node
     from gpuslurm.isolate.mig import load_layout
     from gpuslurm.isolate.mig_apply import ApplyOptions, MigApplier
+    from gpuslurm.names import check_node_name
 
+    if node_name is not None:
+        check_node_name(node_name, source="--node")
+    if gres_node_name is not None:
+        check_node_name(gres_node_name, source="--gres-node-name", hostlist=True)
     wanted_layout = load_layout(layout)
     cfg = load_config()
     opts = ApplyOptions(

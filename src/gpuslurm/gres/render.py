@@ -13,6 +13,7 @@ from gpuslurm import __version__
 from gpuslurm.errors import InputError
 from gpuslurm.gres.records import GresOptions, GresPlan, plan_gres
 from gpuslurm.hw.model import Node
+from gpuslurm.names import check_node_name
 
 GRES_TEMPLATE = "gres.conf.j2"
 NODE_TEMPLATE = "node.conf.j2"
@@ -79,6 +80,8 @@ def render_gres_conf(node: Node, opts: GresOptions, template_file: Path | None =
 
 
 def render_plan(node: Node, plan: GresPlan, opts: GresOptions, template_file: Path | None = None) -> str:
+    if opts.node_name:
+        check_node_name(opts.node_name, source="--node-name", hostlist=True)
     context = _base_context(node) | {
         "node_name": opts.node_name,
         "prefix": f"NodeName={opts.node_name} " if opts.node_name else "",
@@ -107,8 +110,11 @@ def render_node_conf(node: Node, node_name: str | None = None, opts: GresOptions
     notes = list(node.warnings)
     if node.memory_mib is None:
         notes.append("RealMemory left out: the capture has no meminfo")
+    name = node_name or opts.node_name or node.hostname
+    check_node_name(name, source="--node-name" if node_name or opts.node_name else "captured hostname",
+                    hostlist=True)
     context = _base_context(node) | {
-        "node_name": node_name or opts.node_name or node.hostname,
+        "node_name": name,
         "cpus": len(node.cpus),
         "sockets": cmap.sockets,
         "cores_per_socket": cmap.cores_per_socket,

@@ -129,6 +129,7 @@ class MigApplier:
 
     def apply(self, wanted: tuple[WantedGpu, ...], node: Node, changes: tuple[GpuChange, ...]) -> None:
         """Run the whole sequence for a plan made by :meth:`plan`; raises on failure."""
+        check_node_name(self.opts.node_name)
         if not changes:
             return
         old_gres = None
@@ -137,7 +138,6 @@ class MigApplier:
             old_gres = self._gres_summary(node)
         drained_before = False
         if self.opts.drain:
-            check_node_name(self.opts.node_name)
             drained_before = self._drain_and_wait()
         try:
             self._reconfigure(changes)

@@ -7,6 +7,7 @@ still kept to one printable line, since Slurm shows it in ``sinfo -R`` and logs.
 from __future__ import annotations
 
 from gpuslurm.errors import CommandError, InputError
+from gpuslurm.names import check_node_name as _check_name
 from gpuslurm.runner import CommandResult, run_command
 
 MAX_REASON = 1000  # Slurm keeps longer reasons, but sinfo -R is read by people
@@ -19,10 +20,8 @@ def clean_reason(reason: str) -> str:
 
 
 def check_node_name(name: str) -> str:
-    """``name`` if it can be a Slurm NodeName= value (no spaces, ``=``, or control characters)."""
-    if not name or not all(c.isprintable() and not c.isspace() and c not in "=," for c in name):
-        raise InputError(f"not a node name: {name!r}", source="SLURMD_NODENAME")
-    return name
+    """``name`` if it is one Slurm node name (see :mod:`gpuslurm.names`)."""
+    return _check_name(name, source="SLURMD_NODENAME")
 
 
 def drain_node(node: str, reason: str, *, scontrol: str, timeout: float) -> CommandResult:
