@@ -262,19 +262,110 @@ def read_manifest(path: Path) -> dict[str, str]:
         raise InputError("manifest does not parse; move it away to start afresh", path) from None
 
 
-def check_trusted_dir(path: Path) -> None:
-    """Refuse a destination that another user could change: root runs what is put there."""
-    probe = path.resolve()
-    trusted = {0, os.geteuid()}
-    for d in (probe, *probe.parents):
+def check_trusted_dir(path: Path, what: str = "") -> None:
+    """Refuse a destination (or a source of code) another user could change: root runs it.
+
+    safedir's rule for every existing directory on the path, as given and resolved: owned by root
+    (or us), and not writable by group or others; a directory above the last one may be writable
+    by others only if it is sticky and root's (``/tmp``: nobody else can rename what root made).
+    A group member who can write a directory can rename it and plant a hook in its place.
+    """
+    seen: set[Path] = set()
+    for top in dict.fromkeys((Path(os.path.abspath(path)), path.resolve())):
+        for d in (top, *top.parents):
+            if d in seen:
+                continue
+            seen.add(d)
+            try:
+                st = os.stat(d)
+            except FileNotFoundError:
+                continue
+            why = unsafe_reason(st, final=d == top)
+            if why:
+                raise InputError(f"{d} {why}; root must not run or read {what or 'hooks'} from there", path)
+
+
+def unsafe_reason(st: os.stat_result, *, final: bool) -> str | None:
+    """Why a directory or file with ``st`` could be changed by another user; None if it cannot."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"is owned by uid {st.st_uid}"
+    if not st.st_mode & 0o022:
+        return None
+    if not final and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0:
+        return None
+    if st.st_mode & stat.S_IWOTH:
+        return "is writable by every user"
+    import grp
+
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"is writable by group {group} (mode {stat.S_IMODE(st.st_mode):04o})"
+
+
+# Run with -S: site's .pth files are listed, not executed, before they are checked. Without
+# site, a venv's prefix is found as site.venv() would (pyvenv.cfg beside or above the binary).
+_CODE_PATHS = """
+import json, os, site, sys
+exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+prefixes = [sys.prefix]
+if any(os.path.isfile(os.path.join(d, "pyvenv.cfg")) for d in (exe_dir, os.path.dirname(exe_dir))):
+    prefixes.insert(0, os.path.dirname(exe_dir))
+sys.stdout.write(json.dumps({"path": [p for p in sys.path if p], "site": site.getsitepackages(prefixes)}))
+"""
+
+
+def check_interpreter(python: str) -> None:
+    """Refuse an interpreter whose code another user could change: its directory, every entry
+    of its ``sys.path`` (run with ``-I`` as the hooks are) and every ``.pth`` file in its
+    site-packages; all of it runs as root in every hook."""
+    from gpuslurm.runner import run_command
+
+    check_trusted_dir(Path(python).parent, "the interpreter")
+    check_trusted_dir(Path(python).resolve().parent, "the interpreter")
+    try:
+        out = run_command([python, "-I", "-S", "-c", _CODE_PATHS], env={}, timeout=60).stdout
+        doc = json.loads(out)
+        entries = [str(p) for p in doc["path"]]
+        sites = [str(p) for p in doc["site"]]
+    except (CommandError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"cannot import gpuslurm: not a working interpreter ({exc})", python) from None
+    pth_files = []
+    for site_dir in sites:
         try:
-            st = os.stat(d)
-        except FileNotFoundError:
+            names = sorted(os.listdir(site_dir))
+        except OSError:
             continue
-        world_writable = st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX
-        if world_writable or st.st_uid not in trusted:
-            who = "is writable by every user" if world_writable else f"is owned by uid {st.st_uid}"
-            raise InputError(f"{d} {who}; root must not run or read hooks from there", path)
+        entries.append(site_dir)
+        pth_files += [Path(site_dir) / n for n in names if n.endswith(".pth")]
+    for pth in pth_files:
+        _check_code_file(pth)
+        entries += _pth_dirs(pth)
+    for entry in entries:
+        p = Path(entry)
+        if not p.exists():
+            continue
+        check_trusted_dir(p if p.is_dir() else p.parent, "code")
+        if not p.is_dir():
+            _check_code_file(p)
+
+
+def _pth_dirs(pth: Path) -> list[str]:
+    """The directories a ``.pth`` file adds to ``sys.path`` (its import lines run code from them)."""
+    try:
+        lines = pth.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [os.path.join(pth.parent, line.rstrip()) for line in lines
+            if line.strip() and not line.startswith(("#", "import ", "import\t"))]
+
+
+def _check_code_file(path: Path) -> None:
+    st = os.lstat(path)
+    why = "is a symlink" if stat.S_ISLNK(st.st_mode) else unsafe_reason(st, final=True)
+    if why:
+        raise InputError(f"{why}; root runs it in every hook", path)
 
 
 def missing_dirs(path: Path) -> list[Path]:
@@ -301,7 +392,7 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
         raise InputError("slurm.conf cannot name a hook whose path holds white space", prefix)
     if not slurm_etc.is_dir():
         raise InputError("no such directory", slurm_etc)
-    check_trusted_dir(slurm_etc)
+    check_trusted_dir(slurm_etc, "configuration")
     check_trusted_dir(prefix)
     manifest_path = prefix / MANIFEST_NAME
     recorded = read_manifest(manifest_path)

@@ -33,6 +33,7 @@ def install(slurm_etc: Path, prefix: Path, python: str, mps: bool, dry_run: bool
     from gpuslurm import install as lib
 
     plan = lib.plan_install(slurm_etc, prefix, python, force)
+    lib.check_interpreter(plan.python)
     here = str(Path(lib.__file__).resolve().parent)
     there = lib.probe_interpreter(plan.python)
     if there != here:

@@ -1,0 +1,134 @@
+"""``gpuslurm install`` against a member of a group that can write somewhere on the path.
+
+A real group and a real member (made here with groupadd/useradd, removed after): the member does
+the attack as their own account, then install must refuse with one line and exit 2. Root only.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes a real group and user: needs root")
+
+
+@dataclass
+class Staff:
+    uid: int
+    gid: int
+    root: Path  # a 0755 root-owned scratch directory everyone can reach
+
+    def as_member(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), user=self.uid, group=self.gid, extra_groups=[self.gid],
+                              capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+
+    def staff_dir(self, path: Path) -> Path:
+        """``path`` as root:staff 2775, the usual shared-software directory."""
+        path.mkdir(parents=True, exist_ok=True)
+        os.chown(path, 0, self.gid)
+        path.chmod(0o2775)
+        return path
+
+
+@pytest.fixture
+def staff() -> Iterator[Staff]:
+    tag = os.getpid() % 100000
+    group, user = f"gsstaff{tag}", f"gsmember{tag}"
+    subprocess.run(["/usr/sbin/groupadd", group], check=True, timeout=30)
+    root = Path(tempfile.mkdtemp(prefix="gpuslurm-install-"))
+    try:
+        subprocess.run(["/usr/sbin/useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        "--user-group", "--groups", group, user], check=True, timeout=30)
+        root.chmod(0o755)
+        yield Staff(pwd.getpwnam(user).pw_uid, grp.getgrnam(group).gr_gid, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(["/usr/sbin/userdel", user], check=False, timeout=30)
+        subprocess.run(["/usr/sbin/groupdel", group], check=False, timeout=30)
+
+
+def install(etc: Path, prefix: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
+                           "--prefix", str(prefix), *extra], capture_output=True, text=True, timeout=120)
+
+
+def refused_one_line(proc: subprocess.CompletedProcess[str], *words: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), lines
+    return lines[0]
+
+
+def etc_dir(staff: Staff) -> Path:
+    etc = staff.root / "etc"
+    etc.mkdir()
+    return etc
+
+
+def test_a_prefix_under_a_group_writable_directory_is_refused(staff: Staff) -> None:
+    shared = staff.staff_dir(staff.root / "opt")
+    prefix = shared / "gpuslurm"
+    prefix.mkdir(mode=0o755)
+    # The attack: the member renames root's directory away and puts their own in its place.
+    assert staff.as_member("/bin/mv", str(prefix), str(shared / "moved")).returncode == 0
+    assert staff.as_member("/bin/mkdir", str(prefix)).returncode == 0
+    assert prefix.stat().st_uid == staff.uid
+    shutil.rmtree(prefix)
+    (shared / "moved").rename(prefix)
+    line = refused_one_line(install(etc_dir(staff), prefix), str(shared), "writable by group")
+    assert line.startswith("gpuslurm: ")
+    assert os.listdir(prefix) == []  # nothing written
+
+
+def test_a_group_writable_slurm_etc_is_refused(staff: Staff) -> None:
+    etc = staff.staff_dir(staff.root / "etc")
+    refused_one_line(install(etc, staff.root / "libexec"), str(etc), "writable by group")
+    assert not (staff.root / "libexec").exists()
+
+
+def test_an_interpreter_in_a_group_writable_directory_is_refused(staff: Staff) -> None:
+    bindir = staff.staff_dir(staff.root / "bin")
+    python = bindir / "python3"
+    python.symlink_to(os.path.realpath(sys.executable))
+    # The member could replace the interpreter the hooks run as root.
+    assert staff.as_member("/bin/mv", str(python), str(bindir / "old")).returncode == 0
+    (bindir / "old").rename(python)
+    refused_one_line(install(etc_dir(staff), staff.root / "libexec", "--python", str(python)),
+                     str(bindir), "writable by group")
+
+
+def test_a_group_writable_pth_file_in_the_venv_is_refused(staff: Staff) -> None:
+    venv = staff.root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    pth = site / "zz-site.pth"
+    pth.write_text(str(Path(__file__).resolve().parents[2] / "src") + "\n")  # gpuslurm importable
+    os.chown(pth, 0, staff.gid)
+    pth.chmod(0o664)
+    # The member appends a line that site.py runs as root in every hook.
+    marker = staff.root / "pwned"
+    attack = staff.as_member("/bin/sh", "-c", f"echo 'import os; open(\"{marker}\", \"w\")' >> {pth}")
+    assert attack.returncode == 0, attack.stderr
+    python = str(venv / "bin" / "python")
+    refused_one_line(install(etc_dir(staff), staff.root / "libexec", "--python", python),
+                     str(pth), "writable by group")
+    assert not marker.exists(), "install ran the planted .pth line as root"
+
+
+def test_a_group_writable_site_packages_is_refused(staff: Staff) -> None:
+    venv = staff.root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = staff.staff_dir(next(venv.glob("lib/python3*/site-packages")))
+    python = str(venv / "bin" / "python")
+    refused_one_line(install(etc_dir(staff), staff.root / "libexec", "--python", python),
+                     str(site), "writable by group")
