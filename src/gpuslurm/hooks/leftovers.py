@@ -12,22 +12,12 @@ is never signalled. A listed PID that is gone (or a zombie) is not a leftover.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-KILL_WAIT_S = 2.0  # after SIGKILL; a process still there by then is stuck in the kernel
-SURVIVED = "survived SIGKILL"
+from gpuslurm.isolate.kill import KILL_WAIT_S, SURVIVED, Target, kill_processes
 
-
-class Target(NamedTuple):
-    """A leftover to kill: the PID and the start time that identify the process."""
-
-    gpu: str
-    pid: int
-    user: str | None
-    start_ticks: int
-
+__all__ = ["KILL_WAIT_S", "SURVIVED", "Target", "kill_processes", "leftover_verdict", "plan_kills"]
 
 def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: int,
                      others: Sequence[tuple[str, int]] | None) -> str | None:
@@ -98,74 +88,6 @@ def plan_kills(listed: Sequence[tuple[str, Any]], job_id: str, job_uid: int,
         else:
             skipped[key] = ("other", why)
     return targets, skipped
-
-
-def kill_processes(targets: Sequence[Target], grace_s: float, proc_root: str = "/proc",
-                   kill_wait_s: float = KILL_WAIT_S) -> dict[int, str]:
-    """SIGTERM, up to ``grace_s`` seconds, SIGKILL; the outcome per PID.
-
-    Each process is pinned with a pidfd and its start time checked again before any signal, so a
-    PID reused meanwhile is never signalled (it counts as gone).
-    """
-    import signal
-
-    from gpuslurm.hw.procfs import ProcessProblem, read_identity
-
-    out: dict[int, str] = {}
-    fds: dict[int, int] = {}
-    try:
-        for t in targets:
-            if t.pid in fds or t.pid in out:  # one process on several GPUs
-                continue
-            try:
-                fd = os.pidfd_open(t.pid)
-            except ProcessLookupError:
-                out[t.pid] = "gone before it was signalled"
-                continue
-            except OSError as exc:  # ENOSYS before Linux 5.3: no safe way to signal
-                out[t.pid] = f"not signalled: pidfd_open: {exc.strerror}"
-                continue
-            now = read_identity(t.pid, proc_root)
-            if isinstance(now, ProcessProblem) or now.start_ticks != t.start_ticks:
-                os.close(fd)
-                out[t.pid] = "gone before it was signalled"
-                continue
-            fds[t.pid] = fd
-        alive = _signal_and_wait(fds, signal.SIGTERM, grace_s)
-        out.update({pid: "exited after SIGTERM" for pid in fds if pid not in alive})
-        left = _signal_and_wait(alive, signal.SIGKILL, kill_wait_s)
-        out.update({pid: SURVIVED if pid in left else "killed with SIGKILL" for pid in alive})
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return out
-
-
-def _signal_and_wait(fds: Mapping[int, int], sig: int, timeout_s: float) -> dict[int, int]:
-    """Signal every pidfd; the ones whose process has not exited within ``timeout_s``."""
-    import select
-    import signal
-
-    if not fds:
-        return {}
-    poller = select.poll()
-    by_fd = {}
-    for pid, fd in fds.items():
-        try:
-            signal.pidfd_send_signal(fd, sig)
-        except ProcessLookupError:
-            pass  # exited already: the poll below sees it
-        poller.register(fd, select.POLLIN)
-        by_fd[fd] = pid
-    deadline = time.monotonic() + timeout_s
-    while by_fd:
-        left = deadline - time.monotonic()
-        for fd, _ in poller.poll(max(0, int(left * 1000))):  # a pidfd is readable once its process exits
-            poller.unregister(fd)
-            by_fd.pop(fd, None)
-        if left <= 0:
-            break
-    return {pid: fd for fd, pid in by_fd.items()}
 
 
 def _stat_chain(pid: int, proc_root: str) -> tuple[str, set[int]]:

@@ -322,24 +322,17 @@ def _kill_now(pids: Iterable[int], uid: int) -> tuple[int, ...]:
 
 
 def _signal(pids: Iterable[int], sig: int, uid: int) -> None:
-    """Signal each pid through a pidfd, and only if, once pinned, its real uid is still ``uid``:
-    a pid reused by root or another user in between is left alone."""
-    import signal
+    """Signal each pid through a pidfd (:mod:`gpuslurm.isolate.kill`), and only if, once pinned,
+    it is still the process found (start time) and ``uid``'s: a pid reused by root or another
+    user in between is left alone."""
+    from gpuslurm.isolate.kill import Target, send_signal
 
+    targets = []
     for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
-            continue  # gone
-        try:
-            facts = _status(pid)
-            if facts is None or facts[1] != uid:
-                continue
-            signal.pidfd_send_signal(fd, sig)
-        except ProcessLookupError:
-            pass
-        finally:
-            os.close(fd)
+        ticks = _start_ticks(pid)
+        if ticks is not None:
+            targets.append(Target("", pid, None, ticks, uid))
+    send_signal(targets, sig)
 
 
 def _wait_gone(uid: int | None, pipe_dir: str, hint: int | None, wait: float) -> list[int]:

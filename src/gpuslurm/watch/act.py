@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuslurm.config import Config
 from gpuslurm.errors import GpuslurmError, InputError
-from gpuslurm.hooks.leftovers import SURVIVED
+from gpuslurm.isolate.kill import SURVIVED
 from gpuslurm.policy.act import Planner, Step
 from gpuslurm.policy.wording import span
 from gpuslurm.watch.model import Cycle, ProcSample, ScanProblem, Violation
@@ -159,7 +159,7 @@ class Actor:
             raise InputError(f"cannot post: {why}", source=self.cfg.act.webhook) from None
 
     def _kill(self, step: Step, cycle: Cycle) -> str:
-        from gpuslurm.hooks.leftovers import Target, kill_processes  # the epilog's pidfd killing
+        from gpuslurm.isolate.kill import Target, kill_processes  # the epilog's pidfd killing
 
         v = step.violation
         assert v.pid is not None
