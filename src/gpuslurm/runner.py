@@ -30,12 +30,15 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
                 check: bool = True, env: dict[str, str] | None = None,
                 input_text: str | None = None, user: int | None = None,
                 group: int | None = None, groups: list[int] | None = None,
-                cwd: str | None = None) -> CommandResult:
+                cwd: str | None = None, cgroup_procs: str | None = None) -> CommandResult:
     """Run ``argv`` (first element an absolute path) and return its output.
 
     ``user``/``group`` (numeric ids; root only) run it as that user, with the supplementary
     ``groups`` given (none by default), e.g. a job's MPS daemon as the job's user. Raises
     CommandError when the program is missing, times out, or (with ``check``) exits non-zero.
+    ``cgroup_procs``: a v1 ``cgroup.procs`` file the child writes its own pid into, after the
+    drop and before exec (the job's devices cgroup, whose ``cgroup.procs`` is the user's), so
+    the program never runs outside it.
     """
     args = tuple(str(a) for a in argv)
     if not args or not os.path.isabs(args[0]):
@@ -46,7 +49,9 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
         for what, value in (("uid", user), ("gid", gid), *(("group", g) for g in groups or ())):
             if not 0 <= value <= MAX_ID:  # (uid_t)-1 would leave the child root
                 raise CommandError(f"refusing to run {Path(args[0]).name} as impossible {what} {value}", args)
-        verify = _dropped_check(user, gid, groups or ())
+        verify = _dropped_check(user, gid, groups or (), cgroup_procs)
+    elif cgroup_procs is not None:
+        raise CommandError("joining a cgroup before exec is only for commands run as a user", args)
     try:
         proc = subprocess.Popen(
             args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
@@ -79,15 +84,23 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
 MAX_ID = 2**32 - 2  # 2**32 - 1 is (uid_t)-1: "leave unchanged" to setresuid
 
 
-def _dropped_check(uid: int, gid: int, groups: Sequence[int]) -> Callable[[], None]:
+def _dropped_check(uid: int, gid: int, groups: Sequence[int],
+                   cgroup_procs: str | None = None) -> Callable[[], None]:
     """Run in the child after Popen's setgroups/setregid/setreuid, before exec: abort unless
-    real, effective and saved ids and the supplementary groups are exactly the wanted ones."""
+    real, effective and saved ids and the supplementary groups are exactly the wanted ones;
+    then join ``cgroup_procs`` (as the user, so only a cgroup the user was given)."""
     want_groups = sorted(set(groups))
 
     def check() -> None:
         if (os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid)
                 or sorted(set(os.getgroups()) - {gid}) != [g for g in want_groups if g != gid]):
             raise PermissionError("ids after the drop are not the job's")
+        if cgroup_procs is not None:
+            fd = os.open(cgroup_procs, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")  # 0: the writing process itself
+            finally:
+                os.close(fd)
 
     return check
 

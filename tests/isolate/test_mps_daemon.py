@@ -13,6 +13,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -469,3 +470,38 @@ def test_a_root_process_with_the_pipe_directory_survives_a_stale_restart(mps: Mp
         victim.kill()
         victim.wait()
         mps.stop()
+
+
+def test_the_daemon_starts_inside_the_jobs_devices_cgroup(mps: Mps) -> None:
+    # Outside the job's device limits the user could ptrace their own daemon and open any GPU.
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cgroup_helpers import PROBE, as_nobody, make_gpu_files, parse_probe
+
+    from gpuslurm.isolate.devices import Device, cgroup_version, remove_v1, setup_v1
+
+    if cgroup_version("/sys/fs/cgroup") != 1:
+        pytest.skip("no cgroup v1 devices hierarchy here")
+    job = str(910_000_000 + os.getpid() % 1_000_000)
+    path = setup_v1("/sys/fs/cgroup", job, NOBODY, [Device(195, 1)])
+    gpus = make_gpu_files([0, 1])
+    gpu_dir = next(gpus)
+    try:
+        daemon = start_mps("45", NOBODY, NOGROUP, ("GPU-a",), MpsRequest("comment", 100),
+                           run_dir=mps.run_dir, mps_control=mps.control(), timeout=5.0,
+                           cgroup_procs=f"{path}/cgroup.procs")
+        assert daemon.pid is not None
+        lines = Path(f"/proc/{daemon.pid}/cgroup").read_text().splitlines()
+        devices = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "devices")
+        assert devices == f"/gpuslurm/job_{job}", lines
+        # The user, in the daemon's cgroup, cannot open the GPU the job was not given.
+        script = (f"echo $$ > /sys/fs/cgroup/devices{devices}/cgroup.procs && "
+                  f"exec {SYSTEM_PYTHON} -c \"$0\" \"$@\"")
+        probe = as_nobody(["/bin/sh", "-c", script, PROBE, str(gpu_dir / "nvidia0"),
+                           str(gpu_dir / "nvidia1")])
+        out, err = probe.communicate(timeout=30)
+        assert probe.returncode == 0, err
+        assert parse_probe(out) == {"nvidia0": "ENXIO", "nvidia1": "EPERM"}
+        mps.stop("45")
+    finally:
+        gpus.close()
+        assert remove_v1("/sys/fs/cgroup", job)

@@ -171,10 +171,24 @@ def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuid
 
     daemon = start_mps(job_id, uid, job_gid(environ, uid), uuids, request, run_dir=cfg.paths.run_dir,
                        mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
-                       pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib)
+                       pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
+                       cgroup_procs=_job_devices_procs(cfg, job_id))
     log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
              f"{request.active_thread_percentage}% threads, pipe {daemon.pipe_dir}")
     return True
+
+
+def _job_devices_procs(cfg: Any, job_id: str) -> str | None:
+    """gpuslurm's v1 devices cgroup of the job (made by isolate_job just before), for the MPS
+    daemon to start in; None when gpuslurm does not isolate here or uses v2."""
+    import os
+
+    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir, wanted
+
+    if not wanted(cfg) or cgroup_version(cfg.paths.cgroup_root) != 1:
+        return None
+    procs = os.path.join(v1_job_dir(cfg.paths.cgroup_root, job_id), "cgroup.procs")
+    return procs if os.path.exists(procs) else None
 
 
 def _stop_mps_after_failure(cfg: Any, job_id: str, log: HookLog) -> None:

@@ -113,8 +113,11 @@ def stuck_report(done: MpsStop, gpus: Sequence[Mapping[str, Any]]) -> tuple[str,
 
 def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: MpsRequest, *,
               run_dir: str, mps_control: str, pinned_memory_limit_mib: int = 0,
-              timeout: float = 10.0) -> MpsDaemon:
+              timeout: float = 10.0, cgroup_procs: str | None = None) -> MpsDaemon:
     """Create the job's directories, start its control daemon as ``uid``:``gid`` and configure it.
+
+    ``cgroup_procs``: the job's devices cgroup (v1 ``cgroup.procs``, the user's): the daemon
+    joins it before exec, so it and the servers it starts see only the job's GPUs.
 
     On any failure the daemon is stopped and the directories removed before the error is raised.
     """
@@ -145,7 +148,7 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
             # The user's supplementary groups: a site may give GPU device files to a group
             # (NVreg_DeviceFileGID), and the MPS server the daemon starts opens them.
             run_command([mps_control, "-d"], env=env, user=uid, group=gid, groups=_user_groups(uid, gid),
-                        cwd="/", timeout=timeout)
+                        cwd="/", timeout=timeout, cgroup_procs=cgroup_procs)
             deadline = time.monotonic() + timeout
             pid = _wait_for_daemon(uid, dirs.pipe, deadline)
             for command in control_commands(request.active_thread_percentage,
