@@ -396,6 +396,9 @@ def _build(cls: Any, table: Mapping[str, Any], where: str, source: str) -> Any:
     return cls(**values)
 
 
+_INT_LIMIT = 2**63 - 1  # what a C long holds: sqlite, time_t and Slurm all stop there
+
+
 def _scalar(kind: type, rule: Rule, value: Any, label: str, source: str) -> Any:
     if kind is bool:
         ok = isinstance(value, bool)
@@ -413,6 +416,10 @@ def _scalar(kind: type, rule: Rule, value: Any, label: str, source: str) -> Any:
         _fail(f"{label} must be {want}, not {_describe(value)}", source)
     if kind is float:
         value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):  # NaN slips past every bound
+            _fail(f"{label} must be a finite number, not {value!r}", source)
+    elif kind is int and not -_INT_LIMIT <= value <= _INT_LIMIT:
+        _fail(f"{label} must be between {-_INT_LIMIT} and {_INT_LIMIT}, not {value!r}", source)
     if rule.choices is not None and value not in rule.choices:
         _fail(f"{label} must be one of {', '.join(rule.choices)}, not {value!r}", source)
     lo, hi = rule.lo, rule.hi
