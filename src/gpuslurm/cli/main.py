@@ -144,9 +144,13 @@ def _check(node: Any, opts: Any, existing: Path) -> None:
     from gpuslurm.gres.records import plan_gres
 
     try:
-        text = existing.read_text()
+        from gpuslurm.safedir import read_regular_text
+
+        text = read_regular_text(str(existing))
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", existing) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", existing) from None
     plan = plan_gres(node, opts)
     entries = parse_gres_conf(text, str(existing), opts.node_name or None)
     problems = check_gres_conf(plan, entries)

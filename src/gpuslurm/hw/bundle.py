@@ -18,6 +18,7 @@ from gpuslurm.hw.model import Cpu, Gpu, Link, MigDevice, Node
 from gpuslurm.hw.smi_xml import SmiReport, parse_smi_xml
 from gpuslurm.hw.topo_text import TopoMatrix, parse_topo
 from gpuslurm.ranges import format_ranges
+from gpuslurm.safedir import read_regular_text
 
 NVML_JSON = "nvml.json"
 SMI_XML = "nvidia-smi-q.xml"
@@ -43,7 +44,7 @@ class _GpuFacts(NamedTuple):
 def read_text(path: Path) -> str:
     """A bundle file's text; unreadable or non-UTF-8 files are a CaptureError naming the file."""
     try:
-        return path.read_text(encoding="utf-8")
+        return read_regular_text(str(path))
     except OSError as exc:
         raise CaptureError(f"cannot read: {exc.strerror}", path) from None
     except UnicodeDecodeError as exc:

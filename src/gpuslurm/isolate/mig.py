@@ -26,6 +26,9 @@ from gpuslurm.errors import InputError
 from gpuslurm.hw.model import MIG_PROFILE_RE, Gpu, Node
 from gpuslurm.isolate.mig_profiles import MigBoard, board_for, canonical_profile, creation_order, placements
 from gpuslurm.ranges import MAX_GPUS, format_ranges, parse_ranges
+from gpuslurm.safedir import read_regular
+
+MAX_LAYOUT_BYTES = 1 << 20
 
 
 class LayoutEntry(NamedTuple):
@@ -94,9 +97,7 @@ def _fail(source: str, message: str) -> NoReturn:
 def load_layout(path: Path) -> Layout:
     """Read and parse a layout file; every problem is one InputError naming the file."""
     try:
-        data = path.read_bytes()
-    except IsADirectoryError:
-        _fail(str(path), "is a directory, not a layout file")
+        data = read_regular(str(path), MAX_LAYOUT_BYTES)
     except OSError as exc:
         _fail(str(path), f"cannot read: {exc.strerror}")
     try:
