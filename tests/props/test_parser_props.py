@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from props_hostile import PIECES, mutated, one_line
 
 from gpuslurm.config import parse_config
 from gpuslurm.errors import InputError
@@ -26,7 +27,6 @@ from gpuslurm.hw.topo_text import parse_cpu_list, parse_topo
 from gpuslurm.isolate.mig import parse_layout
 from gpuslurm.ranges import MAX_CPUS, MAX_GPUS, format_ranges, parse_ranges, range_bounds
 from gpuslurm.topo.hostlist import expand_hostlist
-from props_hostile import PIECES, mutated, one_line
 
 A100 = BUILTIN_DIR / "a100-mig"
 NODE = load_node("a100-mig")
@@ -44,12 +44,23 @@ def _refuses_in_one_line(call: object, *args: object) -> None:
         assert one_line(str(exc)), repr(str(exc))
 
 
-range_text = st.one_of(st.sampled_from(PIECES), st.from_regex(r"\A[0-9,\- ]{0,30}\Z"),
-                       st.lists(st.integers(0, 5000), max_size=8).map(format_ranges), st.text(max_size=20))
+@st.composite
+def range_case(draw: st.DrawFn) -> tuple[str, int]:
+    """A limit and a list to parse against it, often with numbers just past the limit."""
+    limit = draw(st.sampled_from([MAX_CPUS, MAX_GPUS, 8, 100]))
+    near = st.integers(0, 2 * limit)
+    item = st.one_of(near.map(str), st.tuples(near, near).map(lambda p: f"{p[0]}-{p[1]}"),
+                     st.sampled_from(PIECES))
+    text = draw(st.one_of(st.lists(item, min_size=1, max_size=6).map(",".join),
+                          st.lists(near, max_size=8).map(format_ranges), st.text(max_size=20)))
+    return text, limit
 
 
-@given(range_text, st.sampled_from([MAX_CPUS, MAX_GPUS, 8]))
-def test_ranges_are_bounded_before_expanding(text: str, limit: int) -> None:
+@given(range_case())
+@example(("0-4095,0-4095", MAX_GPUS))  # each item within the limit, together twice it
+@example(("56-18446744073709551616", MAX_CPUS))
+def test_ranges_are_bounded_before_expanding(case: tuple[str, int]) -> None:
+    text, limit = case
     try:
         values = parse_ranges(text, limit)
     except ValueError as exc:
