@@ -71,9 +71,22 @@ def test_nvml_json_in_process(text: str) -> None:
         path = Path(d) / "nvml.json"
         path.write_text(text, errors="surrogateescape")
         try:
-            load_partial(path)
+            facts = load_partial(path)
         except CaptureError as exc:
             assert one_line(str(exc)) and str(exc).startswith(f"{path}: ")
+            return
+    # What is accepted is what the model promises: typed, in range, each minor and index once.
+    for key in ("hostname", "driver_version", "cuda_version"):
+        assert isinstance(facts.get(key, ""), str)
+    assert type(facts.get("memory_mib", 0)) is int and facts.get("memory_mib", 0) >= 0
+    gpus = facts.get("gpus", ())
+    for g in gpus:
+        for value in (g.index, g.minor, g.memory_mib):
+            assert type(value) is int and value >= 0
+        assert isinstance(g.uuid, str) and isinstance(g.name, str) and isinstance(g.bus_id, str)
+        assert g.mig_mode in (None, True, False)
+        assert all(type(c) is int and c >= 0 for c in g.cpu_affinity)
+    assert len({g.minor for g in gpus}) == len(gpus) == len({g.index for g in gpus})
 
 
 @pytest.fixture(scope="module")
