@@ -141,3 +141,24 @@ def test_fifo_or_nan_config(tmp_path: Path, name: str) -> None:
 def test_line_separators_in_a_message_stay_on_one_line(tmp_path: Path, sep: str) -> None:
     bundle = tmp_path / f"a{sep}b"
     assert_one_line(gpuslurm("discover", "--from", str(bundle)))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "not-utf8"])
+def test_gres_template_is_read_safely(tmp_path: Path, kind: str) -> None:
+    template = tmp_path / "t.j2"
+    if kind == "fifo":
+        os.mkfifo(template)  # jinja2 opened it and waited for a writer
+    else:
+        template.write_bytes(b"{{ hostname }}\xff\n")
+    err = assert_one_line(gpuslurm("gres-conf", "--from", "l40s-4x", "--template", str(template)))
+    assert str(template) in err
+
+
+def test_the_hooks_never_import_clustershell() -> None:
+    """Host lists use ClusterShell; the prolog, run on every job, must not pay for it."""
+    code = ("import sys; from gpuslurm.hooks import entry, prolog, epilog, taskprolog; "
+            "from gpuslurm.slurm import hookenv; "
+            "print(sorted(m for m in sys.modules if m.startswith('ClusterShell')))")
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]" and "ClusterShell" not in out.stderr
