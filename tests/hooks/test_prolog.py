@@ -106,7 +106,7 @@ def test_fifo_health_json_fails_closed_without_hanging(site: HookSite) -> None:
     assert "is a FIFO, not a regular file" in log.lines[-1]
 
 
-@pytest.mark.parametrize("gpus", ["0-99999999999", "0-4095,0-4095", "\u2028"])
+@pytest.mark.parametrize("gpus", ["0-99999999999", "0-4095,0-4095", "0,1\u2028x"])
 def test_hostile_job_gpus_are_one_line_and_bounded(site: HookSite, gpus: str) -> None:
     log = quiet("prolog")
     assert run_prolog(site.environ(gpus=gpus), log) == 2
