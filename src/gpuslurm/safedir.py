@@ -179,9 +179,13 @@ def read_regular(path: str, limit: int = MAX_READ_BYTES, *, follow: bool = True)
     A FIFO would block the open (and a hook with it), a device can stream forever: the type is
     checked before the open, the open is non-blocking, and the descriptor is checked again (the
     path may be swapped between the two). ``follow=False`` refuses a symlink as the last
-    component. More than ``limit`` bytes is an error. Raises OSError; ``strerror`` is one phrase.
+    component. More than ``limit`` bytes is an error. ``/dev/null`` (Linux's 1:3) reads as empty.
+    Raises OSError; ``strerror`` is one phrase.
     """
-    kind = _kind(os.stat(path, follow_symlinks=follow).st_mode)
+    st = os.stat(path, follow_symlinks=follow)
+    if _is_null(st):
+        return b""  # `GPUSLURM_CONFIG=/dev/null`: the classic empty file, and it never blocks
+    kind = _kind(st.st_mode)
     if kind:
         raise NotRegularFileError(errno.EINVAL, f"is {kind}, not a regular file", path)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
@@ -200,6 +204,10 @@ def read_regular(path: str, limit: int = MAX_READ_BYTES, *, follow: bool = True)
 def read_regular_text(path: str, limit: int = MAX_READ_BYTES, *, follow: bool = True) -> str:
     """:func:`read_regular` decoded as UTF-8; ValueError (a UnicodeDecodeError) when it is not."""
     return read_regular(path, limit, follow=follow).decode("utf-8")
+
+
+def _is_null(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
 
 
 def _kind(mode: int) -> str:
