@@ -31,6 +31,7 @@ from gpuslurm.topo.hostlist import expand_hostlist
 A100 = BUILTIN_DIR / "a100-mig"
 NODE = load_node("a100-mig")
 UUIDS = [g.uuid for g in NODE.gpus]
+PARSER = settings(max_examples=400)  # pure and fast: ~1 s each under CI
 
 
 def _real(name: str, size: int = 6000) -> str:
@@ -56,6 +57,7 @@ def range_case(draw: st.DrawFn) -> tuple[str, int]:
     return text, limit
 
 
+@PARSER
 @given(range_case())
 @example(("0-4095,0-4095", MAX_GPUS))  # each item within the limit, together twice it
 @example(("56-18446744073709551616", MAX_CPUS))
@@ -70,11 +72,13 @@ def test_ranges_are_bounded_before_expanding(case: tuple[str, int]) -> None:
     assert sum(b - a + 1 for a, b, _ in range_bounds(text, limit)) <= limit
 
 
+@PARSER
 @given(st.lists(st.integers(0, MAX_GPUS - 1), max_size=30))
 def test_ranges_round_trip(ids: list[int]) -> None:
     assert parse_ranges(format_ranges(ids), MAX_GPUS) == tuple(sorted(set(ids))) if ids else True
 
 
+@PARSER
 @given(mutated("gpu[001-004,10],login[1-2]x[3-4],/dev/nvidia[0-3]"))
 def test_host_lists_are_bounded(text: str) -> None:
     try:
@@ -85,6 +89,7 @@ def test_host_lists_are_bounded(text: str) -> None:
     assert len(names) <= 64
 
 
+@PARSER
 @given(mutated("0-3,8,10-11"))
 def test_cpu_lists(text: str) -> None:
     try:
@@ -97,13 +102,13 @@ def test_cpu_lists(text: str) -> None:
     ("lscpu.csv", parse_lscpu), ("nvidia-smi-topo.txt", parse_topo),
     ("mig-minors", parse_mig_minors), ("nvidia-smi-L.txt", parse_smi_list),
 ])
-@settings(max_examples=60)
+@PARSER
 @given(data=st.data())
 def test_bundle_text_parsers(name: str, parse: object, data: st.DataObject) -> None:
     _refuses_in_one_line(parse, data.draw(mutated(_real(name))), f"/b/{name}")
 
 
-@settings(max_examples=40)
+@settings(max_examples=150)  # a 20 kB XML per example
 @given(mutated(_real("nvidia-smi-q.xml", 20000), edits=4))
 def test_smi_xml(text: str) -> None:
     _refuses_in_one_line(parse_smi_xml, text, "/b/nvidia-smi-q.xml")
@@ -121,7 +126,7 @@ GPU 00000000:07:00.0
 """
 
 
-@settings(max_examples=60)
+@PARSER
 @given(mutated(SMI_TEXT))
 def test_smi_text(text: str) -> None:
     _refuses_in_one_line(parse_smi_query_text, text, "/b/nvidia-smi-q.txt")
@@ -131,6 +136,7 @@ GRES = "NodeName=gpu[01-02] Name=gpu Type=a100 File=/dev/nvidia[0-3] Cores=0-31 
        "Name=mps Count=4k\nName=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap[21-22]\n"
 
 
+@PARSER
 @given(mutated(GRES, edits=4), st.sampled_from([None, "gpu01"]))
 def test_gres_conf(text: str, node: str | None) -> None:
     _refuses_in_one_line(parse_gres_conf, text, "/etc/slurm/gres.conf", node)
@@ -140,6 +146,7 @@ CONFIG = """[monitor]\ninterval_s = 10.0\ncommand_timeout_s = 5\n[throttle]\nsyn
 [detect.share]\nusers = { alice = 0.5 }\n[health.temperature]\nlimit_c = 85\naction = "drain"\n"""
 
 
+@PARSER
 @given(mutated(CONFIG, edits=4))
 def test_config_toml(text: str) -> None:
     _refuses_in_one_line(parse_config, text, "/etc/gpuslurm/gpuslurm.toml")
@@ -148,6 +155,7 @@ def test_config_toml(text: str) -> None:
 LAYOUT = """[gpus."0-1"]\nprofiles = ["3g.20gb", "3g.20gb"]\n[gpus."2"]\nmig = false\n"""
 
 
+@PARSER
 @given(mutated(LAYOUT, edits=4))
 def test_mig_layout(text: str) -> None:
     _refuses_in_one_line(parse_layout, text, "/etc/gpuslurm/mig.toml")
@@ -158,11 +166,13 @@ SCENARIO = json.dumps({"start": 1700000000, "steps": [
     {"at": 0, "procs": [{"pid": 5, "gpu": UUIDS[0], "mem_mib": 700}]}]})
 
 
+@PARSER
 @given(mutated(HEALTH, edits=4))
 def test_health_json(text: str) -> None:
     _refuses_in_one_line(health.parse_scenario, text, "/b/health.json", UUIDS)
 
 
+@PARSER
 @given(mutated(SCENARIO, edits=4))
 def test_scenario_json(text: str) -> None:
     _refuses_in_one_line(scenario.parse_scenario, text, "/b/scenario.json", NODE)
