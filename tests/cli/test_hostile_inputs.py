@@ -162,3 +162,18 @@ def test_the_hooks_never_import_clustershell() -> None:
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True,
                          text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]" and "ClusterShell" not in out.stderr
+
+
+@pytest.mark.parametrize("body", ["fifo", '[gpus."0-99999999999"]\nmig = false\n',
+                                  '[gpus."4-"]\nmig = false\n', '[gpus."0-1e308"]\nmig = false\n',
+                                  b'[gpus."0"]\nmig = false # \xff\n'])
+def test_mig_layout_files(tmp_path: Path, body: str | bytes) -> None:
+    layout = tmp_path / "mig.toml"
+    if body == "fifo":
+        os.mkfifo(layout)
+    elif isinstance(body, bytes):
+        layout.write_bytes(body)
+    else:
+        layout.write_text(body)
+    err = assert_one_line(gpuslurm("mig", "assert", "--from", "a100-mig", str(layout)))
+    assert str(layout) in err
