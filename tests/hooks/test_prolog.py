@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,17 @@ def test_unreadable_scenario_fails_closed(site: HookSite) -> None:
 def test_fifo_health_json_fails_closed_without_hanging(site: HookSite) -> None:
     os.mkfifo(site.bundle / "health.json")  # open() waited for a writer: the prolog hung
     log = quiet("prolog")
-    assert run_prolog(site.environ(), log) == 2
+
+    def hung(signum: int, frame: object) -> None:
+        raise TimeoutError("the prolog waited on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        assert run_prolog(site.environ(), log) == 2
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
     assert "is a FIFO, not a regular file" in log.lines[-1]
 
 
