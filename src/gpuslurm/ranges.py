@@ -73,3 +73,11 @@ def parse_ranges(text: str, limit: int) -> tuple[int, ...]:
 
 def _is_number(text: str) -> bool:
     return text.isascii() and text.isdigit()  # str.isdigit alone accepts '²' and Thai digits
+
+
+def bounded_int(text: str, most: int) -> int:
+    """ASCII digits naming a number from 0 to ``most``; ValueError otherwise (before any ``int()``
+    of a 5000-digit string, which Python itself refuses with an error of its own)."""
+    if not _is_number(text) or len(text) > len(str(most)) or int(text) > most:
+        raise ValueError(f"{text[:40]!r} is not a whole number from 0 to {most}")
+    return int(text)

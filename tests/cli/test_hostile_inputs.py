@@ -177,3 +177,28 @@ def test_mig_layout_files(tmp_path: Path, body: str | bytes) -> None:
         layout.write_text(body)
     err = assert_one_line(gpuslurm("mig", "assert", "--from", "a100-mig", str(layout)))
     assert str(layout) in err
+
+
+HUGE = "9" * 5000  # past Python's own int() digit limit as well as every bound
+
+
+@pytest.mark.parametrize(("bundle", "name", "old", "new"), [
+    ("a100-mig", "mig-minors", "gpu0/gi1/access 12", f"gpu0/gi1/access {HUGE}"),
+    ("a100-mig", "mig-minors", "gpu0/gi1/access 12", "gpu99999999999/gi1/access 12"),
+    ("l40s-4x", "nvidia-smi-q.xml", "<minor_number>2<", f"<minor_number>{HUGE}<"),
+    ("l40s-4x", "nvidia-smi-q.xml", "<minor_number>2<", "<minor_number>99999999999999<"),
+    ("a100-mig", "nvidia-smi-L.txt", "GPU 0:", f"GPU {HUGE}:"),
+    ("l40s-4x", "meminfo", "MemTotal:", f"MemTotal: {HUGE} kB\nX:"),
+    ("l40s-4x", "lscpu.csv", "\n0,", f"\n{HUGE},"),
+])
+def test_numbers_in_bundle_files_are_bounded(tmp_path: Path, bundle: str, name: str, old: str,
+                                             new: str) -> None:
+    src = Path(__file__).parents[2] / "src/gpuslurm/hw/builtin" / bundle
+    dst = tmp_path / "b"
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    text = (dst / name).read_text()
+    assert old in text
+    (dst / name).write_text(text.replace(old, new, 1))
+    assert_one_line(gpuslurm("gres-conf", "--from", str(dst)))

@@ -225,7 +225,8 @@ def _meminfo(path: Path) -> int | None:
         key, _, value = line.partition(":")
         if key == "MemTotal":
             fields = value.split()
-            if len(fields) == 2 and fields[0].isdigit() and fields[1] == "kB":
+            if len(fields) == 2 and fields[0].isascii() and fields[0].isdigit() and fields[1] == "kB" \
+                    and len(fields[0]) <= 18:
                 return int(fields[0]) // 1024
             raise CaptureError(f"MemTotal is {value.strip()!r}, expected '<n> kB'", file)
     raise CaptureError("no MemTotal line", file)

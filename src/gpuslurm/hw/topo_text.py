@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Link, LinkKind, link_from_text
-from gpuslurm.ranges import MAX_CPUS, parse_ranges
+from gpuslurm.ranges import MAX_CPUS, bounded_int, parse_ranges
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 GPU_LABEL_RE = re.compile(r"^GPU\d+$")
@@ -118,8 +118,11 @@ def _affinity(cell: str, where: str, source: str | Path) -> tuple[int, ...]:
 def _numa(cell: str, where: str, source: str | Path) -> int | None:
     if cell == "N/A":
         return None
-    if cell.isdigit():
-        return int(cell)
+    if cell.isascii() and cell.isdigit():
+        try:
+            return bounded_int(cell, MAX_CPUS)
+        except ValueError as exc:
+            raise CaptureError(f"{where}: NUMA node {exc}", source) from None
     try:
         parse_cpu_list(cell)  # several nodes ("0-1"): no single node to name
     except ValueError:
