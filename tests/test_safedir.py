@@ -243,3 +243,24 @@ def test_replace_at_removes_its_own_stale_temporary_but_refuses_a_planted_one(tm
     finally:
         os.close(dfd)
     assert (tmp_path / "map.json").read_text() == "{}" and not (tmp_path / "elsewhere").exists()
+
+
+def test_read_regular_refuses_what_could_block_or_never_end(tmp_path: Path) -> None:
+    from gpuslurm.safedir import NotRegularFileError, read_regular
+
+    f = tmp_path / "f"
+    f.write_bytes(b"abc")
+    assert read_regular(str(f)) == b"abc"
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "d").mkdir()
+    for path, word in ((tmp_path / "fifo", "FIFO"), (tmp_path / "d", "directory"),
+                       (Path("/dev/zero"), "character device"), (Path("/dev/urandom"), "character device")):
+        with pytest.raises(NotRegularFileError, match=word):
+            read_regular(str(path))
+    assert read_regular("/dev/null") == b""  # the classic empty config
+    (tmp_path / "link").symlink_to(f)
+    assert read_regular(str(tmp_path / "link")) == b"abc"
+    with pytest.raises(OSError):
+        read_regular(str(tmp_path / "link"), follow=False)
+    with pytest.raises(OSError, match="larger than 2 bytes"):
+        read_regular(str(f), 2)

@@ -326,14 +326,13 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
 def read_config_text(path: str, explicit: bool) -> str | None:
     """The text of the config file; None when it is absent and was not ``explicit``ly named."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        from gpuslurm.safedir import read_regular  # a FIFO or device here would hang every hook
+
+        data = read_regular(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         if explicit:
             _fail("no such file", path)
         return None
-    except IsADirectoryError:
-        _fail("is a directory, not a config file", path)
     except OSError as exc:
         _fail(f"cannot read: {exc.strerror}", path)
     try:
@@ -396,6 +395,10 @@ def _build(cls: Any, table: Mapping[str, Any], where: str, source: str) -> Any:
     return cls(**values)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+_INT_LIMIT = 2**63 - 1  # what a C long holds: sqlite, time_t and Slurm all stop there
+
+
 def _scalar(kind: type, rule: Rule, value: Any, label: str, source: str) -> Any:
     if kind is bool:
         ok = isinstance(value, bool)
@@ -413,6 +416,10 @@ def _scalar(kind: type, rule: Rule, value: Any, label: str, source: str) -> Any:
         _fail(f"{label} must be {want}, not {_describe(value)}", source)
     if kind is float:
         value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):  # NaN slips past every bound
+            _fail(f"{label} must be a finite number, not {value!r}", source)
+    elif kind is int and not -_INT_LIMIT <= value <= _INT_LIMIT:
+        _fail(f"{label} must be between {-_INT_LIMIT} and {_INT_LIMIT}, not {value!r}", source)
     if rule.choices is not None and value not in rule.choices:
         _fail(f"{label} must be one of {', '.join(rule.choices)}, not {value!r}", source)
     lo, hi = rule.lo, rule.hi

@@ -12,6 +12,16 @@ EXIT_HARDWARE = 3  # the hardware or its driver could not be read
 EXIT_EXTERNAL = 4  # an external command failed or timed out
 
 
+# Every character str.splitlines() breaks a line at: a message holding one would reach a log (or a
+# reader counting lines) as two messages, the second of which the input's author chose.
+_LINE_BREAKS = {ord(c): " " for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(message: str) -> str:
+    """``message`` with every line separator (``\\n``, CR, U+2028, ...) turned into a space."""
+    return message.translate(_LINE_BREAKS)
+
+
 class GpuslurmError(Exception):
     """Base of every error gpuslurm raises on purpose."""
 

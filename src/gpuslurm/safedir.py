@@ -10,6 +10,7 @@ job.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -163,3 +164,58 @@ def replace_file(path: str, payload: bytes, mode: int) -> None:
         replace_at(dfd, os.path.basename(path), payload, mode, source=path)
     finally:
         os.close(dfd)
+
+
+MAX_READ_BYTES = 64 << 20  # no input gpuslurm reads (bundle, config, layout) comes near this
+
+
+class NotRegularFileError(OSError):
+    """A FIFO, directory or device where gpuslurm expects a file (``strerror`` says which)."""
+
+
+def read_regular(path: str, limit: int = MAX_READ_BYTES, *, follow: bool = True) -> bytes:
+    """The bytes of the regular file ``path``, refusing anything that could block or never end.
+
+    A FIFO would block the open (and a hook with it), a device can stream forever: the type is
+    checked before the open, the open is non-blocking, and the descriptor is checked again (the
+    path may be swapped between the two). ``follow=False`` refuses a symlink as the last
+    component. More than ``limit`` bytes is an error. ``/dev/null`` (Linux's 1:3) reads as empty.
+    Raises OSError; ``strerror`` is one phrase.
+    """
+    st = os.stat(path, follow_symlinks=follow)
+    if _is_null(st):
+        return b""  # `GPUSLURM_CONFIG=/dev/null`: the classic empty file, and it never blocks
+    kind = _kind(st.st_mode)
+    if kind:
+        raise NotRegularFileError(errno.EINVAL, f"is {kind}, not a regular file", path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        kind = _kind(st.st_mode)
+        if kind:
+            raise NotRegularFileError(errno.EINVAL, f"is {kind}, not a regular file", path)
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"is larger than {limit} bytes", path)
+    return data
+
+
+def read_regular_text(path: str, limit: int = MAX_READ_BYTES, *, follow: bool = True) -> str:
+    """:func:`read_regular` decoded as UTF-8; ValueError (a UnicodeDecodeError) when it is not."""
+    return read_regular(path, limit, follow=follow).decode("utf-8")
+
+
+def _is_null(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return ""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a file"

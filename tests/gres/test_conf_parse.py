@@ -46,6 +46,12 @@ def test_count_suffix_and_case_insensitive_keys() -> None:
     ("NodeName=a File=/dev/nvidia0\n", "line 1: no Name="),
     ("Name=gpu garbage\n", "expected key=value"),
     ("Name=mps Count=lots\n", "bad Count="),
+    ("Name=gpu File=/dev/nvidia[0-99999999999]\n", "line 1: bad File="),
+    ("Name=gpu File=/dev/nvidia[4-]\n", "line 1: bad File="),
+    ("Name=gpu File=/dev/nvidia[0-1e308]\n", "line 1: bad File="),
+    ("Name=gpu MultipleFiles=/dev/nvidia[0-1\n", "line 1: bad Multiplefiles="),
+    ("Name=gpu File=/dev/nvidia0 Cores=56-18446744073709551616\n", "line 1: bad Cores="),
+    ("NodeName=n[0-99999999999] Name=gpu File=/dev/nvidia0\n", "line 1: bad NodeName"),
 ])
 def test_bad_lines_name_the_file_and_line(text: str, words: str) -> None:
     with pytest.raises(InputError) as exc:

@@ -184,3 +184,33 @@ def test_import_is_light() -> None:
         assert heavy not in added, heavy
     parsed = _modules_after("import gpuslurm.config as c; c.parse_config('[hooks]')") - _modules_after("pass")
     assert "tomllib" in parsed
+
+
+def _float_keys() -> list[str]:
+    def value(key: str) -> object:
+        out: object = Config()
+        for part in key.split("."):
+            out = getattr(out, part)
+        return out
+
+    return [k for k in _keys(Config()) if type(value(k)) is float]
+
+
+def test_every_float_key_is_checked() -> None:
+    assert len(_float_keys()) >= 29
+
+
+@pytest.mark.parametrize("key", _float_keys())
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "+nan"])
+def test_non_finite_numbers_are_refused(key: str, value: str) -> None:
+    *tables, leaf = key.split(".")
+    text = f"[{'.'.join(tables)}]\n{leaf} = {value}\n"
+    with pytest.raises(InputError) as info:
+        parse_config(text, "/etc/gpuslurm/gpuslurm.toml")
+    assert "finite" in str(info.value) and f"{leaf} in [{'.'.join(tables)}]" in str(info.value)
+
+
+def test_huge_integer_is_refused() -> None:
+    with pytest.raises(InputError, match="between"):
+        parse_config("[health.ecc]\nmax_uncorrectable = 9223372036854775808\n"
+                     "[health.memory_released]\nmax_used_mib = 0\n", "c.toml")

@@ -62,6 +62,8 @@ def test_require_job_names_the_missing_variable() -> None:
     ("SLURM_JOB_UID", "-5"), ("SLURM_JOB_GPUS", "0,a"), ("SLURM_STEP_GPUS", "1,,2"),
     ("SLURM_JOB_GPUS", "3-1"), ("SLURM_ARRAY_TASK_ID", "1;rm"), ("SLURM_JOB_ID", "١٢"),
     ("SLURM_JOB_UID", "4294967295"), ("SLURM_JOB_UID", "4294967296"), ("SLURM_JOB_UID", "9" * 40),
+    ("SLURM_JOB_GPUS", "0-99999999999"), ("SLURM_STEP_GPUS", "0-4095,0-4095"),
+    ("SLURM_JOB_GPUS", "9" * 5000),
 ])
 def test_malformed_variable_is_named(var: str, value: str) -> None:
     with pytest.raises(InputError) as info:

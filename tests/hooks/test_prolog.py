@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,30 @@ def test_unreadable_scenario_fails_closed(site: HookSite) -> None:
     assert run_prolog(site.environ(), log) == 2
     assert "unknown key 'temprature_c'" in log.lines[-1]
     assert not (site.jobs_dir / "1234.json").exists()
+
+
+def test_fifo_health_json_fails_closed_without_hanging(site: HookSite) -> None:
+    os.mkfifo(site.bundle / "health.json")  # open() waited for a writer: the prolog hung
+    log = quiet("prolog")
+
+    def hung(signum: int, frame: object) -> None:
+        raise TimeoutError("the prolog waited on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        assert run_prolog(site.environ(), log) == 2
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert "is a FIFO, not a regular file" in log.lines[-1]
+
+
+@pytest.mark.parametrize("gpus", ["0-99999999999", "0-4095,0-4095", "0,1\u2028x"])
+def test_hostile_job_gpus_are_one_line_and_bounded(site: HookSite, gpus: str) -> None:
+    log = quiet("prolog")
+    assert run_prolog(site.environ(gpus=gpus), log) == 2
+    assert "SLURM_JOB_GPUS" in log.lines[-1] and len(log.lines[-1].splitlines()) == 1
 
 
 def test_bad_environment_and_config_are_errors(site: HookSite) -> None:

@@ -24,11 +24,16 @@ TABLE = gres_devices(NODE)
 
 
 def test_hostlists() -> None:
-    assert expand_hostlist("gpu[01-03,7],login") == ("gpu01", "gpu02", "gpu03", "gpu7", "login")
+    # NodeSet orders the names of one item its own way; items keep their written order.
+    assert sorted(expand_hostlist("gpu[01-03,7],login")) == ["gpu01", "gpu02", "gpu03", "gpu7", "login"]
+    assert expand_hostlist("b[1],a[2]") == ("b1", "a2")
     assert expand_hostlist("n[8-10]-ib") == ("n8-ib", "n9-ib", "n10-ib")
     assert expand_hostlist("") == ()
     with pytest.raises(ValueError):
         expand_hostlist("n[a-b]")
+    for hostile in ("n[0-99999999999]", "n[4-]", "n[0-1e308]", "n[1-9]x[0-99999]", "n[1", "n]"):
+        with pytest.raises(ValueError):
+            expand_hostlist(hostile)
 
 
 def test_gres_detail_indices() -> None:

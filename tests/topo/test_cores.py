@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuslurm.hw.model import Cpu
-from gpuslurm.topo.cores import LayoutError, core_map, format_ranges, parse_ranges
+from gpuslurm.ranges import MAX_CPUS, parse_ranges
+from gpuslurm.topo.cores import LayoutError, core_map, format_ranges
 
 
 def dgx_h100_cpus() -> list[Cpu]:
@@ -69,10 +70,10 @@ def test_unknown_cpu_and_non_uniform_layouts_are_errors() -> None:
 def test_format_ranges(ids: list[int], text: str) -> None:
     assert format_ranges(ids) == text
     if text:
-        assert parse_ranges(text) == tuple(sorted(set(ids)))
+        assert parse_ranges(text, MAX_CPUS) == tuple(sorted(set(ids)))
 
 
 @pytest.mark.parametrize("bad", ["", "1,,2", "a-3", "5-2", "1-"])
 def test_parse_ranges_rejects(bad: str) -> None:
     with pytest.raises(ValueError):
-        parse_ranges(bad)
+        parse_ranges(bad, MAX_CPUS)

@@ -178,6 +178,30 @@ def test_damaged_file_is_reported_and_moved_aside(db: Path, content: bytes) -> N
         assert store.gpu_stats([G0], T0, T0)[G0].samples == 1
 
 
+def _plant_non_utf8_schema(db: Path) -> None:
+    Store.open(str(db)).close()
+    conn = sqlite3.connect(str(db), isolation_level=None)
+    conn.execute("PRAGMA writable_schema = 1")
+    conn.execute("INSERT INTO sqlite_master VALUES ('table', CAST(X'41ff42' AS TEXT), "
+                 "CAST(X'41ff42' AS TEXT), 0, CAST(X'43ff' AS TEXT))")
+    conn.close()
+
+
+def test_schema_text_that_is_not_utf8_is_damage(db: Path) -> None:
+    db.parent.mkdir()
+    _plant_non_utf8_schema(db)
+    with pytest.raises(StoreError, match="not UTF-8") as err:
+        Store.open(str(db), readonly=True)
+    assert "\n" not in str(err.value)
+    with Store.open(str(db)) as store:  # the monitor's open: moved aside, a new store started
+        assert store.moved_aside is not None and Path(store.moved_aside).exists()
+        store.write_cycle(cycle(0))
+    proc = subprocess.run([sys.executable, "-m", "gpuslurm", "hogs", "--db", store.moved_aside],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "not UTF-8" in proc.stderr
+
+
 def test_foreign_and_newer_databases(db: Path) -> None:
     db.parent.mkdir()
     conn = sqlite3.connect(str(db))

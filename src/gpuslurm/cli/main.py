@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from gpuslurm import __version__
-from gpuslurm.errors import EXIT_BAD_INPUT, CheckMismatchError, GpuslurmError, InputError
+from gpuslurm.errors import EXIT_BAD_INPUT, CheckMismatchError, GpuslurmError, InputError, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpuslurm, not in the input
@@ -144,9 +144,13 @@ def _check(node: Any, opts: Any, existing: Path) -> None:
     from gpuslurm.gres.records import plan_gres
 
     try:
-        text = existing.read_text()
+        from gpuslurm.safedir import read_regular_text
+
+        text = read_regular_text(str(existing))
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", existing) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", existing) from None
     plan = plan_gres(node, opts)
     entries = parse_gres_conf(text, str(existing), opts.node_name or None)
     problems = check_gres_conf(plan, entries)
@@ -209,6 +213,11 @@ def _emit(text: str, output: Path | None) -> None:
     click.echo(f"wrote {output}", err=True)
 
 
+def _say(message: str) -> None:
+    """Print one error message on stderr as exactly one line, whatever the input put inside it."""
+    click.echo(one_line(message), err=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn errors into one line and an exit code."""
     try:
@@ -220,28 +229,28 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.Abort:
-        click.echo("gpuslurm: aborted", err=True)
+        _say("gpuslurm: aborted")
         return 130
     except click.UsageError as exc:
         path = exc.ctx.command_path if exc.ctx else "gpuslurm"
-        click.echo(f"{path}: {exc.format_message()} (see '{path} --help')", err=True)
+        _say(f"{path}: {exc.format_message()} (see '{path} --help')")
         return EXIT_BAD_INPUT
     except click.ClickException as exc:
-        click.echo(f"gpuslurm: {exc.format_message()}", err=True)
+        _say(f"gpuslurm: {exc.format_message()}")
         return EXIT_BAD_INPUT
     except CheckMismatchError as exc:
-        click.echo(f"gpuslurm: {exc}", err=True)
+        _say(f"gpuslurm: {exc}")
         return exc.exit_code
     except GpuslurmError as exc:
-        click.echo(f"gpuslurm: {exc}", err=True)
+        _say(f"gpuslurm: {exc}")
         return exc.exit_code
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug in gpuslurm: say so plainly, traceback only when asked
         if os.environ.get("GPUSLURM_DEBUG"):
             raise
-        click.echo(f"gpuslurm: internal error: {type(exc).__name__}: {exc} "
-                   "(set GPUSLURM_DEBUG=1 for a traceback)", err=True)
+        _say(f"gpuslurm: internal error: {type(exc).__name__}: {exc} "
+             "(set GPUSLURM_DEBUG=1 for a traceback)")
         return EXIT_INTERNAL
     return 0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuslurm.errors import InputError
-from gpuslurm.topo.cores import parse_ranges
+from gpuslurm.ranges import MAX_CPUS, parse_ranges
 from gpuslurm.topo.hostlist import expand_hostlist
 
 
@@ -67,7 +67,7 @@ def _entries(fields: dict[str, str], lineno: int, source: str) -> list[ConfEntry
         try:
             if key == "links":
                 return tuple(int(v) for v in fields[key].split(","))
-            return parse_ranges(fields[key].strip("[]"))
+            return parse_ranges(fields[key].strip("[]"), MAX_CPUS)
         except ValueError as exc:
             raise InputError(f"line {lineno}: bad {key.capitalize()}= value: {exc}", source) from None
 
@@ -80,11 +80,14 @@ def _entries(fields: dict[str, str], lineno: int, source: str) -> list[ConfEntry
         except ValueError:
             raise InputError(f"line {lineno}: bad Count= value {fields['count']!r}", source) from None
     name, gtype = fields["name"], fields.get("type")
-    if "multiplefiles" in fields:
-        files = tuple(expand_files(fields["multiplefiles"]))
-        return [ConfEntry(lineno, name, gtype, files, cores, links, count)]
+    key = "multiplefiles" if "multiplefiles" in fields else "file"
+    try:
+        paths = expand_files(fields[key]) if key in fields else []
+    except ValueError as exc:
+        raise InputError(f"line {lineno}: bad {key.capitalize()}= value: {exc}", source) from None
+    if key == "multiplefiles":
+        return [ConfEntry(lineno, name, gtype, tuple(paths), cores, links, count)]
     if "file" in fields:
-        paths = expand_files(fields["file"])
         return [ConfEntry(lineno, name, gtype, (p,), cores, links, count) for p in paths]
     return [ConfEntry(lineno, name, gtype, (), cores, links, count)]
 

@@ -45,9 +45,17 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
 
 def _render(name: str, template_file: Path | None, context: dict[str, Any]) -> str:
     if template_file is not None:
-        if not template_file.is_file():
-            raise InputError("template file not found", template_file)
-        loader: jinja2.BaseLoader = jinja2.FileSystemLoader(str(template_file.parent))
+        from gpuslurm.safedir import read_regular_text
+
+        try:
+            text = read_regular_text(str(template_file), 1 << 20)
+        except FileNotFoundError:
+            raise InputError("template file not found", template_file) from None
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror}", template_file) from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not UTF-8 text (byte {exc.start})", template_file) from None
+        loader: jinja2.BaseLoader = jinja2.DictLoader({template_file.name: text})
         name = template_file.name
     else:
         loader = jinja2.FileSystemLoader(str(template_dir()))

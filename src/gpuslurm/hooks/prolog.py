@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
-from gpuslurm.errors import CommandError, GpuslurmError
+from gpuslurm.errors import CommandError, GpuslurmError, one_line
 
 if TYPE_CHECKING:
     from gpuslurm.hw.identity import NodeIdentity
@@ -49,7 +49,7 @@ class HookLog:
 
     def _emit(self, level: int, message: str) -> None:
         job = f" job {self.job_id}" if self.job_id else ""
-        line = f"gpuslurm {self.hook}{job}: {message}"
+        line = one_line(f"gpuslurm {self.hook}{job}: {message}")
         self.lines.append(line)
         try:
             print(line, file=self.stream, flush=True)

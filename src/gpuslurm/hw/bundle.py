@@ -18,6 +18,7 @@ from gpuslurm.hw.model import Cpu, Gpu, Link, MigDevice, Node
 from gpuslurm.hw.smi_xml import SmiReport, parse_smi_xml
 from gpuslurm.hw.topo_text import TopoMatrix, parse_topo
 from gpuslurm.ranges import format_ranges
+from gpuslurm.safedir import read_regular_text
 
 NVML_JSON = "nvml.json"
 SMI_XML = "nvidia-smi-q.xml"
@@ -43,7 +44,7 @@ class _GpuFacts(NamedTuple):
 def read_text(path: Path) -> str:
     """A bundle file's text; unreadable or non-UTF-8 files are a CaptureError naming the file."""
     try:
-        return path.read_text(encoding="utf-8")
+        return read_regular_text(str(path))
     except OSError as exc:
         raise CaptureError(f"cannot read: {exc.strerror}", path) from None
     except UnicodeDecodeError as exc:
@@ -224,7 +225,8 @@ def _meminfo(path: Path) -> int | None:
         key, _, value = line.partition(":")
         if key == "MemTotal":
             fields = value.split()
-            if len(fields) == 2 and fields[0].isdigit() and fields[1] == "kB":
+            if len(fields) == 2 and fields[0].isascii() and fields[0].isdigit() and fields[1] == "kB" \
+                    and len(fields[0]) <= 18:
                 return int(fields[0]) // 1024
             raise CaptureError(f"MemTotal is {value.strip()!r}, expected '<n> kB'", file)
     raise CaptureError("no MemTotal line", file)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CaptureError, HardwareError, NotSupported
+from gpuslurm.safedir import read_regular
 
 if TYPE_CHECKING:  # a Gpu or the hooks' light GpuIdentity: only uuid and index are used
     from gpuslurm.hw.identity import AnyGpu
@@ -80,14 +81,11 @@ def read_health(gpus: Sequence[AnyGpu], source: str | None) -> dict[str, GpuHeal
 def read_scenario(path: str | os.PathLike[str], uuids: Sequence[str]) -> dict[str, GpuHealth]:
     """Facts for ``uuids`` from a ``health.json`` scenario; all unknown when the file is absent."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_SCENARIO_BYTES + 1)
+        data = read_regular(os.fspath(path), MAX_SCENARIO_BYTES)  # a FIFO here hung the prolog
     except FileNotFoundError:
         return {u: GpuHealth(u) for u in uuids}
     except OSError as exc:
         raise CaptureError(f"cannot read: {exc.strerror}", source=path) from None
-    if len(data) > MAX_SCENARIO_BYTES:
-        raise CaptureError(f"larger than {MAX_SCENARIO_BYTES} bytes: not a health scenario", source=path)
     return parse_scenario(data.decode("utf-8", "replace"), os.fspath(path), uuids)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Cpu
+from gpuslurm.ranges import MAX_CPUS, bounded_int
 
 CAPTURE_HINT = "capture with lscpu -p=CPU,CORE,SOCKET,NODE"
 DEFAULT_COLUMNS = ("cpu", "core", "socket", "node")
@@ -43,7 +44,8 @@ def parse_lscpu(text: str, source: str | Path) -> tuple[Cpu, ...]:
         if not core or not socket:
             continue  # offline CPU (lscpu -a leaves its topology fields empty)
         try:
-            value = Cpu(int(cpu), int(core), int(socket), int(node) if node else None)
+            value = Cpu(bounded_int(cpu, MAX_CPUS), bounded_int(core, MAX_CPUS),
+                        bounded_int(socket, MAX_CPUS), bounded_int(node, MAX_CPUS) if node else None)
         except ValueError:
             raise CaptureError(f"line {lineno} is not numeric: {','.join(fields)!r}", source) from None
         if value.os_id in cpus:

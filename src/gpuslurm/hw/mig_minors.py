@@ -19,6 +19,9 @@ import re
 from pathlib import Path
 
 from gpuslurm.errors import CaptureError
+from gpuslurm.ranges import MAX_GPUS, bounded_int
+
+MINOR_MAX = (1 << 20) - 1  # Linux minor numbers are 20 bits
 
 MigKey = tuple[int, int, int | None]  # (GPU minor, GI id, CI id or None for the GI itself)
 
@@ -42,10 +45,15 @@ def parse_mig_minors(text: str, source: str | Path) -> dict[MigKey, int]:
         if m is None:
             raise CaptureError(f"line {lineno} is not a MIG capability entry: {line[:60]!r}", source)
         ci = m.group("ci")
-        key = (int(m.group("gpu")), int(m.group("gi")), None if ci is None else int(ci))
+        try:
+            key = (bounded_int(m.group("gpu"), MAX_GPUS), bounded_int(m.group("gi"), MAX_GPUS),
+                   None if ci is None else bounded_int(ci, MAX_GPUS))
+            minor = bounded_int(m.group("minor"), MINOR_MAX)
+        except ValueError as exc:
+            raise CaptureError(f"line {lineno}: {exc}", source) from None
         if key in out:
             raise CaptureError(f"line {lineno} repeats {line.split()[0]}", source)
-        out[key] = int(m.group("minor"))
+        out[key] = minor
     return out
 
 

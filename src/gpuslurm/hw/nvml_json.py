@@ -24,6 +24,8 @@ from typing import Any
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Cpu, Gpu, MigDevice, Node, link_from_text
+from gpuslurm.ranges import MAX_CPUS, MAX_GPUS
+from gpuslurm.safedir import read_regular_text
 
 __all__ = ["dump_node", "link_from_text", "load_partial", "node_to_dict"]
 
@@ -63,50 +65,165 @@ def dump_node(node: Node) -> str:
 
 
 def load_partial(path: Path) -> dict[str, Any]:
-    """Read ``nvml.json`` and check its shape; returns only the keys it holds, as model values.
+    """Read ``nvml.json`` and check every value; returns only the keys it holds, as model values.
 
     Keys returned: any of hostname, driver_version, cuda_version, memory_mib, gpus (tuple[Gpu]),
-    links (matrix), cpus (tuple[Cpu]).
+    links (matrix), cpus (tuple[Cpu]). Any wrong type, out-of-range number, ``NaN``/``Infinity``
+    or repeated GPU index, minor or UUID is one CaptureError naming the file and the field.
     """
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_regular_text(str(path)), parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise CaptureError(f"not UTF-8 text (byte {exc.start})", path) from None
     except json.JSONDecodeError as exc:
         raise CaptureError(f"not valid JSON (line {exc.lineno}: {exc.msg})", path) from None
+    except ValueError as exc:  # _no_constant's refusal, or a number too long to be one
+        raise CaptureError(f"not valid JSON: {exc}", path) from None
+    except RecursionError:
+        raise CaptureError("not valid JSON: nested too deeply", path) from None
     except OSError as exc:
         raise CaptureError(f"cannot read: {exc.strerror}", path) from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CaptureError(f"not a gpuslurm NVML dump (expected \"format\": \"{FORMAT}\")", path)
     if raw.get("version") != VERSION:
-        raise CaptureError(f"unsupported version {raw.get('version')!r} (this gpuslurm reads {VERSION})",
-                           path)
-    out: dict[str, Any] = {}
+        raise CaptureError(f"unsupported version {_show(raw.get('version'))} "
+                           f"(this gpuslurm reads {VERSION})", path)
     try:
-        for key in ("hostname", "driver_version", "cuda_version", "memory_mib"):
-            if raw.get(key) is not None:
-                out[key] = raw[key]
-        if raw.get("gpus") is not None:
-            out["gpus"] = tuple(_gpu(g) for g in raw["gpus"])
-        if raw.get("links") is not None:
-            out["links"] = tuple(tuple(link_from_text(c) for c in row) for row in raw["links"])
-        if raw.get("cpus"):
-            out["cpus"] = tuple(Cpu(int(a), int(b), int(c), None if d is None else int(d))
-                                for a, b, c, d in raw["cpus"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CaptureError(f"malformed entry: {exc}", path) from None
+        return _partial(raw)
+    except _FieldError as exc:
+        raise CaptureError(str(exc), path) from None
+
+
+def _partial(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("hostname", "driver_version", "cuda_version"):
+        if raw.get(key) is not None:
+            out[key] = _str(raw, key, key)
+    if raw.get("memory_mib") is not None:
+        out["memory_mib"] = _int(raw, "memory_mib", "memory_mib", 0, _MAX_MIB)
+    if raw.get("gpus") is not None:
+        gpus = tuple(_gpu(g, f"gpus[{i}]") for i, g in enumerate(_list(raw, "gpus", "gpus")))
+        for attr in ("index", "minor", "uuid"):
+            seen: set[object] = set()
+            for i, g in enumerate(gpus):
+                value = getattr(g, attr)
+                if value in seen:
+                    raise _FieldError(f"gpus[{i}].{attr}: {_show(value)} is used by two GPUs")
+                seen.add(value)
+        out["gpus"] = gpus
+    if raw.get("links") is not None:
+        rows = []
+        for i, row in enumerate(_list(raw, "links", "links")):
+            if not isinstance(row, list) or not all(isinstance(c, str) for c in row):
+                raise _FieldError(f"links[{i}]: must be a list of link names such as \"NV4\"")
+            try:
+                rows.append(tuple(link_from_text(c) for c in row))
+            except ValueError as exc:
+                raise _FieldError(f"links[{i}]: {exc}") from None
+        out["links"] = tuple(rows)
+    if raw.get("cpus"):
+        cpus = []
+        for i, c in enumerate(_list(raw, "cpus", "cpus")):
+            where = f"cpus[{i}]"
+            if not isinstance(c, list) or len(c) != 4:
+                raise _FieldError(f"{where}: must be [cpu, core, socket, numa node]")
+            ids = {k: v for k, v in zip(("cpu", "core", "socket", "numa"), c, strict=True)}
+            top = MAX_CPUS - 1
+            cpus.append(Cpu(_int(ids, "cpu", where, 0, top), _int(ids, "core", where, 0, top),
+                            _int(ids, "socket", where, 0, top),
+                            _int(ids, "numa", where, 0, top, optional=True)))
+        out["cpus"] = tuple(cpus)
     return out
 
 
-def _gpu(g: dict[str, Any]) -> Gpu:
+def _gpu(g: Any, where: str) -> Gpu:
+    if not isinstance(g, dict):
+        raise _FieldError(f"{where}: must be an object, not {_show(g)}")
     return Gpu(
-        uuid=str(g["uuid"]), index=int(g["index"]), minor=int(g["minor"]), bus_id=str(g["bus_id"]),
-        name=str(g["name"]), memory_mib=int(g["memory_mib"]),
-        numa_node=None if g.get("numa_node") is None else int(g["numa_node"]),
-        cpu_affinity=tuple(int(c) for c in g.get("cpu_affinity") or ()),
-        mig_mode=g.get("mig_mode"),
-        mig_devices=tuple(
-            MigDevice(index=int(m["index"]), gi_id=int(m["gi_id"]), ci_id=int(m["ci_id"]),
-                      profile=str(m["profile"]), memory_mib=int(m["memory_mib"]), uuid=m.get("uuid"),
-                      sm_count=m.get("sm_count"), gi_minor=m.get("gi_minor"), ci_minor=m.get("ci_minor"))
-            for m in g.get("mig_devices") or ()
-        ),
+        uuid=_str(g, "uuid", where), index=_int(g, "index", where, 0, MAX_GPUS - 1),
+        minor=_int(g, "minor", where, 0, _MAX_MINOR), bus_id=_str(g, "bus_id", where),
+        name=_str(g, "name", where), memory_mib=_int(g, "memory_mib", where, 0, _MAX_MIB),
+        numa_node=_int(g, "numa_node", where, 0, MAX_CPUS - 1, optional=True),
+        cpu_affinity=tuple(_int({"cpu_affinity": c}, "cpu_affinity", where, 0, MAX_CPUS - 1)
+                           for c in _list(g, "cpu_affinity", where, optional=True)),
+        mig_mode=_bool(g, "mig_mode", where),
+        mig_devices=tuple(_mig(m, f"{where}.mig_devices[{i}]")
+                          for i, m in enumerate(_list(g, "mig_devices", where, optional=True))),
     )
+
+
+def _mig(m: Any, where: str) -> MigDevice:
+    if not isinstance(m, dict):
+        raise _FieldError(f"{where}: must be an object, not {_show(m)}")
+    return MigDevice(
+        index=_int(m, "index", where, 0, MAX_GPUS - 1), gi_id=_int(m, "gi_id", where, 0, _MAX_MINOR),
+        ci_id=_int(m, "ci_id", where, 0, _MAX_MINOR), profile=_str(m, "profile", where),
+        memory_mib=_int(m, "memory_mib", where, 0, _MAX_MIB),
+        uuid=_str(m, "uuid", where, optional=True),
+        sm_count=_int(m, "sm_count", where, 0, 1 << 20, optional=True),
+        gi_minor=_int(m, "gi_minor", where, 0, _MAX_MINOR, optional=True),
+        ci_minor=_int(m, "ci_minor", where, 0, _MAX_MINOR, optional=True))
+
+
+_MAX_MIB = 1 << 40  # a mebibyte count beyond any machine (an exbibyte)
+_MAX_MINOR = (1 << 20) - 1  # Linux minor numbers are 20 bits
+
+
+class _FieldError(Exception):
+    """One field of nvml.json is wrong; the message names it."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _missing(obj: dict[str, Any], key: str, where: str, optional: bool) -> bool:
+    if obj.get(key) is not None:
+        return False
+    if optional:
+        return True
+    raise _FieldError(f"{_name(where, key)}: missing")
+
+
+def _name(where: str, key: str) -> str:
+    return key if where == key else f"{where}.{key}"
+
+
+def _str(obj: dict[str, Any], key: str, where: str, optional: bool = False) -> Any:
+    if _missing(obj, key, where, optional):
+        return None
+    value = obj[key]
+    if not isinstance(value, str):
+        raise _FieldError(f"{_name(where, key)}: must be a string, not {_show(value)}")
+    return value
+
+
+def _int(obj: dict[str, Any], key: str, where: str, lo: int, hi: int, optional: bool = False) -> Any:
+    if _missing(obj, key, where, optional):
+        return None
+    value = obj[key]
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise _FieldError(f"{_name(where, key)}: must be a whole number from {lo} to {hi}, "
+                          f"not {_show(value)}")
+    return value
+
+
+def _bool(obj: dict[str, Any], key: str, where: str) -> bool | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise _FieldError(f"{_name(where, key)}: must be true, false or null, not {_show(value)}")
+    return value
+
+
+def _list(obj: dict[str, Any], key: str, where: str, optional: bool = False) -> list[Any]:
+    if _missing(obj, key, where, optional):
+        return []
+    value = obj[key]
+    if not isinstance(value, list):
+        raise _FieldError(f"{_name(where, key)}: must be a list, not {_show(value)}")
+    return value

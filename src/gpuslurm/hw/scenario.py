@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Node
 from gpuslurm.hw.nvml import DeviceReading, ProcessReading, Reading
+from gpuslurm.safedir import read_regular
 
 ENV_VAR = "GPUSLURM_SCENARIO"
 FILE_NAME = "scenario.json"
@@ -242,10 +243,7 @@ class ScenarioSampler:
         if stamp == self._stamp:
             return None
         try:
-            with open(self.path, "rb") as fh:
-                data = fh.read(MAX_BYTES + 1)
-            if len(data) > MAX_BYTES:
-                raise CaptureError(f"larger than {MAX_BYTES} bytes", source=self.path)
+            data = read_regular(str(self.path), MAX_BYTES)
             scenario = parse_scenario(data.decode("utf-8", "replace"), str(self.path), self.node)
         except (OSError, CaptureError) as exc:
             if self._scenario is None:

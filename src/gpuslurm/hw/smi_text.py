@@ -162,7 +162,8 @@ def parse_smi_list(text: str, source: str) -> tuple[ListedGpu, ...]:
         if not line:
             continue
         if m := _LIST_GPU_RE.match(line):
-            gpus.append(ListedGpu(int(m.group("index")), m.group("name"), m.group("uuid")))
+            index = parse_int(m.group("index"), f"line {number} GPU index", source)
+            gpus.append(ListedGpu(index, m.group("name"), m.group("uuid")))
             continue
         m = _LIST_MIG_RE.match(line)
         if m is None:
@@ -174,7 +175,8 @@ def parse_smi_list(text: str, source: str) -> tuple[ListedGpu, ...]:
         if MIG_PROFILE_RE.match(profile) is None:
             raise CaptureError(f"line {number} has unknown MIG profile {profile!r}", source)
         parent = gpus[-1]
-        mig = ListedMig(int(m.group("index")), profile, m.group("uuid"))
+        mig = ListedMig(parse_int(m.group("index"), f"line {number} MIG device", source), profile,
+                        m.group("uuid"))
         gpus[-1] = replace(parent, migs=(*parent.migs, mig))
     return tuple(gpus)
 

@@ -58,24 +58,39 @@ _NOT_SUPPORTED = frozenset({"N/A", "[N/A]", "Not Supported", "[Not Supported]"})
 _SYNTHETIC_MARK = "ffff"  # fourth UUID group; see the module docstring
 
 
+MAX_ID = (1 << 20) - 1  # Linux minor numbers are 20 bits; GPU indices and instance ids are far below
+MAX_MIB = 1 << 40  # an exbibyte: more than any GPU or node
+
+
 def parse_mib(value: str | None, what: str, source: str) -> int:
     """``"24564 MiB"`` → 24564; anything else is a CaptureError naming ``what``."""
     m = _MIB_RE.match((value or "").strip())
     if m is None:
         raise CaptureError(f"{what} is {value!r}, expected '<n> MiB'", source)
+    if len(m.group(1)) > len(str(MAX_MIB)) or int(m.group(1)) > MAX_MIB:
+        raise CaptureError(f"{what} is {_short(value)}, more memory than any GPU has", source)
     return int(m.group(1))
 
 
-def parse_int(value: str | None, what: str, source: str) -> int:
+def parse_int(value: str | None, what: str, source: str, most: int = MAX_ID) -> int:
+    """A whole number from 0 to ``most`` (indices, minors, instance ids); else a CaptureError."""
     text = (value or "").strip()
     if not (text.isascii() and text.isdigit()):
-        raise CaptureError(f"{what} is {value!r}, expected an integer", source)
+        raise CaptureError(f"{what} is {_short(value)}, expected an integer", source)
+    if len(text) > len(str(most)) or int(text) > most:
+        raise CaptureError(f"{what} is {_short(value)}, expected at most {most}", source)
     return int(text)
 
 
 def parse_optional_int(value: str | None) -> int | None:
     text = (value or "").strip()
-    return int(text) if text.isascii() and text.isdigit() else None
+    ok = text.isascii() and text.isdigit() and len(text) <= len(str(MAX_ID)) and int(text) <= MAX_ID
+    return int(text) if ok else None
+
+
+def _short(value: str | None) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_mig_mode(value: str | None, what: str, source: str) -> bool | None:

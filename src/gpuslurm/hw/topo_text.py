@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Link, LinkKind, link_from_text
+from gpuslurm.ranges import MAX_CPUS, bounded_int, parse_ranges
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 GPU_LABEL_RE = re.compile(r"^GPU\d+$")
@@ -44,14 +45,7 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     t = text.strip()
     if not _CPU_LIST_RE.match(t):
         raise ValueError(f"not a CPU list: {text!r}")
-    ids: set[int] = set()
-    for part in t.split(","):
-        lo, _, hi = part.partition("-")
-        first, last = int(lo), int(hi or lo)
-        if last < first:
-            raise ValueError(f"descending range {part!r}")
-        ids.update(range(first, last + 1))
-    return tuple(sorted(ids))
+    return parse_ranges(t, MAX_CPUS)
 
 
 def parse_topo(text: str, source: str | Path) -> TopoMatrix:
@@ -124,8 +118,11 @@ def _affinity(cell: str, where: str, source: str | Path) -> tuple[int, ...]:
 def _numa(cell: str, where: str, source: str | Path) -> int | None:
     if cell == "N/A":
         return None
-    if cell.isdigit():
-        return int(cell)
+    if cell.isascii() and cell.isdigit():
+        try:
+            return bounded_int(cell, MAX_CPUS)
+        except ValueError as exc:
+            raise CaptureError(f"{where}: NUMA node {exc}", source) from None
     try:
         parse_cpu_list(cell)  # several nodes ("0-1"): no single node to name
     except ValueError:

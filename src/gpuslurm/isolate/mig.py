@@ -25,7 +25,10 @@ from typing import NamedTuple, NoReturn
 from gpuslurm.errors import InputError
 from gpuslurm.hw.model import MIG_PROFILE_RE, Gpu, Node
 from gpuslurm.isolate.mig_profiles import MigBoard, board_for, canonical_profile, creation_order, placements
-from gpuslurm.ranges import format_ranges, parse_ranges
+from gpuslurm.ranges import MAX_GPUS, format_ranges, parse_ranges
+from gpuslurm.safedir import read_regular
+
+MAX_LAYOUT_BYTES = 1 << 20
 
 
 class LayoutEntry(NamedTuple):
@@ -94,9 +97,7 @@ def _fail(source: str, message: str) -> NoReturn:
 def load_layout(path: Path) -> Layout:
     """Read and parse a layout file; every problem is one InputError naming the file."""
     try:
-        data = path.read_bytes()
-    except IsADirectoryError:
-        _fail(str(path), "is a directory, not a layout file")
+        data = read_regular(str(path), MAX_LAYOUT_BYTES)
     except OSError as exc:
         _fail(str(path), f"cannot read: {exc.strerror}")
     try:
@@ -157,7 +158,7 @@ def parse_selector(selector: str, source: str, label: str) -> tuple[str, tuple[i
     if text.upper().startswith("GPU-"):
         return "uuid", text
     try:
-        return "index", parse_ranges(text)
+        return "index", parse_ranges(text, MAX_GPUS)
     except ValueError as exc:
         _fail(source, f"{label}: not a GPU selector ({exc}); use an index, a range like 0-3, a list "
                       "like 0,2, a GPU UUID, or all")

@@ -162,17 +162,13 @@ def parse_index_list(text: str | None, var: str) -> tuple[int, ...] | None:
     """Slurm's ``0,1,2`` (ranges such as ``0-3`` accepted too); None when absent."""
     if text is None:
         return None
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        if not (lo.isascii() and lo.isdigit()) or (sep and not (hi.isascii() and hi.isdigit())):
-            raise InputError(f"not a list of GPU indices: {text!r}", source=var)
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if last < first:
-            raise InputError(f"backwards range {part!r} in {text!r}", source=var)
-        out.extend(range(first, last + 1))
-    return tuple(out)
+    from gpuslurm.ranges import MAX_GPUS, range_bounds
+
+    try:
+        bounds = range_bounds(text, MAX_GPUS)  # bounded before anything is expanded
+    except ValueError as exc:
+        raise InputError(f"not a list of GPU indices: {text!r}: {exc}", source=var) from None
+    return tuple(i for first, last, _ in bounds for i in range(first, last + 1))
 
 
 def _is_uuid(item: str) -> bool:

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslurm.errors import CommandError
+from gpuslurm.ranges import MAX_CPUS, parse_ranges
 from gpuslurm.runner import run_command
-from gpuslurm.topo.cores import parse_ranges
 from gpuslurm.topo.hostlist import expand_hostlist
 
 SLURMD = "/usr/sbin/slurmd"
@@ -155,7 +155,7 @@ def expand_files(expr: str) -> tuple[str, ...]:
 
 def expand_ranges(spec: str) -> tuple[int, ...]:
     """``"0-3,8"`` → ``(0, 1, 2, 3, 8)``."""
-    return parse_ranges(spec)
+    return parse_ranges(spec, MAX_CPUS)
 
 
 def run_slurmd_report(conf_dir: Path, slurmd: str = SLURMD, timeout: float = 30,

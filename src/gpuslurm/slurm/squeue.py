@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 
 from gpuslurm.errors import CommandError, InputError
 from gpuslurm.hw.model import Node
-from gpuslurm.ranges import parse_ranges
+from gpuslurm.ranges import MAX_GPUS, parse_ranges
 from gpuslurm.runner import run_command
+from gpuslurm.topo.hostlist import expand_hostlist
 
 _IDX = re.compile(r"\bgpu(?::[^(,]*)?\(IDX:([0-9,\-]*)\)")
-_BRACKET = re.compile(r"^([^\[]*)\[([^\]]+)\](.*)$")
 
 
 class SqueueJob(NamedTuple):
@@ -35,42 +35,12 @@ class SqueueJob(NamedTuple):
     gres_detail: tuple[str, ...]
 
 
-def expand_hostlist(text: str) -> tuple[str, ...]:
-    """``gpu[01-03,7],login`` → ``gpu01 gpu02 gpu03 gpu7 login`` (one bracket group per name)."""
-    names: list[str] = []
-    depth = 0
-    start = 0
-    items = []
-    for i, c in enumerate(text):  # split on commas outside brackets
-        depth += c == "["
-        depth -= c == "]"
-        if c == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    for item in (s.strip() for s in items):
-        if not item:
-            continue
-        m = _BRACKET.match(item)
-        if m is None:
-            names.append(item)
-            continue
-        head, body, tail = m.groups()
-        for part in body.split(","):
-            lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise ValueError(f"bad host range {part!r} in {text!r}")
-            width = len(lo)
-            names.extend(f"{head}{n:0{width}d}{tail}" for n in range(int(lo), int(hi or lo) + 1))
-    return tuple(names)
-
-
 def gpu_indices(detail: str) -> tuple[int, ...]:
     """GRES indices of every ``gpu`` entry in one ``gres_detail`` item (``gpu:a:1(IDX:0),gpu:b:1(IDX:3)``)."""
     out: list[int] = []
     for m in _IDX.finditer(detail):
         if m.group(1):
-            out.extend(parse_ranges(m.group(1)))
+            out.extend(parse_ranges(m.group(1), MAX_GPUS))
     return tuple(out)
 
 

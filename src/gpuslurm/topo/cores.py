@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from gpuslurm.hw.model import Cpu
-from gpuslurm.ranges import format_ranges, parse_ranges
+from gpuslurm.ranges import format_ranges
 
-__all__ = ["CoreMap", "LayoutError", "core_map", "format_ranges", "parse_ranges"]
+__all__ = ["CoreMap", "LayoutError", "core_map", "format_ranges"]
 
 
 class LayoutError(ValueError):

@@ -1,19 +1,55 @@
-"""Slurm's bracketed list syntax (pure): host lists and device-file lists.
+"""Slurm's bracketed list syntax, expanded by ClusterShell's NodeSet, bounded first.
 
-``NodeName=gpu[01-04,07]`` and ``File=/dev/nvidia[0-3]`` use the same notation: comma-separated
-items, each with optional ``[a-b,c]`` ranges; a zero-padded lower bound fixes the number width.
-Raises ValueError on unbalanced brackets or bad numbers.
+``NodeName=gpu[01-04,07]``, squeue's ``nodes`` and ``File=/dev/nvidia[0-3]`` share one notation:
+comma-separated items, each with ``[a-b,c]`` groups; a zero-padded first number fixes the width.
+NodeSet expands every element it is given, so the number of names is counted here from the
+brackets (nothing expanded) and refused above ``MAX_NAMES`` before NodeSet sees the text.
+ClusterShell is imported only when a list has brackets: the hooks never pay for it.
+Raises ValueError for anything malformed.
 """
 
 from __future__ import annotations
 
+from gpuslurm.ranges import MAX_HOST_NUMBER, MAX_NAMES, range_bounds
 
-def expand_hostlist(expr: str) -> tuple[str, ...]:
-    """Expand ``gpu[01-03],login1`` or ``/dev/nvidia[0-1],/dev/x`` into names, in order."""
-    paths: list[str] = []
-    for item in _split_top_level(expr):
-        paths.extend(_expand_brackets(item))
-    return tuple(paths)
+
+def expand_hostlist(expr: str, limit: int = MAX_NAMES) -> tuple[str, ...]:
+    """``gpu[01-03],login1`` or ``/dev/nvidia[0-1],/dev/x`` → the names, items in written order."""
+    items = _split_top_level(expr)
+    total = sum(_count(item, limit) for item in items)
+    if total > limit:
+        raise ValueError(f"{expr!r} names more than {limit} hosts or files")
+    names: list[str] = []
+    for item in items:
+        if "[" not in item:
+            names.append(item)
+            continue
+        from ClusterShell.NodeSet import NodeSet, NodeSetException  # only for bracketed lists
+
+        try:
+            names.extend(NodeSet(item))
+        except NodeSetException as exc:
+            raise ValueError(f"bad list {item!r}: {exc}") from None
+    return tuple(names)
+
+
+def _count(item: str, limit: int) -> int:
+    """How many names ``item`` expands to, from its bracket groups alone."""
+    count = 1
+    rest = item
+    while "[" in rest:
+        head, _, rest = rest.partition("[")
+        body, sep, rest = rest.partition("]")
+        if not sep or "[" in body:
+            raise ValueError(f"unbalanced '[' in {item!r}")
+        if "]" in head:
+            raise ValueError(f"unbalanced ']' in {item!r}")
+        count *= sum(last - first + 1 for first, last, _ in range_bounds(body, MAX_HOST_NUMBER, limit))
+        if count > limit:
+            raise ValueError(f"{item!r} names more than {limit} hosts or files")
+    if "]" in rest:
+        raise ValueError(f"unbalanced ']' in {item!r}")
+    return count
 
 
 def _split_top_level(expr: str) -> list[str]:
@@ -26,25 +62,9 @@ def _split_top_level(expr: str) -> list[str]:
             if depth < 0:
                 raise ValueError(f"unbalanced ']' in {expr!r}")
         elif ch == "," and depth == 0:
-            items.append(expr[start:i])
+            items.append(expr[start:i].strip())
             start = i + 1
     if depth:
         raise ValueError(f"unbalanced '[' in {expr!r}")
-    items.append(expr[start:])
+    items.append(expr[start:].strip())
     return [s for s in items if s]
-
-
-def _expand_brackets(item: str) -> list[str]:
-    open_at = item.find("[")
-    if open_at < 0:
-        return [item]
-    close_at = item.index("]", open_at)
-    head, body, tail = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
-    out: list[str] = []
-    for part in body.split(","):
-        lo, sep, hi = part.partition("-")
-        # Like Slurm's hostlists, a zero-padded lower bound fixes the width of every number.
-        width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
-        for n in range(int(lo), int(hi if sep else lo) + 1):
-            out.extend(head + str(n).zfill(width) + rest for rest in _expand_brackets(tail))
-    return out

@@ -388,7 +388,9 @@ def _try_connect(p: Path, readonly: bool, timeout_s: float) -> tuple[sqlite3.Con
     conn = None
     try:
         conn = _connect(p, readonly=readonly, timeout_s=timeout_s)
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        # Every schema entry is decoded here, so text that is not UTF-8 fails now, not in a query.
+        schema = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+        tables = {r[1] for r in schema if r[0] == "table"}
         if not tables and not readonly:
             return conn, None  # a valid, empty database: the writer creates the schema
         if "schema_version" not in tables:
@@ -403,6 +405,8 @@ def _try_connect(p: Path, readonly: bool, timeout_s: float) -> tuple[sqlite3.Con
                 return conn, None
     except sqlite3.Error as exc:
         why = f"damaged SQLite file: {_one_line(exc)}"
+    except UnicodeDecodeError as exc:
+        why = f"damaged SQLite file: its schema holds text that is not UTF-8 (byte {exc.start})"
     if conn is not None:
         conn.close()
     return None, why
