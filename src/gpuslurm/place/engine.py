@@ -112,7 +112,10 @@ def link_quality(link: Link) -> int:
 
 
 def devices_of(node: Node, mig_profile: str | None, allowed: Iterable[str] | None = None) -> list[Device]:
-    """The candidates: whole GPUs, or MIG devices of ``mig_profile``; only ``allowed`` UUIDs if given."""
+    """The candidates: whole GPUs not in MIG mode, or MIG devices of ``mig_profile``.
+
+    ``allowed``: only these UUIDs (a MIG device is allowed when it or its GPU is named).
+    """
     keep = None if allowed is None else {u.lower() for u in allowed}
     out: list[Device] = []
     for pos, g in enumerate(node.gpus):
@@ -121,6 +124,8 @@ def devices_of(node: Node, mig_profile: str | None, allowed: Iterable[str] | Non
                 out.append(Device(g, pos))
             continue
         for m in g.mig_devices if g.mig_mode else ():
+            if m.profile != mig_profile:
+                continue
             if keep is None or (m.uuid or "").lower() in keep or g.uuid.lower() in keep:
                 out.append(Device(g, pos, m))
     return out
@@ -176,8 +181,6 @@ def place(node: Node, req: Request, states: dict[str, DeviceState] | None = None
         raise ValueError("the count must be at least 1")
     states = {k.lower(): v for k, v in (states or {}).items()}
     cands = devices_of(node, req.mig_profile, allowed)
-    if req.mig_profile is not None:
-        cands = [d for d in cands if d.mig is not None and d.mig.profile == req.mig_profile]
     excluded: list[Exclusion] = []
     ok: list[Device] = []
     for d in cands:
