@@ -276,8 +276,8 @@ def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> Non
     else:  # one line per rank: rank k evaluates line k + 2
         out.write("export CUDA_DEVICE_ORDER=PCI_BUS_ID\n")
         for d in win.devices:
-            cpus = format_ranges(d.gpu.cpu_affinity)
-            out.write(f"export CUDA_VISIBLE_DEVICES={d.uuid} GPUSLURM_CPUS={cpus}\n")
+            rank_cpus = format_ranges(d.gpu.cpu_affinity)
+            out.write(f"export CUDA_VISIBLE_DEVICES={d.uuid} GPUSLURM_CPUS={rank_cpus}\n")
 
 
 def env_values(node: Node, placement: Placement) -> list[tuple[str, str]]:
