@@ -183,13 +183,14 @@ def brute_best(node: Node, devs: list[Device], n: int, given: dict[str, DeviceSt
         return 0.6 * free + 0.4 * (1 - min(100.0, util or 0.0) / 100)
 
     def key(combo: tuple[Device, ...]) -> tuple[object, ...]:
+        d0 = combo[0]
         pairs = list(itertools.combinations(combo, 2))
         links = [Link(LinkKind.SELF) if a.gpu_pos == b.gpu_pos else
                  (node.links[a.gpu_pos][b.gpu_pos] if node.links else Link(LinkKind.UNKNOWN))
                  for a, b in pairs]
         weakest = min((brute_rank(x) for x in links), default=10**7)
         return (-weakest, len({d.gpu.numa_node for d in combo}),
-                -sum(x.nvlinks for x in links if x.kind is LinkKind.NVLINK),
+                -sum(x.nvlinks for x in links if x.kind is LinkKind.NVLINK and d0.mig is None),
                 -round(sum(round(avail(d), 9) for d in combo), 6), sorted(d.order for d in combo))
 
     return sorted(min(itertools.combinations(devs, n), key=key), key=lambda d: d.order)

@@ -182,6 +182,11 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
     from gpuslurm.place.engine import DeviceState
 
     if bundle is not None:
+        if not os.environ.get("GPUSLURM_SCENARIO") and \
+                not os.path.isfile(os.path.join(bundle, "scenario.json")):
+            # no scenario (hw.scenario's rule): every device idle, no process; the scenario
+            # module and the NVML reading types it needs are not worth loading for that
+            return {}
         from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
 
         reading = ScenarioSampler(node, scenario_path(bundle)).read(now)

@@ -10,8 +10,6 @@ unknown"), rather than guessing.
 
 from __future__ import annotations
 
-import re
-
 # (word in the NVML name, capability). Order matters: longer names first.
 MODEL_CC: tuple[tuple[str, tuple[int, int]], ...] = (
     ("GB200", (10, 0)), ("B200", (10, 0)), ("B100", (10, 0)),
@@ -25,13 +23,19 @@ MODEL_CC: tuple[tuple[str, tuple[int, int]], ...] = (
     ("T4", (7, 5)), ("Quadro RTX 8000", (7, 5)), ("Quadro RTX 6000", (7, 5)),
     ("V100", (7, 0)), ("P100", (6, 0)), ("P40", (6, 1)), ("P4", (6, 1)),
 )
-_PATTERNS = tuple((re.compile(r"(?<![A-Za-z0-9])" + re.escape(word) + r"(?![A-Za-z0-9])", re.IGNORECASE), cc)
-                  for word, cc in MODEL_CC)
+_TABLE = tuple((tuple(word.upper().split()), cc) for word, cc in MODEL_CC)
+
+
+def _words(name: str) -> list[str]:
+    # words of the name: letters and digits, everything else separates ("A100-SXM4-80GB")
+    return "".join(c if c.isalnum() else " " for c in name.upper()).split()
 
 
 def model_cc(name: str) -> tuple[int, int] | None:
     """The compute capability of the GPU model ``name`` from the table, or None when unknown."""
-    for pattern, cc in _PATTERNS:
-        if pattern.search(name):
+    words = _words(name)
+    for seq, cc in _TABLE:
+        n = len(seq)
+        if any(tuple(words[i:i + n]) == seq for i in range(len(words) - n + 1)):
             return cc
     return None

@@ -4,7 +4,8 @@ Ranking (issue 10 §1), best first, of every set of ``count`` devices that pass 
 
 1. the weakest link between any two chosen devices, maximised: NV<k> (more links better), then
    PIX, PXB, PHB, NODE, SYS; two MIG devices of one GPU share the GPU ("X", best of all);
-2. the fewest NUMA nodes; 3. the most NVLinks in total over all pairs;
+2. the fewest NUMA nodes; 3. the most NVLinks in total over all pairs (whole GPUs only: MIG
+   devices have no peer-to-peer over NVLink or PCIe, so for them this step is skipped);
 4. the highest availability, summed over the set: 0.6 × free-memory fraction + 0.4 × (1 − util);
 5. the lowest indices (the sorted (GPU index, MIG index) tuple, compared lexicographically).
 
@@ -22,6 +23,7 @@ force). The walk visits at most C(G + n − 1, n) count vectors for G GPUs and n
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -186,7 +188,7 @@ def place(node: Node, req: Request, states: dict[str, DeviceState] | None = None
     for d in cands:
         why = _exclusion(d, req, states, {k.lower(): v for k, v in (cc or {}).items()})
         (excluded.append(why) if why else ok.append(d))
-    ranked = _search(node, ok, req.n, states)
+    ranked = _search(node, ok, req.n, states, nvlink_total=req.mig_profile is None)
     return Placement(ranked[0] if ranked else None, tuple(ranked[1:]), tuple(excluded), len(cands))
 
 
@@ -210,7 +212,8 @@ def _link(node: Node, a: int, b: int) -> Link:
     return node.links[a][b]
 
 
-def _search(node: Node, devs: list[Device], count: int, states: dict[str, DeviceState]) -> list[Ranked]:
+def _search(node: Node, devs: list[Device], count: int, states: dict[str, DeviceState],
+            nvlink_total: bool = True) -> list[Ranked]:
     """The best ``RUNNERS_UP + 1`` sets, best first (see the module docstring)."""
     if count > len(devs):
         return []
@@ -220,48 +223,66 @@ def _search(node: Node, devs: list[Device], count: int, states: dict[str, Device
         by_gpu.setdefault(d.gpu_pos, []).append((round(availability(d, states), 9), d))
     positions = sorted(by_gpu)
     groups = [sorted(by_gpu[p], key=lambda ad: (-ad[0], ad[1].order)) for p in positions]
-    quality = [[link_quality(_link(node, a, b)) for b in positions] for a in positions]
-    nvl = [[_link(node, a, b).nvlinks if _link(node, a, b).kind is LinkKind.NVLINK else 0
-            for b in positions] for a in positions]
-    numa = [groups[i][0][1].gpu.numa_node for i in range(len(groups))]
-    remaining = [0] * (len(groups) + 1)  # devices available in groups i..end
-    for i in range(len(groups) - 1, -1, -1):
+    ng = len(groups)
+    links = [[_link(node, a, b) for b in positions] for a in positions]
+    quality = [[link_quality(x) for x in row] for row in links]
+    nvl = [[x.nvlinks if x.kind is LinkKind.NVLINK and nvlink_total else 0 for x in row] for row in links]
+    numa = [groups[i][0][1].gpu.numa_node for i in range(ng)]
+    # prefix sums of each group's availabilities: taking k of group g adds avail_of[g][k]
+    avail_of = [[0.0] for _ in groups]
+    for g, grp in enumerate(groups):
+        for a, _ in grp:
+            avail_of[g].append(avail_of[g][-1] + a)
+    remaining = [0] * (ng + 1)  # devices in groups i..end
+    for i in range(ng - 1, -1, -1):
         remaining[i] = remaining[i + 1] + len(groups[i])
+    best_avail = [max((grp[0][0] for grp in groups[i:]), default=0.0) for i in range(ng + 1)]
+    max_nvl = max((v for row in nvl for v in row), default=0)
 
-    best: list[tuple[SetKey, tuple[Device, ...], float]] = []
+    best: list[tuple[SetKey, tuple[tuple[int, int], ...]]] = []  # (key, take) sorted
     take: list[tuple[int, int]] = []  # (group, how many)
 
-    def worse_than_kth(weak: int, nnuma: int) -> bool:
-        if len(best) <= RUNNERS_UP:
-            return False
-        kth = best[-1][0]
-        return (-weak, nnuma) > (kth.weakest, kth.numa_nodes)
+    def leaf(weak: int, nnuma: int, nl: int, avail: float) -> None:
+        chosen = [d for g, k in take for _, d in groups[g][:k]]
+        key = SetKey(-weak, nnuma, -nl, -round(avail, 6), tuple(sorted(d.order for d in chosen)))
+        if len(best) > RUNNERS_UP and key >= best[-1][0]:
+            return
+        bisect.insort(best, (key, tuple(take)))
+        del best[RUNNERS_UP + 1:]
 
-    def walk(i: int, left: int, weak: int, numas: frozenset[int | None], links: int) -> None:
+    def walk(i: int, left: int, placed: int, weak: int, numas: frozenset[int | None], nl: int,
+             avail: float) -> None:
         if left == 0:
-            chosen = [d for g, k in take for _, d in groups[g][:k]]
-            avail = sum(a for g, k in take for a, _ in groups[g][:k])
-            key = SetKey(-weak, len(numas), -links, -round(avail, 6),
-                         tuple(sorted(d.order for d in chosen)))
-            best.append((key, tuple(sorted(chosen, key=lambda d: d.order)), avail))
-            best.sort(key=lambda b: b[0])
-            del best[RUNNERS_UP + 1:]
+            leaf(weak, len(numas), nl, avail)
             return
-        if i == len(groups) or remaining[i] < left or worse_than_kth(weak, len(numas)):
+        if i == ng or remaining[i] < left:
             return
+        if len(best) > RUNNERS_UP:
+            # Bounds: weakest and NUMA count only get worse, NVLinks and availability grow by
+            # at most this much. The walk meets sets in increasing index order (more of a lower
+            # GPU first, each GPU's devices taken as a prefix), so a set that at best ties the
+            # K-th best on the first four keys loses to it on indices: prune on >=, not >.
+            kth = best[-1][0]
+            nl_ub = nl + max_nvl * (left * placed + left * (left - 1) // 2)
+            if (-weak, len(numas), -nl_ub, -round(avail + left * best_avail[i], 6)) >= kth[:4]:
+                return
         for k in range(min(left, len(groups[i])), -1, -1):
             if k == 0:
-                walk(i + 1, left, weak, numas, links)
+                walk(i + 1, left, placed, weak, numas, nl, avail)
                 continue
-            w, nl = weak, links
+            w, add = weak, 0
             if k > 1:
                 w = min(w, _SAME_GPU)
             for g, kg in take:
                 w = min(w, quality[g][i])
-                nl += nvl[g][i] * k * kg
+                add += nvl[g][i] * kg
             take.append((i, k))
-            walk(i + 1, left - k, w, numas | {numa[i]}, nl)
+            walk(i + 1, left - k, placed + k, w, numas | {numa[i]}, nl + add * k, avail + avail_of[i][k])
             take.pop()
 
-    walk(0, count, _SAME_GPU + 1, frozenset(), 0)
-    return [Ranked(devs_, key, _weakest_label(node, devs_), avail) for key, devs_, avail in best]
+    walk(0, count, 0, _SAME_GPU + 1, frozenset(), 0, 0.0)
+    out = []
+    for key, took in best:
+        chosen = tuple(sorted((d for g, k in took for _, d in groups[g][:k]), key=lambda d: d.order))
+        out.append(Ranked(chosen, key, _weakest_label(node, chosen), -key.availability))
+    return out
