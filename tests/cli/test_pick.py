@@ -217,3 +217,27 @@ def test_ctrl_c_while_waiting_exits_cleanly(tmp_path: Path) -> None:
     out, err = child.communicate(timeout=30)
     assert child.returncode == 130 and out == ""
     assert err.strip().splitlines()[-1] == "gpuslurm pick: interrupted" and "Traceback" not in err
+
+
+def test_load_window_from_the_monitor_store(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuslurm.watch.model import Cycle, GpuSample
+    from gpuslurm.watch.store import Store
+
+    u = uuids("l40s-4x")
+    db = tmp_path / "monitor.db"
+    now = time.time()
+    with Store.open(str(db)) as store:  # GPU 0 and 1 were busy over the last minute, idle now
+        for ts in (now - 40, now - 20):
+            gpus = tuple(GpuSample(ts, x, None, 90.0 if i < 2 else 0.0, 0.0, 46068.0)
+                         for i, x in enumerate(u))
+            store.write_cycle(Cycle(ts, "l40s", gpus, (), ()))
+    code, out, _ = pick(capsys, "1", "--from", "l40s-4x", "--format", "json")
+    assert json.loads(out)["gpus"][0]["uuid"] == u[0]  # one sample: all idle, lowest index
+    monkeypatch.setenv("GPUSLURM_DB", str(db))
+    code, out, _ = pick(capsys, "1", "--from", "l40s-4x", "--format", "json")
+    assert code == 0 and json.loads(out)["gpus"][0]["uuid"] == u[2]  # the window says 0, 1 were busy
+    db.chmod(0)  # unreadable (root-only for a user): one sample again, no error
+    if not os.access(db, os.R_OK):
+        code, out, err = pick(capsys, "1", "--from", "l40s-4x", "--format", "json")
+        assert (code, err) == (0, "") and json.loads(out)["gpus"][0]["uuid"] == u[0]

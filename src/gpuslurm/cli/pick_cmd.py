@@ -186,7 +186,7 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
                 not os.path.isfile(os.path.join(bundle, "scenario.json")):
             # no scenario (hw.scenario's rule): every device idle, no process; the scenario
             # module and the NVML reading types it needs are not worth loading for that
-            return {}
+            return with_window(node, {}, store_path(bundle, os.environ), now)
         from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
 
         reading = ScenarioSampler(node, scenario_path(bundle)).read(now)
@@ -215,7 +215,51 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
     for g in node.gpus:  # a GPU NVML did not report at all is not healthy
         if g.uuid.lower() not in states:
             states[g.uuid.lower()] = DeviceState(healthy=False, problem="no reading from the GPU")
-    return states
+    return with_window(node, states, store_path(bundle, os.environ), now)
+
+
+WINDOW_S = 60.0  # the load window read from the monitor's store
+
+
+def store_path(bundle: Any, environ: Mapping[str, str]) -> str | None:
+    """The monitor's store to read the load window from: $GPUSLURM_DB, else (live) the config's."""
+    named = environ.get("GPUSLURM_DB", "").strip()
+    if named or bundle is not None:
+        return named or None
+    from gpuslurm.config import load_config
+    from gpuslurm.watch.store import default_path
+
+    try:
+        cfg = load_config(environ=environ)
+    except GpuslurmError:
+        return None  # a broken config is the admin's matter; the one sample still serves
+    return cfg.monitor.db or default_path(cfg.paths.state_dir)
+
+
+def with_window(node: Node, states: dict[str, DeviceState], path: str | None,
+                now: float) -> dict[str, DeviceState]:
+    """``states`` with the store's last WINDOW_S of utilisation and memory, when it is readable.
+
+    The store is root-only on a node (/var/lib/gpuslurm): a user's pick then scores one sample.
+    """
+    if path is None or not os.access(path, os.R_OK):
+        return states
+    import sqlite3
+
+    from gpuslurm.place.engine import DeviceState
+    from gpuslurm.watch.store import Store
+
+    uuids = [g.uuid for g in node.gpus] + [m.uuid for g in node.gpus for m in g.mig_devices if m.uuid]
+    try:
+        with Store.open(path, readonly=True) as store:
+            stats = store.gpu_stats(uuids, now - WINDOW_S, now)
+    except (GpuslurmError, sqlite3.Error, OSError):
+        return states
+    out = dict(states)
+    for uuid, stat in stats.items():
+        st = out.get(uuid.lower(), DeviceState())
+        out[uuid.lower()] = st._replace(window_util_pct=stat.util_mean_pct, window_mem_mib=stat.mem_peak_mib)
+    return out
 
 
 def _owner(pid: int) -> int | None:

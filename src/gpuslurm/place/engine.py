@@ -44,6 +44,8 @@ class DeviceState(NamedTuple):
     foreign_procs: int = 0  # processes of another user or job
     healthy: bool = True
     problem: str = ""  # why it is unhealthy
+    window_util_pct: float | None = None  # mean over the monitor's recent window, when known
+    window_mem_mib: float | None = None  # peak memory used over that window
 
 
 class Device(NamedTuple):
@@ -134,13 +136,19 @@ def devices_of(node: Node, mig_profile: str | None, allowed: Iterable[str] | Non
 
 
 def availability(dev: Device, states: dict[str, DeviceState]) -> float:
-    """0.6 × free-memory fraction + 0.4 × (1 − utilisation)."""
+    """0.6 × free-memory fraction + 0.4 × (1 − utilisation).
+
+    With a window (the monitor's store): its mean utilisation, and its peak memory when higher
+    than now; else the one sample. A MIG device without utilisation takes its GPU's.
+    """
     st = states.get(dev.uuid.lower(), DeviceState())
-    util = st.util_pct
+    util = st.window_util_pct if st.window_util_pct is not None else st.util_pct
     if util is None and dev.mig is not None:
-        util = states.get(dev.gpu.uuid.lower(), DeviceState()).util_pct
+        parent = states.get(dev.gpu.uuid.lower(), DeviceState())
+        util = parent.window_util_pct if parent.window_util_pct is not None else parent.util_pct
+    used = max(st.mem_used_mib, st.window_mem_mib or 0.0)  # a recent peak counts as used
     total = dev.memory_mib or 1
-    free = min(1.0, max(0.0, 1.0 - st.mem_used_mib / total))
+    free = min(1.0, max(0.0, 1.0 - used / total))
     return 0.6 * free + 0.4 * (1.0 - min(100.0, max(0.0, util or 0.0)) / 100.0)
 
 
