@@ -54,6 +54,7 @@ LAZY_COMMANDS = {
     "status": "gpuslurm.cli.status_cmd:status",
     "watch": "gpuslurm.cli.status_cmd:watch",
     "demo": "gpuslurm.cli.demo_cmd:demo",
+    "placement": "gpuslurm.cli.placement_cmd:placement",
 }
 
 
