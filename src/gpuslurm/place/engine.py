@@ -200,7 +200,8 @@ def place(node: Node, req: Request, states: dict[str, DeviceState] | None = None
     return Placement(ranked[0] if ranked else None, tuple(ranked[1:]), tuple(excluded), len(cands))
 
 
-def _weakest_label(node: Node, devs: Sequence[Device]) -> str | None:
+def weakest_link(node: Node, devs: Sequence[Device]) -> str | None:
+    """The weakest link among ``devs`` as topo -m names it ("X" inside one GPU); None for one."""
     if len(devs) < 2:
         return None
     worst: Link | None = None
@@ -292,5 +293,5 @@ def _search(node: Node, devs: list[Device], count: int, states: dict[str, Device
     out = []
     for key, took in best:
         chosen = tuple(sorted((d for g, k in took for _, d in groups[g][:k]), key=lambda d: d.order))
-        out.append(Ranked(chosen, key, _weakest_label(node, chosen), -key.availability))
+        out.append(Ranked(chosen, key, weakest_link(node, chosen), -key.availability))
     return out

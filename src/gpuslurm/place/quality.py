@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from gpuslurm.hw.model import Gpu, Node
-from gpuslurm.place.engine import Device, _weakest_label
+from gpuslurm.place.engine import Device, weakest_link
 from gpuslurm.topo.cores import LayoutError, core_map
 
 
@@ -52,4 +52,4 @@ def assess(node: Node, gpus: Sequence[Gpu], os_cpus: Sequence[int]) -> Quality:
         affine = "no"
     devices = [Device(g, node.gpus.index(g)) for g in gpus]
     return Quality(tuple(sorted(os_cpus)), tuple(cpu_numa), tuple(gpu_numa), affine,
-                   _weakest_label(node, devices))
+                   weakest_link(node, devices))
