@@ -12,8 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gpuslurm.cli.pick_cmd import EXIT_UNSATISFIED, EXIT_WAIT_TIMEOUT, main
+from gpuslurm.cli.pick_cmd import EXIT_UNSATISFIED, EXIT_WAIT_TIMEOUT, HelpRequested, main, parse_args
+from gpuslurm.errors import InputError
 from gpuslurm.hw.source import load_node
 from gpuslurm.ranges import format_ranges
 
@@ -241,3 +244,29 @@ def test_load_window_from_the_monitor_store(capsys: pytest.CaptureFixture[str], 
     if not os.access(db, os.R_OK):
         code, out, err = pick(capsys, "1", "--from", "l40s-4x", "--format", "json")
         assert (code, err) == (0, "") and json.loads(out)["gpus"][0]["uuid"] == u[0]
+
+
+OPTION_VALUES = {"--from": "dgx-h100", "--mem": "6GiB", "--min-cc": "8.0", "--type": "h100",
+                 "--mig": "1g.10gb", "--max-util": "50", "--format": "json"}
+
+
+@given(st.integers(1, 64), st.dictionaries(st.sampled_from(sorted(OPTION_VALUES)), st.booleans()),
+       st.booleans(), st.booleans())
+def test_argument_parser_round_trip(n: int, options: dict[str, bool], exclusive: bool, inline: bool) -> None:
+    argv = [str(n)]
+    for name in options:
+        argv += [f"{name}={OPTION_VALUES[name]}"] if inline else [name, OPTION_VALUES[name]]
+    if exclusive:
+        argv.append("--exclusive")
+    args = parse_args(argv)
+    assert args.n == n and args.exclusive == exclusive and args.command == ()
+    assert args.mem == (OPTION_VALUES["--mem"] if "--mem" in options else None)
+    assert args.fmt == ("json" if "--format" in options else "env")
+
+
+@given(st.lists(st.text(max_size=8), max_size=6))
+def test_argument_parser_total(argv: list[str]) -> None:
+    try:
+        parse_args(argv)
+    except (InputError, HelpRequested):
+        pass
