@@ -270,3 +270,34 @@ def test_argument_parser_total(argv: list[str]) -> None:
         parse_args(argv)
     except (InputError, HelpRequested):
         pass
+
+
+def test_compute_capability_from_nvml_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    doc = json.loads((DATA / "pcie-tree-8x" / "nvml.json").read_text())  # L40S: 8.9 in the table
+    doc["gpus"][5]["compute_capability"] = "9.0"  # NVML's word wins over the table
+    (bundle / "nvml.json").write_text(json.dumps(doc))
+    code, out, _ = pick(capsys, "1", "--from", str(bundle), "--min-cc", "9.0", "--format", "json")
+    assert code == 0 and [g["index"] for g in json.loads(out)["gpus"]] == [5]
+    doc["gpus"][5]["compute_capability"] = "nine"
+    (bundle / "nvml.json").write_text(json.dumps(doc))
+    code, _, err = pick(capsys, "1", "--from", str(bundle), "--min-cc", "9.0")
+    assert code == 2 and "compute_capability" in err and err.count("\n") == 1
+
+
+def test_compute_capabilities_through_nvml() -> None:
+    from fakes import fake_pynvml as fp
+    from gpuslurm.hw.nvml import NvmlBackend, compute_capabilities
+
+    class WithCc(fp.FakeNvml):
+        def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:  # noqa: N802
+            gpu = self._gpu("nvmlDeviceGetCudaComputeCapability", handle)  # type: ignore[arg-type]
+            if gpu is self.gpus[1]:
+                raise fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED)
+            return (9, 0)
+
+    fake = WithCc(gpus=[dict(g) for g in fp.dgx_h100()])
+    found = compute_capabilities(NvmlBackend(module=fake))
+    assert len(found) == 7 and fake.gpus[1]["uuid"] not in found  # not supported: left out
+    assert set(found.values()) == {(9, 0)}

@@ -287,10 +287,40 @@ def check_request(node: Node, req: Request, allowed: tuple[str, ...] | None) -> 
         raise InputError(f"{req.n} {kind} wanted but {where} {total}{extra}")
 
 
-def decide(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | None) -> Placement:
+def decide(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | None,
+           cc: dict[str, tuple[int, int]] | None = None) -> Placement:
     from gpuslurm.place.engine import place
 
-    return place(node, req, live_states(node, bundle, time.time()), allowed)
+    return place(node, req, live_states(node, bundle, time.time()), allowed, cc)
+
+
+def capabilities(bundle: Any) -> dict[str, tuple[int, int]]:
+    """Compute capability per GPU UUID from NVML, or from a bundle's nvml.json when it has one.
+
+    ``nvml.json`` may carry ``"compute_capability": "9.0"`` per GPU (gpuslurm's dump does not
+    write it yet); what neither source gives falls back to the engine's model table.
+    """
+    if bundle is None:
+        from gpuslurm.hw.nvml import compute_capabilities
+
+        return compute_capabilities()
+    path = os.path.join(bundle, "nvml.json")
+    if not os.path.isfile(path):
+        return {}
+    import json
+
+    from gpuslurm.place.request import parse_cc
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        out = {}
+        for g in doc.get("gpus", ()) if isinstance(doc, dict) else ():
+            if isinstance(g, dict) and isinstance(g.get("compute_capability"), str) and g.get("uuid"):
+                out[str(g["uuid"])] = parse_cc(g["compute_capability"])
+        return out
+    except (OSError, ValueError) as exc:
+        raise InputError(f"compute_capability: {exc}", path) from None
 
 
 def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> None:
@@ -347,13 +377,14 @@ def env_values(node: Node, placement: Placement) -> list[tuple[str, str]]:
 
 
 def wait_for(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | None,
-             timeout: float | None, poll: float, err: TextIO) -> Placement | None:
+             timeout: float | None, poll: float, err: TextIO,
+             cc: dict[str, tuple[int, int]] | None = None) -> Placement | None:
     """Poll until a set satisfies ``req``; None on timeout. Progress goes to ``err``."""
     from gpuslurm.place.explain import unsatisfied_line
 
     started = time.monotonic()
     while True:
-        placement = decide(node, req, bundle, allowed)
+        placement = decide(node, req, bundle, allowed, cc)
         if placement.chosen is not None:
             return placement
         waited = time.monotonic() - started
@@ -362,7 +393,7 @@ def wait_for(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | N
         if timeout is not None and waited + poll > timeout:
             if timeout > waited:
                 time.sleep(timeout - waited)
-                placement = decide(node, req, bundle, allowed)
+                placement = decide(node, req, bundle, allowed, cc)
                 if placement.chosen is not None:
                     return placement
             return None
@@ -424,14 +455,15 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
     node = load_node(args.source)
     allowed = job_candidates(node, env)
     check_request(node, req, allowed)
+    cc = capabilities(bundle) if req.min_cc is not None else None
     if args.wait:
         assert poll is not None
-        placement = wait_for(node, req, bundle, allowed, timeout, poll, err)
+        placement = wait_for(node, req, bundle, allowed, timeout, poll, err, cc)
         if placement is None:
             err.write(f"gpuslurm pick: gave up after {args.timeout}: nothing free for the request\n")
             return EXIT_WAIT_TIMEOUT
     else:
-        placement = decide(node, req, bundle, allowed)
+        placement = decide(node, req, bundle, allowed, cc)
         if placement.chosen is None:
             from gpuslurm.place.explain import unsatisfied_line
 
