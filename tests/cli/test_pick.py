@@ -290,14 +290,7 @@ def test_compute_capabilities_through_nvml() -> None:
     from fakes import fake_pynvml as fp
     from gpuslurm.hw.nvml import NvmlBackend, compute_capabilities
 
-    class WithCc(fp.FakeNvml):
-        def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:  # noqa: N802
-            gpu = self._gpu("nvmlDeviceGetCudaComputeCapability", handle)  # type: ignore[arg-type]
-            if gpu is self.gpus[1]:
-                raise fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED)
-            return (9, 0)
-
-    fake = WithCc(gpus=[dict(g) for g in fp.dgx_h100()])
-    found = compute_capabilities(NvmlBackend(module=fake))
-    assert len(found) == 7 and fake.gpus[1]["uuid"] not in found  # not supported: left out
+    gpus = [{**g, "cc": (9, 0)} if i != 1 else dict(g) for i, g in enumerate(fp.dgx_h100())]
+    found = compute_capabilities(NvmlBackend(module=fp.build(gpus)))
+    assert len(found) == 7 and gpus[1]["uuid"] not in found  # not supported: left out
     assert set(found.values()) == {(9, 0)}
