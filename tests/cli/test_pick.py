@@ -294,3 +294,19 @@ def test_compute_capabilities_through_nvml() -> None:
     found = compute_capabilities(NvmlBackend(module=fp.build(gpus)))
     assert len(found) == 7 and gpus[1]["uuid"] not in found  # not supported: left out
     assert set(found.values()) == {(9, 0)}
+
+
+def test_through_nvml(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import fake_pynvml as fp
+    from gpuslurm.hw import nvml as nvml_module
+
+    idle = {"util": 0, "used_mib": 0, "power_mw": 1, "temp": 30, "procs": []}
+    activity = {i: dict(idle) for i in range(8)}
+    activity[0] = {**idle, "util": 100, "used_mib": 70000, "procs": [(999999, 70000, None)]}
+    fake = fp.SamplingNvml(gpus=[dict(g) for g in fp.dgx_h100()], activity=activity)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(nvml_module, "_default", None)
+    code, out, err = pick(capsys, "2", "--exclusive", "--format", "explain")
+    assert code == 0, err
+    assert "excluded GPU 0" in out and "--exclusive: 1 process of others" in out
+    assert out.startswith("picked {GPU 1, GPU 2}: weakest link NV18")  # GPU 0 busy; NVSwitch
