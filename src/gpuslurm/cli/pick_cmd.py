@@ -369,7 +369,7 @@ def env_values(node: Node, placement: Placement) -> list[tuple[str, str]]:
     values = [("CUDA_DEVICE_ORDER", "PCI_BUS_ID")]
     if win.devices[0].mig is None:
         values.append(("CUDA_VISIBLE_DEVICES", ",".join(d.uuid for d in win.devices)))
-        values.append(("GPUSLURM_CPUS", format_ranges(local_cpus(node, win.devices).os_cpus)))
+        values.append(("GPUSLURM_CPUS", format_ranges(local_cpus(node, win.devices, False).os_cpus)))
         return values
     first = win.devices[0]
     return [*values, ("CUDA_VISIBLE_DEVICES", first.uuid),
@@ -410,7 +410,7 @@ def exec_command(node: Node, placement: Placement, command: Sequence[str], err: 
     env = dict(os.environ)
     env.update(env_values(node, placement))
     allowed = set(os.sched_getaffinity(0))
-    near = set(local_cpus(node, win.devices).os_cpus)
+    near = set(local_cpus(node, win.devices, False).os_cpus)
     chosen = near & allowed
     if chosen:
         os.sched_setaffinity(0, chosen)

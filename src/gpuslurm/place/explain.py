@@ -16,12 +16,12 @@ class CpuSet(NamedTuple):
     slurm_cores: tuple[int, ...] | None  # None: no CPU layout (lscpu) to number cores with
 
 
-def local_cpus(node: Node, devices: Sequence[Device]) -> CpuSet:
-    """The OS CPUs, NUMA nodes and Slurm cores close to ``devices``."""
+def local_cpus(node: Node, devices: Sequence[Device], with_cores: bool = True) -> CpuSet:
+    """The OS CPUs, NUMA nodes and (``with_cores``) Slurm cores close to ``devices``."""
     cpus = sorted({c for d in devices for c in d.gpu.cpu_affinity})
     numa = sorted({d.gpu.numa_node for d in devices if d.gpu.numa_node is not None})
     cores: tuple[int, ...] | None = None
-    if node.cpus and cpus:
+    if with_cores and node.cpus and cpus:
         from gpuslurm.topo.cores import LayoutError, core_map
 
         try:
