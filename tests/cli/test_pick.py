@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gpuslurm.cli.pick_cmd import EXIT_UNSATISFIED, EXIT_WAIT_TIMEOUT, HelpRequested, main, parse_args
 from gpuslurm.errors import InputError
-from gpuslurm.hw.source import load_node
+from gpuslurm.hw.source import builtin_names, load_node
 from gpuslurm.ranges import format_ranges
 
 DATA = Path(__file__).resolve().parents[1] / "place" / "data"
@@ -310,3 +310,14 @@ def test_through_nvml(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
     assert code == 0, err
     assert "excluded GPU 0" in out and "--exclusive: 1 process of others" in out
     assert out.startswith("picked {GPU 1, GPU 2}: weakest link NV18")  # GPU 0 busy; NVSwitch
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_every_builtin_bundle(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    node = load_node(name)
+    whole = [g for g in node.gpus if not (g.mig_mode and g.mig_devices)]
+    code, out, err = pick(capsys, str(len(whole)), "--from", name, "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert sorted(g["uuid"] for g in doc["gpus"]) == sorted(g.uuid for g in whole)
+    assert doc["numa_nodes"] == sorted({g.numa_node for g in whole if g.numa_node is not None})
