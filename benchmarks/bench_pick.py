@@ -61,10 +61,19 @@ def engine(calls: int) -> None:
 
 
 def whole(runs: int) -> None:
+    # Byte-compile first, as an installed package is: with PYTHONDONTWRITEBYTECODE set (or a
+    # read-only tree) every run would otherwise compile the modules edited since the last .pyc.
+    import compileall
+
+    import gpuslurm
+
+    compileall.compile_dir(str(Path(gpuslurm.__file__).parent), quiet=1)
     args = ["pick", "4", "--from", "dgx-h100", "--format", "json"]
     commands = {"floor (python -c pass)": [sys.executable, "-c", "pass"],
                 "gpuslurm pick (executable)": [str(VENV_BIN / "gpuslurm"), *args],
-                "python -m gpuslurm pick": [sys.executable, "-m", "gpuslurm", *args]}
+                "python -m gpuslurm pick": [sys.executable, "-m", "gpuslurm", *args],
+                "load_node alone": [sys.executable, "-c",
+                                    "from gpuslurm.hw.source import load_node; load_node('dgx-h100')"]}
     times: dict[str, list[float]] = {k: [] for k in commands}
     for _ in range(runs + 1):
         for name, cmd in commands.items():
