@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gpuslurm.hw.source import load_node
+from gpuslurm.ranges import parse_ranges
 from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
 
 if TYPE_CHECKING:
@@ -51,3 +52,34 @@ def test_pick_keeps_to_the_jobs_gpus(slurm_cluster: SlurmCluster) -> None:
         assert len(kept) <= 1
         seen |= own
     assert len(seen) == 4  # the jobs ran side by side on different GPUs
+
+
+def test_placement_reads_real_scontrol_detail(slurm_cluster: SlurmCluster) -> None:
+    import socket
+    import subprocess
+    import time
+
+    job = slurm_cluster.sbatch(["--gres=gpu:2", "-c", "4"], 'echo "GPUS=$SLURM_JOB_GPUS"; sleep 30')
+    try:
+        deadline = time.monotonic() + 60
+        while slurm_cluster.state(job) != "RUNNING":
+            assert time.monotonic() < deadline, slurm_cluster.log_tail()
+            time.sleep(0.3)
+        host = socket.gethostname().split(".", 1)[0]
+        proc = subprocess.run([BIN, "placement", "--from", "dgx-h100", "--node", host, "--json"],
+                              env=slurm_cluster.env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        rows = {r["job"]: r for r in json.loads(proc.stdout)["jobs"]}
+        row = rows[str(job)]
+        time.sleep(0.5)
+        gpus = slurm_cluster.output(job).splitlines()[0].removeprefix("GPUS=")
+        assert row["gres_idx"] == [int(i) for i in gpus.split(",")]  # IDX = SLURM_JOB_GPUS
+        assert len(row["gpus"]) == 2
+        # -c 4 on a node of 2 threads per core: two cores, abstract CPU_IDs mapped to 4 OS CPUs
+        # (a core's threads are n and n + 112 on the DGX layout)
+        assert len(parse_ranges(row["cpus"])) == 4 and len(parse_ranges(row["slurm_cpus"])) == 4, row
+        os_cpus = parse_ranges(row["cpus"])
+        assert {c % 112 for c in os_cpus} == {c for c in os_cpus if c < 112}, row
+        assert row["numa_affine"] in ("yes", "partly", "no"), row
+    finally:
+        subprocess.run(["/usr/bin/scancel", str(job)], env=slurm_cluster.env, timeout=30, check=False)
