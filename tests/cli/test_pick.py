@@ -321,3 +321,10 @@ def test_every_builtin_bundle(capsys: pytest.CaptureFixture[str], name: str) -> 
     doc = json.loads(out)
     assert sorted(g["uuid"] for g in doc["gpus"]) == sorted(g.uuid for g in whole)
     assert doc["numa_nodes"] == sorted({g.numa_node for g in whole if g.numa_node is not None})
+
+
+def test_missing_command_is_bad_input() -> None:
+    proc = run_pick("1", "--from", "dgx-h100", "--", "/nonexistent/cmd", "x")
+    assert proc.returncode == 2 and proc.stdout == ""
+    last = proc.stderr.splitlines()[-1]
+    assert last == "gpuslurm pick: /nonexistent/cmd: cannot run: No such file or directory"
