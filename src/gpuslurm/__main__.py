@@ -2,6 +2,6 @@
 
 import sys
 
-from gpuslurm.cli.main import main
+from gpuslurm.cli.fast import main  # pick without click, the rest through click
 
 sys.exit(main())

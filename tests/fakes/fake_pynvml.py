@@ -265,6 +265,12 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         return Handle(index)
 
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Handle) -> tuple[int, int]:  # noqa: N802
+        gpu = self._gpu("nvmlDeviceGetCudaComputeCapability", handle)
+        if "cc" not in gpu:  # a GPU dict without "cc": the driver does not say
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return tuple(gpu["cc"])  # type: ignore[return-value]
+
     def nvmlDeviceGetUUID(self, handle: Handle) -> str:  # noqa: N802
         gpu = self._gpu("nvmlDeviceGetUUID", handle)
         mig = self._mig(handle)

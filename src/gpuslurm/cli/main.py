@@ -54,6 +54,7 @@ LAZY_COMMANDS = {
     "status": "gpuslurm.cli.status_cmd:status",
     "watch": "gpuslurm.cli.status_cmd:watch",
     "demo": "gpuslurm.cli.demo_cmd:demo",
+    "placement": "gpuslurm.cli.placement_cmd:placement",
 }
 
 
@@ -99,6 +100,19 @@ def topo(source: str | None, as_json: bool) -> None:
     from gpuslurm.cli.views import write_topo
 
     write_topo(_load(source), sys.stdout, as_json)
+
+
+@cli.command(add_help_option=False, context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def pick(args: tuple[str, ...]) -> int:
+    """Choose N GPUs (or MIG devices) topology first, then load; print env/JSON or run a command.
+
+    See 'gpuslurm pick --help' and docs/pick.md (its own parser: the gpuslurm executable
+    starts pick without click).
+    """
+    from gpuslurm.cli.pick_cmd import main as pick_main
+
+    raise click.exceptions.Exit(pick_main(list(args)))
 
 
 def _positive(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:

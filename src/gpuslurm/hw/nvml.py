@@ -589,3 +589,27 @@ class NvmlSampler:
             if stamp > self._last_seen.get(dev.gpu, 0):
                 self._last_seen[dev.gpu] = stamp
         return {pid: util for pid, (_, util) in newest.items()}
+
+
+def compute_capabilities(backend: NvmlBackend | None = None) -> dict[str, tuple[int, int]]:
+    """GPU UUID → CUDA compute capability (major, minor), for every GPU NVML can read.
+
+    A GPU whose query fails or is not supported is left out (the caller falls back to its model
+    table); NVML missing altogether is a HardwareError.
+    """
+    global _default
+    if backend is None:
+        with _default_lock:
+            if _default is None:
+                _default = NvmlBackend()
+            backend = _default
+    out: dict[str, tuple[int, int]] = {}
+    for index in range(int(backend._call("nvmlDeviceGetCount"))):
+        try:
+            handle = backend._call("nvmlDeviceGetHandleByIndex", index, gpu=index)
+            uuid = _text(backend._call("nvmlDeviceGetUUID", handle, gpu=index))
+            major, minor = backend._call("nvmlDeviceGetCudaComputeCapability", handle, gpu=index)
+        except (HardwareError, _GpuLost):  # not supported, failed or lost: no entry
+            continue
+        out[uuid] = (int(major), int(minor))
+    return out

@@ -1,0 +1,502 @@
+"""``gpuslurm pick N``: choose GPUs (or MIG devices) for a command, topology first, then load.
+
+This module is the whole command: its own argument parser, no click (``gpuslurm pick`` starts
+here from :mod:`gpuslurm.cli.fast` before click is imported; a placement helper run in front of
+every job step must cost little more than the interpreter). It reads the node (``--from`` bundle
+or NVML), the live load (scenario or NVML), the candidates (the job's own GPUs inside a Slurm
+job), asks :mod:`gpuslurm.place.engine`, and prints or execs. See docs/pick.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TextIO
+
+from gpuslurm.errors import EXIT_BAD_INPUT, GpuslurmError, InputError
+
+if TYPE_CHECKING:
+    from gpuslurm.hw.model import Node
+    from gpuslurm.place.engine import DeviceState, Placement
+    from gpuslurm.place.request import Request
+
+EXIT_UNSATISFIED = 5  # nothing on the node satisfies the request now
+EXIT_WAIT_TIMEOUT = 6  # --wait gave up after --timeout
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+WAIT_MAX_UTIL = 10.0  # --wait: a GPU is free when no one else's process is on it and util <= this
+FORMATS = ("env", "json", "explain")
+
+USAGE = """\
+usage: gpuslurm pick N [--from DIR] [--mem SIZE] [--min-cc X.Y] [--type TEXT] [--mig PROFILE]
+                       [--exclusive] [--max-util PCT] [--format env|json|explain]
+                       [--wait [--timeout DUR] [--poll DUR]] [-- CMD ARGS...]
+
+Choose N GPUs (or N MIG devices with --mig) of this node, or of the job's own GPUs inside a
+Slurm job: only healthy ones meeting every constraint; the strongest weakest link first
+(NV#, PIX, PXB, PHB, NODE, SYS), then fewest NUMA nodes, most NVLinks, most free (memory,
+utilisation), lowest index. Prints shell exports (env), JSON, or the ranking in words; with
+-- CMD, runs CMD with CUDA_VISIBLE_DEVICES set and its CPUs narrowed to the GPUs' local CPUs.
+
+  --from DIR|NAME   replay a capture bundle (dgx-h100, l40s-4x, a100-mig) instead of NVML;
+                    live load from $GPUSLURM_SCENARIO or the bundle's scenario.json
+  --mem SIZE        free memory per device, e.g. 6GiB, 512MiB, 40G
+  --min-cc X.Y      minimum compute capability
+  --type TEXT       the GPU name contains TEXT (case-insensitive), e.g. h100
+  --mig PROFILE     MIG devices of PROFILE (e.g. 1g.10gb), one per rank
+  --exclusive       no process of another user or job on a chosen device
+  --max-util PCT    utilisation at most PCT percent
+  --format F        env (default), json, explain
+  --wait            wait until a set is free (no one else's process, util <= --max-util, default
+                    10); --timeout DUR (default: forever), --poll DUR (default 5s)
+
+exit: 0 picked; 2 bad input; 3 hardware; 5 nothing satisfies; 6 --wait timed out; 130 Ctrl-C"""
+
+
+class PickArgs(NamedTuple):
+    n: int
+    source: str | None = None
+    mem: str | None = None
+    min_cc: str | None = None
+    type_text: str | None = None
+    mig: str | None = None
+    exclusive: bool = False
+    max_util: str | None = None
+    fmt: str = "env"
+    wait: bool = False
+    timeout: str | None = None
+    poll: str | None = None
+    command: tuple[str, ...] = ()
+
+
+_VALUED = {"--from": "source", "--mem": "mem", "--min-cc": "min_cc", "--type": "type_text",
+           "--mig": "mig", "--max-util": "max_util", "--format": "fmt", "--timeout": "timeout",
+           "--poll": "poll"}
+_FLAGS = {"--exclusive": "exclusive", "--wait": "wait"}
+
+
+class HelpRequested(Exception):  # noqa: N818 - a signal, not an error
+    pass
+
+
+def parse_args(argv: Sequence[str]) -> PickArgs:
+    """Parse pick's command line; InputError (exit 2) names the option at fault."""
+    values: dict[str, Any] = {}
+    positional: list[str] = []
+    command: tuple[str, ...] = ()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            command = tuple(argv[i + 1:])
+            if not command:
+                raise InputError("'--' must be followed by a command")
+            break
+        if arg in ("-h", "--help"):
+            raise HelpRequested
+        name, eq, inline = arg.partition("=")
+        if name in _VALUED:
+            if eq:
+                value = inline
+            elif i + 1 < len(argv):
+                i += 1
+                value = argv[i]
+            else:
+                raise InputError("needs a value", name)
+            values[_VALUED[name]] = value
+        elif arg in _FLAGS:
+            values[_FLAGS[arg]] = True
+        elif arg.startswith("-") and not arg.lstrip("-").isdigit():
+            raise InputError(f"no such option {arg!r} (see 'gpuslurm pick --help')")
+        else:
+            positional.append(arg)
+        i += 1
+    if len(positional) != 1:
+        raise InputError("expects exactly one N, the number of GPUs (see 'gpuslurm pick --help')")
+    text = positional[0]
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise InputError(f"N must be a whole number of at least 1, not {text!r}")
+    args = PickArgs(int(text), command=command, **values)
+    if args.fmt not in FORMATS:
+        raise InputError(f"must be one of {', '.join(FORMATS)}, not {args.fmt!r}", "--format")
+    if not args.wait and (args.timeout is not None or args.poll is not None):
+        raise InputError("--timeout and --poll need --wait")
+    if args.command and args.mig is not None and args.n != 1:
+        raise InputError("with --mig, -- CMD takes N = 1: one CUDA process uses one MIG device "
+                         "(run one pick per rank)")
+    return args
+
+
+def build_request(args: PickArgs) -> Request:
+    """The engine's request from the options; each bad value is an InputError naming its option."""
+    from gpuslurm.hw.model import MIG_PROFILE_RE
+    from gpuslurm.place.request import Request, parse_cc, parse_percent, parse_size_mib
+
+    def parsed(option: str, fn: Any, text: str | None) -> Any:
+        if text is None:
+            return None
+        try:
+            return fn(text)
+        except ValueError as exc:
+            raise InputError(str(exc), option) from None
+
+    if args.mig is not None and not MIG_PROFILE_RE.match(args.mig):
+        raise InputError(f"not a MIG profile: {args.mig!r} (e.g. 1g.10gb, 3g.40gb)", "--mig")
+    if args.type_text is not None and not args.type_text.strip():
+        raise InputError("must not be empty", "--type")
+    max_util = parsed("--max-util", parse_percent, args.max_util)
+    if max_util is None and args.wait:
+        max_util = WAIT_MAX_UTIL
+    return Request(args.n, mem_mib=parsed("--mem", parse_size_mib, args.mem),
+                   min_cc=parsed("--min-cc", parse_cc, args.min_cc), type_text=args.type_text,
+                   mig_profile=args.mig, exclusive=args.exclusive or args.wait, max_util=max_util)
+
+
+def job_candidates(node: Node, environ: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The UUIDs a Slurm job may use, or None outside a job (every GPU of the node).
+
+    Inside a job (``SLURM_JOB_ID`` set): ``GPUSLURM_GPU_UUIDS`` from the task prolog when set,
+    else ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` (GRES indices) resolved against the node; under
+    ConstrainDevices NVML shows only the job's GPUs, so when the node shows exactly as many GPUs
+    as the job holds, those are the job's.
+    """
+    if not environ.get("SLURM_JOB_ID", "").strip():
+        return None
+    named = environ.get("GPUSLURM_GPU_UUIDS", "").strip()
+    if named:
+        return tuple(u.strip() for u in named.split(",") if u.strip())
+    from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
+
+    env = HookEnv.from_environ(environ)
+    indices = env.step_gpus if env.step_gpus is not None else env.job_gpus
+    if indices is None:
+        return ()
+    if node.source == "nvml" and len(node.gpus) == len(indices):
+        return tuple(g.uuid for g in node.gpus)
+    return tuple(d.uuid for d in resolve_job_gpus(env, node))
+
+
+def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
+    """Per-device load and health, one sample: the scenario (replay) or NVML."""
+    from gpuslurm.place.engine import DeviceState
+
+    if bundle is not None:
+        if not os.environ.get("GPUSLURM_SCENARIO") and \
+                not os.path.isfile(os.path.join(bundle, "scenario.json")):
+            # no scenario (hw.scenario's rule): every device idle, no process; the scenario
+            # module and the NVML reading types it needs are not worth loading for that
+            return with_window(node, {}, store_path(bundle, os.environ), now)
+        from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
+
+        reading = ScenarioSampler(node, scenario_path(bundle)).read(now)
+    else:
+        from gpuslurm.hw.nvml import NvmlSampler
+
+        sampler = NvmlSampler()
+        try:
+            reading = sampler.read(now)
+        finally:
+            sampler.close()
+    me = os.getuid()
+    foreign: dict[str, int] = {}
+    for p in reading.processes:
+        if _owner(p.pid) == me:
+            continue
+        for key in {p.gpu_uuid.lower(), (p.mig_uuid or p.gpu_uuid).lower()}:
+            foreign[key] = foreign.get(key, 0) + 1
+    states: dict[str, DeviceState] = {}
+    for d in reading.devices:
+        key = (d.mig_uuid or d.uuid).lower()
+        states[key] = DeviceState(d.util_pct, d.mem_used_mib or 0.0, foreign.get(key, 0))
+    for kind, subject, detail in reading.problems:
+        if kind == "gpu-lost":
+            states[subject.lower()] = DeviceState(healthy=False, problem=detail)
+    for g in node.gpus:  # a GPU NVML did not report at all is not healthy
+        if g.uuid.lower() not in states:
+            states[g.uuid.lower()] = DeviceState(healthy=False, problem="no reading from the GPU")
+    return with_window(node, states, store_path(bundle, os.environ), now)
+
+
+WINDOW_S = 60.0  # the load window read from the monitor's store
+
+
+def store_path(bundle: Any, environ: Mapping[str, str]) -> str | None:
+    """The monitor's store to read the load window from: $GPUSLURM_DB, else (live) the config's."""
+    named = environ.get("GPUSLURM_DB", "").strip()
+    if named or bundle is not None:
+        return named or None
+    from gpuslurm.config import load_config
+    from gpuslurm.watch.store import default_path
+
+    try:
+        cfg = load_config(environ=environ)
+    except GpuslurmError:
+        return None  # a broken config is the admin's matter; the one sample still serves
+    return cfg.monitor.db or default_path(cfg.paths.state_dir)
+
+
+def with_window(node: Node, states: dict[str, DeviceState], path: str | None,
+                now: float) -> dict[str, DeviceState]:
+    """``states`` with the store's last WINDOW_S of utilisation and memory, when it is readable.
+
+    The store is root-only on a node (/var/lib/gpuslurm): a user's pick then scores one sample.
+    """
+    if path is None or not os.access(path, os.R_OK):
+        return states
+    import sqlite3
+
+    from gpuslurm.place.engine import DeviceState
+    from gpuslurm.watch.store import Store
+
+    uuids = [g.uuid for g in node.gpus] + [m.uuid for g in node.gpus for m in g.mig_devices if m.uuid]
+    try:
+        with Store.open(path, readonly=True) as store:
+            stats = store.gpu_stats(uuids, now - WINDOW_S, now)
+    except (GpuslurmError, sqlite3.Error, OSError):
+        return states
+    out = dict(states)
+    for uuid, stat in stats.items():
+        st = out.get(uuid.lower(), DeviceState())
+        out[uuid.lower()] = st._replace(window_util_pct=stat.util_mean_pct, window_mem_mib=stat.mem_peak_mib)
+    return out
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None  # gone, hidden (hidepid) or a replayed pid: someone else's
+
+
+def check_request(node: Node, req: Request, allowed: tuple[str, ...] | None) -> None:
+    """Bad input the engine would only report as 'nothing satisfies': exit 2 instead."""
+    from gpuslurm.place.engine import devices_of
+
+    if req.mig_profile is not None:
+        profiles = sorted({m.profile for g in node.gpus if g.mig_mode for m in g.mig_devices})
+        if req.mig_profile not in profiles:
+            raise InputError(f"no MIG device of profile {req.mig_profile!r} on {node.hostname} "
+                             f"(profiles: {', '.join(profiles) or 'none, MIG is off'})", "--mig")
+    total = len(devices_of(node, req.mig_profile, allowed))
+    kind = f"{req.mig_profile} MIG devices" if req.mig_profile else "GPUs"
+    if req.n > total:
+        where = "the job holds" if allowed is not None else f"{node.hostname} has"
+        extra = ("" if req.mig_profile or not any(g.mig_mode for g in node.gpus)
+                 else "; GPUs in MIG mode count only with --mig")
+        raise InputError(f"{req.n} {kind} wanted but {where} {total}{extra}")
+
+
+def decide(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | None,
+           cc: dict[str, tuple[int, int]] | None = None) -> Placement:
+    from gpuslurm.place.engine import place
+
+    return place(node, req, live_states(node, bundle, time.time()), allowed, cc)
+
+
+def capabilities(bundle: Any) -> dict[str, tuple[int, int]]:
+    """Compute capability per GPU UUID from NVML, or from a bundle's nvml.json when it has one.
+
+    ``nvml.json`` may carry ``"compute_capability": "9.0"`` per GPU (gpuslurm's dump does not
+    write it yet); what neither source gives falls back to the engine's model table.
+    """
+    if bundle is None:
+        from gpuslurm.hw.nvml import compute_capabilities
+
+        return compute_capabilities()
+    path = os.path.join(bundle, "nvml.json")
+    if not os.path.isfile(path):
+        return {}
+    import json
+
+    from gpuslurm.place.request import parse_cc
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        out = {}
+        for g in doc.get("gpus", ()) if isinstance(doc, dict) else ():
+            if isinstance(g, dict) and isinstance(g.get("compute_capability"), str) and g.get("uuid"):
+                out[str(g["uuid"])] = parse_cc(g["compute_capability"])
+        return out
+    except (OSError, ValueError) as exc:
+        raise InputError(f"compute_capability: {exc}", path) from None
+
+
+def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> None:
+    """Print the chosen set in ``fmt`` (the placement has a chosen set)."""
+    from gpuslurm.place.explain import explain_lines, local_cpus
+    from gpuslurm.ranges import format_ranges
+
+    win = placement.chosen
+    assert win is not None
+    cpus = local_cpus(node, win.devices)
+    if fmt == "explain":
+        out.write("\n".join(explain_lines(node, placement)) + "\n")
+    elif fmt == "json":
+        import json
+
+        gpus = []
+        for d in win.devices:
+            item: dict[str, Any] = {"index": d.gpu.index, "minor": d.gpu.minor, "uuid": d.uuid,
+                                    "numa_node": d.gpu.numa_node, "name": d.gpu.name}
+            if d.mig is not None:
+                item.update(gpu_uuid=d.gpu.uuid, mig_index=d.mig.index, profile=d.mig.profile)
+            gpus.append(item)
+        doc = {"gpus": gpus, "cpus": format_ranges(cpus.os_cpus), "numa_nodes": list(cpus.numa_nodes),
+               "slurm_cores": None if cpus.slurm_cores is None else format_ranges(cpus.slurm_cores),
+               "weakest_link": win.weakest_link, "score": round(win.availability, 4),
+               "runners_up": [{"uuids": [d.uuid for d in r.devices], "weakest_link": r.weakest_link,
+                               "score": round(r.availability, 4)} for r in placement.runners_up]}
+        out.write(json.dumps(doc, indent=2) + "\n")
+    elif win.devices[0].mig is None:
+        for name, value in env_values(node, placement):
+            out.write(f"export {name}={value}\n")
+    else:  # one line per rank: rank k evaluates line k + 2
+        out.write("export CUDA_DEVICE_ORDER=PCI_BUS_ID\n")
+        for d in win.devices:
+            rank_cpus = format_ranges(d.gpu.cpu_affinity)
+            out.write(f"export CUDA_VISIBLE_DEVICES={d.uuid} GPUSLURM_CPUS={rank_cpus}\n")
+
+
+def env_values(node: Node, placement: Placement) -> list[tuple[str, str]]:
+    """The environment for the chosen set (MIG: its first device; -- CMD with --mig takes N = 1)."""
+    from gpuslurm.place.explain import local_cpus
+    from gpuslurm.ranges import format_ranges
+
+    win = placement.chosen
+    assert win is not None
+    values = [("CUDA_DEVICE_ORDER", "PCI_BUS_ID")]
+    if win.devices[0].mig is None:
+        values.append(("CUDA_VISIBLE_DEVICES", ",".join(d.uuid for d in win.devices)))
+        values.append(("GPUSLURM_CPUS", format_ranges(local_cpus(node, win.devices, False).os_cpus)))
+        return values
+    first = win.devices[0]
+    return [*values, ("CUDA_VISIBLE_DEVICES", first.uuid),
+            ("GPUSLURM_CPUS", format_ranges(first.gpu.cpu_affinity))]
+
+
+def wait_for(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | None,
+             timeout: float | None, poll: float, err: TextIO,
+             cc: dict[str, tuple[int, int]] | None = None) -> Placement | None:
+    """Poll until a set satisfies ``req``; None on timeout. Progress goes to ``err``."""
+    from gpuslurm.place.explain import unsatisfied_line
+
+    started = time.monotonic()
+    while True:
+        placement = decide(node, req, bundle, allowed, cc)
+        if placement.chosen is not None:
+            return placement
+        waited = time.monotonic() - started
+        err.write(f"gpuslurm pick: waiting {waited:.0f}s: {unsatisfied_line(placement, req.n)}\n")
+        err.flush()
+        if timeout is not None and waited + poll > timeout:
+            if timeout > waited:
+                time.sleep(timeout - waited)
+                placement = decide(node, req, bundle, allowed, cc)
+                if placement.chosen is not None:
+                    return placement
+            return None
+        time.sleep(poll)
+
+
+def exec_command(node: Node, placement: Placement, command: Sequence[str], err: TextIO) -> NoReturn:
+    """Exec ``command`` with the placement's environment and CPUs (never wider than allowed)."""
+    from gpuslurm.place.explain import local_cpus
+    from gpuslurm.ranges import format_ranges
+
+    win = placement.chosen
+    assert win is not None
+    env = dict(os.environ)
+    env.update(env_values(node, placement))
+    allowed = set(os.sched_getaffinity(0))
+    near = set(local_cpus(node, win.devices, False).os_cpus)
+    chosen = near & allowed
+    if chosen:
+        os.sched_setaffinity(0, chosen)
+    else:
+        what = "the GPUs' local CPUs are unknown" if not near else \
+            f"none of the GPUs' local CPUs ({format_ranges(near)}) is allowed"
+        err.write(f"gpuslurm pick: {what}; keeping the allowed CPUs {format_ranges(allowed)}\n")
+    env["GPUSLURM_CPUS"] = format_ranges(chosen or allowed)
+    err.flush()
+    sys.stdout.flush()
+    try:
+        # exec, not a subprocess: pick becomes CMD (same pid, so Slurm's and PBS's accounting,
+        # signals and cgroup follow), which is what `pick -- CMD` promises; no shell is involved.
+        os.execvpe(command[0], list(command), env)  # noqa: S606
+    except OSError as exc:
+        raise InputError(f"cannot run: {exc.strerror}", command[0]) from None
+
+
+def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
+             environ: Mapping[str, str] | None = None) -> int:
+    """The command; its exit code (or no return when it execs CMD)."""
+    from gpuslurm.hw.source import load_node, resolve_source
+
+    args = parse_args(argv)
+    req = build_request(args)
+    env = os.environ if environ is None else environ
+    poll = timeout = None
+    if args.wait:
+        from gpuslurm.place.request import parse_duration
+
+        def duration(option: str, text: str | None, default: float | None) -> float | None:
+            try:
+                return default if text is None else parse_duration(text)
+            except ValueError as exc:
+                raise InputError(str(exc), option) from None
+
+        poll = duration("--poll", args.poll, 5.0)
+        timeout = duration("--timeout", args.timeout, None)
+        if poll is None or poll <= 0:
+            raise InputError("must be more than 0", "--poll")
+    bundle = resolve_source(args.source)
+    node = load_node(args.source)
+    allowed = job_candidates(node, env)
+    check_request(node, req, allowed)
+    cc = capabilities(bundle) if req.min_cc is not None else None
+    if args.wait:
+        assert poll is not None
+        placement = wait_for(node, req, bundle, allowed, timeout, poll, err, cc)
+        if placement is None:
+            err.write(f"gpuslurm pick: gave up after {args.timeout}: nothing free for the request\n")
+            return EXIT_WAIT_TIMEOUT
+    else:
+        placement = decide(node, req, bundle, allowed, cc)
+        if placement.chosen is None:
+            from gpuslurm.place.explain import unsatisfied_line
+
+            err.write(f"gpuslurm pick: {unsatisfied_line(placement, req.n)}\n")
+            return EXIT_UNSATISFIED
+    if args.command:
+        exec_command(node, placement, args.command, err)
+    write_result(node, placement, args.fmt, out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``gpuslurm pick``: errors become one line on stderr and their exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return run_pick(args, sys.stdout, sys.stderr)
+    except HelpRequested:
+        print(USAGE)
+        return 0
+    except KeyboardInterrupt:
+        sys.stderr.write("gpuslurm pick: interrupted\n")
+        return EXIT_INTERRUPTED
+    except GpuslurmError as exc:
+        sys.stderr.write(f"gpuslurm pick: {exc}\n")
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: one line, as cli.main says it
+        if os.environ.get("GPUSLURM_DEBUG"):
+            raise
+        sys.stderr.write(f"gpuslurm pick: internal error: {type(exc).__name__}: {exc} "
+                         "(set GPUSLURM_DEBUG=1 for a traceback)\n")
+        return 70
+
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_UNSATISFIED", "EXIT_WAIT_TIMEOUT", "main", "run_pick"]

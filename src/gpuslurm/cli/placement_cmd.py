@@ -1,0 +1,99 @@
+"""``gpuslurm placement``: for every running GPU job on this node, are its CPUs on its GPUs' NUMA nodes?
+
+Reads ``scontrol show -d job`` (or a recorded copy, ``--input``), keeps the running jobs with GPUs
+on this node, maps GRES ``IDX`` (gres.conf positions) to the node's GPUs and ``CPU_IDs`` (Slurm's
+abstract CPU ids) to OS CPUs, and prints per job the GPUs, CPUs, NUMA nodes on each side, whether
+they agree and the weakest link inside the GPU set, then a summary line for the node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from gpuslurm.cli.main import from_option, json_option
+from gpuslurm.errors import CommandError, InputError
+
+
+def placement_rows(node: Any, text: str, node_name: str) -> list[dict[str, Any]]:
+    """One row per running job holding GPUs on ``node_name``."""
+    from gpuslurm.place.quality import assess, os_cpus_of_abstract
+    from gpuslurm.ranges import format_ranges
+    from gpuslurm.slurm.hookenv import gres_devices
+    from gpuslurm.slurm.job_detail import parse_job_detail
+    from gpuslurm.topo.cores import LayoutError
+
+    table = gres_devices(node)
+    rows = []
+    for job in parse_job_detail(text):
+        share = job.on(node_name)
+        if job.state != "RUNNING" or share is None or not share.gpu_idx:
+            continue
+        bad = [i for i in share.gpu_idx if i >= len(table)]
+        if bad:
+            raise InputError(f"job {job.job_id}: GPU IDX {bad[0]} but {node_name} has {len(table)} "
+                             "gpu GRES; is --from this node?", "scontrol show -d job")
+        # table rows hold the node's own Gpu values (load_node gives a Node, not identities)
+        gpus = [node.gpu(u) for u in dict.fromkeys(table[i].gpu.uuid for i in share.gpu_idx)]
+        try:
+            cpus = os_cpus_of_abstract(node, share.cpu_ids)
+        except LayoutError as exc:
+            raise InputError(f"job {job.job_id}: CPU_IDs: {exc}", "scontrol show -d job") from None
+        q = assess(node, gpus, cpus)
+        rows.append({"job": job.job_id, "user": job.user, "gres_idx": list(share.gpu_idx),
+                     "gpus": [{"index": g.index, "minor": g.minor, "uuid": g.uuid, "numa_node": g.numa_node}
+                              for g in gpus],
+                     "slurm_cpus": format_ranges(share.cpu_ids), "cpus": format_ranges(q.os_cpus),
+                     "cpu_numa": list(q.cpu_numa), "gpu_numa": list(q.gpu_numa),
+                     "numa_affine": q.affine, "weakest_link": q.weakest_link})
+    return rows
+
+
+def summary(node_name: str, rows: list[dict[str, Any]]) -> str:
+    counts = {k: sum(1 for r in rows if r["numa_affine"] == k) for k in ("yes", "partly", "no", "unknown")}
+    links = sorted({r["weakest_link"] for r in rows if r["weakest_link"]})
+    return (f"{node_name}: {len(rows)} GPU job(s); NUMA-affine {counts['yes']}, partly {counts['partly']}, "
+            f"misplaced {counts['no']}, unknown {counts['unknown']}; weakest links "
+            f"{', '.join(links) or '-'}")
+
+
+@click.command()
+@from_option
+@json_option
+@click.option("--node", "node_name", metavar="NAME",
+              help="The Slurm node name (default: $SLURMD_NODENAME, else the node's short hostname).")
+@click.option("--input", "input_file", type=click.File("r"), metavar="FILE",
+              help="Read a recorded `scontrol show -d job` instead of running it ('-': stdin).")
+def placement(source: str | None, as_json: bool, node_name: str | None, input_file: Any) -> None:
+    """For each running GPU job here: are its CPUs on its GPUs' NUMA nodes, and its weakest link."""
+    from gpuslurm.hw.source import load_node
+
+    node = load_node(source)
+    name = node_name or os.environ.get("SLURMD_NODENAME") or node.hostname.split(".", 1)[0]
+    if input_file is not None:
+        text = input_file.read()
+    else:
+        from gpuslurm.runner import run_command, which
+
+        scontrol = which("scontrol")
+        if scontrol is None:
+            raise CommandError("scontrol not found; record `scontrol show -d job` and pass --input")
+        text = run_command([scontrol, "show", "-d", "job"], timeout=30).stdout
+    rows = placement_rows(node, text, name)
+    if as_json:
+        json.dump({"node": name, "jobs": rows, "summary": summary(name, rows)}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    if rows:
+        click.echo(f"{'JOB':>8} {'USER':10} {'GPUS':10} {'GPU NUMA':9} {'CPUS':24} {'CPU NUMA':9} "
+                   f"{'AFFINE':7} WEAKEST")
+    for r in rows:
+        click.echo(f"{r['job']:>8} {r['user'][:10]:10} {','.join(str(g['index']) for g in r['gpus']):10} "
+                   f"{','.join(map(str, r['gpu_numa'])) or '?':9} {r['cpus'][:24]:24} "
+                   f"{','.join(map(str, r['cpu_numa'])) or '?':9} {r['numa_affine']:7} "
+                   f"{r['weakest_link'] or '-'}")
+    click.echo(summary(name, rows))

@@ -1,0 +1,1 @@
+"""Pure placement engine: choose GPUs (or MIG devices) for a request, topology first, then load."""

@@ -1,0 +1,69 @@
+"""Parse the values a placement request is made of: sizes, compute capabilities, durations (pure).
+
+Every parser raises ValueError with a message that names the text; the CLI adds the option.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNIT_MIB = {"": 1.0, "B": 1 / 2**20, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
+_CC_RE = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\s*$")
+_DUR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DUR_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_size_mib(text: str) -> float:
+    """``6GiB`` / ``6G`` / ``512MiB`` / ``1.5T`` → MiB; a bare number is MiB. Binary units only.
+
+    ``G`` and ``GB`` mean GiB, as nvidia-smi and Slurm's ``--mem`` use them.
+    """
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a size: {text!r} (e.g. 6GiB, 512MiB, 40G)")
+    unit = (m.group(2) or "").upper().rstrip("B").rstrip("I")
+    if m.group(2) and m.group(2).upper() == "B":
+        unit = "B"
+    return float(m.group(1)) * _UNIT_MIB[unit]
+
+
+def parse_cc(text: str) -> tuple[int, int]:
+    """``8.0`` → ``(8, 0)``."""
+    m = _CC_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a compute capability: {text!r} (e.g. 8.0)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def parse_duration(text: str) -> float:
+    """``30``, ``30s``, ``5m``, ``1.5h``, ``200ms`` → seconds (a bare number is seconds)."""
+    m = _DUR_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a duration: {text!r} (e.g. 30s, 5m, 1h)")
+    return float(m.group(1)) * _DUR_S[m.group(2) or "s"]
+
+
+def parse_percent(text: str) -> float:
+    """``50`` or ``50%`` → 50.0, within 0..100."""
+    t = text.strip().removesuffix("%")
+    try:
+        value = float(t)
+    except ValueError:
+        raise ValueError(f"not a percentage: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise ValueError(f"not a percentage between 0 and 100: {text!r}")
+    return value
+
+
+class Request(NamedTuple):
+    """What the caller asks for; None/False: no such constraint."""
+
+    n: int  # how many devices (NamedTuple reserves "count")
+    mem_mib: float | None = None  # free memory per device
+    min_cc: tuple[int, int] | None = None
+    type_text: str | None = None  # case-insensitive substring of the GPU name
+    mig_profile: str | None = None  # pick MIG devices of this profile instead of whole GPUs
+    exclusive: bool = False  # no process of anyone else on the device
+    max_util: float | None = None  # percent

@@ -1,0 +1,85 @@
+"""``gpuslurm pick`` inside real Slurm jobs never leaves the job's GPUs.
+
+Two jobs of two GPUs each run at once on the emulated DGX H100; outside any job pick 2 would
+choose GPUs 0 and 1, so the second job (given other GPUs) shows that pick kept to its own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from gpuslurm.hw.source import load_node
+from gpuslurm.ranges import parse_ranges
+from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
+
+if TYPE_CHECKING:
+    from cluster_fixture import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+BIN = str(Path(sys.executable).parent / "gpuslurm")
+
+SCRIPT = f"""
+echo "GPUS=$SLURM_JOB_GPUS"
+{BIN} pick 2 --from dgx-h100 --format json | tr -d '\\n'; echo
+{BIN} pick 3 --from dgx-h100 2>&1; echo "rc=$?"
+{BIN} pick 1 --from dgx-h100 -- sh -c 'echo "CVD=$CUDA_VISIBLE_DEVICES"'
+sleep 2
+"""
+
+
+def test_pick_keeps_to_the_jobs_gpus(slurm_cluster: SlurmCluster) -> None:
+    node = load_node("dgx-h100")
+    jobs = [slurm_cluster.sbatch(["--gres=gpu:2"], SCRIPT) for _ in range(2)]
+    seen: set[str] = set()
+    for job in jobs:
+        assert slurm_cluster.wait(job, timeout=90) == "COMPLETED", slurm_cluster.log_tail()
+        lines = slurm_cluster.output(job).splitlines()
+        indices = tuple(int(i) for i in lines[0].removeprefix("GPUS=").split(","))
+        own = {d.uuid for d in resolve_job_gpus(HookEnv(job_gpus=indices), node)}
+        assert len(own) == 2
+        picked = {g["uuid"] for g in json.loads(lines[1])["gpus"]}
+        assert picked == own, (lines, own)
+        assert "3 GPUs wanted but the job holds 2" in lines[2] and lines[3] == "rc=2"
+        cvd = next(line for line in lines if line.startswith("CVD="))
+        assert cvd.removeprefix("CVD=") in own
+        # the emulated node's GPUs sit on CPUs this host lacks: the job's CPUs are kept, and said
+        kept = [line for line in lines if "keeping the allowed CPUs" in line]
+        assert len(kept) <= 1
+        seen |= own
+    assert len(seen) == 4  # the jobs ran side by side on different GPUs
+
+
+def test_placement_reads_real_scontrol_detail(slurm_cluster: SlurmCluster) -> None:
+    import socket
+    import subprocess
+    import time
+
+    job = slurm_cluster.sbatch(["--gres=gpu:2", "-c", "4"], 'echo "GPUS=$SLURM_JOB_GPUS"; sleep 30')
+    try:
+        deadline = time.monotonic() + 60
+        while slurm_cluster.state(job) != "RUNNING":
+            assert time.monotonic() < deadline, slurm_cluster.log_tail()
+            time.sleep(0.3)
+        host = socket.gethostname().split(".", 1)[0]
+        proc = subprocess.run([BIN, "placement", "--from", "dgx-h100", "--node", host, "--json"],
+                              env=slurm_cluster.env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        rows = {r["job"]: r for r in json.loads(proc.stdout)["jobs"]}
+        row = rows[str(job)]
+        time.sleep(0.5)
+        gpus = slurm_cluster.output(job).splitlines()[0].removeprefix("GPUS=")
+        assert row["gres_idx"] == [int(i) for i in gpus.split(",")]  # IDX = SLURM_JOB_GPUS
+        assert len(row["gpus"]) == 2
+        # -c 4 on a node of 2 threads per core: two cores, abstract CPU_IDs mapped to 4 OS CPUs
+        # (a core's threads are n and n + 112 on the DGX layout)
+        assert len(parse_ranges(row["cpus"])) == 4 and len(parse_ranges(row["slurm_cpus"])) == 4, row
+        os_cpus = parse_ranges(row["cpus"])
+        assert {c % 112 for c in os_cpus} == {c for c in os_cpus if c < 112}, row
+        assert row["numa_affine"] in ("yes", "partly", "no"), row
+    finally:
+        subprocess.run(["/usr/bin/scancel", str(job)], env=slurm_cluster.env, timeout=30, check=False)
