@@ -14,7 +14,7 @@ import re
 from typing import NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.ranges import parse_ranges
+from gpuslurm.ranges import MAX_CPUS, MAX_GPUS, parse_ranges
 from gpuslurm.topo.hostlist import expand_hostlist
 
 _FIELD_RE = re.compile(r"(?:^|\s)(JobId|UserId|JobState|Nodes|CPU_IDs|GRES)=(\S*)")
@@ -69,11 +69,11 @@ def parse_job_detail(text: str, source: str = "scontrol show -d job") -> tuple[J
 def _share(fields: dict[str, str], job: str, source: str) -> NodeShare:
     try:
         nodes = expand_hostlist(fields["Nodes"])
-        cpus = parse_ranges(fields["CPU_IDs"]) if fields["CPU_IDs"] not in ("", "N/A") else ()
+        cpus = parse_ranges(fields["CPU_IDs"], MAX_CPUS) if fields["CPU_IDs"] not in ("", "N/A") else ()
         idx: tuple[int, ...] = ()
         for m in _GPU_IDX_RE.finditer(fields.get("GRES", "")):
             if m.group(1) not in ("", "N/A"):
-                idx += parse_ranges(m.group(1))
+                idx += parse_ranges(m.group(1), MAX_GPUS)
     except ValueError as exc:
         raise InputError(f"job {job}: cannot read its detail line: {exc}", source) from None
     return NodeShare(nodes, cpus, tuple(sorted(set(idx))))
