@@ -4,17 +4,18 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The session-scoped Slurm test cluster (docker-slurm/cluster.sh), for tests marked slurm.
+from cluster_fixture import slurm_cluster  # noqa: F401
+
 # Property tests: no per-example deadline (a 2-core CI machine is noisy); derandomised under CI so a
 # run is reproducible, each test's example count bounded so all of them stay within their CI budget.
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=100,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.register_profile("dev", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, max_examples=100,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("GPUSLURM_HYPOTHESIS_PROFILE", "dev"))
-
-# The session-scoped Slurm test cluster (docker-slurm/cluster.sh), for tests marked slurm.
-from cluster_fixture import slurm_cluster  # noqa: F401
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
 
