@@ -277,7 +277,7 @@ def test_leftover_verdicts() -> None:
 
 
 def write_store(site: HookSite, start: float, uuids: list[str]) -> None:
-    from gpuslurm.watch.model import Cycle, GpuSample
+    from gpuslurm.samples import Cycle, GpuSample
     from gpuslurm.watch.store import Store
 
     (site.root / "state").mkdir(exist_ok=True)

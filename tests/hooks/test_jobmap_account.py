@@ -84,8 +84,7 @@ def test_the_monitor_gives_mapped_allocations_their_account(tmp_path: Path) -> N
 
 
 def test_an_older_map_takes_the_account_from_squeues_last_answer(tmp_path: Path) -> None:
-    from gpuslurm.hw.nvml import ProcessReading
-    from gpuslurm.watch.model import Allocation
+    from gpuslurm.samples import Allocation, ProcessReading
 
     proc = tmp_path / "proc" / "20"  # a process of job 99, which has no map: squeue is asked
     proc.mkdir(parents=True)

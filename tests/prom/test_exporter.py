@@ -15,13 +15,13 @@ import pytest
 from prom_helpers import free_port, normal_exposition
 
 from gpuslurm.errors import InputError
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
 from gpuslurm.watch.exporter import (
     MetricsState,
     cycle_samples,
     render,
     start_exporter,
 )
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
 
 G0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 G1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample, Violation
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, Violation
 from gpuslurm.watch.store import Store
 
 T0 = 1_699_999_200.0  # a whole hour

@@ -25,7 +25,7 @@ import pytest
 
 from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.source import load_node
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, Violation
+from gpuslurm.samples import Allocation, Cycle, GpuSample, Violation
 from gpuslurm.watch.store import Store
 
 NODE = load_node("dgx-h100")

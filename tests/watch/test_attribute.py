@@ -11,9 +11,8 @@ from watch_helpers import V1_ROOT, V2_ROOT, cgroup_unavailable, in_cgroup, sleep
 
 from gpuslurm.errors import CommandError
 from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
-from gpuslurm.hw.nvml import ProcessReading
+from gpuslurm.samples import Allocation, ProcessReading
 from gpuslurm.watch.attribute import Attributor, CgroupJob, parse_cgroup, parse_cgroup_path
-from gpuslurm.watch.model import Allocation
 
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444455556666"
 GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444455556666"

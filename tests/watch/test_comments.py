@@ -20,10 +20,10 @@ from gpuslurm.hooks.epilog import admin_comment
 from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
+from gpuslurm.samples import Allocation
 from gpuslurm.slurm.scontrol import refused_as_finished, set_admin_comment
 from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.comments import PROBLEM_KIND, CommentUpdater
-from gpuslurm.watch.model import Allocation
 from gpuslurm.watch.monitor import Monitor
 from gpuslurm.watch.store import GpuStats, Store
 

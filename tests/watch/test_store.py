@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
 from gpuslurm.watch.store import SCHEMA_VERSION, Store, StoreError
 
 G0, G1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"

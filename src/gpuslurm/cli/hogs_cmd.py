@@ -19,7 +19,7 @@ from datetime import datetime
 import click
 
 from gpuslurm.cli.main import json_option
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 REPEAT_S = 60.0  # how often a monitor re-appends an ongoing violation to the shared directory
 

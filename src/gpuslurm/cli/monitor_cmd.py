@@ -92,8 +92,8 @@ def _squeue(cfg: Any, node_name: str, node: Any) -> Any:
     if not os.access(cfg.paths.squeue, os.X_OK):
         _warn(f"{cfg.paths.squeue} is missing: jobs without a prolog map stay unattributed to GPUs")
         return None
+    from gpuslurm.samples import Allocation
     from gpuslurm.slurm.squeue import node_allocations
-    from gpuslurm.watch.model import Allocation
 
     def allocations() -> tuple[Allocation, ...]:
         found = node_allocations(cfg.paths.squeue, node_name, node, timeout=cfg.monitor.command_timeout_s)

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Node
-from gpuslurm.hw.nvml import DeviceReading, ProcessReading, Reading
+from gpuslurm.samples import GpuSample, ProcessReading, Reading
 
 ENV_VAR = "GPUSLURM_SCENARIO"
 FILE_NAME = "scenario.json"
@@ -184,8 +184,8 @@ def step_at(scenario: Scenario, start: float, now: float) -> Step | None:
     return current
 
 
-def readings(node: Node, step: Step | None) -> Reading:
-    """What NVML would report for ``node`` in ``step`` (None: idle, no processes)."""
+def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
+    """What NVML would report for ``node`` in ``step`` (None: idle, no processes), stamped ``now``."""
     gpus = step.gpus if step is not None else {}
     lost = {g.uuid for g in node.gpus if gpus.get(g.uuid.lower(), GpuState()).lost}
     procs = tuple(p for p in (step.procs if step else ()) if p.gpu_uuid not in lost)
@@ -195,30 +195,30 @@ def readings(node: Node, step: Step | None) -> Reading:
         used[key] = used.get(key, 0.0) + (p.mem_mib or 0.0)
         if p.mig_uuid:
             used[p.gpu_uuid.lower()] = used.get(p.gpu_uuid.lower(), 0.0) + (p.mem_mib or 0.0)
-    devices: list[DeviceReading] = []
+    devices: list[GpuSample] = []
     problems: list[tuple[str, str, str]] = []
     for g in node.gpus:
         if g.uuid in lost:
             problems.append(("gpu-lost", g.uuid, "the scenario says the GPU fell off the bus"))
             continue
         st = gpus.get(g.uuid.lower(), GpuState())
-        devices.append(DeviceReading(
-            g.uuid, None, st.util_pct if st.util_pct is not None else 0.0,
+        devices.append(GpuSample(
+            now, g.uuid, None, st.util_pct if st.util_pct is not None else 0.0,
             st.mem_used_mib if st.mem_used_mib is not None else used.get(g.uuid.lower(), 0.0),
             float(g.memory_mib), st.power_w, st.temp_c))
         for m in g.mig_devices if g.mig_mode else ():
             if not m.uuid:
                 continue
             ms = gpus.get(m.uuid.lower(), GpuState())
-            devices.append(DeviceReading(
-                g.uuid, m.uuid, ms.util_pct,  # NVML gives no utilisation for a MIG device
+            devices.append(GpuSample(
+                now, g.uuid, m.uuid, ms.util_pct,  # NVML gives no utilisation for a MIG device
                 ms.mem_used_mib if ms.mem_used_mib is not None else used.get(m.uuid.lower(), 0.0),
                 float(m.memory_mib)))
     return Reading(tuple(devices), procs, tuple(problems))
 
 
 class ScenarioSampler:
-    """The replay counterpart of :class:`gpuslurm.hw.nvml.NvmlSampler`."""
+    """The replay counterpart of :class:`gpuslurm.hw.nvml_sampler.NvmlSampler`."""
 
     def __init__(self, node: Node, path: Path | None) -> None:
         self.node = node
@@ -261,7 +261,7 @@ class ScenarioSampler:
     def read(self, now: float) -> Reading:
         problem = self._load() if self.path is not None else None
         step = step_at(self._scenario, self._start, now) if self._scenario is not None else None
-        reading = readings(self.node, step)
+        reading = readings(self.node, step, now)
         if problem is not None:
             reading = reading._replace(problems=(*reading.problems,
                                                  ("scenario-error", str(self.path), problem)))

@@ -21,8 +21,7 @@ from typing import NamedTuple
 
 from gpuslurm.errors import GpuslurmError
 from gpuslurm.hw import procfs
-from gpuslurm.hw.nvml import ProcessReading
-from gpuslurm.watch.model import Allocation, ProcSample, ScanProblem
+from gpuslurm.samples import Allocation, ProcessReading, ProcSample, ScanProblem
 
 
 class CgroupJob(NamedTuple):

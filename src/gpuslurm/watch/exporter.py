@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuslurm.errors import InputError
-from gpuslurm.watch.model import Allocation, Cycle, Violation
+from gpuslurm.samples import Allocation, Cycle, Violation
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 MIB = 1 << 20

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuslurm.config import Config
 from gpuslurm.errors import GpuslurmError, InputError
-from gpuslurm.watch.model import Allocation, Cycle, ScanProblem, Violation
+from gpuslurm.samples import Allocation, Cycle, ScanProblem, Violation
 from gpuslurm.watch.view import Snapshot, build_snapshot
 
 
