@@ -10,8 +10,8 @@ import pytest
 from hook_helpers import HookSite, make_site
 
 from gpuslurm.errors import InputError
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, list_maps, read_map, write_map
 from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.state.jobmap import JobMap, MappedDevice, list_maps, read_map, write_map
 from gpuslurm.watch.attribute import Attributor
 
 DEVICES = (MappedDevice("GPU-aaaa", 2, 0, None, ("/dev/nvidia2",)),)

@@ -32,13 +32,13 @@ from typing import Any, NamedTuple
 import pytest
 from prom_helpers import Prom, api, normal_exposition
 
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.source import load_node
 from gpuslurm.report import prometheus as promsrc
 from gpuslurm.report.compute import Policy, compute
 from gpuslurm.report.data import ReportData
 from gpuslurm.report.prometheus import load_prometheus, load_violations
 from gpuslurm.report.query import load_sqlite
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 
 NODE = load_node("dgx-h100")
 U = [g.uuid for g in NODE.gpus]

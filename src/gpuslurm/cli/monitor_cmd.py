@@ -42,9 +42,9 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
 
     from gpuslurm.config import load_config
     from gpuslurm.errors import InputError
+    from gpuslurm.state.store import Store, default_path
     from gpuslurm.watch import monitor as mon
     from gpuslurm.watch.attribute import Attributor
-    from gpuslurm.watch.store import Store, default_path
 
     cfg = load_config()
     mc = cfg.monitor

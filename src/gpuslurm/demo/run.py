@@ -151,12 +151,12 @@ def run_day(out: Path, hours: float, *, speed: float | None = None,
 
     ``speed``: simulated seconds per real second (None: as fast as the machine goes).
     """
-    from gpuslurm.hooks.jobmap import JobMap, MappedDevice, remove_map, write_map
     from gpuslurm.hw.scenario import ScenarioSampler
     from gpuslurm.hw.source import load_node
     from gpuslurm.policy.detect import Detector
+    from gpuslurm.state.jobmap import JobMap, MappedDevice, remove_map, write_map
+    from gpuslurm.state.store import Store
     from gpuslurm.watch.monitor import Monitor
-    from gpuslurm.watch.store import Store
 
     check_hours(hours)
     day_s = round(hours * 3600.0 / script.STEP_S) * script.STEP_S

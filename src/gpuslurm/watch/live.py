@@ -42,9 +42,9 @@ class LiveView:
     def __init__(self, cfg: Config, source: str | None, db: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         from gpuslurm.policy.detect import Detector
+        from gpuslurm.state.store import default_path
         from gpuslurm.watch.attribute import Attributor
         from gpuslurm.watch.monitor import Monitor, open_sampler
-        from gpuslurm.watch.store import default_path
 
         self.cfg = cfg
         self.source = source
@@ -81,7 +81,7 @@ class LiveView:
     def _stored(self, now: float) -> tuple[list[Violation], str, ScanProblem | None]:
         """The violations the monitor's store holds as current, where the view's came from, and
         why the store could not be read (if it could not)."""
-        from gpuslurm.watch.store import Store
+        from gpuslurm.state.store import Store
 
         mine = "this view's detectors"
         if not os.path.exists(self.db):

@@ -21,7 +21,7 @@ from gpuslurm.safedir import UnsafePathError as UnsafePathError  # where callers
 from gpuslurm.safedir import check_private, open_dir, replace_at, why_refused
 
 if TYPE_CHECKING:
-    from gpuslurm.slurm.hookenv import JobDevice
+    from gpuslurm.state.job import JobDevice
 
 DEFAULT_JOBS_DIR = "/run/gpuslurm/jobs"
 FORMAT_VERSION = 1
