@@ -110,7 +110,7 @@ def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None
     from gpuslurm.gres.records import GresOptions
     from gpuslurm.hw.source import load_node
     from gpuslurm.isolate.mig import load_layout
-    from gpuslurm.isolate.mig_apply import ApplyOptions, MigApplier
+    from gpuslurm.slurm.mig_apply import ApplyOptions, MigApplier
 
     wanted_layout = load_layout(layout)
     cfg = load_config()
