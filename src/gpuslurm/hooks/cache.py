@@ -143,7 +143,7 @@ def _read_node(spec: str | None) -> NodeIdentity:
 
 def _load(directory: str, name: str, warn: Warn | None) -> Any:
     """The cached document, or None when absent, unsafe, unreadable or from another version."""
-    from gpuslurm.state.jobmap import read_private_file
+    from gpuslurm.safedir import read_private_file
 
     try:
         data = read_private_file(directory, name, MAX_BYTES)
@@ -163,7 +163,7 @@ def _load(directory: str, name: str, warn: Warn | None) -> Any:
 
 
 def _store(directory: str, name: str, doc: dict[str, Any], warn: Warn | None) -> None:
-    from gpuslurm.state.jobmap import write_private_file
+    from gpuslurm.safedir import write_private_file
 
     doc = {"format": FORMAT, "gpuslurm": __version__, **doc}
     try:

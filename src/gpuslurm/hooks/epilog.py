@@ -380,7 +380,8 @@ def _drain(environ: Mapping[str, str], drains: list[Any], labels: dict[str, str]
 
 def write_summary(summary: Mapping[str, Any], directory: str, job_id: str) -> str:
     """Write ``<directory>/<jobid>-summary.json`` atomically (0600, no symlinks followed)."""
-    from gpuslurm.state.jobmap import check_job_id, write_private_file
+    from gpuslurm.safedir import write_private_file
+    from gpuslurm.state.jobmap import check_job_id
 
     final = f"{check_job_id(job_id)}-summary.json"
     payload = (json.dumps(summary, sort_keys=True, indent=1) + "\n").encode()
