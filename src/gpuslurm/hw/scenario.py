@@ -40,18 +40,14 @@ _GPU_KEYS = {"util": "util_pct", "mem_mib": "mem_used_mib", "power_w": "power_w"
 _PROC_KEYS = frozenset({"pid", "gpu", "mem_mib", "sm"})
 
 
-class GpuState(NamedTuple):
-    lost: bool = False
-    util_pct: float | None = None
-    mem_used_mib: float | None = None
-    power_w: float | None = None
-    temp_c: float | None = None
-
-
 class Step(NamedTuple):
     at: float
-    gpus: dict[str, GpuState]  # by GPU or MIG UUID
+    gpus: dict[str, GpuSample]  # by GPU or MIG UUID (lower case): the values the step sets, ts 0
     procs: tuple[ProcessReading, ...]
+    lost: frozenset[str] = frozenset()  # GPU UUIDs (lower case) that fell off the bus
+
+
+_UNSET = GpuSample(0.0, "")
 
 
 class Scenario(NamedTuple):
@@ -123,7 +119,8 @@ def _step(item: Any, where: str, source: str, parents: dict[str, tuple[str, str 
     if not _is_number(at) or at < 0:
         raise CaptureError(f"{where or 'the scenario'}: 'at' must be seconds from the start, not {at!r}",
                            source=source)
-    gpus: dict[str, GpuState] = {}
+    gpus: dict[str, GpuSample] = {}
+    lost: set[str] = set()
     raw_gpus = item.get("gpus", {})
     if not isinstance(raw_gpus, dict):
         raise CaptureError("'gpus' must be an object keyed by GPU UUID", source=f"{source} {where}".strip())
@@ -138,12 +135,13 @@ def _step(item: Any, where: str, source: str, parents: dict[str, tuple[str, str 
             if key == "lost":
                 if not isinstance(value, bool):
                     raise CaptureError(f"{here}: 'lost' must be true or false", source=source)
-                values["lost"] = value
+                if value:
+                    lost.add(uuid.lower())
             elif key in _GPU_KEYS:
                 values[_GPU_KEYS[key]] = _measure(value, f"{here}.{key}", source, key == "util")
             else:
                 raise CaptureError(f"{here}: unknown key {key!r}", source=source)
-        gpus[uuid.lower()] = GpuState(**values)
+        gpus[uuid.lower()] = GpuSample(0.0, uuid, **values)
     raw_procs = item.get("procs", [])
     if not isinstance(raw_procs, list):
         raise CaptureError("'procs' must be a list", source=f"{source} {where}".strip())
@@ -164,7 +162,7 @@ def _step(item: Any, where: str, source: str, parents: dict[str, tuple[str, str 
         mem = _measure(p["mem_mib"], f"{here}.mem_mib", source) if "mem_mib" in p else None
         sm = _measure(p["sm"], f"{here}.sm", source, True) if "sm" in p else None
         procs.append(ProcessReading(pid, parent, mig, mem, sm))
-    return Step(float(at), gpus, tuple(procs))
+    return Step(float(at), gpus, tuple(procs), frozenset(lost))
 
 
 def _measure(value: Any, where: str, source: str, percent: bool = False) -> float:
@@ -187,7 +185,7 @@ def step_at(scenario: Scenario, start: float, now: float) -> Step | None:
 def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
     """What NVML would report for ``node`` in ``step`` (None: idle, no processes), stamped ``now``."""
     gpus = step.gpus if step is not None else {}
-    lost = {g.uuid for g in node.gpus if gpus.get(g.uuid.lower(), GpuState()).lost}
+    lost = {g.uuid for g in node.gpus if step is not None and g.uuid.lower() in step.lost}
     procs = tuple(p for p in (step.procs if step else ()) if p.gpu_uuid not in lost)
     used: dict[str, float] = {}
     for p in procs:
@@ -201,7 +199,7 @@ def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
         if g.uuid in lost:
             problems.append(("gpu-lost", g.uuid, "the scenario says the GPU fell off the bus"))
             continue
-        st = gpus.get(g.uuid.lower(), GpuState())
+        st = gpus.get(g.uuid.lower(), _UNSET)
         devices.append(GpuSample(
             now, g.uuid, None, st.util_pct if st.util_pct is not None else 0.0,
             st.mem_used_mib if st.mem_used_mib is not None else used.get(g.uuid.lower(), 0.0),
@@ -209,7 +207,7 @@ def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
         for m in g.mig_devices if g.mig_mode else ():
             if not m.uuid:
                 continue
-            ms = gpus.get(m.uuid.lower(), GpuState())
+            ms = gpus.get(m.uuid.lower(), _UNSET)
             devices.append(GpuSample(
                 now, g.uuid, m.uuid, ms.util_pct,  # NVML gives no utilisation for a MIG device
                 ms.mem_used_mib if ms.mem_used_mib is not None else used.get(m.uuid.lower(), 0.0),
