@@ -18,7 +18,7 @@ import time
 
 from gpuslurm.config import parse_config
 from gpuslurm.policy.detect import Detector
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample
 
 USERS = ("alice", "bob", "carol", "dave")
 

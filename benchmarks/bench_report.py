@@ -30,7 +30,7 @@ from gpuslurm.report.compute import Policy, compute
 from gpuslurm.report.data import auto_step
 from gpuslurm.report.query import load_sqlite
 from gpuslurm.report.render import write_table
-from gpuslurm.watch.store import Store
+from gpuslurm.state.store import Store
 
 GPUS = 8
 USERS = ("alice", "bob", "carol", "dave", "erin")

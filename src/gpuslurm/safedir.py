@@ -219,3 +219,67 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a file"
+
+
+# -- private files: the job maps, the hooks' cache and summaries ----------------------------------
+
+def write_private_file(base: str, final: str, payload: bytes) -> str:
+    """Write ``<base>/<final>`` atomically, mode 0600, through a directory checked component by
+    component; a symlink or odd file at the name is refused, never followed. Returns the path.
+    """
+    dfd = open_dir(base, create_mode=0o755, private=True)  # ancestors 0755: per-job dirs sit beside
+    assert dfd is not None
+    try:
+        _refuse_odd_entry(dfd, final, base)
+        replace_at(dfd, final, payload, 0o600, source=os.path.join(base, final))
+    finally:
+        os.close(dfd)
+    return os.path.join(base, final)
+
+
+def read_private_file(base: str, name: str, limit: int) -> bytes | None:
+    """The content of ``<base>/<name>``, reached and checked as :func:`write_private_file` writes
+    it (a regular file of ours, not writable by others); None when it or ``base`` is missing.
+    """
+    dfd = open_dir(base, private=True)
+    if dfd is None:
+        return None
+    try:
+        return read_private_at(dfd, name, base, limit)
+    finally:
+        os.close(dfd)
+
+
+def read_private_at(dfd: int, name: str, base: str, limit: int) -> bytes | None:
+    """``name`` in the directory ``dfd`` (``base``) if it is a regular, private file of at most
+    ``limit`` bytes; None when it is missing. A symlink, FIFO or other file is refused."""
+    path = os.path.join(base, name)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink
+        raise UnsafePathError(f"refusing to read: {why_refused(dfd, name, exc)}", source=path) from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError("refusing to read: not a regular file", source=path)
+        check_private(st, path, "file")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"larger than {limit} bytes: not a file gpuslurm wrote", source=path)
+    return data
+
+
+def _refuse_odd_entry(dfd: int, name: str, base: str) -> None:
+    """Refuse to replace anything but a regular file of ours: something else means tampering."""
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return
+    path = os.path.join(base, name)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError("refusing to replace a symlink", source=path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError("refusing to replace: not a regular file", source=path)
+    check_private(st, path, "file")

@@ -21,8 +21,8 @@ from gpuslurm.config import ActConfig, ActIdle, ActRogue, Config, PathsConfig
 from gpuslurm.errors import InputError
 from gpuslurm.hw.procfs import ProcIdentity, read_identity, start_time
 from gpuslurm.hw.source import load_node
+from gpuslurm.samples import Allocation, Cycle, ProcSample, Violation
 from gpuslurm.watch.act import Actor
-from gpuslurm.watch.model import Allocation, Cycle, ProcSample, Violation
 
 NOBODY = 65534
 GPU = load_node("dgx-h100").gpus[1].uuid

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuslurm.config import ActConfig, ActIdle, ActRogue, ActShare, parse_config
 from gpuslurm.policy.act import Planner, Step
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 GPU0, GPU1 = "GPU-0", "GPU-1"
 

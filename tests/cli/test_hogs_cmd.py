@@ -14,7 +14,7 @@ import pytest
 
 from gpuslurm.cli.hogs_cmd import current
 from gpuslurm.hw.source import load_node
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

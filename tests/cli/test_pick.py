@@ -224,8 +224,8 @@ def test_ctrl_c_while_waiting_exits_cleanly(tmp_path: Path) -> None:
 
 def test_load_window_from_the_monitor_store(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuslurm.watch.model import Cycle, GpuSample
-    from gpuslurm.watch.store import Store
+    from gpuslurm.samples import Cycle, GpuSample
+    from gpuslurm.state.store import Store
 
     u = uuids("l40s-4x")
     db = tmp_path / "monitor.db"

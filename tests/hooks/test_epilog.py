@@ -23,11 +23,11 @@ import pytest
 from hook_helpers import HookSite, make_site
 
 from gpuslurm.hooks.epilog import admin_comment, run_epilog
-from gpuslurm.hooks.jobmap import job_map, write_map
 from gpuslurm.hooks.leftovers import Target, kill_processes, leftover_verdict, plan_kills
 from gpuslurm.hooks.prolog import HookLog, run_prolog
 from gpuslurm.hw.health import GpuProcess
-from gpuslurm.watch.store import GpuStats
+from gpuslurm.state.jobmap import job_map, write_map
+from gpuslurm.state.store import GpuStats
 
 NOBODY = 65534
 FREEZER = Path("/sys/fs/cgroup/freezer")
@@ -190,7 +190,7 @@ def test_exclusions_other_jobs_and_ignored_users(site: HookSite, spawn: list[Lef
     prolog(site, gpus="0,1")
     # job 555 of uid 1001 still holds GPU 1 (a MIG slice or a shared GPU)
     from gpuslurm.hw.source import load_node
-    from gpuslurm.slurm.hookenv import JobDevice
+    from gpuslurm.state.job import JobDevice
 
     gpu1 = load_node(str(site.bundle)).gpus[1]
     write_map(job_map("555", "bob", 1001, [JobDevice(gpu1, None, 1)], start=1.0), str(site.jobs_dir))
@@ -277,8 +277,8 @@ def test_leftover_verdicts() -> None:
 
 
 def write_store(site: HookSite, start: float, uuids: list[str]) -> None:
-    from gpuslurm.watch.model import Cycle, GpuSample
-    from gpuslurm.watch.store import Store
+    from gpuslurm.samples import Cycle, GpuSample
+    from gpuslurm.state.store import Store
 
     (site.root / "state").mkdir(exist_ok=True)
     with Store.open(str(site.root / "state" / "monitor.db")) as store:

@@ -8,8 +8,10 @@ import stat
 import pytest
 
 from gpuslurm.errors import InputError
-from gpuslurm.hooks import jobmap
-from gpuslurm.hooks.jobmap import (
+from gpuslurm.hw.source import load_node
+from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
+from gpuslurm.state import jobmap
+from gpuslurm.state.jobmap import (
     JobMap,
     MappedDevice,
     UnsafePathError,
@@ -21,8 +23,6 @@ from gpuslurm.hooks.jobmap import (
     remove_map,
     write_map,
 )
-from gpuslurm.hw.source import load_node
-from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
 
 
 def sample(job_id: str = "1234", start: float = 1_700_000_000.5) -> JobMap:

@@ -10,8 +10,8 @@ import pytest
 from hook_helpers import HookSite, make_site
 
 from gpuslurm.errors import InputError
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, list_maps, read_map, write_map
 from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.state.jobmap import JobMap, MappedDevice, list_maps, read_map, write_map
 from gpuslurm.watch.attribute import Attributor
 
 DEVICES = (MappedDevice("GPU-aaaa", 2, 0, None, ("/dev/nvidia2",)),)
@@ -84,8 +84,7 @@ def test_the_monitor_gives_mapped_allocations_their_account(tmp_path: Path) -> N
 
 
 def test_an_older_map_takes_the_account_from_squeues_last_answer(tmp_path: Path) -> None:
-    from gpuslurm.hw.nvml import ProcessReading
-    from gpuslurm.watch.model import Allocation
+    from gpuslurm.samples import Allocation, ProcessReading
 
     proc = tmp_path / "proc" / "20"  # a process of job 99, which has no map: squeue is asked
     proc.mkdir(parents=True)

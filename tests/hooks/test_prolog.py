@@ -12,8 +12,8 @@ import pytest
 from hook_helpers import HookSite, make_site
 
 from gpuslurm.hooks.epilog import run_epilog
-from gpuslurm.hooks.jobmap import job_map, read_map, write_map
 from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.state.jobmap import job_map, read_map, write_map
 
 
 @pytest.fixture
@@ -187,7 +187,7 @@ def test_epilog_survives_a_corrupt_map(site: HookSite) -> None:
 
 def test_map_written_by_jobmap_is_what_the_epilog_reads(site: HookSite) -> None:
     from gpuslurm.hw.source import load_node
-    from gpuslurm.slurm.hookenv import JobDevice
+    from gpuslurm.state.job import JobDevice
 
     gpu = load_node(str(site.bundle)).gpus[6]
     write_map(job_map("1234", "alice", 1000, [JobDevice(gpu, None, 6)], start=5.0), str(site.jobs_dir))

@@ -15,7 +15,7 @@ from gpuslurm.errors import InputError
 from gpuslurm.gres.conf_parse import parse_gres_conf
 from gpuslurm.hw.source import load_node
 from gpuslurm.isolate.mig import diff_lines, load_layout, resolve_layout
-from gpuslurm.isolate.mig_apply import busy_jobs, is_drained, mode_query, node_field, write_atomic
+from gpuslurm.slurm.mig_apply import busy_jobs, is_drained, mode_query, node_field, write_atomic
 
 # `scontrol -o show node` of the test cluster's node while `mig apply` held it (Slurm 22.05.8).
 SHOW_NODE = (

@@ -23,7 +23,7 @@ import pytest
 from mig_helpers import make_bundle, smi_env, smi_log, write_config
 
 from gpuslurm.gres.conf_parse import parse_gres_conf
-from gpuslurm.isolate.mig_apply import node_field
+from gpuslurm.slurm.mig_apply import node_field
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 
 from gpuslurm.config import DetectConfig, parse_config
 from gpuslurm.policy.detect import Detector
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
 
 GPUS = tuple(f"GPU-{i:04d}" for i in range(4))
 UID = {"alice": 1001, "bob": 1002, "carol": 1003, "dcgm": 990}

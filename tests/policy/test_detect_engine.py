@@ -3,7 +3,7 @@ from __future__ import annotations
 from detect_helpers import GPUS, alloc, cycle, detect_cfg, proc, utils
 
 from gpuslurm.policy.detect import Detector, rebuild
-from gpuslurm.watch.model import Cycle, Violation
+from gpuslurm.samples import Cycle, Violation
 
 G0, G1, G2, G3 = GPUS
 MIXED = ("[detect.idle]\nwindow_s = 120\ngrace_s = 30\n"

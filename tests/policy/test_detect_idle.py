@@ -4,7 +4,7 @@ import pytest
 from detect_helpers import GPUS, alloc, cycle, detect_cfg, gpu, kinds, proc, run, utils
 
 from gpuslurm.policy.detect import Detector
-from gpuslurm.watch.model import ScanProblem
+from gpuslurm.samples import ScanProblem
 
 G0, G1, G2 = GPUS[0], GPUS[1], GPUS[2]
 IDLE = {"window_s": "60", "grace_s": "0", "threshold_pct": "5", "min_samples": "3"}

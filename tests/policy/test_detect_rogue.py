@@ -3,7 +3,7 @@ from __future__ import annotations
 from detect_helpers import GPUS, alloc, cycle, detect_cfg, gpu, proc, utils
 
 from gpuslurm.policy.detect import Detector
-from gpuslurm.watch.model import ScanProblem
+from gpuslurm.samples import ScanProblem
 
 ONLY_ROGUE = "[detect.idle]\nenabled = false\n[detect.share]\nenabled = false\n"
 G0, G1, G2 = GPUS[0], GPUS[1], GPUS[2]

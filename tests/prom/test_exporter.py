@@ -12,18 +12,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prom_helpers import free_port
+from prom_helpers import free_port, normal_exposition
 
 from gpuslurm.errors import InputError
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
 from gpuslurm.watch.exporter import (
     MetricsState,
     cycle_samples,
-    escape_label_value,
-    format_value,
     render,
     start_exporter,
 )
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
 
 G0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 G1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
@@ -44,18 +42,19 @@ def _cycle(ts: float, *, job: bool = True, rogue: bool = False) -> tuple[Cycle, 
 
 
 def _lines(text: str, prefix: str) -> list[str]:
-    return [x for x in text.splitlines() if x.startswith(prefix)]
+    return [x for x in normal_exposition(text).splitlines() if x.startswith(prefix)]
 
 
-def test_label_values_and_numbers_are_written_as_the_text_format_wants() -> None:
-    assert escape_label_value('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
-    assert [format_value(x) for x in (3.0, 0.75, float("nan"), float("inf"), -float("inf"), 1e20)] == \
-        ["3", "0.75", "NaN", "+Inf", "-Inf", "1e+20"]
+def test_label_values_are_escaped_as_the_text_format_wants() -> None:
+    cycle, _ = _cycle(1000.0)
+    text = normal_exposition(render(cycle_samples(cycle, [])))
+    assert 'process="py\\"th\\\\on\\nx"' in text
+    assert f'gpuslurm_gpu_utilization_ratio{{node="n1",gpu_uuid="{G0}",mig_uuid=""}} 0.75' in text
 
 
 def test_a_cycle_becomes_gauges_with_base_units_and_job_labels() -> None:
     cycle, violations = _cycle(1000.0, rogue=True)
-    text = render(cycle_samples(cycle, violations))
+    text = normal_exposition(render(cycle_samples(cycle, violations)))
     dev0 = f'node="n1",gpu_uuid="{G0}",mig_uuid=""'
     mig = f'node="n1",gpu_uuid="{G1}",mig_uuid="{M1}"'
     assert _lines(text, "gpuslurm_gpu_utilization_ratio{") == \
@@ -89,11 +88,11 @@ def test_a_free_device_reports_0_and_an_ended_job_leaves_no_series() -> None:
     state = MetricsState()
     cycle, violations = _cycle(1000.0, rogue=True)
     state.update(cycle, violations)
-    busy = state.body().decode()
+    busy = normal_exposition(state.body().decode())
     assert 'job_id="812"' in busy and "gpuslurm_violation_active{" in busy
     cycle, violations = _cycle(1001.0, job=False)
     state.update(cycle, violations)
-    after = state.body().decode()
+    after = normal_exposition(state.body().decode())
     assert 'job_id="812"' not in after and 'account="physics"' not in after
     assert "gpuslurm_violation_active{" not in after and 'pid="99"' not in after
     assert f'gpuslurm_gpu_allocated{{node="n1",gpu_uuid="{G0}",mig_uuid="",job_id="",user="",account=""}} 0' \
@@ -108,7 +107,8 @@ def test_an_ongoing_violation_is_counted_once() -> None:
     state = MetricsState()
     for ts in (1000.0, 1001.0, 1002.0):
         state.update(*_cycle(ts, rogue=True))
-    assert 'gpuslurm_violations_started_total{node="n1",kind="rogue"} 1' in state.body().decode()
+    text = normal_exposition(state.body().decode())
+    assert 'gpuslurm_violations_started_total{node="n1",kind="rogue"} 1' in text
 
 
 def test_duplicate_series_are_written_once() -> None:
@@ -125,7 +125,7 @@ def test_the_server_serves_metrics_and_nothing_else() -> None:
         port = exporter.address[1]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
-            assert b'gpuslurm_gpu_utilization_ratio{node="n1"' in resp.read()
+            assert 'gpuslurm_gpu_utilization_ratio{node="n1"' in normal_exposition(resp.read().decode())
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/query", timeout=5)
         assert err.value.code == 404
@@ -167,7 +167,7 @@ def test_the_monitor_serves_its_cycles(tmp_path: Path) -> None:
             time.sleep(0.1)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-                    text = resp.read().decode()
+                    text = normal_exposition(resp.read().decode())
             except OSError:
                 continue
             found = re.search(r'^gpuslurm_monitor_cycles_total\{node="[^"]+"\} (\d+)$', text, re.M)

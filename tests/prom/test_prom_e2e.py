@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from prom_helpers import Prom, api
+from prom_helpers import Prom, api, normal_exposition
 
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.source import load_node
 from gpuslurm.report import prometheus as promsrc
 from gpuslurm.report.compute import Policy, compute
 from gpuslurm.report.data import ReportData
 from gpuslurm.report.prometheus import load_prometheus, load_violations
 from gpuslurm.report.query import load_sqlite
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 
 NODE = load_node("dgx-h100")
 U = [g.uuid for g in NODE.gpus]
@@ -167,7 +167,7 @@ def test_metrics_parse_with_promtool_and_follow_the_conventions(run: Run, promto
         done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
                               check=False)
         assert done.returncode == 0, done.stdout + done.stderr
-    text = run.metrics_busy
+    text = normal_exposition(run.metrics_busy)
     assert "# TYPE gpuslurm_gpu_utilization_ratio gauge" in text
     assert "# TYPE gpuslurm_monitor_cycles_total counter" in text
     line = next(x for x in text.splitlines() if x.startswith("gpuslurm_process_gpu_memory_bytes{")
@@ -183,12 +183,13 @@ def test_metrics_parse_with_promtool_and_follow_the_conventions(run: Run, promto
 
 
 def test_series_of_an_ended_job_vanish_from_metrics_and_go_stale(run: Run) -> None:
-    assert f'job_id="{run.job}"' in run.metrics_busy
-    assert f'job_id="{run.job}"' not in run.metrics_after
+    assert f'job_id="{run.job}"' in normal_exposition(run.metrics_busy)
+    assert f'job_id="{run.job}"' not in normal_exposition(run.metrics_after)
     assert f'gpuslurm_gpu_allocated{{node="{NODE_NAME}",gpu_uuid="{U[0]}",mig_uuid="",job_id="",user="",' \
-           'account=""} 0' in run.metrics_after
-    assert "gpuslurm_violation_active{" not in run.metrics_after  # the rogue left at 16 s
-    assert f'gpuslurm_violations_started_total{{node="{NODE_NAME}",kind="rogue"}} 1' in run.metrics_after
+           'account=""} 0' in normal_exposition(run.metrics_after)
+    assert "gpuslurm_violation_active{" not in normal_exposition(run.metrics_after)  # the rogue left at 16 s
+    after = normal_exposition(run.metrics_after)
+    assert f'gpuslurm_violations_started_total{{node="{NODE_NAME}",kind="rogue"}} 1' in after
     assert sorted(r["metric"]["gpu_uuid"] for r in run.live_query["data"]["result"]) == sorted(U[:2])
     assert run.stale_query["status"] == "success" and run.stale_query["data"]["result"] == []
 

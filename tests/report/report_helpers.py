@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample, Violation
-from gpuslurm.watch.store import Store
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, Violation
+from gpuslurm.state.store import Store
 
 T0 = 1_699_999_200.0  # a whole hour
 G0, G1, G2 = "GPU-00000000-aaaa", "GPU-11111111-bbbb", "GPU-22222222-cccc"

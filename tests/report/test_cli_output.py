@@ -106,7 +106,7 @@ def test_bad_stores(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite at all" * 100)
     assert "not an SQLite database" in one_line_error(run(["--db", str(junk)], tmp_path))
-    from gpuslurm.watch.store import Store
+    from gpuslurm.state.store import Store
 
     empty = tmp_path / "empty.db"
     Store.open(str(empty)).close()

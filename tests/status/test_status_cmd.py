@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.source import load_node
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, Violation
-from gpuslurm.watch.store import Store
+from gpuslurm.samples import Allocation, Cycle, GpuSample, Violation
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
+from gpuslurm.state.store import Store
 
 NODE = load_node("dgx-h100")
 U = [g.uuid for g in sorted(NODE.gpus, key=lambda g: g.index)]

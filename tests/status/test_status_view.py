@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpuslurm.hw.source import load_node
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
 from gpuslurm.watch.view import build_snapshot, plain, render, snapshot_dict, styled
 
 NODE = load_node("dgx-h100")

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpuslurm.samples import Violation
 from gpuslurm.slurm.throttle import append_violations, read_throttle_file
-from gpuslurm.watch.model import Violation
 
 
 def gs(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

@@ -13,6 +13,7 @@ import pytest
 
 from gpuslurm.errors import InputError
 from gpuslurm.policy.throttle import Throttle, add_throttle
+from gpuslurm.samples import Violation
 from gpuslurm.slurm.throttle import (
     HEADER_PREFIX,
     append_violations,
@@ -23,7 +24,6 @@ from gpuslurm.slurm.throttle import (
     update_throttle_file,
     write_throttle_file,
 )
-from gpuslurm.watch.model import Violation
 
 NOW = time.time()
 A = Throttle("alice", int(NOW) + 3600, "reject", 0, int(NOW), "help@x", "rogue: 100% of GPU-1")

@@ -25,7 +25,7 @@ from gpuslurm.policy.throttle import (
     violation_from_line,
     violation_to_line,
 )
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 NOW = 1_900_000_000
 

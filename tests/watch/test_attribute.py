@@ -10,10 +10,10 @@ import pytest
 from watch_helpers import V1_ROOT, V2_ROOT, cgroup_unavailable, in_cgroup, sleeper, stop
 
 from gpuslurm.errors import CommandError
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
-from gpuslurm.hw.nvml import ProcessReading
-from gpuslurm.watch.attribute import Attributor, CgroupJob, parse_cgroup, parse_cgroup_path
-from gpuslurm.watch.model import Allocation
+from gpuslurm.samples import Allocation, ProcessReading
+from gpuslurm.state.cgroup import CgroupJob, parse_cgroup, parse_cgroup_path
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
+from gpuslurm.watch.attribute import Attributor
 
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444455556666"
 GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444455556666"
@@ -186,7 +186,7 @@ def test_squeue_fills_in_for_jobs_without_a_map_rate_limited(tmp_path: Path) -> 
 
 
 def test_a_slurm_shaped_cgroup_under_a_users_own_slice_is_no_job() -> None:
-    from gpuslurm.watch.attribute import parse_cgroup_path
+    from gpuslurm.state.cgroup import parse_cgroup_path
 
     fake = "/user.slice/user-1000.slice/user@1000.service/app.slice/slurm/uid_1000/job_5/step_0"
     assert parse_cgroup_path(fake) is None

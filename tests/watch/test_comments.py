@@ -17,15 +17,15 @@ import pytest
 
 from gpuslurm.errors import CommandError, GpuslurmError, InputError
 from gpuslurm.hooks.epilog import admin_comment
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
+from gpuslurm.samples import Allocation
 from gpuslurm.slurm.scontrol import refused_as_finished, set_admin_comment
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
+from gpuslurm.state.store import GpuStats, Store
 from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.comments import PROBLEM_KIND, CommentUpdater
-from gpuslurm.watch.model import Allocation
 from gpuslurm.watch.monitor import Monitor
-from gpuslurm.watch.store import GpuStats, Store
 
 NODE = load_node("dgx-h100")
 U = [g.uuid for g in NODE.gpus]

@@ -18,13 +18,13 @@ import pytest
 from watch_helpers import sleeper, stop
 
 from gpuslurm.errors import InputError
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
+from gpuslurm.samples import Cycle, Violation
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
+from gpuslurm.state.store import Store
 from gpuslurm.watch.attribute import Attributor
-from gpuslurm.watch.model import Cycle, Violation
 from gpuslurm.watch.monitor import Monitor, next_slot, run
-from gpuslurm.watch.store import Store
 
 NODE = load_node("dgx-h100")
 U = [g.uuid for g in NODE.gpus]

@@ -16,14 +16,14 @@ from watch_helpers import sleeper, stop
 
 from gpuslurm.config import parse_config
 from gpuslurm.errors import CommandError
-from gpuslurm.hooks.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
 from gpuslurm.policy.detect import Detector
 from gpuslurm.slurm.sshare import ShareCache
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
+from gpuslurm.state.store import Store
 from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.monitor import SSHARE_PROBLEM, Monitor
-from gpuslurm.watch.store import Store
 
 NODE = load_node("dgx-h100")  # 8 GPUs: one busy GPU is 1/8 of the node
 U = [g.uuid for g in NODE.gpus]

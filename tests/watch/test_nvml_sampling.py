@@ -6,7 +6,8 @@ from typing import Any
 
 from fakes import fake_pynvml as fp
 from fakes.fake_pynvml import SamplingNvml
-from gpuslurm.hw.nvml import DeviceReading, NvmlSampler, ProcessReading
+from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.samples import GpuSample, ProcessReading
 
 
 def _two_gpus(**kw: Any) -> SamplingNvml:
@@ -22,8 +23,8 @@ def test_a_pass_reads_every_gpu_and_process() -> None:
         1: {"util": 0, "used_mib": 0, "power_mw": 70000, "temp": 30}})
     sampler = NvmlSampler(nvml)
     r = sampler.read()
-    assert r.devices == (DeviceReading(fp.uuid(0), None, 97.0, 6000.0, 81559.0, 312.5, 64.0),
-                         DeviceReading(fp.uuid(1), None, 0.0, 0.0, 81559.0, 70.0, 30.0))
+    assert r.devices == (GpuSample(0.0, fp.uuid(0), None, 97.0, 6000.0, 81559.0, 312.5, 64.0),
+                         GpuSample(0.0, fp.uuid(1), None, 0.0, 0.0, 81559.0, 70.0, 30.0))
     # the newest sample per PID; an out-of-range value (255) is "unknown", not 255 %
     assert r.processes == (ProcessReading(100, fp.uuid(0), None, 5000.0, 85.0),
                            ProcessReading(101, fp.uuid(0), None, None, None))
@@ -41,7 +42,7 @@ def test_a_lost_gpu_and_a_failing_call_cost_only_their_gpu() -> None:
     assert len(sampler.read().devices) == 2
     nvml.gpus[1]["lost"] = True
     r = sampler.read()
-    assert [d.uuid for d in r.devices] == [fp.uuid(0)]
+    assert [d.gpu_uuid for d in r.devices] == [fp.uuid(0)]
     assert [(k, s) for k, s, _ in r.problems] == [("gpu-lost", fp.uuid(1))]
     nvml.gpus[1]["lost"] = False
     nvml.errors["nvmlDeviceGetTemperature"] = fp.NVML_ERROR_UNKNOWN

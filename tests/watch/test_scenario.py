@@ -48,7 +48,7 @@ def test_steps_follow_time_and_memory_defaults_to_the_processes(tmp_path: Path) 
     assert [(p.pid, p.gpu_uuid, p.mem_mib, p.sm_util_pct) for p in r.processes] == \
         [(11, U[0], 5000.0, 80.0), (12, U[0], 1000.0, None)]
     later = s.read(1060.0)
-    assert [d.uuid for d in later.devices] == [u for u in U if u != U[1]]
+    assert [d.gpu_uuid for d in later.devices] == [u for u in U if u != U[1]]
     assert later.problems == (("gpu-lost", U[1], "the scenario says the GPU fell off the bus"),)
     assert later.processes == () and later.devices[0].util_pct == 0.0  # each step is the whole node
 
@@ -63,8 +63,8 @@ def test_a_mig_device_can_carry_a_process() -> None:
     r = readings(MIG_NODE, sc.steps[0])
     assert [(p.gpu_uuid, p.mig_uuid) for p in r.processes] == [(gpu.uuid, mig)]
     mig_dev = next(d for d in r.devices if d.mig_uuid == mig)
-    assert (mig_dev.uuid, mig_dev.mem_used_mib, mig_dev.util_pct) == (gpu.uuid, 700.0, None)
-    assert next(d for d in r.devices if d.uuid == gpu.uuid and d.mig_uuid is None).mem_used_mib == 700.0
+    assert (mig_dev.gpu_uuid, mig_dev.mem_used_mib, mig_dev.util_pct) == (gpu.uuid, 700.0, None)
+    assert next(d for d in r.devices if d.gpu_uuid == gpu.uuid and d.mig_uuid is None).mem_used_mib == 700.0
 
 
 @pytest.mark.parametrize(("doc", "message"), [

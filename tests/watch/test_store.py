@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
-from gpuslurm.watch.store import SCHEMA_VERSION, Store, StoreError
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
+from gpuslurm.state.store import SCHEMA_VERSION, Store, StoreError
 
 G0, G1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"
 MIG = "MIG-22222222-2222-2222-2222-222222222222"
@@ -247,7 +247,7 @@ def test_kill_9_loses_at_most_the_current_cycle(db: Path) -> None:
         import sys
         sys.path.insert(0, {src!r}); sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_store import cycle
-        from gpuslurm.watch.store import Store
+        from gpuslurm.state.store import Store
         s = Store.open({str(db)!r})
         i = 0
         while True:

@@ -19,7 +19,7 @@ from datetime import datetime
 import click
 
 from gpuslurm.cli.main import json_option
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 REPEAT_S = 60.0  # how often a monitor re-appends an ongoing violation to the shared directory
 
@@ -76,7 +76,7 @@ def hogs(as_json: bool, db: str | None, directory: str | None) -> None:
             click.echo(f"gpuslurm hogs: skipped {problem}", err=True)
         found = current(scan.violations, now, slack + REPEAT_S)
     else:
-        from gpuslurm.watch.store import Store, default_path
+        from gpuslurm.state.store import Store, default_path
 
         path = db or cfg.monitor.db or default_path(cfg.paths.state_dir)
         if not os.path.exists(path):

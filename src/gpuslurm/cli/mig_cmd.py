@@ -110,8 +110,8 @@ def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None
     from gpuslurm.gres.records import GresOptions
     from gpuslurm.hw.source import load_node
     from gpuslurm.isolate.mig import load_layout
-    from gpuslurm.isolate.mig_apply import ApplyOptions, MigApplier
     from gpuslurm.names import check_node_name
+    from gpuslurm.slurm.mig_apply import ApplyOptions, MigApplier
 
     if node_name is not None:
         check_node_name(node_name, source="--node")

@@ -42,9 +42,9 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
 
     from gpuslurm.config import load_config
     from gpuslurm.errors import InputError
+    from gpuslurm.state.store import Store, default_path
     from gpuslurm.watch import monitor as mon
-    from gpuslurm.watch.attribute import Attributor
-    from gpuslurm.watch.store import Store, default_path
+    from gpuslurm.watch.build import build_monitor
 
     cfg = load_config()
     mc = cfg.monitor
@@ -58,8 +58,6 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
     store = Store.open(path)
     if store.moved_aside:
         _warn(f"{path} was not a usable store; moved it to {store.moved_aside} and started a new one")
-    attributor = Attributor(jobs_dir=cfg.paths.jobs_dir, squeue=_squeue(cfg, node_name, node),
-                            squeue_interval_s=mc.squeue_interval_s)
     detector, publish = _detection(cfg, node_name)
     exporter = None
     if prometheus_port is not None:
@@ -67,12 +65,13 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
 
         exporter = start_exporter(prometheus_addr, prometheus_port)
         _warn(f"serving metrics on http://{prometheus_addr}:{prometheus_port}/metrics")
-    monitor_ = mon.Monitor(sampler, attributor, store, node_name, raw_window_s=mc.raw_window_s,
-                           detector=detector, publish=publish, warn=_warn,
-                           comments=_comments(cfg, store),
-                           act=_actions(cfg, node_name),
-                           quotas=_slurm_quotas(cfg, node),
-                           observe=exporter.state.update if exporter else None)
+    monitor_ = build_monitor(sampler, store, node_name, jobs_dir=cfg.paths.jobs_dir, node=node,
+                             scheduler=_scheduler(cfg), squeue_interval_s=mc.squeue_interval_s,
+                             raw_window_s=mc.raw_window_s, detector=detector, publish=publish, warn=_warn,
+                             comments=_comments(cfg, store),
+                             act=_actions(cfg, node_name),
+                             quotas=_slurm_quotas(cfg, node),
+                             observe=exporter.state.update if exporter else None)
     stop = threading.Event()
     restore = mon.stop_on_signals(stop)
     try:
@@ -88,19 +87,16 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
         raise InputError(f"{len(monitor_.pending)} cycle(s) could not be stored", source=path)
 
 
-def _squeue(cfg: Any, node_name: str, node: Any) -> Any:
-    if not os.access(cfg.paths.squeue, os.X_OK):
+def _scheduler(cfg: Any) -> Any:
+    """Slurm, when squeue is there to list the jobs without a prolog map."""
+    from gpuslurm.slurm.adapter import SlurmScheduler
+
+    slurm = SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol,
+                           timeout=cfg.monitor.command_timeout_s)
+    if not slurm.can_list_jobs():
         _warn(f"{cfg.paths.squeue} is missing: jobs without a prolog map stay unattributed to GPUs")
         return None
-    from gpuslurm.slurm.squeue import node_allocations
-    from gpuslurm.watch.model import Allocation
-
-    def allocations() -> tuple[Allocation, ...]:
-        found = node_allocations(cfg.paths.squeue, node_name, node, timeout=cfg.monitor.command_timeout_s)
-        return tuple(Allocation(j.job.job_id, j.job.user, j.job.uid, j.uuids, j.job.start, j.job.account,
-                                source="squeue") for j in found)
-
-    return allocations
+    return slurm
 
 
 def _comments(cfg: Any, store: Any) -> Any:

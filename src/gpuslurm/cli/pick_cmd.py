@@ -191,7 +191,7 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
 
         reading = ScenarioSampler(node, scenario_path(bundle)).read(now)
     else:
-        from gpuslurm.hw.nvml import NvmlSampler
+        from gpuslurm.hw.nvml_sampler import NvmlSampler
 
         sampler = NvmlSampler()
         try:
@@ -207,7 +207,7 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
             foreign[key] = foreign.get(key, 0) + 1
     states: dict[str, DeviceState] = {}
     for d in reading.devices:
-        key = (d.mig_uuid or d.uuid).lower()
+        key = (d.mig_uuid or d.gpu_uuid).lower()
         states[key] = DeviceState(d.util_pct, d.mem_used_mib or 0.0, foreign.get(key, 0))
     for kind, subject, detail in reading.problems:
         if kind == "gpu-lost":
@@ -227,7 +227,7 @@ def store_path(bundle: Any, environ: Mapping[str, str]) -> str | None:
     if named or bundle is not None:
         return named or None
     from gpuslurm.config import load_config
-    from gpuslurm.watch.store import default_path
+    from gpuslurm.state.store import default_path
 
     try:
         cfg = load_config(environ=environ)
@@ -247,7 +247,7 @@ def with_window(node: Node, states: dict[str, DeviceState], path: str | None,
     import sqlite3
 
     from gpuslurm.place.engine import DeviceState
-    from gpuslurm.watch.store import Store
+    from gpuslurm.state.store import Store
 
     uuids = [g.uuid for g in node.gpus] + [m.uuid for g in node.gpus for m in g.mig_devices if m.uuid]
     try:

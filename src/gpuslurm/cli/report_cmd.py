@@ -88,7 +88,7 @@ def _slurm_quotas(cfg: Config, data: ReportData) -> tuple[dict[str, float] | Non
 
 def _source(source: str | None, db: str | None, cfg: Config) -> str:
     from gpuslurm.errors import InputError
-    from gpuslurm.watch.store import default_path
+    from gpuslurm.state.store import default_path
 
     if source is not None and db is not None:
         raise InputError("give --source or --db, not both", source="--db")

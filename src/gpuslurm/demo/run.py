@@ -151,12 +151,12 @@ def run_day(out: Path, hours: float, *, speed: float | None = None,
 
     ``speed``: simulated seconds per real second (None: as fast as the machine goes).
     """
-    from gpuslurm.hooks.jobmap import JobMap, MappedDevice, remove_map, write_map
     from gpuslurm.hw.scenario import ScenarioSampler
     from gpuslurm.hw.source import load_node
     from gpuslurm.policy.detect import Detector
-    from gpuslurm.watch.monitor import Monitor
-    from gpuslurm.watch.store import Store
+    from gpuslurm.state.jobmap import JobMap, MappedDevice, remove_map, write_map
+    from gpuslurm.state.store import Store
+    from gpuslurm.watch.build import build_monitor
 
     check_hours(hours)
     day_s = round(hours * 3600.0 / script.STEP_S) * script.STEP_S
@@ -182,10 +182,9 @@ def run_day(out: Path, hours: float, *, speed: float | None = None,
     clock = [since]
     store = Store.open(str(out / DB_NAME))
     sampler = ScenarioSampler(node, scenario)
-    attributor = _DemoAttributor(jobs_dir=jobs_dir, proc_root=str(proc_root))
     detector = Detector(detect_config())
-    monitor = Monitor(sampler, attributor, store, node.hostname, detector=detector,
-                      clock=lambda: clock[0])
+    monitor = build_monitor(sampler, store, node.hostname, jobs_dir=jobs_dir, proc_root=str(proc_root),
+                            attributor_type=_DemoAttributor, detector=detector, clock=lambda: clock[0])
     events = script.map_events(day_s)
     running: set[str] = set()
     seen: dict[str, set[tuple[object, ...]]] = {}

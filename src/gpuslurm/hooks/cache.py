@@ -1,7 +1,7 @@
 """What the root hooks keep between runs: the parsed config, and a replayed node's GPU identities.
 
 Both are small JSON files in ``<run_dir>/cache/`` (root's, 0600), written atomically and read
-back only through :mod:`gpuslurm.hooks.jobmap`'s checked file access (no symlinks, owner and
+back only through :mod:`gpuslurm.state.jobmap`'s checked file access (no symlinks, owner and
 mode verified). Either one missing, stale, unreadable or unsafe means doing the work again and
 rewriting the file; a cache that cannot be written only costs time. The task prolog runs as the
 job's user and uses neither.
@@ -143,7 +143,7 @@ def _read_node(spec: str | None) -> NodeIdentity:
 
 def _load(directory: str, name: str, warn: Warn | None) -> Any:
     """The cached document, or None when absent, unsafe, unreadable or from another version."""
-    from gpuslurm.hooks.jobmap import read_private_file
+    from gpuslurm.safedir import read_private_file
 
     try:
         data = read_private_file(directory, name, MAX_BYTES)
@@ -163,7 +163,7 @@ def _load(directory: str, name: str, warn: Warn | None) -> Any:
 
 
 def _store(directory: str, name: str, doc: dict[str, Any], warn: Warn | None) -> None:
-    from gpuslurm.hooks.jobmap import write_private_file
+    from gpuslurm.safedir import write_private_file
 
     doc = {"format": FORMAT, "gpuslurm": __version__, **doc}
     try:

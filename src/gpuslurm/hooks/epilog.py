@@ -55,8 +55,8 @@ def run_epilog(environ: Mapping[str, str], log: HookLog | None = None,
 
 def _epilog(environ: Mapping[str, str], log: HookLog, now: float) -> int:
     from gpuslurm.hooks.cache import load_hook_config
-    from gpuslurm.hooks.jobmap import read_map, remove_map
     from gpuslurm.slurm.hookenv import HookEnv
+    from gpuslurm.state.jobmap import read_map, remove_map
 
     env = HookEnv.from_environ(environ)
     job_id, uid, user = env.require_job()
@@ -177,7 +177,7 @@ def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Any,
     path = os.path.join(cfg.paths.state_dir, "monitor.db")
     if not uuids or start is None or not os.path.isfile(path):
         return {}
-    from gpuslurm.watch.store import Store  # only now: it imports sqlite3
+    from gpuslurm.state.store import Store  # only now: it imports sqlite3
 
     try:
         with Store.open(path, readonly=True, timeout_s=min(2.0, cfg.hooks.command_timeout_s)) as store:
@@ -309,7 +309,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
 
 def _other_holders(job_id: str, jobs_dir: str, log: HookLog) -> dict[str, list[tuple[str, int]]] | None:
     """Physical GPU → (job id, uid) of the other jobs mapped to it; None when a map is unreadable."""
-    from gpuslurm.hooks.jobmap import list_job_ids, read_map
+    from gpuslurm.state.jobmap import list_job_ids, read_map
 
     out: dict[str, list[tuple[str, int]]] = {}
     try:
@@ -380,7 +380,8 @@ def _drain(environ: Mapping[str, str], drains: list[Any], labels: dict[str, str]
 
 def write_summary(summary: Mapping[str, Any], directory: str, job_id: str) -> str:
     """Write ``<directory>/<jobid>-summary.json`` atomically (0600, no symlinks followed)."""
-    from gpuslurm.hooks.jobmap import check_job_id, write_private_file
+    from gpuslurm.safedir import write_private_file
+    from gpuslurm.state.jobmap import check_job_id
 
     final = f"{check_job_id(job_id)}-summary.json"
     payload = (json.dumps(summary, sort_keys=True, indent=1) + "\n").encode()

@@ -50,7 +50,7 @@ def plan_kills(listed: Sequence[tuple[str, Any]], job_id: str, job_uid: int,
     (left alive but still counted by the release check: PID 1, this hook's own tree, unreadable).
     """
     from gpuslurm.hw.procfs import ProcessProblem, read_process
-    from gpuslurm.watch.attribute import parse_cgroup
+    from gpuslurm.state.cgroup import parse_cgroup
 
     ticks = os.sysconf("SC_CLK_TCK")
     me = os.getpid()

@@ -100,8 +100,8 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
             _log_isolation(log, isolate_job(cfg, job_id, uid, (), _node(spec, cfg, log)))
         return 0
 
-    from gpuslurm.hooks.jobmap import job_map, write_map
     from gpuslurm.slurm.hookenv import resolve_job_gpus
+    from gpuslurm.state.jobmap import job_map, write_map
 
     node = _node(spec, cfg, log)
     devices = resolve_job_gpus(env, node)

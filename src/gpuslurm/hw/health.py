@@ -153,20 +153,20 @@ class NvmlHealthReader:
     """
 
     def __init__(self, module: Any | None = None) -> None:
-        from gpuslurm.hw.nvml import NvmlBackend
+        from gpuslurm.hw.nvml_lib import NvmlLibrary
 
-        backend = NvmlBackend(module)
-        self._call = backend._call
-        self._optional = backend._optional
+        nvml = NvmlLibrary(module)
+        self._call = nvml.call
+        self._optional = nvml.optional
 
     def read(self, gpus: Sequence[AnyGpu]) -> dict[str, GpuHealth]:
-        from gpuslurm.hw.nvml import _GpuLost
+        from gpuslurm.hw.nvml_lib import GpuLost
 
         out: dict[str, GpuHealth] = {}
         for gpu in gpus:
             try:
                 out[gpu.uuid] = self._read_one(gpu)
-            except _GpuLost:
+            except GpuLost:
                 out[gpu.uuid] = GpuHealth(gpu.uuid, lost=True)
             except HardwareError as exc:  # not "not supported": a failure, so the gate must see it
                 out[gpu.uuid] = GpuHealth(gpu.uuid, error=str(exc))

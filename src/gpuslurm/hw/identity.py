@@ -15,16 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from gpuslurm.hw.devfiles import mig_device_files
+
 if TYPE_CHECKING:
     from gpuslurm.hw.model import Gpu, MigDevice, Node
-
-
-def mig_device_files(parent_minor: int, gi_minor: int | None, ci_minor: int | None) -> tuple[str, ...]:
-    """The device files a job needs for a MIG device (parent GPU, GI cap, CI cap)."""
-    if gi_minor is None or ci_minor is None:
-        raise ValueError("MIG capability minors are unknown")
-    return (f"/dev/nvidia{parent_minor}", f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
-            f"/dev/nvidia-caps/nvidia-cap{ci_minor}")
 
 
 class MigIdentity(NamedTuple):

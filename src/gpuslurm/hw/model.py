@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from gpuslurm.hw.identity import mig_device_files
+from gpuslurm.hw.devfiles import mig_device_files
 
 
 class LinkKind(StrEnum):

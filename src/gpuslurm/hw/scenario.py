@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Node
-from gpuslurm.hw.nvml import DeviceReading, ProcessReading, Reading
 from gpuslurm.safedir import read_regular
+from gpuslurm.samples import GpuSample, ProcessReading, Reading
 
 ENV_VAR = "GPUSLURM_SCENARIO"
 FILE_NAME = "scenario.json"
@@ -41,18 +41,14 @@ _GPU_KEYS = {"util": "util_pct", "mem_mib": "mem_used_mib", "power_w": "power_w"
 _PROC_KEYS = frozenset({"pid", "gpu", "mem_mib", "sm"})
 
 
-class GpuState(NamedTuple):
-    lost: bool = False
-    util_pct: float | None = None
-    mem_used_mib: float | None = None
-    power_w: float | None = None
-    temp_c: float | None = None
-
-
 class Step(NamedTuple):
     at: float
-    gpus: dict[str, GpuState]  # by GPU or MIG UUID
+    gpus: dict[str, GpuSample]  # by GPU or MIG UUID (lower case): the values the step sets, ts 0
     procs: tuple[ProcessReading, ...]
+    lost: frozenset[str] = frozenset()  # GPU UUIDs (lower case) that fell off the bus
+
+
+_UNSET = GpuSample(0.0, "")
 
 
 class Scenario(NamedTuple):
@@ -124,7 +120,8 @@ def _step(item: Any, where: str, source: str, parents: dict[str, tuple[str, str 
     if not _is_number(at) or at < 0:
         raise CaptureError(f"{where or 'the scenario'}: 'at' must be seconds from the start, not {at!r}",
                            source=source)
-    gpus: dict[str, GpuState] = {}
+    gpus: dict[str, GpuSample] = {}
+    lost: set[str] = set()
     raw_gpus = item.get("gpus", {})
     if not isinstance(raw_gpus, dict):
         raise CaptureError("'gpus' must be an object keyed by GPU UUID", source=f"{source} {where}".strip())
@@ -139,12 +136,13 @@ def _step(item: Any, where: str, source: str, parents: dict[str, tuple[str, str 
             if key == "lost":
                 if not isinstance(value, bool):
                     raise CaptureError(f"{here}: 'lost' must be true or false", source=source)
-                values["lost"] = value
+                if value:
+                    lost.add(uuid.lower())
             elif key in _GPU_KEYS:
                 values[_GPU_KEYS[key]] = _measure(value, f"{here}.{key}", source, key == "util")
             else:
                 raise CaptureError(f"{here}: unknown key {key!r}", source=source)
-        gpus[uuid.lower()] = GpuState(**values)
+        gpus[uuid.lower()] = GpuSample(0.0, uuid, **values)
     raw_procs = item.get("procs", [])
     if not isinstance(raw_procs, list):
         raise CaptureError("'procs' must be a list", source=f"{source} {where}".strip())
@@ -165,7 +163,7 @@ def _step(item: Any, where: str, source: str, parents: dict[str, tuple[str, str 
         mem = _measure(p["mem_mib"], f"{here}.mem_mib", source) if "mem_mib" in p else None
         sm = _measure(p["sm"], f"{here}.sm", source, True) if "sm" in p else None
         procs.append(ProcessReading(pid, parent, mig, mem, sm))
-    return Step(float(at), gpus, tuple(procs))
+    return Step(float(at), gpus, tuple(procs), frozenset(lost))
 
 
 def _measure(value: Any, where: str, source: str, percent: bool = False) -> float:
@@ -185,10 +183,10 @@ def step_at(scenario: Scenario, start: float, now: float) -> Step | None:
     return current
 
 
-def readings(node: Node, step: Step | None) -> Reading:
-    """What NVML would report for ``node`` in ``step`` (None: idle, no processes)."""
+def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
+    """What NVML would report for ``node`` in ``step`` (None: idle, no processes), stamped ``now``."""
     gpus = step.gpus if step is not None else {}
-    lost = {g.uuid for g in node.gpus if gpus.get(g.uuid.lower(), GpuState()).lost}
+    lost = {g.uuid for g in node.gpus if step is not None and g.uuid.lower() in step.lost}
     procs = tuple(p for p in (step.procs if step else ()) if p.gpu_uuid not in lost)
     used: dict[str, float] = {}
     for p in procs:
@@ -196,30 +194,30 @@ def readings(node: Node, step: Step | None) -> Reading:
         used[key] = used.get(key, 0.0) + (p.mem_mib or 0.0)
         if p.mig_uuid:
             used[p.gpu_uuid.lower()] = used.get(p.gpu_uuid.lower(), 0.0) + (p.mem_mib or 0.0)
-    devices: list[DeviceReading] = []
+    devices: list[GpuSample] = []
     problems: list[tuple[str, str, str]] = []
     for g in node.gpus:
         if g.uuid in lost:
             problems.append(("gpu-lost", g.uuid, "the scenario says the GPU fell off the bus"))
             continue
-        st = gpus.get(g.uuid.lower(), GpuState())
-        devices.append(DeviceReading(
-            g.uuid, None, st.util_pct if st.util_pct is not None else 0.0,
+        st = gpus.get(g.uuid.lower(), _UNSET)
+        devices.append(GpuSample(
+            now, g.uuid, None, st.util_pct if st.util_pct is not None else 0.0,
             st.mem_used_mib if st.mem_used_mib is not None else used.get(g.uuid.lower(), 0.0),
             float(g.memory_mib), st.power_w, st.temp_c))
         for m in g.mig_devices if g.mig_mode else ():
             if not m.uuid:
                 continue
-            ms = gpus.get(m.uuid.lower(), GpuState())
-            devices.append(DeviceReading(
-                g.uuid, m.uuid, ms.util_pct,  # NVML gives no utilisation for a MIG device
+            ms = gpus.get(m.uuid.lower(), _UNSET)
+            devices.append(GpuSample(
+                now, g.uuid, m.uuid, ms.util_pct,  # NVML gives no utilisation for a MIG device
                 ms.mem_used_mib if ms.mem_used_mib is not None else used.get(m.uuid.lower(), 0.0),
                 float(m.memory_mib)))
     return Reading(tuple(devices), procs, tuple(problems))
 
 
 class ScenarioSampler:
-    """The replay counterpart of :class:`gpuslurm.hw.nvml.NvmlSampler`."""
+    """The replay counterpart of :class:`gpuslurm.hw.nvml_sampler.NvmlSampler`."""
 
     def __init__(self, node: Node, path: Path | None) -> None:
         self.node = node
@@ -259,7 +257,7 @@ class ScenarioSampler:
     def read(self, now: float) -> Reading:
         problem = self._load() if self.path is not None else None
         step = step_at(self._scenario, self._start, now) if self._scenario is not None else None
-        reading = readings(self.node, step)
+        reading = readings(self.node, step, now)
         if problem is not None:
             reading = reading._replace(problems=(*reading.problems,
                                                  ("scenario-error", str(self.path), problem)))

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from gpuslurm.config import Config
     from gpuslurm.hw.identity import AnyNode
-    from gpuslurm.slurm.hookenv import JobDevice
+    from gpuslurm.state.job import JobDevice
 
 NVIDIA_MAJOR = 195
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gpuslurm.config import ActConfig
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 EPS = 1e-6
 

@@ -16,7 +16,7 @@ from gpuslurm.policy.idle import IdleTracker
 from gpuslurm.policy.rogue import RogueTracker
 from gpuslurm.policy.share import Quotas, ShareTracker
 from gpuslurm.policy.usage import view
-from gpuslurm.watch.model import Cycle, Violation
+from gpuslurm.samples import Cycle, Violation
 
 DEFENSIVE_NOTE = ", defensive mode"
 

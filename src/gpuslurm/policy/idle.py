@@ -6,7 +6,7 @@ from gpuslurm.config import IdleDetect
 from gpuslurm.policy.series import EPS, Series, judged
 from gpuslurm.policy.usage import CycleView
 from gpuslurm.policy.wording import name_proc, pct, span
-from gpuslurm.watch.model import Allocation, Cycle, ProcSample, Violation
+from gpuslurm.samples import Allocation, Cycle, ProcSample, Violation
 
 
 class _Entry:

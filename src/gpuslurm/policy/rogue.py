@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuslurm.policy.usage import CycleView, device_of, user_of
 from gpuslurm.policy.wording import name_proc, span
-from gpuslurm.watch.model import Cycle, ProcSample, Violation
+from gpuslurm.samples import Cycle, ProcSample, Violation
 
 
 def why_rogue(proc: ProcSample, v: CycleView) -> str | None:

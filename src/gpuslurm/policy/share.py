@@ -13,7 +13,7 @@ from gpuslurm.config import ShareDetect
 from gpuslurm.policy.series import EPS, Series, judged
 from gpuslurm.policy.usage import CycleView, device_of, proc_util, user_of
 from gpuslurm.policy.wording import name_proc, pct, span
-from gpuslurm.watch.model import Cycle, ProcSample, Violation
+from gpuslurm.samples import Cycle, ProcSample, Violation
 
 
 class _Entry:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 MODES = ("reject", "cap", "priority")
 _STRICTNESS = {"priority": 0, "cap": 1, "reject": 2}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gpuslurm.watch.model import Allocation, Cycle, ProcSample
+from gpuslurm.samples import Allocation, Cycle, ProcSample
 
 
 class CycleView(NamedTuple):

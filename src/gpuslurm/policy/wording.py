@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuslurm.watch.model import ProcSample
+from gpuslurm.samples import ProcSample
 
 
 def span(seconds: float) -> str:

@@ -22,7 +22,7 @@ from typing import NamedTuple, TypeVar
 
 from gpuslurm.policy.wording import pct
 from gpuslurm.report.data import AllocationSpan, ProcSeries, ReportData
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 BY_CHOICES = ("user", "account", "job", "process")
 NOBODY = "(nobody)"  # busy time with neither a process nor a job to pin it on

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 
 class GpuSeries(NamedTuple):

@@ -29,7 +29,7 @@ from typing import Any
 from gpuslurm.errors import InputError
 from gpuslurm.policy.wording import span
 from gpuslurm.report.data import AllocationSpan, GpuSeries, ProcSeries, ReportData, bucket_count, bucket_start
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 MAX_POINTS = 10_000  # per series and query; Prometheus' own limit is 11,000
 TIMEOUT_S = 30.0

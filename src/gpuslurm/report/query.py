@@ -24,7 +24,7 @@ from gpuslurm.report.data import (
     bucket_count,
     bucket_start,
 )
-from gpuslurm.watch.store import Store, StoreError
+from gpuslurm.state.store import Store, StoreError
 
 _GPU_RAW = """SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct)
 FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts >= ? AND ts < ? GROUP BY device, b"""

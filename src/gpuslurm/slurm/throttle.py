@@ -30,7 +30,7 @@ from typing import NamedTuple
 from gpuslurm.errors import InputError
 from gpuslurm.policy.throttle import MODES, Throttle, violation_from_line, violation_to_line
 from gpuslurm.safedir import open_dir, replace_at, why_refused
-from gpuslurm.watch.model import Violation
+from gpuslurm.samples import Violation
 
 HEADER_PREFIX = "# gpuslurm-throttle v1 id="
 COLUMNS = "# user\tuntil\tmode\tvalue\tcreated\tcontact\treason"

@@ -20,7 +20,7 @@ from gpuslurm.errors import GpuslurmError, InputError
 from gpuslurm.isolate.kill import SURVIVED
 from gpuslurm.policy.act import Planner, Step
 from gpuslurm.policy.wording import span
-from gpuslurm.watch.model import Cycle, ProcSample, ScanProblem, Violation
+from gpuslurm.samples import Cycle, ProcSample, ScanProblem, Violation
 
 PROBLEM_KIND = "action"
 LOG_NAME = "actions.jsonl"

@@ -21,77 +21,13 @@ from typing import NamedTuple
 
 from gpuslurm.errors import GpuslurmError
 from gpuslurm.hw import procfs
-from gpuslurm.hw.nvml import ProcessReading
-from gpuslurm.watch.model import Allocation, ProcSample, ScanProblem
-
-
-class CgroupJob(NamedTuple):
-    """A Slurm job named by a cgroup path."""
-
-    job_id: str
-    step: str | None = None  # "0", "batch", "extern", "interactive", …
-    uid: int | None = None  # cgroup v1 paths carry it
-    node: str | None = None  # the ``slurm_<node>`` / ``<node>_slurmstepd.scope`` prefix, if any
-
-
-def parse_cgroup_path(path: str) -> CgroupJob | None:
-    """The job a single cgroup path names, or None when it is not inside a Slurm job."""
-    parts = path.split("/")
-    for i, part in enumerate(parts):
-        if part == "user.slice" or part.startswith("user@"):
-            return None  # systemd lets users make cgroups here: no Slurm job lives below
-        if part == "slurm" or part.startswith("slurm_"):
-            node = part[6:] or None
-            rest = parts[i + 1:]
-            uid: int | None = None
-            if rest and rest[0].startswith("uid_"):
-                if not rest[0][4:].isdigit():
-                    return None
-                uid = int(rest[0][4:])
-                rest = rest[1:]
-            return _job(rest, uid, node)
-        if part.endswith("slurmstepd.scope"):
-            prefix = part[: -len("slurmstepd.scope")]
-            node = prefix[:-1] if prefix.endswith("_") and len(prefix) > 1 else None
-            if prefix and node is None:
-                continue  # some other unit whose name merely ends that way
-            return _job(parts[i + 1:], None, node)
-    return None
-
-
-def _job(rest: list[str], uid: int | None, node: str | None) -> CgroupJob | None:
-    if not rest or not rest[0].startswith("job_"):
-        return None
-    job_id = rest[0][4:]
-    if not (job_id.isascii() and job_id.isdigit()):
-        return None
-    step = rest[1][5:] if len(rest) > 1 and rest[1].startswith("step_") else None
-    return CgroupJob(job_id, step or None, uid, node)
-
-
-def parse_cgroup(text: str) -> CgroupJob | None:
-    """The job a ``/proc/PID/cgroup`` text puts the process in, or None.
-
-    The unified line (``0::``) and the freezer hierarchy (Slurm's v1 process tracking) are
-    preferred; otherwise the first hierarchy that names a job.
-    """
-    found: CgroupJob | None = None
-    for line in text.splitlines():
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        job = parse_cgroup_path(path)
-        if job is None:
-            continue
-        if hier == "0" or "freezer" in controllers.split(","):
-            return job
-        if found is None:
-            found = job
-    return found
+from gpuslurm.samples import Allocation, ProcessReading, ProcSample, ScanProblem
+from gpuslurm.state.cgroup import parse_cgroup
 
 
 def map_allocation(jmap: object) -> Allocation:
-    """An Allocation from a prolog job map (``gpuslurm.hooks.jobmap.JobMap``)."""
-    from gpuslurm.hooks.jobmap import JobMap
+    """An Allocation from a prolog job map (``gpuslurm.state.jobmap.JobMap``)."""
+    from gpuslurm.state.jobmap import JobMap
 
     assert isinstance(jmap, JobMap)
     return Allocation(jmap.job_id, jmap.user, jmap.uid, jmap.uuids, jmap.start, jmap.account, source="map")
@@ -139,7 +75,7 @@ class Attributor:
             stamp = None
         if stamp is not None and stamp == self._maps_stamp:
             return self._maps, self._map_problems
-        from gpuslurm.hooks.jobmap import list_job_ids, read_map
+        from gpuslurm.state.jobmap import list_job_ids, read_map
 
         maps: list[Allocation] = []
         problems: list[ScanProblem] = []

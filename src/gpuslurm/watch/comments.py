@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuslurm.errors import CommandError, GpuslurmError
-from gpuslurm.watch.model import Allocation, ScanProblem
+from gpuslurm.samples import Allocation, ScanProblem
 
 PROBLEM_KIND = "admin-comment"
 

@@ -9,22 +9,25 @@ Names follow Prometheus' conventions: base units (bytes, seconds, watts, celsius
 0–1 fractions, ``_total`` for counters. Every device series carries ``node``, ``gpu_uuid`` and
 ``mig_uuid`` ("" for a whole GPU); job series add ``job_id``, ``user`` and ``account`` ("" when
 unknown). No sample carries a timestamp: Prometheus stamps it with the scrape time, which keeps
-its staleness handling working. The format is described in docs/prometheus.md.
+its staleness handling working. The format is described in docs/prometheus.md; prometheus-client
+writes it (escaping, number format), this module only decides what the series are.
 """
 
 from __future__ import annotations
 
-import math
 import socket
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NamedTuple
 
-from gpuslurm.errors import InputError
-from gpuslurm.watch.model import Allocation, Cycle, Violation
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from gpuslurm.errors import InputError
+from gpuslurm.samples import Allocation, Cycle, Violation
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 MIB = 1 << 20
 PREFIX = "gpuslurm_"
 
@@ -58,43 +61,40 @@ class Sample(NamedTuple):
     value: float
 
 
-def escape_label_value(value: str) -> str:
-    """A label value as the text format wants it: backslash, double quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Snapshot:
+    """prometheus-client's view of one cycle's samples: families in FAMILIES order."""
 
+    def __init__(self, samples: Iterable[Sample]) -> None:
+        self._samples = list(samples)
 
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
+    def collect(self) -> Iterator[Metric]:
+        by_family: dict[str, list[Sample]] = {name: [] for name in FAMILIES}
+        for s in self._samples:
+            by_family[s.family].append(s)
+        for name, rows in by_family.items():
+            kind, help_text = FAMILIES[name]
+            if not rows and kind != "counter":
+                continue
+            label_names = [k for k, _ in rows[0].labels] if rows else []
+            family: GaugeMetricFamily | CounterMetricFamily
+            if kind == "counter":
+                family = CounterMetricFamily(PREFIX + name, help_text, labels=label_names)
+            else:
+                family = GaugeMetricFamily(PREFIX + name, help_text, labels=label_names)
+            seen: set[Labels] = set()
+            for s in rows:
+                if s.labels in seen:  # a duplicate series would make the whole scrape fail
+                    continue
+                seen.add(s.labels)
+                family.add_metric([v for _, v in s.labels], s.value)
+            yield family
 
 
 def render(samples: Iterable[Sample]) -> str:
-    """The text exposition of ``samples``: families in FAMILIES order, each with HELP and TYPE."""
-    by_family: dict[str, list[Sample]] = {name: [] for name in FAMILIES}
-    for s in samples:
-        by_family[s.family].append(s)
-    out: list[str] = []
-    for name, rows in by_family.items():
-        kind, help_text = FAMILIES[name]
-        if not rows and kind != "counter":
-            continue
-        full = PREFIX + name
-        out.append(f"# HELP {full} {help_text}")
-        out.append(f"# TYPE {full} {kind}")
-        seen: set[Labels] = set()
-        for s in rows:
-            if s.labels in seen:  # a duplicate series would make the whole scrape fail
-                continue
-            seen.add(s.labels)
-            inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in s.labels)
-            series = f"{full}{{{inner}}}" if inner else full
-            out.append(f"{series} {format_value(s.value)}")
-    return "\n".join(out) + "\n"
+    """The text exposition of ``samples`` (prometheus-client's), each family with HELP and TYPE."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(samples))
+    return generate_latest(registry).decode()
 
 
 def _violation_key(v: Violation) -> tuple[object, ...]:

@@ -18,12 +18,15 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslurm.config import Config
 from gpuslurm.errors import GpuslurmError, InputError
-from gpuslurm.watch.model import Allocation, Cycle, ScanProblem, Violation
+from gpuslurm.samples import Cycle, ScanProblem, Violation
 from gpuslurm.watch.view import Snapshot, build_snapshot
+
+if TYPE_CHECKING:
+    from gpuslurm.state.scheduler import Scheduler
 
 
 class _NoStore:
@@ -40,11 +43,11 @@ class LiveView:
     """Snapshots of one node; ``source`` as ``--from`` (None: live NVML), ``db`` the monitor's store."""
 
     def __init__(self, cfg: Config, source: str | None, db: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, scheduler: Scheduler | None = None) -> None:
         from gpuslurm.policy.detect import Detector
-        from gpuslurm.watch.attribute import Attributor
-        from gpuslurm.watch.monitor import Monitor, open_sampler
-        from gpuslurm.watch.store import default_path
+        from gpuslurm.state.store import default_path
+        from gpuslurm.watch.build import build_monitor
+        from gpuslurm.watch.monitor import open_sampler
 
         self.cfg = cfg
         self.source = source
@@ -53,13 +56,14 @@ class LiveView:
         self.clock = clock
         self.warnings: deque[str] = deque(maxlen=20)  # the monitor's complaints, latest only
         self.sampler, self.node = open_sampler(source)
-        # squeue describes the real node, not a replayed one; and only then is it worth its cost
-        squeue = _squeue(cfg, self.node_name, self.node) if self.node.source == "nvml" else None
-        self.attributor = Attributor(jobs_dir=cfg.paths.jobs_dir, squeue=squeue,
-                                     squeue_interval_s=cfg.monitor.squeue_interval_s)
+        # the scheduler describes the real node, not a replayed one; and only then is it worth its cost
         self.detector = Detector(cfg.detect)
-        self.monitor = Monitor(self.sampler, self.attributor, _NoStore(), self.node_name,
-                               detector=self.detector, warn=self.warnings.append, clock=clock)
+        self.monitor = build_monitor(
+            self.sampler, _NoStore(), self.node_name, jobs_dir=cfg.paths.jobs_dir, node=self.node,
+            scheduler=scheduler if self.node.source == "nvml" else None,
+            squeue_interval_s=cfg.monitor.squeue_interval_s, detector=self.detector,
+            warn=self.warnings.append, clock=clock)
+        self.attributor = self.monitor.attributor
 
     def snapshot(self) -> Snapshot:
         """One cycle, the stored findings, health: a snapshot of the node now."""
@@ -81,7 +85,7 @@ class LiveView:
     def _stored(self, now: float) -> tuple[list[Violation], str, ScanProblem | None]:
         """The violations the monitor's store holds as current, where the view's came from, and
         why the store could not be read (if it could not)."""
-        from gpuslurm.watch.store import Store
+        from gpuslurm.state.store import Store
 
         mine = "this view's detectors"
         if not os.path.exists(self.db):
@@ -121,16 +125,3 @@ def _merge(stored: Sequence[Violation], live: Sequence[Violation]) -> list[Viola
     for v in (*live, *stored):
         out[(v.kind, v.job_id, v.pid, v.gpu_uuid)] = v
     return list(out.values())
-
-
-def _squeue(cfg: Config, node_name: str, node: Any) -> Callable[[], tuple[Allocation, ...]] | None:
-    if not os.access(cfg.paths.squeue, os.X_OK):
-        return None
-    from gpuslurm.slurm.squeue import node_allocations
-
-    def allocations() -> tuple[Allocation, ...]:
-        found = node_allocations(cfg.paths.squeue, node_name, node, timeout=cfg.monitor.command_timeout_s)
-        return tuple(Allocation(j.job.job_id, j.job.user, j.job.uid, j.uuids, j.job.start, j.job.account,
-                                source="squeue") for j in found)
-
-    return allocations

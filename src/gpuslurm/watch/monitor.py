@@ -23,10 +23,9 @@ from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
 from gpuslurm.errors import GpuslurmError
-from gpuslurm.hw.nvml import Reading
+from gpuslurm.samples import Allocation, Cycle, Reading, ScanProblem, Violation
 from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.comments import PROBLEM_KIND, CommentUpdater
-from gpuslurm.watch.model import Allocation, Cycle, GpuSample, ScanProblem, Violation
 
 MAX_PENDING = 360  # cycles kept while the store refuses writes (an hour at 10 s)
 ROLLUP_EVERY_S = 60.0
@@ -101,8 +100,7 @@ class Monitor:
             reading = self.sampler.read(now)
         except GpuslurmError as exc:  # NVML itself failed: an empty cycle that says why
             reading = Reading((), (), (("nvml-error", "nvml", str(exc)),))
-        gpus = tuple(GpuSample(now, d.uuid, d.mig_uuid, d.util_pct, d.mem_used_mib, d.mem_total_mib,
-                               d.power_w, d.temp_c) for d in reading.devices)
+        gpus = reading.devices
         procs, allocations, found = self.attributor.attribute(now, reading.processes)
         problems = tuple(ScanProblem(now, k, s, d) for k, s, d in reading.problems) + found + self._carried
         problems += self._quotas(now)
@@ -269,7 +267,7 @@ def open_sampler(source: str | None) -> tuple[Sampler, Any]:
         from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
 
         return ScenarioSampler(node, scenario_path(bundle)), node
-    from gpuslurm.hw.nvml import NvmlSampler
+    from gpuslurm.hw.nvml_sampler import NvmlSampler
 
     return NvmlSampler(), node
 

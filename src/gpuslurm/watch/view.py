@@ -2,7 +2,7 @@
 
 A :class:`Snapshot` is one moment of one node: its GPUs with their health, the jobs holding them,
 the processes on them (attributed to jobs) and the violations current now. :func:`build_snapshot`
-makes one from a monitor :class:`~gpuslurm.watch.model.Cycle`; :func:`render` lays it out in a
+makes one from a monitor :class:`~gpuslurm.samples.Cycle`; :func:`render` lays it out in a
 given width, every line at most that wide; :func:`snapshot_dict` is the ``--json`` form. Nothing
 here reads a clock, a file or the terminal.
 
@@ -21,7 +21,7 @@ from gpuslurm.hw.model import Node
 from gpuslurm.policy.rogue import why_rogue
 from gpuslurm.policy.usage import view
 from gpuslurm.policy.wording import span
-from gpuslurm.watch.model import Cycle, ScanProblem, Violation
+from gpuslurm.samples import Cycle, ScanProblem, Violation
 
 MIN_WIDTH = 40
 _MARKS = {"rogue": "ROGUE", "idle": "IDLE", "over-share": "OVER SHARE"}

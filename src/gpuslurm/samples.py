@@ -1,4 +1,9 @@
-"""The values the monitor produces and everything downstream consumes (store, detectors, report).
+"""The values samplers produce and everything downstream consumes (monitor, store, detectors, report).
+
+At the floor of the package: the NVML and replay samplers (``gpuslurm.hw``) return
+:class:`GpuSample` and :class:`ProcessReading` directly, the monitor attributes the readings to
+jobs (:class:`ProcSample`), and policy and report read the same types, so none of them imports
+another's copy.
 
 Times are Unix seconds (float). A device is named by its UUID: the GPU's, or the MIG device's
 (``mig_uuid``) with its parent GPU's in ``gpu_uuid``. Unknown facts are ``None``, never 0: an
@@ -22,6 +27,24 @@ class GpuSample(NamedTuple):
     mem_total_mib: float | None = None
     power_w: float | None = None
     temp_c: float | None = None
+
+
+class ProcessReading(NamedTuple):
+    """A process with a context on a GPU or MIG device, as a sampler sees it (not yet attributed)."""
+
+    pid: int
+    gpu_uuid: str
+    mig_uuid: str | None = None
+    mem_mib: float | None = None
+    sm_util_pct: float | None = None
+
+
+class Reading(NamedTuple):
+    """One sampling pass: devices, processes, and ``(kind, subject, detail)`` of what failed."""
+
+    devices: tuple[GpuSample, ...]
+    processes: tuple[ProcessReading, ...]
+    problems: tuple[tuple[str, str, str], ...] = ()
 
 
 class ProcSample(NamedTuple):

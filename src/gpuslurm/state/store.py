@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.watch.model import Allocation, Cycle, ProcSample, Violation
+from gpuslurm.samples import Allocation, Cycle, ProcSample, Violation
 
 SCHEMA_VERSION = 1
 DEFAULT_NAME = "monitor.db"

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
 from gpuslurm.safedir import UnsafePathError as UnsafePathError  # where callers import it from
-from gpuslurm.safedir import check_private, open_dir, replace_at, why_refused
+from gpuslurm.safedir import open_dir, read_private_at, write_private_file
 
 if TYPE_CHECKING:
-    from gpuslurm.slurm.hookenv import JobDevice
+    from gpuslurm.state.job import JobDevice
 
 DEFAULT_JOBS_DIR = "/run/gpuslurm/jobs"
 FORMAT_VERSION = 1
@@ -130,20 +129,6 @@ def write_map(jmap: JobMap, base: str = DEFAULT_JOBS_DIR) -> str:
     return write_private_file(base, final, payload)
 
 
-def write_private_file(base: str, final: str, payload: bytes) -> str:
-    """Write ``<base>/<final>`` atomically, mode 0600, through a directory checked component by
-    component; a symlink or odd file at the name is refused, never followed. Returns the path.
-    """
-    dfd = _open_dir(base, create=True)
-    assert dfd is not None
-    try:
-        _refuse_odd_entry(dfd, final, base)
-        replace_at(dfd, final, payload, 0o600, source=os.path.join(base, final))
-    finally:
-        os.close(dfd)
-    return os.path.join(base, final)
-
-
 def read_map(job_id: str, base: str = DEFAULT_JOBS_DIR) -> JobMap | None:
     """The map of ``job_id``, or None when there is none."""
     name = f"{check_job_id(job_id)}.json"
@@ -207,41 +192,9 @@ def _job_ids(dfd: int) -> tuple[str, ...]:
     return tuple(sorted(ids, key=_job_sort_key))
 
 
-def read_private_file(base: str, name: str, limit: int) -> bytes | None:
-    """The content of ``<base>/<name>``, reached and checked as :func:`write_private_file` writes
-    it (a regular file of ours, not writable by others); None when it or ``base`` is missing.
-    """
-    dfd = _open_dir(base, create=False)
-    if dfd is None:
-        return None
-    try:
-        return _read_bytes(dfd, name, base, limit)
-    finally:
-        os.close(dfd)
-
-
-def _read_bytes(dfd: int, name: str, base: str, limit: int) -> bytes | None:
-    path = os.path.join(base, name)
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:  # ELOOP: a symlink
-        raise UnsafePathError(f"refusing to read: {why_refused(dfd, name, exc)}", source=path) from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePathError("refusing to read: not a regular file", source=path)
-        check_private(st, path, "file")
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise InputError(f"larger than {limit} bytes: not a file gpuslurm wrote", source=path)
-    return data
-
-
 def _read(dfd: int, name: str, base: str) -> JobMap | None:
     path = os.path.join(base, name)
-    data = _read_bytes(dfd, name, base, MAX_MAP_BYTES)
+    data = read_private_at(dfd, name, base, MAX_MAP_BYTES)
     if data is None:
         return None
     try:
@@ -262,20 +215,6 @@ def _open_dir(base: str, *, create: bool) -> int | None:
     when a component is missing and ``create`` is false.
     """
     return open_dir(base, create_mode=0o755 if create else None, private=True)
-
-
-def _refuse_odd_entry(dfd: int, name: str, base: str) -> None:
-    """Refuse to replace anything but a regular file of ours: something else means tampering."""
-    try:
-        st = os.lstat(name, dir_fd=dfd)
-    except FileNotFoundError:
-        return
-    path = os.path.join(base, name)
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafePathError("refusing to replace a symlink", source=path)
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePathError("refusing to replace: not a regular file", source=path)
-    check_private(st, path, "file")
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str,

@@ -1,0 +1,44 @@
+"""Slurm behind :class:`gpuslurm.state.scheduler.Scheduler`: squeue for the jobs on a node, scontrol to
+drain and resume it. The one squeue wrapper the monitor and the live view share."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from gpuslurm.samples import Allocation
+
+if TYPE_CHECKING:
+    from gpuslurm.hw.model import Node
+
+
+class SlurmScheduler:
+    """Slurm's commands at ``squeue`` and ``scontrol``, each bounded by ``timeout`` seconds."""
+
+    name = "slurm"
+
+    def __init__(self, *, squeue: str, scontrol: str, timeout: float) -> None:
+        self.squeue = squeue
+        self.scontrol = scontrol
+        self.timeout = timeout
+
+    def can_list_jobs(self) -> bool:
+        """Whether squeue is there to run (the monitor falls back to the job maps alone)."""
+        return os.access(self.squeue, os.X_OK)
+
+    def node_allocations(self, node_name: str, node: Node) -> tuple[Allocation, ...]:
+        from gpuslurm.slurm.squeue import node_allocations
+
+        found = node_allocations(self.squeue, node_name, node, timeout=self.timeout)
+        return tuple(Allocation(j.job.job_id, j.job.user, j.job.uid, j.uuids, j.job.start, j.job.account,
+                                source="squeue") for j in found)
+
+    def drain_node(self, node_name: str, reason: str) -> None:
+        from gpuslurm.slurm.scontrol import drain_node
+
+        drain_node(node_name, reason, scontrol=self.scontrol, timeout=self.timeout)
+
+    def resume_node(self, node_name: str) -> None:
+        from gpuslurm.slurm.scontrol import resume_node
+
+        resume_node(node_name, scontrol=self.scontrol, timeout=self.timeout)

@@ -1,0 +1,1 @@
+"""Node state both schedulers share: job→GPU maps, the sample store, cgroup path → job."""

@@ -1,0 +1,41 @@
+"""One wiring of the monitor's parts, shared by ``gpuslurm monitor``, the live view and the demo."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gpuslurm.samples import Allocation
+from gpuslurm.watch.attribute import Attributor
+from gpuslurm.watch.monitor import CycleStore, Monitor, Sampler
+
+if TYPE_CHECKING:
+    from gpuslurm.hw.model import Node
+    from gpuslurm.state.scheduler import Scheduler
+
+
+def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_dir: str,
+                  node: Node | None = None, scheduler: Scheduler | None = None,
+                  squeue_interval_s: float = 60.0, proc_root: str | None = None,
+                  attributor_type: type[Attributor] = Attributor,
+                  clock: Callable[[], float] = time.time, **parts: Any) -> Monitor:
+    """A :class:`Monitor` over ``sampler``, attributing processes through the job maps in
+    ``jobs_dir`` and, when a ``scheduler`` and the ``node`` are given, its job list as the fallback.
+
+    ``parts`` are the Monitor's optional parts (detector, publish, observe, comments, act,
+    quotas, warn, raw_window_s).
+    """
+    squeue: Callable[[], tuple[Allocation, ...]] | None = None
+    if scheduler is not None and node is not None:
+        sched, known = scheduler, node
+
+        def squeue() -> tuple[Allocation, ...]:
+            return sched.node_allocations(node_name, known)
+
+    if proc_root is None:
+        attributor = attributor_type(jobs_dir=jobs_dir, squeue=squeue, squeue_interval_s=squeue_interval_s)
+    else:
+        attributor = attributor_type(jobs_dir=jobs_dir, proc_root=proc_root, squeue=squeue,
+                                     squeue_interval_s=squeue_interval_s)
+    return Monitor(sampler, attributor, store, node_name, clock=clock, **parts)
