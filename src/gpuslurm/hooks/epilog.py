@@ -239,7 +239,7 @@ NO_RELEASE = Release((), {}, ())
 def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any, spec: str | None,
              log: HookLog) -> Release:
     """Kill the job's leftovers on its physical GPUs, then check the GPUs were released."""
-    from gpuslurm.policy.health import Fault, release_enabled, released_faults
+    from gpuslurm.policy.health import Fault, gpu_label, release_enabled, released_faults
 
     kill = cfg.epilog.kill_leftover
     if not gpus or not (kill or release_enabled(cfg.health)):
@@ -258,7 +258,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
         return NO_RELEASE
     if missing := sorted(physical - {g.uuid for g in mine}):
         log.warning(f"GPU(s) {', '.join(missing)} of the job are not on this node any more")
-    labels = {g.uuid: str(g.index) for g in mine}
+    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in mine}
     holders = _other_holders(job_id, cfg.paths.jobs_dir, log)
     listed = [(g.uuid, p) for g in mine for p in (health[g.uuid].processes or ())]
     drop: dict[str, set[int]] = {u: set() for u in labels}  # not this job's, or gone: not leftovers
@@ -270,7 +270,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
         targets, skipped = plan_kills(listed, job_id, uid, holders,
                                       cfg.health.leftover_processes.ignore_users, listed_at)
         for (uuid, pid), (kind, why) in skipped.items():
-            log.info(f"GPU {labels[uuid]} {uuid}: pid {pid} is not killed: {why}")
+            log.info(f"GPU {labels[uuid]}: pid {pid} is not killed: {why}")
             if kind != "kept":
                 drop[uuid].add(pid)
         if targets:
@@ -278,7 +278,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
             for t in targets:
                 what = outcome[t.pid]
                 leftovers.append({"gpu": t.gpu, "pid": t.pid, "user": t.user, "outcome": what})
-                log.warning(f"GPU {labels[t.gpu]} {t.gpu}: leftover pid {t.pid} ({t.user}): {what}")
+                log.warning(f"GPU {labels[t.gpu]}: leftover pid {t.pid} ({t.user}): {what}")
                 if what == SURVIVED:
                     survivors.setdefault(t.gpu, []).append(t)
                 drop[t.gpu].add(t.pid)  # a survivor is reported below, as such

@@ -112,7 +112,7 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
         return 0
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
 
-    from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults
+    from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
 
     faults = []
     if gate_enabled(cfg.health):
@@ -121,9 +121,9 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
         health = read_health(gpus, spec)
         for gpu in gpus:
             faults.extend(gate_faults(health[gpu.uuid], cfg.health))
-    labels = {g.uuid: str(g.index) for g in gpus}
+    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in gpus}
     for fault in faults:
-        log.warning(f"GPU {labels[fault.uuid]} {fault.uuid}: {fault.check}: {fault.message} "
+        log.warning(f"GPU {labels[fault.uuid]}: {fault.check}: {fault.message} "
                     f"(action {fault.action})")
     drains = [f for f in faults if f.action == "drain"]
     if drains:
