@@ -180,3 +180,15 @@ def test_the_drain_reason_names_the_device_file_where_minors_differ_from_indices
     assert run_prolog(site.environ(gpus="0-3"), quiet("prolog")) == 1
     [call] = site.scontrol_calls()
     assert call[3] == f"Reason=gpuslurm: GPU index 2 (/dev/nvidia0, {site.uuids[2]}): Xid 79"
+
+
+def test_a_job_refused_for_xid_79_gets_a_summary_with_the_faults(site: HookSite) -> None:
+    site.set_health({site.uuids[1]: {"xid": [79]}})
+    assert run_prolog(site.environ(gpus="0,1"), quiet("prolog")) == 1
+    assert run_epilog(site.environ(gpus="0,1"), quiet("epilog")) == 0  # Slurm runs it after a refusal
+    summary = json.loads((site.summaries / "1234-summary.json").read_text())
+    assert summary["refused_by"] == "prolog"
+    assert [g["uuid"] for g in summary["gpus"]] == site.uuids[:2]
+    faults = [(f["uuid"], f["check"], f["action"]) for f in summary["faults"]]
+    assert faults == [(site.uuids[1], "xid", "drain")]
+    assert "79" in summary["faults"][0]["message"]

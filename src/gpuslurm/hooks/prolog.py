@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -136,6 +137,12 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
             log.error(f"drained {name}: {reason}")
         except CommandError as exc:  # Slurm drains the node itself when the prolog fails
             log.error(f"could not drain {name} ({exc}); failing so that Slurm drains it: {reason}")
+        from gpuslurm.hooks.epilog import record_refusal
+
+        record_refusal(environ, job_id, uid, user, time.time(),
+                       [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
+                         "parent_uuid": d.gpu.uuid if d.mig is not None else None} for d in devices],
+                       faults, cfg, log)
         return EXIT_UNHEALTHY
     from gpuslurm.isolate.devices import isolate_job
 
