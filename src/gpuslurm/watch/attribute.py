@@ -22,6 +22,7 @@ from typing import NamedTuple
 from gpuslurm.errors import GpuslurmError
 from gpuslurm.hw import procfs
 from gpuslurm.hw.nvml import ProcessReading
+from gpuslurm.jobid import valid_job_id
 from gpuslurm.watch.model import Allocation, ProcSample, ScanProblem
 
 
@@ -63,7 +64,7 @@ def _job(rest: list[str], uid: int | None, node: str | None) -> CgroupJob | None
     if not rest or not rest[0].startswith("job_"):
         return None
     job_id = rest[0][4:]
-    if not (job_id.isascii() and job_id.isdigit()):
+    if not (job_id.isascii() and job_id.isdigit() and valid_job_id(job_id)):  # Slurm's cgroups: digits
         return None
     step = rest[1][5:] if len(rest) > 1 and rest[1].startswith("step_") else None
     return CgroupJob(job_id, step or None, uid, node)
