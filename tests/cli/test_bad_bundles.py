@@ -65,3 +65,17 @@ def test_bad_bundle_gives_one_line_and_exit_2(tmp_path: Path, bundle: str, label
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("gpuslurm: ") and named in proc.stderr, proc.stderr
+
+
+def test_bundle_with_zero_gpus_writes_nothing_and_exits_2(tmp_path: Path) -> None:
+    copy = tmp_path / "no-gpus"
+    shutil.copytree(BUILTIN_DIR / "dgx-h100", copy)
+    (copy / "nvidia-smi-topo.txt").unlink()
+    (copy / "nvml.json").write_text('{"format": "gpuslurm-nvml", "version": 1, "gpus": []}')
+    out = tmp_path / "gres.conf"
+    argv = [sys.executable, "-m", "gpuslurm", "gres-conf", "--from", str(copy), "-o", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert not out.exists()
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"gpuslurm: {copy}: ") and "no GPUs" in proc.stderr, proc.stderr

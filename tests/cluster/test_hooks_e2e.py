@@ -160,7 +160,8 @@ def test_unhealthy_gpu_drains_the_node_with_a_reason_naming_it(hooked: HookedClu
         jobid = hooked.cluster.sbatch(["--gres=gpu:8"], "echo should not run\n")
         _wait_node(hooked, r"DRAIN", timeout=60)
         reason = hooked.node_field("Reason")
-        assert f"gpuslurm: GPU {sick} {hooked.uuids[sick]}: temperature 97 C over limit 85 C" in reason, \
+        named = f"GPU index {sick} (/dev/nvidia{sick}, {hooked.uuids[sick]})"  # dgx-h100: minor == index
+        assert f"gpuslurm: {named}: temperature 97 C over limit 85 C" in reason, \
             f"{reason}\n{hooked.hook_log()}"
         assert hooked.cluster.state(jobid) != "COMPLETED"
         assert not (hooked.jobs_dir / f"{jobid}.json").exists()

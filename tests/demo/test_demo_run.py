@@ -22,7 +22,7 @@ from gpuslurm.demo.run import Progress
 
 NOBODY = 65534
 KEPT = {".gpuslurm-demo", "monitor.db", "monitor.db-wal", "monitor.db-shm", "scenario.json", "fairshare.png",
-        "report.txt", ".cache"}
+        "report.txt", ".cache", "gpuslurm.toml"}
 
 
 def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -75,6 +75,17 @@ def test_the_demo_replays_a_day_and_reports_it(tmp_path: Path) -> None:
         conn.close()
     assert kinds.get("rogue") == 1 and kinds.get("idle") == 2 and kinds.get("over-share", 0) >= 3
     assert cycles == 3 * 360 and jobs == {j.job_id for j in demo_run.script.JOBS}
+    # the suggested next command, run as printed (by a shell, from a directory of no config),
+    # judges with the demo's quotas, not gpuslurm's default of 100 % each
+    nxt = next(line for line in res.stderr.splitlines() if line.startswith("Next:"))[len("Next:"):]
+    env = {k: v for k, v in os.environ.items() if k != "GPUSLURM_CONFIG"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    again = subprocess.run(["bash", "-c", nxt.replace("--by job", "--by user")], capture_output=True,
+                           text=True, timeout=60, env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    quotas = {ln.split()[0]: ln.split()[-5] for ln in again.stdout.splitlines()
+              if ln.split() and ln.split()[0] in {u.name for u in demo_run.script.USERS}}
+    assert quotas == {u.name: f"{u.quota * 100:.0f}" for u in demo_run.script.USERS}, again.stdout
 
 
 def test_a_second_run_replaces_the_first_and_foreign_directories_are_refused(tmp_path: Path) -> None:

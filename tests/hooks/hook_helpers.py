@@ -57,9 +57,9 @@ class HookSite:
         return [c.split("\0") for c in calls if c]
 
 
-def make_site(root: Path, *, scontrol_exit: int = 0) -> HookSite:
+def make_site(root: Path, *, scontrol_exit: int = 0, builtin: str = "dgx-h100") -> HookSite:
     bundle = root / "bundle"
-    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    shutil.copytree(BUILTIN_DIR / builtin, bundle)
     log = root / "scontrol.log"
     script = root / "scontrol"
     # Records its argv, NUL-separated, one call per record.

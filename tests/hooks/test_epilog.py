@@ -152,8 +152,8 @@ def test_survivor_of_sigkill_drains_naming_the_gpu(site: HookSite, spawn: list[L
         listed(site, 1, p.pid)
         assert run_epilog(site.environ(gpus="0,1"), quiet("epilog")) == 0
         [call] = site.scontrol_calls()
-        assert call[3] == (f"Reason=gpuslurm: GPU 1 {site.uuids[1]}: 1 leftover process(es) survived "
-                           f"SIGKILL: pid {p.pid} (nobody)")
+        assert call[3] == (f"Reason=gpuslurm: GPU index 1 (/dev/nvidia1, {site.uuids[1]}): "
+                           f"1 leftover process(es) survived SIGKILL: pid {p.pid} (nobody)")
         assert not p.exited()
     finally:
         (cg / "freezer.state").write_text("THAWED")
@@ -242,7 +242,8 @@ def test_kill_leftover_off_only_reports(site: HookSite, spawn: list[Leftover]) -
     assert run_epilog(site.environ(gpus="0,1"), quiet("epilog")) == 0
     assert not p.exited()
     [call] = site.scontrol_calls()
-    assert f"GPU 1 {site.uuids[1]}: 1 process(es) left after the job: pid {p.pid} (nobody)" in call[3]
+    assert (f"GPU index 1 (/dev/nvidia1, {site.uuids[1]}): 1 process(es) left after the job: "
+            f"pid {p.pid} (nobody)") in call[3]
 
 
 def test_pid_reuse_guards(spawn: list[Leftover]) -> None:

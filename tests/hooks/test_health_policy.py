@@ -11,7 +11,7 @@ from fakes import fake_pynvml as fp
 from gpuslurm.config import parse_config
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.health import GpuHealth, GpuProcess, NvmlHealthReader, parse_scenario
-from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, released_faults
+from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label, released_faults
 
 DEFAULT = parse_config("").health
 U = "GPU-aaaa"
@@ -69,9 +69,11 @@ def test_released_checks_memory_and_processes() -> None:
     assert checks(GpuHealth(U, memory_used_mib=80000)) == []
 
 
-def test_drain_reason_names_gpu_index_and_uuid() -> None:
+def test_drain_reason_names_gpu_index_device_file_and_uuid() -> None:
     faults = gate_faults(GpuHealth(U, xid=(48, 79, 48)), DEFAULT)
-    assert drain_reason(faults, {U: "3"}) == f"gpuslurm: GPU 3 {U}: Xid 48,79"
+    reason = drain_reason(faults, {U: gpu_label(3, 1, U)})
+    assert reason == f"gpuslurm: GPU index 3 (/dev/nvidia1, {U}): Xid 48,79"
+    assert drain_reason(faults, {}) == f"gpuslurm: GPU ? ({U}): Xid 48,79"
 
 
 def test_scenario_parses_and_matches_uuids_case_insensitively() -> None:

@@ -48,7 +48,8 @@ def test_hot_gpu_drains_the_node_naming_it_and_fails(site: HookSite) -> None:
     assert run_prolog(site.environ(gpus="0-3"), log) == 1
     [call] = site.scontrol_calls()
     assert call[:3] == ["update", "NodeName=node07", "State=DRAIN"]
-    assert call[3] == f"Reason=gpuslurm: GPU 2 {site.uuids[2]}: temperature 95 C over limit 85 C"
+    assert call[3] == (f"Reason=gpuslurm: GPU index 2 (/dev/nvidia2, {site.uuids[2]}): "
+                       "temperature 95 C over limit 85 C")
     # GPU 5's Xid is not this job's business, and the job must not start: no map.
     assert not (site.jobs_dir / "1234.json").exists()
     assert any("drained node07" in line for line in log.lines)
@@ -59,8 +60,8 @@ def test_every_faulty_gpu_of_the_job_is_in_the_reason(site: HookSite) -> None:
                      site.uuids[1]: {"ecc_uncorrectable": 3, "remap_pending": True}})
     assert run_prolog(site.environ(gpus="0,1"), quiet("prolog")) == 1
     reason = site.scontrol_calls()[0][3]
-    assert f"GPU 0 {site.uuids[0]}: GPU is lost" in reason
-    assert f"GPU 1 {site.uuids[1]}: 3 uncorrectable ECC errors (limit 0)" in reason
+    assert f"GPU index 0 (/dev/nvidia0, {site.uuids[0]}): GPU is lost" in reason
+    assert f"GPU index 1 (/dev/nvidia1, {site.uuids[1]}): 3 uncorrectable ECC errors (limit 0)" in reason
     assert "row remap pending" in reason
 
 
@@ -159,7 +160,8 @@ def test_epilog_drains_when_the_job_left_processes_and_memory(site: HookSite) ->
                                      "memory_used_mib": 4100}})
     assert run_epilog(site.environ(gpus="0,1"), quiet("epilog")) == 0  # drained: Slurm keeps our reason
     [call] = site.scontrol_calls()
-    assert call[3].startswith(f"Reason=gpuslurm: GPU 1 {site.uuids[1]}: 1 process(es) left after the job")
+    assert call[3].startswith(f"Reason=gpuslurm: GPU index 1 (/dev/nvidia1, {site.uuids[1]}): "
+                              "1 process(es) left after the job")
     assert "4100 MiB still in use" in call[3]
     assert not (site.jobs_dir / "1234.json").exists()
     faults = json.loads((site.summaries / "1234-summary.json").read_text())["faults"]
@@ -195,3 +197,23 @@ def test_map_written_by_jobmap_is_what_the_epilog_reads(site: HookSite) -> None:
     summary = json.loads((site.summaries / "1234-summary.json").read_text())
     assert summary["gpus"][0]["uuid"] == gpu.uuid
     assert (summary["start"], summary["end"]) == (5.0, 9.0)
+
+
+def test_the_drain_reason_names_the_device_file_where_minors_differ_from_indices(tmp_path: Path) -> None:
+    site = make_site(tmp_path, builtin="l40s-4x")  # minors in index order: 2, 3, 0, 1
+    site.set_health({site.uuids[2]: {"xid": [79]}})
+    assert run_prolog(site.environ(gpus="0-3"), quiet("prolog")) == 1
+    [call] = site.scontrol_calls()
+    assert call[3] == f"Reason=gpuslurm: GPU index 2 (/dev/nvidia0, {site.uuids[2]}): Xid 79"
+
+
+def test_a_job_refused_for_xid_79_gets_a_summary_with_the_faults(site: HookSite) -> None:
+    site.set_health({site.uuids[1]: {"xid": [79]}})
+    assert run_prolog(site.environ(gpus="0,1"), quiet("prolog")) == 1
+    assert run_epilog(site.environ(gpus="0,1"), quiet("epilog")) == 0  # Slurm runs it after a refusal
+    summary = json.loads((site.summaries / "1234-summary.json").read_text())
+    assert summary["refused_by"] == "prolog"
+    assert [g["uuid"] for g in summary["gpus"]] == site.uuids[:2]
+    faults = [(f["uuid"], f["check"], f["action"]) for f in summary["faults"]]
+    assert faults == [(site.uuids[1], "xid", "drain")]
+    assert "79" in summary["faults"][0]["message"]

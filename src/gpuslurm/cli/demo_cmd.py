@@ -51,8 +51,9 @@ def demo(hours: float, speed: float | None, out: Path | None, no_plot: bool) -> 
     click.echo(f"Chart:  {chart}" if chart is not None else f"Chart:  not drawn: {no_chart}", err=True)
     click.echo(f"Report: {where / demo_run.REPORT_NAME}", err=True)
     db = shlex.quote(str(result.db))
-    click.echo(f"Next:   gpuslurm fairshare-report --db {db} --since @{result.since:.0f} "
-               f"--until @{result.until:.0f} --by job", err=True)
+    conf = shlex.quote(str(where / demo_run.CONFIG_NAME))
+    click.echo(f"Next:   GPUSLURM_CONFIG={conf} gpuslurm fairshare-report --db {db} "
+               f"--since @{result.since:.0f} --until @{result.until:.0f} --by job", err=True)
 
 
 class _Bar:

@@ -35,8 +35,9 @@ MARKER = ".gpuslurm-demo"
 DB_NAME = "monitor.db"
 CHART_NAME = "fairshare.png"
 REPORT_NAME = "report.txt"
+CONFIG_NAME = "gpuslurm.toml"  # the script's quotas, for the report command the demo suggests next
 _OURS = (MARKER, DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", "scenario.json", CHART_NAME, REPORT_NAME,
-         "proc", "run", ".cache")
+         CONFIG_NAME, "proc", "run", ".cache")
 
 
 class Progress(NamedTuple):
@@ -244,6 +245,18 @@ def chart_unavailable() -> str | None:
     return None
 
 
+def write_config(out: Path) -> Path:
+    """A config file with the script's quotas, so that a report run by hand judges as the demo did."""
+    import json
+
+    # TOML basic strings and JSON strings escape alike for these plain names; json.dumps quotes them
+    users = ", ".join(f"{json.dumps(u.name)} = {u.quota!r}" for u in script.USERS)
+    path = out / CONFIG_NAME
+    path.write_text("# written by gpuslurm demo: the demo's users' quotas\n"
+                    f"[detect.share]\nusers = {{ {users} }}\n")
+    return path
+
+
 def write_report(run: DemoRun, fp: TextIO, *, plot: bool = True) -> Path | None:
     """Print the day's fair-share report on ``fp`` (and save it); write the chart. The chart's path."""
     import io
@@ -263,6 +276,7 @@ def write_report(run: DemoRun, fp: TextIO, *, plot: bool = True) -> Path | None:
     render(report, "table", text)
     fp.write(text.getvalue())
     (run.out / REPORT_NAME).write_text(text.getvalue())
+    write_config(run.out)
     if not plot:
         return None
     # matplotlib keeps a font cache under $HOME; the demo promises to write only in its directory

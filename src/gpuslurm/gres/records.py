@@ -115,6 +115,10 @@ def gpu_cores(node: Node, cmap: CoreMap, gpu: Gpu) -> tuple[int, ...]:
 
 def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
     """Turn a node into gres.conf records. Raises CaptureError when a needed fact is missing."""
+    if not node.gpus:
+        # An empty gres.conf with AutoDetect=off would tell slurmd the node has no GPUs at all.
+        raise CaptureError("no GPUs in this node's facts: refusing to write a gres.conf without GPUs",
+                           node.source.removeprefix("replay:") or None)
     cmap = node_core_map(node)
     dev = opts.dev_root.rstrip("/")
     gpus = sorted(node.gpus, key=lambda g: g.bus_id)

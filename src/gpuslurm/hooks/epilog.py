@@ -120,6 +120,7 @@ def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, s
     """The summary file and the AdminComment (failures logged, never fatal)."""
     if not (cfg.epilog.summary or cfg.epilog.admin_comment):
         return
+    mapped = start is not None  # the prolog mapped the job; without a map it may have refused it
     if start is None:  # no map: Slurm (23.02 and later) may still say when the job started
         raw = environ.get("SLURM_JOB_START_TIME", "")
         start = float(raw) if raw.isdigit() else None
@@ -129,12 +130,16 @@ def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, s
             g.update(samples=s.samples, util_mean_pct=_round(s.util_mean_pct),
                      util_max_pct=_round(s.util_max_pct), mem_peak_mib=_round(s.mem_peak_mib))
     if cfg.epilog.summary:
+        refused = [] if mapped else _prolog_faults(job_id, cfg, log)
         summary = {"version": SUMMARY_VERSION, "job_id": job_id, "user": user, "uid": uid,
                    "node": node_name(environ), "start": start, "end": now, "gpus": gpus,
                    "monitor": "ok" if stats else "no monitor data",
-                   "leftovers": list(release.leftovers), "faults": [f._asdict() for f in release.faults]}
+                   "leftovers": list(release.leftovers),
+                   "faults": [*refused, *(f._asdict() for f in release.faults)]}
+        if refused:
+            summary["refused_by"] = "prolog"
         try:
-            path = write_summary(summary, os.path.join(cfg.paths.state_dir, "jobs"), job_id)
+            path = write_summary(summary, _summary_dir(cfg), job_id)
             log.info(f"wrote {path}")
         except (GpuslurmError, OSError) as exc:
             log.error(f"cannot write the job summary: {exc}")
@@ -239,7 +244,7 @@ NO_RELEASE = Release((), {}, ())
 def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any, spec: str | None,
              log: HookLog) -> Release:
     """Kill the job's leftovers on its physical GPUs, then check the GPUs were released."""
-    from gpuslurm.policy.health import Fault, release_enabled, released_faults
+    from gpuslurm.policy.health import Fault, gpu_label, release_enabled, released_faults
 
     kill = cfg.epilog.kill_leftover
     if not gpus or not (kill or release_enabled(cfg.health)):
@@ -258,7 +263,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
         return NO_RELEASE
     if missing := sorted(physical - {g.uuid for g in mine}):
         log.warning(f"GPU(s) {', '.join(missing)} of the job are not on this node any more")
-    labels = {g.uuid: str(g.index) for g in mine}
+    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in mine}
     holders = _other_holders(job_id, cfg.paths.jobs_dir, log)
     listed = [(g.uuid, p) for g in mine for p in (health[g.uuid].processes or ())]
     drop: dict[str, set[int]] = {u: set() for u in labels}  # not this job's, or gone: not leftovers
@@ -270,7 +275,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
         targets, skipped = plan_kills(listed, job_id, uid, holders,
                                       cfg.health.leftover_processes.ignore_users, listed_at)
         for (uuid, pid), (kind, why) in skipped.items():
-            log.info(f"GPU {labels[uuid]} {uuid}: pid {pid} is not killed: {why}")
+            log.info(f"GPU {labels[uuid]}: pid {pid} is not killed: {why}")
             if kind != "kept":
                 drop[uuid].add(pid)
         if targets:
@@ -278,7 +283,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
             for t in targets:
                 what = outcome[t.pid]
                 leftovers.append({"gpu": t.gpu, "pid": t.pid, "user": t.user, "outcome": what})
-                log.warning(f"GPU {labels[t.gpu]} {t.gpu}: leftover pid {t.pid} ({t.user}): {what}")
+                log.warning(f"GPU {labels[t.gpu]}: leftover pid {t.pid} ({t.user}): {what}")
                 if what == SURVIVED:
                     survivors.setdefault(t.gpu, []).append(t)
                 drop[t.gpu].add(t.pid)  # a survivor is reported below, as such
@@ -376,6 +381,47 @@ def _drain(environ: Mapping[str, str], drains: list[Any], labels: dict[str, str]
         return EXIT_UNHEALTHY
     log.error(f"drained {name}: {reason}")
     return 0
+
+
+def record_refusal(environ: Mapping[str, str], job_id: str, uid: int, user: str, now: float,
+                   gpus: list[dict[str, Any]], faults: list[Any], cfg: Any, log: HookLog) -> None:
+    """The summary of a job the prolog refused for health faults: its GPUs and the faults.
+
+    The epilog that follows keeps these faults in the summary it writes (bookkeeping: a failure is
+    logged, never fatal).
+    """
+    if not cfg.epilog.summary:
+        return
+    summary = {"version": SUMMARY_VERSION, "job_id": job_id, "user": user, "uid": uid,
+               "node": node_name(environ), "start": None, "end": now, "gpus": gpus,
+               "refused_by": "prolog", "monitor": "no monitor data", "leftovers": [],
+               "faults": [f._asdict() for f in faults]}
+    try:
+        path = write_summary(summary, _summary_dir(cfg), job_id)
+        log.info(f"wrote {path}")
+    except Exception as exc:
+        log.error(f"cannot write the job summary: {exc}")
+
+
+def _prolog_faults(job_id: str, cfg: Any, log: HookLog) -> list[Any]:
+    """The faults the prolog refused this job for (from its summary), or none."""
+    from gpuslurm.jobid import check_job_id
+    from gpuslurm.safedir import read_private_file
+
+    try:
+        raw = read_private_file(_summary_dir(cfg), f"{check_job_id(job_id)}-summary.json", 1 << 20)
+        prior = json.loads(raw) if raw is not None else None
+    except (GpuslurmError, OSError, ValueError) as exc:
+        log.warning(f"cannot read the prolog's summary: {exc}")
+        return []
+    if not isinstance(prior, dict) or prior.get("refused_by") != "prolog":
+        return []
+    faults = prior.get("faults")
+    return [f for f in faults if isinstance(f, dict)] if isinstance(faults, list) else []
+
+
+def _summary_dir(cfg: Any) -> str:
+    return os.path.join(cfg.paths.state_dir, "jobs")
 
 
 def write_summary(summary: Mapping[str, Any], directory: str, job_id: str) -> str:

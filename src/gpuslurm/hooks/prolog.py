@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -112,7 +113,7 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
         return 0
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
 
-    from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults
+    from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
 
     faults = []
     if gate_enabled(cfg.health):
@@ -121,9 +122,9 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
         health = read_health(gpus, spec)
         for gpu in gpus:
             faults.extend(gate_faults(health[gpu.uuid], cfg.health))
-    labels = {g.uuid: str(g.index) for g in gpus}
+    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in gpus}
     for fault in faults:
-        log.warning(f"GPU {labels[fault.uuid]} {fault.uuid}: {fault.check}: {fault.message} "
+        log.warning(f"GPU {labels[fault.uuid]}: {fault.check}: {fault.message} "
                     f"(action {fault.action})")
     drains = [f for f in faults if f.action == "drain"]
     if drains:
@@ -136,6 +137,12 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
             log.error(f"drained {name}: {reason}")
         except CommandError as exc:  # Slurm drains the node itself when the prolog fails
             log.error(f"could not drain {name} ({exc}); failing so that Slurm drains it: {reason}")
+        from gpuslurm.hooks.epilog import record_refusal
+
+        record_refusal(environ, job_id, uid, user, time.time(),
+                       [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
+                         "parent_uuid": d.gpu.uuid if d.mig is not None else None} for d in devices],
+                       faults, cfg, log)
         return EXIT_UNHEALTHY
     from gpuslurm.isolate.devices import isolate_job
 

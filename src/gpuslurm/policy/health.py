@@ -85,9 +85,21 @@ def leftover_processes(health: GpuHealth, cfg: HealthConfig) -> tuple[GpuProcess
     return tuple(p for p in health.processes if p.user is None or p.user not in ignored)
 
 
-def drain_reason(faults: Iterable[Fault], gpu_label: dict[str, str]) -> str:
-    """One line for ``scontrol update Reason=``: ``gpuslurm: GPU <idx> <uuid>: <fault>; …``."""
-    parts = [f"GPU {gpu_label.get(f.uuid, '?')} {f.uuid}: {f.message}" for f in faults]
+def gpu_label(index: int, minor: int, uuid: str) -> str:
+    """A GPU as an admin finds it: ``index 2 (/dev/nvidia0, <uuid>)``.
+
+    The NVML index alone reads as /dev/nvidia<index>, a different board wherever minors differ
+    from indices, so the device file is always named beside it.
+    """
+    return f"index {index} (/dev/nvidia{minor}, {uuid})"
+
+
+def drain_reason(faults: Iterable[Fault], labels: dict[str, str]) -> str:
+    """One line for ``scontrol update Reason=``: ``gpuslurm: GPU <label>: <fault>; …``.
+
+    ``labels`` maps a UUID to its :func:`gpu_label`; an unknown GPU is named by its UUID alone.
+    """
+    parts = [f"GPU {labels.get(f.uuid, f'? ({f.uuid})')}: {f.message}" for f in faults]
     return "gpuslurm: " + "; ".join(parts)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from gpuslurm.jobid import valid_job_id
+
 
 class CgroupJob(NamedTuple):
     """A Slurm job named by a cgroup path."""
@@ -47,7 +49,7 @@ def _job(rest: list[str], uid: int | None, node: str | None) -> CgroupJob | None
     if not rest or not rest[0].startswith("job_"):
         return None
     job_id = rest[0][4:]
-    if not (job_id.isascii() and job_id.isdigit()):
+    if not (job_id.isascii() and job_id.isdigit() and valid_job_id(job_id)):  # Slurm's cgroups: digits
         return None
     step = rest[1][5:] if len(rest) > 1 and rest[1].startswith("step_") else None
     return CgroupJob(job_id, step or None, uid, node)

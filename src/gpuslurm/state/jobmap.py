@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
+from gpuslurm.jobid import check_job_id as check_job_id  # where callers import it from
+from gpuslurm.jobid import job_sort_key, valid_job_id
 from gpuslurm.safedir import UnsafePathError as UnsafePathError  # where callers import it from
 from gpuslurm.safedir import open_dir, read_private_at, write_private_file
 
@@ -111,13 +113,6 @@ def job_map(job_id: str, user: str, uid: int, devices: Iterable[JobDevice],
                   time.time() if start is None else start, account or None)
 
 
-def check_job_id(job_id: str) -> str:
-    """``job_id`` if it is ``<digits>`` or ``<digits>_<digits>``; it becomes a file name."""
-    if not _valid_job_id(job_id):
-        raise InputError(f"not a Slurm job id: {job_id!r}", source="job id")
-    return job_id
-
-
 def map_path(job_id: str, base: str = DEFAULT_JOBS_DIR) -> str:
     return os.path.join(base, f"{check_job_id(job_id)}.json")
 
@@ -187,9 +182,9 @@ def _job_ids(dfd: int) -> tuple[str, ...]:
     ids = []
     for name in os.listdir(dfd):
         stem, dot, ext = name.rpartition(".")
-        if dot and ext == "json" and _valid_job_id(stem):
+        if dot and ext == "json" and valid_job_id(stem):
             ids.append(stem)
-    return tuple(sorted(ids, key=_job_sort_key))
+    return tuple(sorted(ids, key=job_sort_key))
 
 
 def _read(dfd: int, name: str, base: str) -> JobMap | None:
@@ -227,15 +222,3 @@ def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], sou
     return value
 
 
-def _is_id(text: str) -> bool:
-    return 0 < len(text) <= 10 and text.isascii() and text.isdigit()
-
-
-def _valid_job_id(text: str) -> bool:
-    main, sep, task = text.partition("_")
-    return _is_id(main) and (not sep or _is_id(task))
-
-
-def _job_sort_key(job_id: str) -> tuple[int, int]:
-    main, _, task = job_id.partition("_")
-    return int(main), int(task) if task else -1

@@ -18,6 +18,7 @@ from typing import Any
 from gpuslurm.config import Config
 from gpuslurm.errors import GpuslurmError, InputError
 from gpuslurm.isolate.kill import SURVIVED
+from gpuslurm.jobid import valid_job_id
 from gpuslurm.policy.act import Planner, Step
 from gpuslurm.policy.wording import span
 from gpuslurm.samples import Cycle, ProcSample, ScanProblem, Violation
@@ -203,7 +204,7 @@ class Actor:
         from gpuslurm.runner import run_command
 
         job = step.violation.job_id or ""
-        if not job.replace("_", "").isdigit():  # a job id from squeue or a map, never an option
+        if not valid_job_id(job):  # a job id from squeue or a map, never an option
             raise InputError(f"not a job id: {job!r}", source="scancel")
         if step.dry_run:
             done = f"would scancel (dry run) job {job} {step.event}"
