@@ -15,7 +15,10 @@ settings.register_profile("dev", deadline=None, max_examples=100,
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("GPUSLURM_HYPOTHESIS_PROFILE", "dev"))
 
 # The session-scoped Slurm test cluster (docker-slurm/cluster.sh), for tests marked slurm.
-from cluster_fixture import slurm_cluster  # noqa: E402, F401
+from cluster_fixture import host_cluster_lock, slurm_cluster  # noqa: E402, F401
+
+# The session-scoped PBS test cluster (pbs-cluster/cluster.sh), for tests marked pbs.
+from pbs_fixture import pbs_cluster  # noqa: E402, F401
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
 
