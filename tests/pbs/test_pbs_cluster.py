@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,34 @@ def _vnodes(text: str) -> dict[str, dict[str, str]]:
     return nodes
 
 
+def test_up_status_down_leave_nothing() -> None:
+    # A cluster of its own (one namespace name per host): first in this file, so that it runs
+    # before the session cluster is brought up.
+    reason = pbs_unavailable()
+    if reason:
+        pytest.skip(reason)
+    if subprocess.run(["ip", "netns", "pids", NS], capture_output=True, check=False).returncode == 0:
+        pytest.skip("the session PBS cluster is up; run this test in a session of its own (-k leave_nothing)")
+    state = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-down-"))  # not tmp_path: postgres must enter it
+    state.chmod(0o755)
+    env = {**os.environ, "GPUSLURM_PBS_DIR": str(state), "GPUSLURM_PBS_USER": "gpuspbs2"}
+    before = set(os.listdir("/dev"))
+    up = cluster_sh("up", env)
+    try:
+        assert up.returncode == 0, up.stderr
+        status = cluster_sh("status", env)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "pbshost[0]" in status.stdout
+    finally:
+        down = cluster_sh("down", env)
+    assert down.returncode == 0, down.stderr
+    assert not state.exists()
+    assert not Path(f"/etc/netns/{NS}").exists()
+    assert subprocess.run(["ip", "netns", "pids", NS], capture_output=True, check=False).returncode != 0
+    assert subprocess.run(["id", "gpuspbs2"], capture_output=True, check=False).returncode != 0
+    assert set(os.listdir("/dev")) <= before
+
+
 def test_pbsnodes_shows_one_vnode_per_numa_node_as_in_the_bundle(pbs_cluster: PbsCluster) -> None:
     nodes = _vnodes(pbs_cluster.run(str(PREFIX / "bin" / "pbsnodes"), "-av"))
     for vnode in plan_vnodes(load_node(BUNDLE)):
@@ -50,31 +79,3 @@ def test_a_users_gpu_job_runs_on_one_numa_vnode(pbs_cluster: PbsCluster) -> None
     # One chunk, placed whole on one NUMA vnode: its CPUs and both GPUs together.
     chunk = exec_vnode.group(1).strip()
     assert re.fullmatch(r"\(pbshost\[\d+\]:ncpus=4:ngpus=2\)", chunk), chunk
-
-
-def test_up_status_down_leave_nothing(tmp_path: Path) -> None:
-    # Its own cluster in a fresh state dir, with the session cluster down meanwhile is not possible
-    # (one namespace name): this test checks down on the session cluster's copy of the state, so
-    # it asks for no fixture and runs only when the PBS cluster is not up.
-    reason = pbs_unavailable()
-    if reason:
-        pytest.skip(reason)
-    if subprocess.run(["ip", "netns", "pids", NS], capture_output=True, check=False).returncode == 0:
-        pytest.skip("the session PBS cluster is up; run this test in a session of its own (-k leave_nothing)")
-    state = tmp_path / "pbs"
-    env = {**os.environ, "GPUSLURM_PBS_DIR": str(state), "GPUSLURM_PBS_USER": "gpuspbs2"}
-    before = set(os.listdir("/dev"))
-    up = cluster_sh("up", env)
-    try:
-        assert up.returncode == 0, up.stderr
-        status = cluster_sh("status", env)
-        assert status.returncode == 0, status.stdout + status.stderr
-        assert "pbshost[0]" in status.stdout
-    finally:
-        down = cluster_sh("down", env)
-    assert down.returncode == 0, down.stderr
-    assert not state.exists()
-    assert not Path(f"/etc/netns/{NS}").exists()
-    assert subprocess.run(["ip", "netns", "pids", NS], capture_output=True, check=False).returncode != 0
-    assert subprocess.run(["id", "gpuspbs2"], capture_output=True, check=False).returncode != 0
-    assert set(os.listdir("/dev")) <= before
