@@ -111,7 +111,7 @@ cmd_up() {
     local i
     for ((i = 0; i < 30; i++)); do qmgr "list server" >/dev/null 2>&1 && break; sleep 1; done
     qmgr "create resource ngpus type=long, flag=nh" || true
-    qmgr "create queue workq queue_type=execution,enabled=true,started=true" || true
+    qmgr "create queue workq queue_type=execution,enabled=true,started=true" 2>/dev/null || true  # -t create made it
     qmgr "set server default_queue=workq"
     qmgr "set server scheduling=true"
     qmgr "set server job_history_enable=true"
@@ -120,7 +120,7 @@ cmd_up() {
     # The scheduler considers only resources named here; ngpus must be among them.
     sed -i 's/^resources: "\(.*\)"/resources: "\1, ngpus"/' "$PBS_HOME_DIR/sched_priv/sched_config"
     pkill -HUP -F "$PBS_HOME_DIR/sched_priv/sched.lock" 2>/dev/null || true
-    qmgr "create node $PBS_HOSTNAME" || true
+    qmgr "create node $PBS_HOSTNAME" 2>/dev/null || true  # the server adds its own host
     local want; want=$(grep -c '^[^#$].*\[[0-9]*\]: resources_available.ncpus' "$STATE/vnodes")
     for ((i = 0; i < TIMEOUT; i++)); do
         [[ $(in_ns "$PREFIX/bin/pbsnodes" -av 2>/dev/null | grep -c '^'"$PBS_HOSTNAME"'\[') -ge $want ]] \

@@ -53,8 +53,8 @@ def plan_vnodes(node: Node) -> tuple[NumaVnode, ...]:
 def render_pbs_vnodes(node: Node, node_name: str | None = None) -> str:
     """The vnode definition file text: the natural vnode holds nothing, ``NAME[n]`` holds NUMA node n."""
     host = node_name or node.hostname
+    # No comment lines: pbs_mom's vnode file parser has no comment syntax.
     lines = ["$configversion 2",
-             f"# gpuslurm pbs-conf: {len(node.gpus)} GPUs on {host}, one vnode per NUMA node",
              f"{host}: resources_available.ncpus = 0",
              f"{host}: resources_available.mem = 0kb",
              f"{host}: resources_available.ngpus = 0"]
