@@ -160,9 +160,10 @@ cmd_down() {
 
 cmd_status() {
     ip netns list | grep -qw "$NS" || { echo "namespace $NS: absent"; return 3; }
-    local name rc=0
+    local name pid comms="" rc=0
+    for pid in $(ip netns pids "$NS"); do comms+=" $(cat "/proc/$pid/comm" 2>/dev/null) "; done
     for name in pbs_comm pbs_mom pbs_sched pbs_server.bin postgres; do
-        if ip netns pids "$NS" | xargs -r -n1 -I{} cat /proc/{}/comm 2>/dev/null | grep -q "^${name:0:15}"; then
+        if [[ $comms == *" ${name:0:15} "* ]]; then
             echo "$name: running"
         else
             echo "$name: not running"; rc=3

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PBS_DIR = ROOT / "pbs-cluster"
 VENDOR = ROOT.parent / "shared" / "vendor"
 PREFIX = Path(os.environ.get("PBS_PREFIX", "/opt/pbs"))
+STATE_PARENT = "/run"
 _JOB_STATE = re.compile(r"^\s*job_state = (\S+)", re.M)
 
 
@@ -114,7 +115,8 @@ def pbs_cluster(host_cluster_lock: None) -> Iterator[PbsCluster]:
         if _required():  # CI: a skip here would hide every PBS test
             pytest.fail(f"GPUSLURM_REQUIRE_PBS or CI is set, but {reason}", pytrace=False)
         pytest.skip(reason)
-    state_dir = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-"))
+    # Not under /tmp: pbs_mom refuses a PBS_HOME below a world-writable directory.
+    state_dir = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-", dir=STATE_PARENT))
     state_dir.chmod(0o755)
     env = {key: value for key, value in os.environ.items() if not key.startswith("PBS_CONF")}
     env["GPUSLURM_PBS_DIR"] = str(state_dir)

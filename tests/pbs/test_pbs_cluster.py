@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from cluster_fixture import _gpuslurm_bin
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
 from gpuslurm.hw.source import load_node
-from pbs_fixture import PREFIX, PbsCluster, cluster_sh, pbs_unavailable
+from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster, cluster_sh, pbs_unavailable
 
 pytestmark = pytest.mark.pbs
 
@@ -41,9 +42,11 @@ def test_up_status_down_leave_nothing() -> None:
         pytest.skip(reason)
     if subprocess.run(["ip", "netns", "pids", NS], capture_output=True, check=False).returncode == 0:
         pytest.skip("the session PBS cluster is up; run this test in a session of its own (-k leave_nothing)")
-    state = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-down-"))  # not tmp_path: postgres must enter it
+    # Not tmp_path: postgres must enter it, and pbs_mom refuses a home under world-writable /tmp.
+    state = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-down-", dir=STATE_PARENT))
     state.chmod(0o755)
-    env = {**os.environ, "GPUSLURM_PBS_DIR": str(state), "GPUSLURM_PBS_USER": "gpuspbs2"}
+    env = {**os.environ, "GPUSLURM_PBS_DIR": str(state), "GPUSLURM_PBS_USER": "gpuspbs2",
+           "GPUSLURM_BIN": _gpuslurm_bin(state)}
     before = set(os.listdir("/dev"))
     up = cluster_sh("up", env)
     try:
