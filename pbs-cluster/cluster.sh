@@ -170,7 +170,7 @@ cmd_status() {
         fi
     done
     echo "PBS_CONF_FILE=$CONF"
-    in_ns "$PREFIX/bin/pbsnodes" -aSj 2>/dev/null || rc=3
+    in_ns "$PREFIX/bin/pbsnodes" -avSj 2>/dev/null || rc=3
     in_ns "$PREFIX/bin/qstat" -a 2>/dev/null || true
     return "$rc"
 }
