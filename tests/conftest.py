@@ -18,7 +18,7 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("GPUSLURM
 from cluster_fixture import host_cluster_lock, slurm_cluster  # noqa: E402, F401
 
 # The session-scoped PBS test cluster (pbs-cluster/cluster.sh), for tests marked pbs.
-from pbs_fixture import pbs_cluster  # noqa: E402, F401
+from pbs_fixture import pbs_cluster, pbs_installed  # noqa: E402, F401
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
 

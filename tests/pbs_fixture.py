@@ -108,13 +108,20 @@ def _build(env: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="session")
-def pbs_cluster(host_cluster_lock: None) -> Iterator[PbsCluster]:
-    """A running one-node PBS cluster (see module docstring); stopped at the end of the session."""
+def pbs_installed() -> Path:
+    """OpenPBS built (or the cached build reused) in PREFIX; skips or fails as the docstring says."""
     reason = pbs_unavailable()
     if reason:
         if _required():  # CI: a skip here would hide every PBS test
             pytest.fail(f"GPUSLURM_REQUIRE_PBS or CI is set, but {reason}", pytrace=False)
         pytest.skip(reason)
+    _build(dict(os.environ))
+    return PREFIX
+
+
+@pytest.fixture(scope="session")
+def pbs_cluster(host_cluster_lock: None, pbs_installed: Path) -> Iterator[PbsCluster]:
+    """A running one-node PBS cluster (see module docstring); stopped at the end of the session."""
     # Not under /tmp: pbs_mom refuses a PBS_HOME below a world-writable directory.
     state_dir = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-", dir=STATE_PARENT))
     state_dir.chmod(0o755)
@@ -122,7 +129,6 @@ def pbs_cluster(host_cluster_lock: None) -> Iterator[PbsCluster]:
     env["GPUSLURM_PBS_DIR"] = str(state_dir)
     env["GPUSLURM_BIN"] = _gpuslurm_bin(state_dir)
     env["PBS_CONF_FILE"] = str(state_dir / "pbs.conf")
-    _build(env)
     try:
         up = cluster_sh("up", env)
         if up.returncode != 0:

@@ -13,7 +13,7 @@ import pytest
 from cluster_fixture import _gpuslurm_bin
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
 from gpuslurm.hw.source import load_node
-from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster, cluster_sh, pbs_unavailable
+from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster, cluster_sh
 
 pytestmark = pytest.mark.pbs
 
@@ -34,12 +34,9 @@ def _vnodes(text: str) -> dict[str, dict[str, str]]:
     return nodes
 
 
-def test_up_status_down_leave_nothing() -> None:
+def test_up_status_down_leave_nothing(host_cluster_lock: None, pbs_installed: Path) -> None:
     # A cluster of its own (one namespace name per host): first in this file, so that it runs
     # before the session cluster is brought up.
-    reason = pbs_unavailable()
-    if reason:
-        pytest.skip(reason)
     if subprocess.run(["ip", "netns", "pids", NS], capture_output=True, check=False).returncode == 0:
         pytest.skip("the session PBS cluster is up; run this test in a session of its own (-k leave_nothing)")
     # Not tmp_path: postgres must enter it, and pbs_mom refuses a home under world-writable /tmp.
