@@ -12,6 +12,10 @@ expected=c819de5b7b8a21fa32c955568a520ba1a2c1e2d993164842de956b7224d8972d
 sum=$(sha256sum "$tarball" | cut -d' ' -f1)
 [ "$sum" = "$expected" ] || { echo "pbs-build: $tarball sha256 $sum != $expected (OPENPBS.md)" >&2; exit 2; }
 stamp=$prefix/.gpuslurm-source-sha256
+# One build at a time per host (CI, a test session and a developer may start one together).
+mkdir -p /run/lock
+exec {lock_fd}>/run/lock/gpuslurm-pbs-build.lock
+flock "$lock_fd"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ] && [ -x "$prefix/sbin/pbs_server.bin" ]; then
     echo "pbs-build: cached install in $prefix matches $sum"; exit 0
 fi
