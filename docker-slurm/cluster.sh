@@ -5,8 +5,8 @@
 #
 # Runs as root on Debian 12 (slurm-wlm, munge; with --with-slurmdbd also slurmdbd and
 # mariadb-server). Everything it writes lives in one state directory, except the fake GPU device
-# files, which must be in /dev because jobs open them by their real names; `up` records each one
-# it creates and `down` removes exactly those. --with-slurmdbd adds accounting: a private MariaDB
+# files, which must be in /dev because jobs open them by their real names; fake-devices.sh records
+# each one it creates and which cluster holds it, and `down` removes those no other cluster holds. --with-slurmdbd adds accounting: a private MariaDB
 # (its own datadir and unix socket under the state directory, no TCP) and slurmdbd on loopback.
 #
 # Environment:
@@ -56,7 +56,6 @@ MUNGE_DIR=$STATE/munge
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket
 LOG=$STATE/log
 RUN=$STATE/run
-DEVICES_MADE=$STATE/devices-created
 # Accounting (--with-slurmdbd). slurmdbd reads slurmdbd.conf beside $SLURM_CONF; its presence is
 # what marks a cluster with accounting. MariaDB's files are owned by the mysql user it runs as.
 DBD_CONF=$ETC/slurmdbd.conf
@@ -68,10 +67,8 @@ WITH_DBD=""
 # Set in the daemons' environment (slurmstepd inherits it) so `down` can find stray steps.
 MARK_VAR=GPUSLURM_TEST_CLUSTER
 
-NVIDIA_MAJOR=195
-# The nvidia-uvm and nvidia-caps majors are assigned when the driver loads; any free one works.
-UVM_MAJOR=511
-CAPS_MAJOR=235
+# shellcheck source=fake-devices.sh
+. "$(dirname "${BASH_SOURCE[0]}")/fake-devices.sh"
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 note() { echo "cluster.sh: $*" >&2; }
@@ -259,58 +256,16 @@ EOF
 
 # --- fake GPU devices ----------------------------------------------------------------------------
 
-make_device() {  # make_device PATH MAJOR MINOR; records PATH in $DEVICES_MADE if it made it
-    local path=$1 major=$2 minor=$3 have
-    if [[ -e $path || -L $path ]]; then
-        [[ -c $path && ! -L $path ]] || die "$path exists and is not a character device; not touching it"
-        have=$(stat -c '%t:%T' "$path")
-        [[ $have == "$(printf '%x:%x' "$major" "$minor")" ]] \
-            || die "$path exists with device numbers $have (hex), not $major:$minor; not touching it"
-        return 0
-    fi
-    if [[ ! -d $(dirname "$path") ]]; then
-        mkdir -p "$(dirname "$path")"
-        dirname "$path" >>"$DEVICES_MADE"
-    fi
-    mknod -m 666 "$path" c "$major" "$minor"
-    echo "$path" >>"$DEVICES_MADE"
-}
-
 make_devices() {
-    local path minor
-    touch "$DEVICES_MADE"
-    # Every device file gres.conf names (File=, or each of MultipleFiles=).
-    while read -r path; do
-        case $path in
-            */nvidia-caps/nvidia-cap[0-9]*) make_device "$path" "$CAPS_MAJOR" "${path##*nvidia-cap}" ;;
-            /dev/nvidia[0-9]*)
-                minor=${path#/dev/nvidia}
-                [[ $minor =~ ^[0-9]+$ ]] || die "gres.conf names $path, which this script cannot make"
-                make_device "$path" "$NVIDIA_MAJOR" "$minor" ;;
-            *) die "gres.conf names $path, which this script cannot make" ;;
-        esac
-    done < <(grep -v '^\s*#' "$ETC/gres.conf" | grep -oE '(File|MultipleFiles)=[^ ]+' | cut -d= -f2 \
-             | tr ',' '\n' | sort -u)
-    make_device /dev/nvidiactl "$NVIDIA_MAJOR" 255
-    make_device /dev/nvidia-uvm "$UVM_MAJOR" 0
-    make_device /dev/nvidia-uvm-tools "$UVM_MAJOR" 1
+    # Every device file gres.conf names (File=, or each of MultipleFiles=), shared with the PBS
+    # test cluster through fake-devices.sh's ledger.
+    fake_devices_from_gres "slurm:$STATE" "$ETC/gres.conf" || die "cannot make the fake GPU device files"
 }
 
 remove_devices() {
-    local path
-    [[ -f $DEVICES_MADE ]] || return 0
-    # Reverse order: files before the directories made for them.
-    while read -r path; do
-        if [[ -d $path ]]; then
-            rmdir "$path" 2>/dev/null || note "left $path: not empty"
-        elif [[ -c $path ]]; then
-            rm -f "$path"
-        fi
-    done < <(tac "$DEVICES_MADE")
-    rm -f "$DEVICES_MADE"
+    fake_devices_release "slurm:$STATE"
 }
 
-# Slurm leaves its empty cgroup v1 root (slurm_<host>) behind; rmdir refuses any cgroup with tasks.
 remove_cgroups() {
     local dir
     for dir in /sys/fs/cgroup/*/"slurm_$(hostname -s)"; do

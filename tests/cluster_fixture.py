@@ -186,17 +186,29 @@ def _restart(cluster: SlurmCluster, *up_args: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
+def host_cluster_lock() -> Iterator[None]:
+    """The host-wide test-cluster lock, taken once per session for every cluster that needs it.
+
+    The Slurm cluster, the PBS cluster (pbs_fixture.py) and any Docker test share the host's fake
+    /dev/nvidia* files and cgroups, so a second test session on the same host waits here until the
+    first one's clusters are torn down. Within one session both clusters may run together (their
+    device files are shared through docker-slurm/fake-devices.sh). One holder per session: a
+    second ``flock`` on another open file description of the same file in the same process would
+    wait for ever.
+    """
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(host_cluster_lock: None) -> Iterator[SlurmCluster]:
     """A running one-node cluster (see module docstring); stopped at the end of the session."""
     reason = cluster_unavailable()
     if reason:
         if os.environ.get("GPUSLURM_REQUIRE_SLURM"):  # CI: a skip here would hide every e2e test
             pytest.fail(f"GPUSLURM_REQUIRE_SLURM is set, but {reason}", pytrace=False)
         pytest.skip(reason)
-    # One cluster per host (port, /dev/nvidia*, Slurm's cgroups): a second test session on the
-    # same host waits here for the first one's cluster to be torn down.
-    lock = open(LOCK_PATH, "a")  # noqa: SIM115 - held for the whole session
-    fcntl.flock(lock, fcntl.LOCK_EX)
     # Not pytest's tmp dirs: those are 0700, and later tests submit jobs as other users.
     state_dir = Path(tempfile.mkdtemp(prefix="gpuslurm-cluster-"))
     state_dir.chmod(0o755)
@@ -218,7 +230,6 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             print(f"kept the test cluster's state in {state_dir}", file=sys.stderr)
         else:
             shutil.rmtree(state_dir, ignore_errors=True)
-        lock.close()
 
 
 @pytest.fixture(scope="module")

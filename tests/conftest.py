@@ -4,7 +4,8 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, settings
 
-from cluster_fixture import slurm_cluster  # noqa: F401  (the session Slurm cluster, tests marked slurm)
+from cluster_fixture import host_cluster_lock, slurm_cluster  # noqa: F401  (session Slurm cluster, marker slurm)
+from pbs_fixture import pbs_cluster, pbs_installed  # noqa: F401  (session PBS cluster, marker pbs)
 
 # Property tests: no per-example deadline (a 2-core CI machine is noisy); derandomised under CI so a
 # run is reproducible, each test's example count bounded so all of them stay within their CI budget.

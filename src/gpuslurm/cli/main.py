@@ -188,6 +188,16 @@ def node_conf(source: str | None, node_name: str | None, template: Path | None) 
     click.echo(render_node_conf(_load(source), node_name, template_file=template), nl=False)
 
 
+@cli.command("pbs-conf")
+@from_option
+@click.option("--node-name", metavar="NAME", help="PBS host name (default: the captured hostname).")
+def pbs_conf(source: str | None, node_name: str | None) -> None:
+    """Print a PBS vnode definition file (pbs_mom -s insert): one vnode per NUMA node."""
+    from gpuslurm.gres.pbs_vnodes import render_pbs_vnodes
+
+    click.echo(render_pbs_vnodes(_load(source), node_name), nl=False)
+
+
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.argument("args", nargs=-1, required=True, metavar="DIR | import FILE DIR")
 @click.option("--force", is_flag=True, help="Write into a non-empty directory.")

@@ -1,0 +1,67 @@
+"""PBS vnode definition file (``pbs_mom -s insert``): one vnode per NUMA node with its CPUs, memory and GPUs.
+
+PBS counts ``ngpus`` but does not know where GPUs sit; a vnode per NUMA node lets PBS's own scheduler
+place a chunk's CPUs and GPUs together, the PBS analogue of gres.conf ``Cores=``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from gpuslurm.errors import InputError
+from gpuslurm.hw.model import Gpu, Node
+
+
+@dataclass(frozen=True, slots=True)
+class NumaVnode:
+    """One vnode: its NUMA node, the OS CPU ids, memory in MiB and the GPUs (by minor) on it."""
+
+    numa_node: int
+    cpus: tuple[int, ...]
+    memory_mib: int
+    gpu_minors: tuple[int, ...]
+
+
+def _gpu_numa(gpu: Gpu, cpu_numa: dict[int, int | None]) -> int | None:
+    if gpu.numa_node is not None:
+        return gpu.numa_node
+    nodes = {cpu_numa.get(cpu) for cpu in gpu.cpu_affinity} - {None}
+    return nodes.pop() if len(nodes) == 1 else None
+
+
+def plan_vnodes(node: Node) -> tuple[NumaVnode, ...]:
+    """The NUMA vnodes of ``node``; host memory is split evenly (captures carry no per-NUMA size)."""
+    if not node.cpus:
+        raise InputError("the capture has no CPU list (lscpu.csv): cannot make NUMA vnodes")
+    cpu_numa = {cpu.os_id: cpu.numa_node for cpu in node.cpus}
+    by_numa: dict[int, list[int]] = defaultdict(list)
+    for cpu in node.cpus:
+        by_numa[cpu.numa_node if cpu.numa_node is not None else 0].append(cpu.os_id)
+    gpus: dict[int, list[int]] = defaultdict(list)
+    for gpu in node.gpus:
+        numa = _gpu_numa(gpu, cpu_numa)
+        if numa is None or numa not in by_numa:
+            raise InputError(f"GPU {gpu.uuid} ({gpu.device_file}): its NUMA node is unknown in the capture")
+        gpus[numa].append(gpu.minor)
+    memory = node.memory_mib or 0
+    share = memory // len(by_numa)
+    return tuple(NumaVnode(numa, tuple(sorted(by_numa[numa])), share, tuple(sorted(gpus[numa])))
+                 for numa in sorted(by_numa))
+
+
+def render_pbs_vnodes(node: Node, node_name: str | None = None) -> str:
+    """The vnode definition file text: the natural vnode holds nothing, ``NAME[n]`` holds NUMA node n."""
+    host = node_name or node.hostname
+    # No comment lines: pbs_mom's vnode file parser has no comment syntax.
+    lines = ["$configversion 2",
+             f"{host}: resources_available.ncpus = 0",
+             f"{host}: resources_available.mem = 0kb",
+             f"{host}: resources_available.ngpus = 0"]
+    for vnode in plan_vnodes(node):
+        name = f"{host}[{vnode.numa_node}]"
+        lines += [f"{name}: resources_available.ncpus = {len(vnode.cpus)}",
+                  f"{name}: resources_available.mem = {vnode.memory_mib}mb",
+                  f"{name}: resources_available.ngpus = {len(vnode.gpu_minors)}",
+                  f"{name}: sharing = default_shared"]
+    return "\n".join(lines) + "\n"

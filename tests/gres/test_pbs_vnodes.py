@@ -1,0 +1,27 @@
+"""gpuslurm pbs-conf: one PBS vnode per NUMA node with its CPUs, memory and GPUs."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from gpuslurm.cli.main import cli
+from gpuslurm.gres.pbs_vnodes import plan_vnodes
+from gpuslurm.hw.source import load_node
+
+
+def test_dgx_h100_has_two_numa_vnodes_with_four_gpus_each() -> None:
+    node = load_node("dgx-h100")
+    vnodes = plan_vnodes(node)
+    assert [v.numa_node for v in vnodes] == [0, 1]
+    assert [len(v.gpu_minors) for v in vnodes] == [4, 4]
+    assert sum(len(v.cpus) for v in vnodes) == len(node.cpus)
+    assert not set(vnodes[0].cpus) & set(vnodes[1].cpus)
+
+
+def test_cli_prints_a_vnode_definition_file() -> None:
+    result = CliRunner().invoke(cli, ["pbs-conf", "--from", "dgx-h100", "--node-name", "pbshost"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "$configversion 2"
+    assert "pbshost: resources_available.ngpus = 0" in lines
+    assert "pbshost[1]: resources_available.ngpus = 4" in lines
