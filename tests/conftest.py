@@ -11,10 +11,11 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("GPUSLURM_HYPOTHESIS_PROFILE", "dev"))
+settings.load_profile("ci" if os.environ.get("CI")
+                      else os.environ.get("GPUSLURM_HYPOTHESIS_PROFILE", "dev"))
 
 # The session-scoped Slurm test cluster (docker-slurm/cluster.sh), for tests marked slurm.
-from cluster_fixture import slurm_cluster  # noqa: F401
+from cluster_fixture import slurm_cluster  # noqa: E402, F401
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
 

@@ -13,7 +13,7 @@ from typing import Any
 from gpuslurm.hw.model import LinkKind, Node
 from gpuslurm.hw.nvml_json import node_to_dict
 
-__all__ = ["replay_dict", "dump_replay"]
+__all__ = ["dump_replay", "replay_dict"]
 
 # NVML's nvmlGpuTopologyLevel_t for each PCIe path kind (inverse of nvml.TOPOLOGY_LEVELS)
 _LEVELS = {LinkKind.PIX: 10, LinkKind.PXB: 20, LinkKind.PHB: 30, LinkKind.NODE: 40,
@@ -27,7 +27,7 @@ def replay_dict(node: Node, *, driver_major: int | None = None) -> dict[str, Any
     gpus = node.gpus
     links = node.links
     per_gpu: list[dict[str, Any]] = []
-    for a, gpu in enumerate(gpus):
+    for a in range(len(gpus)):
         levels: list[int] = []
         nvlinks: list[str] = []
         row = links[a] if links is not None else ()
