@@ -10,7 +10,8 @@ settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=100,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.register_profile("dev", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, max_examples=100,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI")
                       else os.environ.get("GPUSLURM_HYPOTHESIS_PROFILE", "dev"))
 
