@@ -32,7 +32,7 @@ def _unavailable(reason: str) -> None:
 def nvml_header_dir() -> Path | None:
     """The include directory of NVIDIA's nvml.h from the nvidia-nvml-dev wheel."""
     site = Path(sysconfig.get_paths()["purelib"]) / "nvidia"
-    for header in sorted(site.glob("*/include/nvml.h")):
+    for header in sorted(site.rglob("include/nvml.h")):
         return header.parent
     return None
 
