@@ -12,6 +12,7 @@
 #define MAX_MIG 8
 #define MAX_CPUS 4096
 #define NVLINKS 18
+#define MAX_PROCS 64
 
 struct nvmlDevice_st {
     int index, minor, parent, is_mig, gi, ci, sm_count, gi_slices, ci_slices;
@@ -22,6 +23,9 @@ struct nvmlDevice_st {
     int nvlinks;
     char nvlink_remote[NVLINKS][32]; /* "" = switch */
     int topo[MAX_GPUS];
+    int nprocs;
+    unsigned int pid[MAX_PROCS];
+    unsigned long long proc_bytes[MAX_PROCS];
     unsigned long affinity[MAX_CPUS / (8 * sizeof(unsigned long))];
 };
 
@@ -130,6 +134,17 @@ static int load_gpu(const cJSON *j, const cJSON *r, int pos) {
         n++;
     }
     g->nvlinks = n;
+    n = 0;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItem(r, "processes")) {
+        int pid, mib;
+        NEED(n < MAX_PROCS, "GPU %d: more than %d processes", pos, MAX_PROCS);
+        NEED(cJSON_IsObject(v) && get_int(cJSON_GetObjectItem(v, "pid"), 1, 1 << 30, &pid) == 0 &&
+             get_int(cJSON_GetObjectItem(v, "used_mib"), 0, 1 << 24, &mib) == 0,
+             "GPU %d: process %d needs pid and used_mib", pos, n);
+        g->pid[n] = (unsigned)pid;
+        g->proc_bytes[n++] = (unsigned long long)mib << 20;
+    }
+    g->nprocs = n;
     n = 0;
     cJSON_ArrayForEach(v, cJSON_GetObjectItem(r, "topology")) {
         NEED(n < MAX_GPUS && get_int(v, -1, 70, &g->topo[n]) == 0, "GPU %d: bad topology level", pos);
@@ -452,17 +467,50 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) { DEV(d);
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t s, unsigned int *t) {
     DEV(d); (void)s; (void)t; return NVML_ERROR_NOT_SUPPORTED;
 }
-static nvmlReturn_t no_processes(nvmlDevice_t d, unsigned int *n) {
+/* The struct behind _v3 gained usedGpuCcProtectedMemory in R535 without a version bump (later
+ * headers moved that field to nvmlProcessDetail_v1_t and nvmlProcessInfo_t is 24 bytes again):
+ * the stride a driver writes follows its version, so write the layout of the bundle's driver. */
+struct proc_r535 { unsigned int pid; unsigned long long used; unsigned int gi, ci; unsigned long long cc; };
+_Static_assert(sizeof(struct proc_r535) == 32, "R535 process-info layout");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "header's nvmlProcessInfo_t is the pre-R535 layout");
+
+static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
     DEV(d);
     if (!n) return NVML_ERROR_INVALID_ARGUMENT;
-    *n = 0;
+    unsigned have = (unsigned)d->nprocs, room = *n;
+    *n = have;
+    if (have > room || (have && !p)) return NVML_ERROR_INSUFFICIENT_SIZE;
+    /* never write past a caller's array sized for the 24-byte layout (a real R535 driver would) */
+    if (driver_major >= 535 && have * sizeof(struct proc_r535) > room * sizeof(nvmlProcessInfo_t)) {
+        say("process list: the caller's array holds %u 24-byte entries, too few for %u R535 entries",
+            room, have);
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned i = 0; i < have; i++) {
+        if (driver_major >= 535) {
+            struct proc_r535 *q = (struct proc_r535 *)(void *)p + i;
+            memset(q, 0, sizeof *q);
+            q->pid = d->pid[i];
+            q->used = d->proc_bytes[i];
+            q->gi = q->ci = 0xFFFFFFFF;
+        } else {
+            memset(&p[i], 0, sizeof p[i]);
+            p[i].pid = d->pid[i];
+            p[i].usedGpuMemory = d->proc_bytes[i];
+            p[i].gpuInstanceId = p[i].computeInstanceId = 0xFFFFFFFF;
+        }
+    }
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
-    (void)p; return no_processes(d, n);
+    return processes(d, n, p);
 }
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
-    (void)p; return no_processes(d, n);
+    DEV(d);
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    (void)p;
+    *n = 0;
+    return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *n,
                                              unsigned long long last) {

@@ -21,8 +21,12 @@ _LEVELS = {LinkKind.PIX: 10, LinkKind.PXB: 20, LinkKind.PHB: 30, LinkKind.NODE: 
 MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
 
 
-def replay_dict(node: Node, *, driver_major: int | None = None) -> dict[str, Any]:
-    """The model as nvml.json with an added ``"replay"`` section for the C library."""
+def replay_dict(node: Node, *, driver_major: int | None = None,
+                processes: dict[int, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
+    """The model as nvml.json with an added ``"replay"`` section for the C library.
+
+    ``processes`` maps a GPU index to its compute processes as (pid, used MiB).
+    """
     out = node_to_dict(node)
     gpus = node.gpus
     links = node.links
@@ -44,7 +48,9 @@ def replay_dict(node: Node, *, driver_major: int | None = None) -> dict[str, Any
         for b in range(len(gpus)):
             kind = row[b].kind if b < len(row) else LinkKind.UNKNOWN
             levels.append(_LEVELS.get(kind, 0 if b == a else -1))
-        per_gpu.append({"nvlinks": nvlinks, "topology": levels})
+        per_gpu.append({"nvlinks": nvlinks, "topology": levels,
+                        "processes": [{"pid": pid, "used_mib": mib}
+                                      for pid, mib in (processes or {}).get(gpus[a].index, [])]})
     major = driver_major
     if major is None and node.driver_version:
         try:
@@ -55,5 +61,6 @@ def replay_dict(node: Node, *, driver_major: int | None = None) -> dict[str, Any
     return out
 
 
-def dump_replay(node: Node, *, driver_major: int | None = None) -> str:
-    return json.dumps(replay_dict(node, driver_major=driver_major), indent=1) + "\n"
+def dump_replay(node: Node, *, driver_major: int | None = None,
+                processes: dict[int, list[tuple[int, int]]] | None = None) -> str:
+    return json.dumps(replay_dict(node, driver_major=driver_major, processes=processes), indent=1) + "\n"
