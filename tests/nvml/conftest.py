@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,9 +38,40 @@ def nvml_header_dir() -> Path | None:
     return None
 
 
+def exported_symbols() -> list[str]:
+    """Every NVML entry point libnvml_replay.c defines."""
+    return sorted(set(re.findall(r"^(?:nvmlReturn_t|const char \*)\s*(nvml\w+)\(", SOURCE.read_text(), re.M)))
+
+
+def _build(gcc: str, include: Path, out: Path, hidden: frozenset[str] = frozenset()) -> Path:
+    """Compile into ``out``; symbols in ``hidden`` are left out of the dynamic symbol table."""
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / "symbols.map"
+    exported = [s for s in exported_symbols() if s not in hidden]
+    script.write_text("{\n  global:\n" + "".join(f"    {s};\n" for s in exported) + "  local: *;\n};\n")
+    cmd = [gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-fPIC", "-shared",
+           f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson",
+           "-Wl,-soname,libnvidia-ml.so.1", f"-Wl,--version-script={script}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode:
+        pytest.fail(f"building the replay NVML library failed:\n{done.stderr}")
+    return out
+
+
 @dataclass(frozen=True)
 class ReplayLib:
     directory: Path  # holds libnvidia-ml.so.1
+    gcc: str = "gcc"
+    include: Path = Path()
+
+    def without(self, *symbols: str) -> ReplayLib:
+        """The library as a driver that lacks ``symbols`` (pynvml: FUNCTION_NOT_FOUND)."""
+        hidden = frozenset(symbols)
+        tag = hashlib.sha256(",".join(sorted(hidden)).encode()).hexdigest()[:12]
+        out = self.directory.parent / f"{self.directory.name}-without-{tag}"
+        if not (out / "libnvidia-ml.so.1").exists():
+            _build(self.gcc, self.include, out, hidden)
+        return ReplayLib(out, self.gcc, self.include)
 
     def env(self, nvml_json: Path, log: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -61,14 +93,8 @@ def replay_lib(tmp_path_factory: pytest.TempPathFactory) -> ReplayLib:
         _unavailable("libcjson-dev is not installed")
     assert gcc is not None and include is not None
     digest = hashlib.sha256(SOURCE.read_bytes() + str(include).encode()).hexdigest()[:16]
-    out = tmp_path_factory.mktemp(f"nvml-{digest}")
-    cmd = [gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-fPIC", "-shared",
-           f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson",
-           "-Wl,-soname,libnvidia-ml.so.1"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode:
-        pytest.fail(f"building the replay NVML library failed:\n{done.stderr}")
-    return ReplayLib(out)
+    out = _build(gcc, include, tmp_path_factory.mktemp(f"nvml-{digest}"))
+    return ReplayLib(out, gcc, include)
 
 
 @dataclass(frozen=True)
