@@ -1,0 +1,135 @@
+"""Builds the replay libnvidia-ml.so.1 (libnvml_replay.c) once per session and runs gpuslurm on it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.nvml_replay import dump_replay
+
+HERE = Path(__file__).parent
+SOURCE = HERE / "libnvml_replay.c"
+REQUIRED = bool(os.environ.get("CI") or os.environ.get("GPUSLURM_REQUIRE_NVML_REPLAY"))
+
+
+def _unavailable(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"the replay NVML library must build here: {reason}")
+    pytest.skip(reason)
+
+
+def nvml_header_dir() -> Path | None:
+    """The include directory of NVIDIA's nvml.h from the nvidia-nvml-dev wheel."""
+    site = Path(sysconfig.get_paths()["purelib"]) / "nvidia"
+    for header in sorted(site.rglob("include/nvml.h")):
+        return header.parent
+    return None
+
+
+def exported_symbols() -> list[str]:
+    """Every NVML entry point libnvml_replay.c defines."""
+    return sorted(set(re.findall(r"^(?:nvmlReturn_t|const char \*)\s*(nvml\w+)\(", SOURCE.read_text(), re.M)))
+
+
+def _build(gcc: str, include: Path, out: Path, hidden: frozenset[str] = frozenset()) -> Path:
+    """Compile into ``out``; symbols in ``hidden`` are left out of the dynamic symbol table."""
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / "symbols.map"
+    exported = [s for s in exported_symbols() if s not in hidden]
+    script.write_text("{\n  global:\n" + "".join(f"    {s};\n" for s in exported) + "  local: *;\n};\n")
+    cmd = [gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-fPIC", "-shared",
+           f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson",
+           "-Wl,-soname,libnvidia-ml.so.1", f"-Wl,--version-script={script}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode:
+        pytest.fail(f"building the replay NVML library failed:\n{done.stderr}")
+    return out
+
+
+@dataclass(frozen=True)
+class ReplayLib:
+    directory: Path  # holds libnvidia-ml.so.1
+    gcc: str = "gcc"
+    include: Path = Path()
+
+    def without(self, *symbols: str) -> ReplayLib:
+        """The library as a driver that lacks ``symbols`` (pynvml: FUNCTION_NOT_FOUND)."""
+        hidden = frozenset(symbols)
+        tag = hashlib.sha256(",".join(sorted(hidden)).encode()).hexdigest()[:12]
+        out = self.directory.parent / f"{self.directory.name}-without-{tag}"
+        if not (out / "libnvidia-ml.so.1").exists():
+            _build(self.gcc, self.include, out, hidden)
+        return ReplayLib(out, self.gcc, self.include)
+
+    def env(self, nvml_json: Path, log: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(LD_LIBRARY_PATH=str(self.directory), GPUSLURM_NVML_REPLAY=str(nvml_json),
+                   GPUSLURM_NVML_REPLAY_LOG=str(log))
+        env.pop("GPUSLURM_CAPTURE", None)
+        return env
+
+
+@pytest.fixture(scope="session")
+def replay_lib(tmp_path_factory: pytest.TempPathFactory) -> ReplayLib:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        _unavailable("gcc is not installed")
+    include = nvml_header_dir()
+    if include is None:
+        _unavailable("NVIDIA's nvml.h is absent (pip install nvidia-nvml-dev, the test extra)")
+    if not Path("/usr/include/cjson/cJSON.h").exists():
+        _unavailable("libcjson-dev is not installed")
+    assert gcc is not None and include is not None
+    digest = hashlib.sha256(SOURCE.read_bytes() + str(include).encode()).hexdigest()[:16]
+    out = _build(gcc, include, tmp_path_factory.mktemp(f"nvml-{digest}"))
+    return ReplayLib(out, gcc, include)
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    """A bundle served by the replay library: run gpuslurm as if on that node."""
+
+    lib: ReplayLib
+    bundle: Path
+    nvml_json: Path
+    log: Path
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "gpuslurm.cli.main", *args], capture_output=True,
+                              text=True, timeout=120, check=False,
+                              env=self.lib.env(self.nvml_json, self.log))
+        if check and done.returncode:
+            raise AssertionError(f"gpuslurm {' '.join(args)} exit {done.returncode}:\n{done.stderr}"
+                                 f"\nlibrary log: {self.log.read_text() if self.log.exists() else ''}")
+        return done
+
+    def python(self, code: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              check=False, env=self.lib.env(self.nvml_json, self.log))
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+
+@pytest.fixture
+def live_node(replay_lib: ReplayLib, tmp_path: Path) -> Callable[[Path], LiveNode]:
+    def make(bundle: Path) -> LiveNode:
+        nvml_json = tmp_path / f"{bundle.name}.nvml.json"
+        nvml_json.write_text(dump_replay(read_bundle(bundle)))
+        return LiveNode(replay_lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log")
+    return make
+
+
+def read_json(text: str) -> object:
+    return json.loads(text)

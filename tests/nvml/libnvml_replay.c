@@ -1,0 +1,520 @@
+/* A test libnvidia-ml.so.1 that serves gpuslurm's nvml.json (src/gpuslurm/hw/nvml_replay.py)
+ * through NVIDIA's own nvml.h ABI. Input is hostile: every field is validated at nvmlInit; a
+ * file it cannot serve makes nvmlInit fail and says why in GPUSLURM_NVML_REPLAY_LOG. */
+#include <nvml.h>
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_GPUS 64
+#define MAX_MIG 8
+#define MAX_CPUS 4096
+#define NVLINKS 18
+#define MAX_PROCS 64
+
+struct nvmlDevice_st {
+    int index, minor, parent, is_mig, gi, ci, sm_count, gi_slices, ci_slices;
+    char uuid[96], name[96], bus[32];
+    unsigned long long mem_bytes;
+    int mig_mode, mig_count;
+    struct nvmlDevice_st *mig[MAX_MIG];
+    int nvlinks;
+    char nvlink_remote[NVLINKS][32]; /* "" = switch */
+    int topo[MAX_GPUS];
+    int nprocs;
+    unsigned int pid[MAX_PROCS];
+    unsigned long long proc_bytes[MAX_PROCS];
+    unsigned long affinity[MAX_CPUS / (8 * sizeof(unsigned long))];
+};
+
+static struct nvmlDevice_st gpus[MAX_GPUS], migs[MAX_GPUS * MAX_MIG];
+static int gpu_count, init_count;
+static char driver[80];
+static int cuda_version, driver_major;
+
+static void say(const char *fmt, ...) {
+    const char *path = getenv("GPUSLURM_NVML_REPLAY_LOG");
+    FILE *f = path ? fopen(path, "a") : NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f ? f : stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', f ? f : stderr);
+    if (f) fclose(f);
+}
+
+static int copy_str(char *dst, size_t size, const cJSON *v) {
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= size) return -1;
+    strcpy(dst, v->valuestring);
+    return 0;
+}
+
+static int get_int(const cJSON *v, long lo, long hi, int *out) {
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble) return -1;
+    if (v->valuedouble < lo || v->valuedouble > hi) return -1;
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+#define NEED(cond, ...) do { if (!(cond)) { say(__VA_ARGS__); return -1; } } while (0)
+
+static int load_mig(struct nvmlDevice_st *g, const cJSON *m, int slot) {
+    struct nvmlDevice_st *d = &migs[g->index * MAX_MIG + slot];
+    int mib;
+    memset(d, 0, sizeof *d);
+    d->is_mig = 1;
+    d->parent = g->index;
+    d->index = slot;
+    NEED(cJSON_IsObject(m), "GPU %d: MIG device %d is not an object", g->index, slot);
+    NEED(get_int(cJSON_GetObjectItem(m, "gi_id"), 0, 64, &d->gi) == 0 &&
+         get_int(cJSON_GetObjectItem(m, "ci_id"), 0, 64, &d->ci) == 0 &&
+         get_int(cJSON_GetObjectItem(m, "memory_mib"), 0, 1 << 24, &mib) == 0,
+         "GPU %d: MIG device %d: gi_id, ci_id or memory_mib missing or out of range", g->index, slot);
+    d->mem_bytes = (unsigned long long)mib << 20;
+    /* profile "<g>g.<GiB>gb" or "<c>c.<g>g.<GiB>gb": the slice counts NVML reports */
+    const cJSON *prof = cJSON_GetObjectItem(m, "profile");
+    int a = 0, b = 0, used = 0;
+    NEED(cJSON_IsString(prof), "GPU %d: MIG %d: profile missing", g->index, slot);
+    if (sscanf(prof->valuestring, "%dc.%dg.%n", &a, &b, &used) == 2 && used) {
+        d->ci_slices = a; d->gi_slices = b;
+    } else if (sscanf(prof->valuestring, "%dg.%n", &a, &used) == 1 && used) {
+        d->ci_slices = d->gi_slices = a;
+    }
+    NEED(d->gi_slices >= 1 && d->gi_slices <= 8 && d->ci_slices >= 1 && d->ci_slices <= d->gi_slices,
+         "GPU %d: MIG %d: profile %.40s is not <c>c.<g>g.<n>gb", g->index, slot, prof->valuestring);
+    const cJSON *sm = cJSON_GetObjectItem(m, "sm_count");
+    d->sm_count = 0;
+    if (sm && !cJSON_IsNull(sm))
+        NEED(get_int(sm, 0, 100000, &d->sm_count) == 0, "GPU %d: MIG %d: bad sm_count", g->index, slot);
+    const cJSON *u = cJSON_GetObjectItem(m, "uuid");
+    if (u && !cJSON_IsNull(u))
+        NEED(copy_str(d->uuid, sizeof d->uuid, u) == 0, "GPU %d: MIG %d: bad uuid", g->index, slot);
+    snprintf(d->name, sizeof d->name, "%s MIG", g->name);
+    strcpy(d->bus, g->bus);
+    d->minor = g->minor;
+    g->mig[slot] = d;
+    return 0;
+}
+
+static int load_gpu(const cJSON *j, const cJSON *r, int pos) {
+    struct nvmlDevice_st *g = &gpus[pos];
+    int mib, c, n = 0;
+    const cJSON *v;
+    memset(g, 0, sizeof *g);
+    NEED(cJSON_IsObject(j), "GPU %d is not an object", pos);
+    NEED(get_int(cJSON_GetObjectItem(j, "index"), pos, pos, &g->index) == 0,
+         "GPU %d: index missing or not its position", pos);
+    NEED(get_int(cJSON_GetObjectItem(j, "minor"), 0, 255, &g->minor) == 0, "GPU %d: bad minor", pos);
+    NEED(get_int(cJSON_GetObjectItem(j, "memory_mib"), 0, 1 << 24, &mib) == 0, "GPU %d: bad memory_mib", pos);
+    g->mem_bytes = (unsigned long long)mib << 20;
+    NEED(copy_str(g->uuid, sizeof g->uuid, cJSON_GetObjectItem(j, "uuid")) == 0, "GPU %d: bad uuid", pos);
+    NEED(copy_str(g->name, sizeof g->name, cJSON_GetObjectItem(j, "name")) == 0, "GPU %d: bad name", pos);
+    NEED(copy_str(g->bus, sizeof g->bus, cJSON_GetObjectItem(j, "bus_id")) == 0,
+         "GPU %d: bad bus_id", pos);
+    v = cJSON_GetObjectItem(j, "mig_mode");
+    g->mig_mode = cJSON_IsTrue(v) ? 1 : cJSON_IsFalse(v) ? 0 : -1;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItem(j, "cpu_affinity")) {
+        NEED(get_int(v, 0, MAX_CPUS - 1, &c) == 0, "GPU %d: bad CPU in cpu_affinity", pos);
+        g->affinity[c / (8 * sizeof(unsigned long))] |= 1UL << (c % (8 * sizeof(unsigned long)));
+    }
+    cJSON_ArrayForEach(v, cJSON_GetObjectItem(j, "mig_devices")) {
+        NEED(n < MAX_MIG, "GPU %d: more than %d MIG devices", pos, MAX_MIG);
+        if (load_mig(g, v, n++)) return -1;
+    }
+    g->mig_count = n;
+    NEED(cJSON_IsObject(r), "replay entry for GPU %d missing", pos);
+    n = 0;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItem(r, "nvlinks")) {
+        NEED(n < NVLINKS, "GPU %d: more than %d NVLinks", pos, NVLINKS);
+        NEED(cJSON_IsString(v), "GPU %d: NVLink %d is not a string", pos, n);
+        if (strcmp(v->valuestring, "switch") == 0) g->nvlink_remote[n][0] = 0;
+        else NEED(copy_str(g->nvlink_remote[n], 32, v) == 0, "GPU %d: bad NVLink remote", pos);
+        n++;
+    }
+    g->nvlinks = n;
+    n = 0;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItem(r, "processes")) {
+        int pid, mib;
+        NEED(n < MAX_PROCS, "GPU %d: more than %d processes", pos, MAX_PROCS);
+        NEED(cJSON_IsObject(v) && get_int(cJSON_GetObjectItem(v, "pid"), 1, 1 << 30, &pid) == 0 &&
+             get_int(cJSON_GetObjectItem(v, "used_mib"), 0, 1 << 24, &mib) == 0,
+             "GPU %d: process %d needs pid and used_mib", pos, n);
+        g->pid[n] = (unsigned)pid;
+        g->proc_bytes[n++] = (unsigned long long)mib << 20;
+    }
+    g->nprocs = n;
+    n = 0;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItem(r, "topology")) {
+        NEED(n < MAX_GPUS && get_int(v, -1, 70, &g->topo[n]) == 0, "GPU %d: bad topology level", pos);
+        n++;
+    }
+    return 0;
+}
+
+static int load(void) {
+    const char *path = getenv("GPUSLURM_NVML_REPLAY");
+    FILE *f;
+    long size;
+    char *text;
+    cJSON *root, *list, *replay, *rg, *v;
+    int pos = 0, rc = -1;
+    NEED(path, "GPUSLURM_NVML_REPLAY is not set");
+    f = fopen(path, "rb");
+    NEED(f, "cannot open %s", path);
+    if (fseek(f, 0, SEEK_END) || (size = ftell(f)) < 0 || size > (16 << 20) || fseek(f, 0, SEEK_SET)) {
+        fclose(f);
+        NEED(0, "%s: unreadable or larger than 16 MiB", path);
+    }
+    text = calloc(1, (size_t)size + 1);
+    if (!text || fread(text, 1, (size_t)size, f) != (size_t)size) {
+        free(text);
+        fclose(f);
+        NEED(0, "%s: cannot read", path);
+    }
+    fclose(f);
+    root = cJSON_Parse(text);
+    free(text);
+    NEED(root, "%s: not valid JSON", path);
+    v = cJSON_GetObjectItem(root, "format");
+    if (!cJSON_IsString(v) || strcmp(v->valuestring, "gpuslurm-nvml") != 0) {
+        say("%s: not a gpuslurm NVML dump", path);
+        goto out;
+    }
+    v = cJSON_GetObjectItem(root, "driver_version");
+    driver[0] = 0;
+    if (v && !cJSON_IsNull(v) && copy_str(driver, sizeof driver, v)) { say("bad driver_version"); goto out; }
+    v = cJSON_GetObjectItem(root, "cuda_version");
+    cuda_version = 0;
+    if (cJSON_IsString(v)) {
+        int major = 0, minor = 0;
+        if (sscanf(v->valuestring, "%d.%d", &major, &minor) != 2 || major < 0 || major > 99 || minor < 0 || minor > 99) {
+            say("bad cuda_version"); goto out;
+        }
+        cuda_version = major * 1000 + minor * 10;
+    }
+    replay = cJSON_GetObjectItem(root, "replay");
+    if (!cJSON_IsObject(replay)) { say("%s: no \"replay\" section (write it with gpuslurm.hw.nvml_replay)", path); goto out; }
+    driver_major = 0;
+    v = cJSON_GetObjectItem(replay, "driver_major");
+    if (v && !cJSON_IsNull(v) && get_int(v, 0, 9999, &driver_major)) { say("bad driver_major"); goto out; }
+    list = cJSON_GetObjectItem(root, "gpus");
+    rg = cJSON_GetObjectItem(replay, "gpus");
+    if (!cJSON_IsArray(list) || !cJSON_IsArray(rg) || cJSON_GetArraySize(list) != cJSON_GetArraySize(rg)
+        || cJSON_GetArraySize(list) > MAX_GPUS) {
+        say("%s: gpus and replay.gpus must be lists of equal length (at most %d)", path, MAX_GPUS);
+        goto out;
+    }
+    cJSON_ArrayForEach(v, list) {
+        if (load_gpu(v, cJSON_GetArrayItem(rg, pos), pos)) goto out;
+        pos++;
+    }
+    gpu_count = pos;
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* -- lifecycle -------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    if (init_count == 0 && load()) return NVML_ERROR_UNKNOWN;
+    init_count++;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlShutdown(void) {
+    if (!init_count) return NVML_ERROR_UNINITIALIZED;
+    init_count--;
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    default: return "Unknown Error";
+    }
+}
+
+#define READY() do { if (!init_count) return NVML_ERROR_UNINITIALIZED; } while (0)
+#define DEV(d) do { READY(); if (!(d)) return NVML_ERROR_INVALID_ARGUMENT; } while (0)
+
+static nvmlReturn_t put_str(char *dst, unsigned int len, const char *s) {
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(s) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(dst, s);
+    return NVML_SUCCESS;
+}
+
+/* -- system ----------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int len) {
+    READY();
+    return driver[0] ? put_str(v, len, driver) : NVML_ERROR_NOT_SUPPORTED;
+}
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *v, unsigned int len) {
+    READY();
+    if (!driver[0]) return NVML_ERROR_NOT_SUPPORTED;
+    char buf[96];
+    snprintf(buf, sizeof buf, "%d.%s", 10 + (driver_major >= 400 ? driver_major / 10 - 40 : 0), driver);
+    return put_str(v, len, buf);
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!cuda_version) return NVML_ERROR_NOT_SUPPORTED;
+    *v = cuda_version;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
+/* -- devices ---------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
+    READY();
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    *n = (unsigned)gpu_count;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
+    READY();
+    if (!d || i >= (unsigned)gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    *d = &gpus[i];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
+    READY();
+    if (!uuid || !d) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < gpu_count; i++)
+        if (strcmp(gpus[i].uuid, uuid) == 0) { *d = &gpus[i]; return NVML_SUCCESS; }
+    return NVML_ERROR_NOT_FOUND;
+}
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice_t *d) {
+    READY();
+    if (!bus || !d) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < gpu_count; i++)
+        if (strcasecmp(gpus[i].bus, bus) == 0) { *d = &gpus[i]; return NVML_SUCCESS; }
+    return NVML_ERROR_NOT_FOUND;
+}
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *v, unsigned int len) { DEV(d); return put_str(v, len, d->name); }
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *v, unsigned int len) {
+    DEV(d);
+    return d->uuid[0] ? put_str(v, len, d->uuid) : NVML_ERROR_NOT_SUPPORTED;
+}
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m) {
+    DEV(d);
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *m = (unsigned)d->minor;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
+    DEV(d);
+    if (!i) return NVML_ERROR_INVALID_ARGUMENT;
+    *i = (unsigned)d->index;
+    return NVML_SUCCESS;
+}
+
+static void fill_pci(nvmlPciInfo_t *p, const char *bus) {
+    unsigned dom = 0, b = 0, dev = 0, fn = 0;
+    memset(p, 0, sizeof *p);
+    sscanf(bus, "%x:%x:%x.%x", &dom, &b, &dev, &fn);
+    snprintf(p->busId, sizeof p->busId, "%s", bus);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%04x:%02x:%02x.%x", dom & 0xffff, b, dev, fn);
+    p->domain = dom;
+    p->bus = b;
+    p->device = dev;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
+    DEV(d);
+    if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+    fill_pci(p, d->bus);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(d, p); }
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    DEV(d);
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    m->total = d->mem_bytes;
+    m->used = 0; /* v1: would include the reserved memory */
+    m->free = d->mem_bytes;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    DEV(d);
+    if (!m || m->version != nvmlMemory_v2) return NVML_ERROR_INVALID_ARGUMENT;
+    m->total = d->mem_bytes;
+    m->reserved = 0;
+    m->used = 0;
+    m->free = d->mem_bytes;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t d, unsigned int words, unsigned long *set) {
+    DEV(d);
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < words; i++)
+        set[i] = i < sizeof d->affinity / sizeof d->affinity[0] ? d->affinity[i] : 0;
+    return NVML_SUCCESS;
+}
+
+/* -- MIG -------------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending) {
+    DEV(d);
+    if (!cur || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *cur = *pending = (unsigned)d->mig_mode;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *n) {
+    DEV(d);
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *n = d->mig_mode ? MAX_MIG : 0;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int i, nvmlDevice_t *m) {
+    DEV(d);
+    if (!m || i >= MAX_MIG) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;
+    if (i >= (unsigned)d->mig_count) return NVML_ERROR_NOT_FOUND;
+    *m = d->mig[i];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is) {
+    DEV(d);
+    if (!is) return NVML_ERROR_INVALID_ARGUMENT;
+    *is = (unsigned)d->is_mig;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    DEV(d);
+    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *id = (unsigned)d->gi;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
+    DEV(d);
+    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *id = (unsigned)d->ci;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, nvmlDeviceAttributes_t *a) {
+    DEV(d);
+    if (!a) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    memset(a, 0, sizeof *a);
+    a->multiprocessorCount = (unsigned)d->sm_count;
+    a->memorySizeMB = d->mem_bytes >> 20;
+    a->gpuInstanceSliceCount = (unsigned)d->gi_slices;
+    a->computeInstanceSliceCount = (unsigned)d->ci_slices;
+    return NVML_SUCCESS;
+}
+
+/* -- links ------------------------------------------------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, nvmlEnableState_t *s) {
+    DEV(d);
+    if (!s || link >= NVLINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->mig_mode == 1) return NVML_ERROR_NOT_SUPPORTED;
+    if (!d->nvlinks) return NVML_ERROR_NOT_SUPPORTED;
+    *s = link < (unsigned)d->nvlinks ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t d, unsigned int link, nvmlIntNvLinkDeviceType_t *t) {
+    DEV(d);
+    if (!t || link >= (unsigned)d->nvlinks) return NVML_ERROR_INVALID_ARGUMENT;
+    *t = d->nvlink_remote[link][0] ? NVML_NVLINK_DEVICE_TYPE_GPU : NVML_NVLINK_DEVICE_TYPE_SWITCH;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *p) {
+    DEV(d);
+    if (!p || link >= (unsigned)d->nvlinks) return NVML_ERROR_INVALID_ARGUMENT;
+    fill_pci(p, d->nvlink_remote[link][0] ? d->nvlink_remote[link] : "00000000:00:00.0");
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, nvmlGpuTopologyLevel_t *l) {
+    DEV(a);
+    if (!b || !l || a->is_mig || b->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    int level = a->topo[b->index];
+    if (level < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *l = (nvmlGpuTopologyLevel_t)level;
+    return NVML_SUCCESS;
+}
+
+/* -- readings (a static node: idle) ------------------------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    DEV(d);
+    if (!u) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    u->gpu = u->memory = 0;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) { DEV(d); (void)mw; return NVML_ERROR_NOT_SUPPORTED; }
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t s, unsigned int *t) {
+    DEV(d); (void)s; (void)t; return NVML_ERROR_NOT_SUPPORTED;
+}
+/* The struct behind _v3 gained usedGpuCcProtectedMemory in R535 without a version bump (later
+ * headers moved that field to nvmlProcessDetail_v1_t and nvmlProcessInfo_t is 24 bytes again):
+ * the stride a driver writes follows its version, so write the layout of the bundle's driver. */
+struct proc_r535 { unsigned int pid; unsigned long long used; unsigned int gi, ci; unsigned long long cc; };
+_Static_assert(sizeof(struct proc_r535) == 32, "R535 process-info layout");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "header's nvmlProcessInfo_t is the pre-R535 layout");
+
+static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
+    DEV(d);
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned have = (unsigned)d->nprocs, room = *n;
+    *n = have;
+    if (have > room || (have && !p)) return NVML_ERROR_INSUFFICIENT_SIZE;
+    /* never write past a caller's array sized for the 24-byte layout (a real R535 driver would) */
+    if (driver_major >= 535 && have * sizeof(struct proc_r535) > room * sizeof(nvmlProcessInfo_t)) {
+        say("process list: the caller's array holds %u 24-byte entries, too few for %u R535 entries",
+            room, have);
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned i = 0; i < have; i++) {
+        if (driver_major >= 535) {
+            struct proc_r535 *q = (struct proc_r535 *)(void *)p + i;
+            memset(q, 0, sizeof *q);
+            q->pid = d->pid[i];
+            q->used = d->proc_bytes[i];
+            q->gi = q->ci = 0xFFFFFFFF;
+        } else {
+            memset(&p[i], 0, sizeof p[i]);
+            p[i].pid = d->pid[i];
+            p[i].usedGpuMemory = d->proc_bytes[i];
+            p[i].gpuInstanceId = p[i].computeInstanceId = 0xFFFFFFFF;
+        }
+    }
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
+    return processes(d, n, p);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
+    DEV(d);
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    (void)p;
+    *n = 0;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *n,
+                                             unsigned long long last) {
+    (void)s; (void)last; DEV(d);
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_FOUND;
+}

@@ -1,0 +1,170 @@
+"""gpuslurm live through the real pynvml and the replay NVML library vs ``--from`` the same bundle.
+
+The replay library serves what the bundle says about GPUs; the node's CPUs, NUMA, hostname and
+/proc MIG minors still come from this machine, so those fields are left out of the comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.nvml.conftest import LiveNode
+
+from gpuslurm.hw.bundle import read_bundle
+
+BUILTIN = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin"
+REAL = Path(__file__).parents[3] / "shared" / "fixtures" / "real"
+BUNDLES = sorted(p for p in BUILTIN.iterdir() if p.is_dir())
+HOST_FIELDS = {"numa_node", "slurm_cores", "os_cpus", "cpu_affinity", "gi_minor", "ci_minor"}
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k not in HOST_FIELDS}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def _real_bundles() -> list[Path]:
+    """The real multi-command captures in ../shared, imported once into bundles."""
+    multi = REAL / "multi"
+    if not multi.is_dir():
+        return []
+    out = Path(tempfile.gettempdir()) / f"gpuslurm-real-bundles-{os.getuid()}"
+    bundles = []
+    for capture in sorted(multi.glob("*.txt")):
+        bundle = out / capture.stem
+        if not bundle.is_dir():
+            subprocess.run([sys.executable, "-m", "gpuslurm.cli.main", "capture", "import", str(capture),
+                            str(bundle)], capture_output=True, timeout=120, check=False)
+        if bundle.is_dir():
+            bundles.append(bundle)
+    return bundles
+
+
+# Found by these tests: NvmlBackend names a MIG profile from memorySizeMB rounded to GiB, so
+# an A100-80GB's 3g.40gb (40192 MiB) reads live as "3g.39gb" (nvml.mig_profile_name).
+MIG_REASON = "backend derives 3g.39gb for 3g.40gb (H200: 3g.70gb for 3g.71gb)"
+MIG_NAME_BUG = pytest.mark.xfail(strict=True, reason=MIG_REASON)
+
+
+REAL_BUNDLES = _real_bundles()
+
+
+def _params(mig_bug: bool = False) -> list[Any]:
+    params: list[Any] = [pytest.param(p, id=p.name, marks=[MIG_NAME_BUG] if mig_bug and _mig(p) else [])
+                         for p in BUNDLES]
+    for p in REAL_BUNDLES:  # some real MIG profiles are named right by chance (h100-mig): not strict
+        marks = [pytest.mark.xfail(strict=False, reason=MIG_REASON)] if mig_bug and _mig(p) else []
+        params.append(pytest.param(p, id=f"real-{p.name}", marks=marks))
+    return params
+
+
+NODE_DUMP = """
+import json
+from gpuslurm.hw.nvml import NvmlBackend
+from gpuslurm.hw.nvml_json import node_to_dict
+print(json.dumps(node_to_dict(NvmlBackend().read_node())))
+"""
+
+
+def _loadable(bundle: Path) -> None:
+    try:
+        read_bundle(bundle)
+    except Exception as exc:  # a real capture gpuslurm cannot read is not this test's
+        pytest.skip(f"{bundle} does not load: {exc}")
+
+
+def _mig(bundle: Path) -> bool:
+    return any(g.mig_mode for g in read_bundle(bundle).gpus)
+
+
+@pytest.mark.parametrize("bundle", _params(mig_bug=True))
+def test_backend_reads_the_bundle(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+    _loadable(bundle)
+    node = live_node(bundle)
+    live = json.loads(node.python(NODE_DUMP))
+    from gpuslurm.hw.nvml_json import node_to_dict
+    ref = node_to_dict(read_bundle(bundle))
+    assert _strip(live["gpus"]) == _strip(ref["gpus"])
+    assert live["driver_version"] == ref["driver_version"]
+    assert live["cuda_version"] == ref["cuda_version"]
+    if not _mig(bundle):  # NVML does not answer NVLink queries in MIG mode
+        assert live["links"] == ref["links"]
+
+
+@pytest.mark.parametrize("bundle", _params(mig_bug=True))
+def test_discover_json(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+    _loadable(bundle)
+    node = live_node(bundle)
+    live = json.loads(node.run("discover", "--json").stdout)
+    ref = json.loads(node.run("discover", "--json", "--from", str(bundle)).stdout)
+    assert _strip(live["devices"]) == _strip(ref["devices"])
+
+
+def _matrix(text: str, n: int) -> list[list[str]]:
+    rows = [line.split() for line in text.splitlines() if re.match(r"GPU\d+\s", line)]
+    return [row[: n + 1] for row in rows[:n]]
+
+
+@pytest.mark.parametrize("bundle", _params())
+def test_topo_links(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+    _loadable(bundle)
+    if _mig(bundle):
+        pytest.skip("NVML does not answer NVLink queries in MIG mode; topo -m text does")
+    node = live_node(bundle)
+    n = len(read_bundle(bundle).gpus)
+    assert _matrix(node.run("topo").stdout, n) == _matrix(node.run("topo", "--from", str(bundle)).stdout, n)
+
+
+def _gres(text: str) -> list[str]:
+    return [re.sub(r" Cores=\S+", "", line) for line in text.splitlines() if line.startswith("Name=")]
+
+
+@pytest.mark.parametrize("bundle", _params(mig_bug=True))
+def test_gres_conf(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+    _loadable(bundle)
+    node = live_node(bundle)
+    done = node.run("gres-conf", check=False)
+    if done.returncode and "has no CPU affinity" in done.stderr:
+        # The live path keeps only this machine's online CPUs (sysfs is not replayed yet).
+        pytest.skip("the bundle's GPU affinity names no CPU online on this machine")
+    assert done.returncode == 0, done.stderr
+    replayed = node.run("gres-conf", "--from", str(bundle), check=False)
+    if replayed.returncode:
+        pytest.skip(f"gres-conf --from this bundle fails too: {replayed.stderr.strip()[:200]}")
+    live, ref = done.stdout, replayed.stdout
+    if _mig(bundle):
+        # MIG: no NVLink answers live (Links differ) and MIG files need /proc's minors
+        live_types = [re.search(r"Type=(\S+)", x) for x in _gres(live)]
+        ref_types = [re.search(r"Type=(\S+)", x) for x in _gres(ref)]
+        assert [m.group(1) for m in live_types if m] == [m.group(1) for m in ref_types if m]
+        return
+    assert _gres(live) == _gres(ref)
+
+
+@pytest.mark.parametrize("bundle", _params(mig_bug=True))
+def test_status_json(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+    _loadable(bundle)
+    node = live_node(bundle)
+    live = json.loads(node.run("status", "--json").stdout)
+    ref = json.loads(node.run("status", "--json", "--from", str(bundle)).stdout)
+    assert _strip(live["gpus"]) == _strip(ref["gpus"])
+
+
+@pytest.mark.parametrize("bundle", _params())
+def test_monitor_once(bundle: Path, live_node: Callable[[Path], LiveNode], tmp_path: Path) -> None:
+    _loadable(bundle)
+    node = live_node(bundle)
+    done = node.run("monitor", "--once", check=False)
+    assert done.returncode == 0, done.stderr + (node.log.read_text() if node.log.exists() else "")

@@ -1,0 +1,70 @@
+"""The replay NVML library on input it cannot serve, and ``capture`` on a replayed node."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tests.nvml.conftest import LiveNode
+from tests.nvml.test_differential import NODE_DUMP
+
+from gpuslurm.hw.bundle import read_bundle
+
+DGX = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "dgx-h100"
+
+
+def _good(live_node: Callable[[Path], LiveNode]) -> tuple[LiveNode, dict[str, object]]:
+    node = live_node(DGX)
+    return node, json.loads(node.nvml_json.read_text())
+
+
+BAD: list[tuple[str, Callable[[dict], object], str]] = [
+    ("not JSON", lambda d: "{", "not valid JSON"),
+    ("other format", lambda d: {**d, "format": "x"}, "not a gpuslurm NVML dump"),
+    ("no replay section", lambda d: {k: v for k, v in d.items() if k != "replay"}, "no \"replay\" section"),
+    ("uuid a number", lambda d: {**d, "gpus": [{**d["gpus"][0], "uuid": 7}, *d["gpus"][1:]]}, "bad uuid"),
+    ("huge name", lambda d: {**d, "gpus": [{**d["gpus"][0], "name": "x" * 5000}, *d["gpus"][1:]]},
+     "bad name"),
+    ("CPU out of range", lambda d: {**d, "gpus": [{**d["gpus"][0], "cpu_affinity": [1 << 40]},
+                                                  *d["gpus"][1:]]}, "cpu_affinity"),
+    ("index not position", lambda d: {**d, "gpus": [{**d["gpus"][0], "index": 3}, *d["gpus"][1:]]},
+     "not its position"),
+    ("lists of unequal length", lambda d: {**d, "gpus": d["gpus"][:2]}, "equal length"),
+]
+
+
+@pytest.mark.parametrize(("case", "mutate", "message"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input_fails_init_with_a_logged_reason(case: str, mutate: Callable[[dict], object], message: str,
+                                                  live_node: Callable[[Path], LiveNode]) -> None:
+    node, data = _good(live_node)
+    bad = mutate(data)
+    node.nvml_json.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    done = node.run("discover", check=False)
+    assert done.returncode not in (0,) and done.returncode > 0, "a crash (signal) or a success"
+    assert "nvmlInit failed" in done.stderr or "NVML" in done.stderr
+    assert message in node.log.read_text()
+
+
+def test_missing_file_fails_init(live_node: Callable[[Path], LiveNode]) -> None:
+    node, _ = _good(live_node)
+    node.nvml_json.unlink()
+    done = node.run("discover", check=False)
+    assert done.returncode > 0
+    assert "cannot open" in node.log.read_text()
+
+
+def test_capture_round_trip(live_node: Callable[[Path], LiveNode], tmp_path: Path) -> None:
+    """``gpuslurm capture`` on the replayed node writes a bundle that reads back as the live model."""
+    node = live_node(Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x")
+    out = tmp_path / "captured"
+    done = node.run("capture", str(out), check=False)
+    if done.returncode:
+        pytest.skip(f"capture needs nvidia-smi on this machine: {done.stderr.strip()[:200]}")
+    live = json.loads(node.python(NODE_DUMP))
+    back = read_bundle(out)
+    from gpuslurm.hw.nvml_json import node_to_dict
+    again = node_to_dict(back)
+    assert again["gpus"] == live["gpus"]
+    assert again["links"] == live["links"]
