@@ -77,7 +77,8 @@ def test_placement_reads_real_scontrol_detail(slurm_cluster: SlurmCluster) -> No
         assert len(row["gpus"]) == 2
         # -c 4 on a node of 2 threads per core: two cores, abstract CPU_IDs mapped to 4 OS CPUs
         # (a core's threads are n and n + 112 on the DGX layout)
-        assert len(parse_ranges(row["cpus"], MAX_CPUS)) == 4 and len(parse_ranges(row["slurm_cpus"], MAX_CPUS)) == 4, row
+        assert len(parse_ranges(row["cpus"], MAX_CPUS)) == 4, row
+        assert len(parse_ranges(row["slurm_cpus"], MAX_CPUS)) == 4, row
         os_cpus = parse_ranges(row["cpus"], MAX_CPUS)
         assert {c % 112 for c in os_cpus} == {c for c in os_cpus if c < 112}, row
         assert row["numa_affine"] in ("yes", "partly", "no"), row
