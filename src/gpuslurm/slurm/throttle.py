@@ -35,7 +35,8 @@ from gpuslurm.samples import Violation
 
 HEADER_PREFIX = "# gpuslurm-throttle v1 id="
 COLUMNS = "# user\tuntil\tmode\tvalue\tcreated\tcontact\treason"
-MAX_FILE_BYTES = 64 << 20
+MAX_FILE_BYTES = 16 << 20  # the plugin reads no more (a larger file: nobody throttled, logged)
+MAX_LINE = 4096  # a longer line is junk, in the plugin too
 FILE_MODE = 0o644  # slurmctld runs as SlurmUser, which need not be root
 MAX_VIOLATIONS_BYTES = 256 << 20  # one node's file; logrotate keeps it far smaller
 MAX_DIGITS = 12  # until, value, created: TIME_MAX has 12 digits (the plugin's rule too)
@@ -90,11 +91,13 @@ def parse_throttle_file(text: str) -> ThrottleFile:
         line = raw[:-1] if raw.endswith("\r") else raw
         if not line.strip() or line.startswith("#"):
             continue
-        t, why = _parse_line(line)
+        t, why = _parse_line(line) if len(line.encode(errors="surrogateescape")) <= MAX_LINE \
+            else (None, f"longer than {MAX_LINE} bytes")
         if t is None:
-            junk.append((number, line, why))
-            user = line.split("\t", 1)[0]
-            if "\t" in line and user and not any(c in " \n\r\f\v" for c in user):
+            junk.append((number, line[:200], why))
+            user = line[:256].split("\t", 1)[0]
+            if ("\t" in line[:256] and user and len(user.encode(errors="surrogateescape")) < 256
+                    and not any(c in " \n\r\f\v" for c in user)):
                 doubtful.add(user)
         else:
             throttles.append(t)
