@@ -88,3 +88,9 @@ def test_a_stored_until_past_time_t_is_junk_and_list_does_not_crash(tmp_path: Pa
     assert proc.returncode == 0 and "internal error" not in proc.stderr and "alice" in proc.stderr
     with pytest.raises(InputError):
         format_throttle_file([Throttle("alice", 10**18)], "1")
+
+
+@pytest.mark.parametrize("option", ["--poll", "--timeout"])
+def test_pick_wait_durations_are_bounded(option: str) -> None:
+    proc = gs("pick", "1", "--wait", option, "99999999999999999999h")
+    one_line_exit_2(proc)
