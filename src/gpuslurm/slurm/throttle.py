@@ -20,6 +20,7 @@ directory that others can write. Writers serialise on a lock of the directory it
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
@@ -30,7 +31,7 @@ from typing import NamedTuple
 from gpuslurm import times
 from gpuslurm.errors import InputError
 from gpuslurm.policy.throttle import MODES, Throttle, violation_from_line, violation_to_line
-from gpuslurm.safedir import open_dir, read_regular, replace_at, why_refused
+from gpuslurm.safedir import NotRegularFileError, open_dir, read_regular, replace_at, why_refused
 from gpuslurm.samples import Violation
 
 HEADER_PREFIX = "# gpuslurm-throttle v1 id="
@@ -173,21 +174,20 @@ def write_throttle_file(path: str, throttles: Iterable[Throttle], now: float | N
 
 
 def _read(dfd: int, path: str) -> ThrottleFile:
+    """The file ``path`` in the checked directory ``dfd``: safedir's ``read_regular`` (never a
+    FIFO or device, never through a symlink, at most MAX_FILE_BYTES)."""
     name = os.path.basename(path)
+    full = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), name)
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        data = read_regular(full, MAX_FILE_BYTES, follow=False)
     except FileNotFoundError:
         return ThrottleFile((), (), exists=False)
     except OSError as exc:
-        raise UnsafeThrottlePathError(f"refusing to read: {why_refused(dfd, name, exc)}",
-                                      source=path) from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeThrottlePathError("refusing to read: not a regular file", source=path)
-        data = fh.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise InputError(f"larger than {MAX_FILE_BYTES} bytes: not a throttle file", source=path)
+        if exc.errno == errno.EFBIG:
+            raise InputError(f"larger than {MAX_FILE_BYTES} bytes: not a throttle file",
+                             source=path) from None
+        why = exc.strerror if isinstance(exc, NotRegularFileError) else why_refused(dfd, name, exc)
+        raise UnsafeThrottlePathError(f"refusing to read: {why}", source=path) from None
     return parse_throttle_file(data.decode("utf-8", errors="replace"))
 
 
