@@ -10,7 +10,7 @@ src/gpuslurm/slurm/throttle.py): one line per user, seven tab-separated fields
 For a throttled user whose line has not expired, a job that asks for GPUs (--gres=gpu..,
 --gpus, --gpus-per-node, --gpus-per-task, --gpus-per-socket, or mps/shard gres) is
     reject:   refused, with a message saying why, until when and whom to ask;
-    cap:      given at most `value` GPUs (see cap_request below);
+    cap:      given at most `value` GPUs in all, per job (see cap_request below);
     priority: given `value` more nice (a lower priority).
 Jobs without GPUs pass. The file is read at most every RELOAD_SECONDS; a missing, unreadable or
 broken file, or any error in this script's own logic, lets every job through (fail open) and is
@@ -22,12 +22,15 @@ local RELOAD_SECONDS = 3
 local THROTTLE_FILE = nil
 local DEFAULT_CONTACT = "your cluster administrators"
 local THROTTLE_NON_GPU = false   -- true: reject mode refuses every job of the user, GPU or not
-local GPU_GRES = { gpu = true, mps = true, shard = true }  -- gres names that mean "uses a GPU"
+local GPU_GRES = { gpu = true, mps = true, shard = true }  -- gres names (any case) that mean "uses a GPU"
 local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
 
 local NO_VAL = 4294967294     -- Slurm's NO_VAL: the field was not set
 local NO_VAL16 = 65534
-local HEADER_PREFIX = "# gpuslurm-throttle v1 id="
+local MAX_BYTES = 16 * 1024 * 1024   -- a larger file is not gpuslurm's: nobody throttled, logged
+local MAX_LINE = 4096                -- a longer line is junk, never pattern-matched
+local MAX_DIGITS = 12                -- until, value, created
+local TIME_MAX = 253370764800        -- 9999-01-01T00:00:00Z: the range gpuslurm.times documents
 local MODES = { reject = true, cap = true, priority = true }
 
 local M = {}  -- the plugin's internals, exposed as gpuslurm_throttle for tests
@@ -45,84 +48,115 @@ end
 -- ---------------------------------------------------------------------------------------------
 -- The throttle file
 
--- One line to a throttle, or nil for junk. The same rules as gpuslurm.slurm.throttle._parse_line.
+-- One line to a throttle, or nil for junk. The same rules as gpuslurm.slurm.throttle._parse_line:
+-- until, value and created at most MAX_DIGITS digits, the times within 1970..TIME_MAX.
 function M.parse_line(line)
+    if #line > MAX_LINE then return nil end
     local user, until_s, mode, value, created, contact, reason = line:match(
         "^([^\t%s#][^\t%s]*)\t(%d+)\t(%l+)\t(%d+)\t(%d+)\t([^\t]*)\t([^\t]*)$")
     if not user or not MODES[mode] then return nil end
+    if #until_s > MAX_DIGITS or #value > MAX_DIGITS or #created > MAX_DIGITS then return nil end
+    local u, c = tonumber(until_s), tonumber(created)
+    if u > TIME_MAX or c > TIME_MAX then return nil end
     value = tonumber(value)
     if mode ~= "reject" and value < 1 then return nil end
-    return { user = user, ["until"] = tonumber(until_s), mode = mode, value = value,
+    return { user = user, ["until"] = u, mode = mode, value = value,
              contact = contact, reason = reason }
 end
 
--- Read the file into a table user -> throttle. Returns users, junk count, first junk line number;
--- users is nil when the file cannot be opened (the second value then says why).
-function M.read_file(path, now)
-    local fh, err = io.open(path, "r")
-    if not fh then return nil, err end
-    local users, junk, first_junk, number = {}, 0, nil, 0
-    local header = nil
-    for raw in fh:lines() do
+-- The text of a throttle file to a table user -> throttle. Returns users, junk count, first junk
+-- line number, doubtful count. Every doubt lets the job through: a junk line whose first field
+-- names a user takes that user out of the table, whatever their other lines say.
+function M.parse_text(text, now)
+    local users, doubtful, junk, first_junk, number, ndoubt = {}, {}, 0, nil, 0, 0
+    for raw in text:gmatch("([^\n]*)\n?") do
         number = number + 1
-        local line = raw:gsub("\r$", "")
-        if number == 1 then header = line end
-        if line:find("^%s*$") or line:sub(1, 1) == "#" then
+        local line = raw
+        if line:sub(-1) == "\r" then line = line:sub(1, -2) end
+        if line == "" or line:sub(1, 1) == "#" or (#line <= MAX_LINE and line:find("^%s*$")) then
             -- comment or blank
         else
             local t = M.parse_line(line)
             if t == nil then
                 junk = junk + 1
                 first_junk = first_junk or number
-            elseif t["until"] > now then
+                local who = line:sub(1, 256):match("^([^\t%s]+)\t")
+                if who and not doubtful[who] then
+                    doubtful[who], users[who], ndoubt = true, nil, ndoubt + 1
+                end
+            elseif t["until"] > now and not doubtful[t.user] then
                 users[t.user] = t   -- the last unexpired line of a user wins
             end
         end
     end
-    fh:close()
-    return users, junk, first_junk, header
+    return users, junk, first_junk, ndoubt
 end
 
-local cache = { checked = nil, header = nil, users = {}, count = 0, state = nil, names = {} }
+-- The file's whole text, at most MAX_BYTES; nil and why when it cannot be read or is larger.
+-- (Lua 5.1 cannot stat: a FIFO here would block slurmctld in io.open. The file's directory must
+-- be writable by root only, which every `gpuslurm throttle` command and `gpuslurm install`
+-- check; see docs/throttle.md.)
+function M.read_text(path)
+    local fh, err = io.open(path, "rb")
+    if not fh then return nil, err end
+    local ok, text, rerr = pcall(fh.read, fh, MAX_BYTES + 1)
+    fh:close()
+    if not ok then return nil, tostring(text) end
+    if text == nil and rerr then return nil, tostring(rerr) end
+    text = text or ""   -- nil at once: an empty file
+    if #text > MAX_BYTES then return nil, string.format("larger than %d bytes", MAX_BYTES) end
+    return text
+end
+
+-- Kept for tests and tools: read and parse in one go.
+function M.read_file(path, now)
+    local text, err = M.read_text(path)
+    if text == nil then return nil, err end
+    return M.parse_text(text, now)
+end
+
+local cache = { checked = nil, text = nil, users = {}, count = 0, state = nil, names = {}, parses = 0 }
 M.cache = cache
 
-local function first_line(path)
-    local fh = io.open(path, "r")
-    if not fh then return nil end
-    local line = fh:read("*l")
-    fh:close()
-    return line
-end
-
--- The current throttles, re-read at most every RELOAD_SECONDS; a file whose header (which carries
--- gpuslurm's write id) did not change is not parsed again.
+-- The current throttles, re-read at most every RELOAD_SECONDS and parsed again only when the
+-- file's content changed (Lua interns strings: an unchanged file compares equal at once). A file
+-- that could not be read, or held only junk, is cached like any other: never re-parsed per call.
 function M.throttles(now)
     if cache.checked and now >= cache.checked and now - cache.checked < RELOAD_SECONDS then
         return cache.users, cache.count
     end
     cache.checked = now
     local path = M.path or M.default_path()
-    local header = first_line(path)
-    if header and cache.header == header and header:sub(1, #HEADER_PREFIX) == HEADER_PREFIX then
-        return cache.users, cache.count
-    end
-    local users, junk, first_junk, read_header = M.read_file(path, now)
-    if users == nil then
+    local text, err = M.read_text(path)
+    if text == nil then
         if cache.state ~= "missing" then
-            log_info("throttle file %s not readable (%s): no user is throttled", path, tostring(junk))
+            log_info("throttle file %s not readable (%s): no user is throttled", path, tostring(err))
         end
-        cache.state, cache.users, cache.count, cache.header = "missing", {}, 0, nil
+        cache.state, cache.users, cache.count, cache.text = "missing", {}, 0, nil
         return cache.users, 0
     end
-    local count = 0
-    for _ in pairs(users) do count = count + 1 end
+    if cache.state == "ok" and cache.text == text then
+        if cache.expires and now >= cache.expires then
+            -- same text, but a throttle ended: count again so expired users drop out of the table
+        else
+            return cache.users, cache.count
+        end
+    end
+    cache.parses = cache.parses + 1
+    local users, junk, first_junk, ndoubt = M.parse_text(text, now)
+    local count, expires = 0, nil
+    for _, t in pairs(users) do
+        count = count + 1
+        if expires == nil or t["until"] < expires then expires = t["until"] end
+    end
     if junk > 0 then
-        log_error("throttle file %s: skipped %d junk line(s), the first at line %d", path, junk, first_junk)
+        log_error("throttle file %s: skipped %d junk line(s), the first at line %d; %d user(s) named "
+                  .. "by a junk line are not throttled", path, junk, first_junk, ndoubt)
     end
     if cache.state ~= "ok" or count ~= cache.count then
         log_info("throttle file %s: %d user(s) throttled", path, count)
     end
-    cache.state, cache.users, cache.count, cache.header = "ok", users, count, read_header
+    cache.state, cache.users, cache.count, cache.text, cache.expires = "ok", users, count, text, expires
     cache.names = {}  -- uid -> name cache: refreshed with the file
     return users, count
 end
@@ -134,12 +168,14 @@ local SUFFIX = { [""] = 1, k = 1024, m = 1024 * 1024, g = 1024 * 1024 * 1024 }
 
 -- One tres item ("gres:gpu:2", "gres/gpu:h100:2", "gpu", "gres/gpu=4", "gres:mps:50") to
 -- {name=, type=, count=, prefix=, sep=}; nil for items that are not gres (cpu=4, license...).
+-- Names compare case-insensitively (name_l). An item of a GPU gres whose tail this cannot read
+-- ("gpu:a:b:2", "gpu:h100:4:foo") is {unparsed=true}: still a GPU request, never capped.
 function M.parse_item(item)
     local prefix, rest = item:match("^(gres[:/])(.*)$")
     if not prefix then prefix, rest = "", item end
     local name, tail = rest:match("^([%w_%-]+)(.*)$")
     if not name then return nil end
-    local r = { name = name, prefix = prefix, sep = ":", count = 1 }
+    local r = { name = name, name_l = name:lower(), prefix = prefix, sep = ":", count = 1 }
     if tail == "" then return r end
     -- [":" type] (":" | "=") count[suffix]  or  ":" type
     local typ, sep, num, suf = tail:match("^:([^:=]+)([:=])(%d+)(%a?)$")
@@ -148,12 +184,15 @@ function M.parse_item(item)
     end
     if num then
         local mult = SUFFIX[suf:lower()]
-        if not mult then return nil end
-        r.type, r.sep, r.count = typ, sep, tonumber(num) * mult
-        return r
+        if mult then
+            r.type, r.sep, r.count = typ, sep, tonumber(num) * mult
+            return r
+        end
+    else
+        typ = tail:match("^:([^:=,]+)$")
+        if typ then r.type = typ; return r end
     end
-    typ = tail:match("^:([^:=,]+)$")
-    if typ then r.type = typ; return r end
+    if GPU_GRES[r.name_l] then r.unparsed = true; return r end
     return nil
 end
 
@@ -176,39 +215,62 @@ function M.gpu_request(job_desc)
         if value ~= nil and value ~= "" then
             for _, item in ipairs(split(value)) do
                 local r = M.parse_item(item)
-                if r and GPU_GRES[r.name] and r.count > 0 then return true, field end
+                if r and GPU_GRES[r.name_l] and (r.unparsed or r.count > 0) then return true, field end
             end
         end
     end
     return false
 end
 
+-- A count Slurm set (not NO_VAL/NO_VAL16/INFINITE, not 0); else nil.
 local function known(n)
-    return n ~= nil and n ~= NO_VAL and n ~= NO_VAL16 and n > 0 and n < NO_VAL16
+    if type(n) == "number" and n > 0 and n < NO_VAL16 then return n end
+    return nil
 end
 
--- Limit every gpu count in the request so the job gets at most `cap` GPUs per node (per-node
--- and per-socket forms) or in all (--gpus); per-task counts are cut to floor(cap / tasks).
--- Returns a table field -> new value (only changed fields), or nil and a reason when the
--- request cannot be capped (a per-task request whose tasks alone exceed the cap).
+-- How many nodes the job may get: the larger of a known min_nodes and max_nodes, else 1.
+local function nodes_of(job_desc)
+    local n = known(job_desc.min_nodes) or 1
+    local m = known(job_desc.max_nodes)
+    if m and m > n then n = m end
+    return n
+end
+
+-- How many of each field's unit the job has in all: the cap is per job, so a per-node count is
+-- multiplied by the nodes, a per-socket one by sockets x nodes, a per-task one by the tasks
+-- (unknown: one per node). Returns the multiplier and the unit's name.
+local function units(job_desc, field)
+    local nodes = nodes_of(job_desc)
+    if field == "tres_per_job" then return 1, "job" end
+    if field == "tres_per_node" then return nodes, "node(s)" end
+    if field == "tres_per_socket" then
+        return (known(job_desc.sockets_per_node) or 1) * nodes, "socket(s)"
+    end
+    return known(job_desc.num_tasks) or nodes, "task(s)"
+end
+
+-- Limit every gpu count in the request so the job gets at most `cap` GPUs in all (the cap is per
+-- job): --gpus to cap, a per-node/per-socket/per-task count to floor(cap / how many there are).
+-- Returns a table field -> new value (only changed fields), or nil and a reason when the request
+-- cannot be capped (more nodes, sockets or tasks with GPUs than the cap, or a GPU request this
+-- cannot read).
 function M.cap_request(job_desc, cap)
     local changes = {}
     for _, field in ipairs(TRES_FIELDS) do
         local value = job_desc[field]
         if value ~= nil and value ~= "" then
-            local limit = cap
-            if field == "tres_per_task" and known(job_desc.num_tasks) then
-                limit = math.floor(cap / job_desc.num_tasks)
-            elseif field == "tres_per_socket" and known(job_desc.sockets_per_node) then
-                limit = math.floor(cap / job_desc.sockets_per_node)
-            end
+            local many, unit = units(job_desc, field)
+            local limit = math.floor(cap / many)
             local items, changed = split(value), false
             for i, item in ipairs(items) do
                 local r = M.parse_item(item)
-                if r and r.name == "gpu" and r.count > limit then
+                if r and r.unparsed and r.name_l == "gpu" then
+                    return nil, string.format("cannot read the GPU request %q", item:sub(1, 64))
+                end
+                if r and r.name_l == "gpu" and r.count * many > cap then
                     if limit < 1 then
-                        return nil, string.format("%d tasks with GPUs exceed the cap of %d GPU(s)",
-                                                  job_desc.num_tasks, cap)
+                        return nil, string.format("%d %s with GPUs exceed the cap of %d GPU(s)",
+                                                  many, unit, cap)
                     end
                     r.count = limit
                     items[i] = M.format_item(r)

@@ -285,6 +285,23 @@ def check_trusted_dir(path: Path, what: str = "") -> None:
                 raise InputError(f"{d} {why}; root must not run or read {what or 'hooks'} from there", path)
 
 
+def check_throttle_file(path: Path) -> None:
+    """Refuse a throttle file job_submit.lua could hang on: Lua 5.1 cannot stat, and ``io.open``
+    of a FIFO blocks slurmctld. The plugin's defence is a directory only root can write (checked
+    here, as every ``gpuslurm throttle`` command checks it) holding nothing but a regular file."""
+    path = Path(os.path.abspath(path))
+    check_trusted_dir(path.parent, "the throttle file job_submit.lua opens in slurmctld")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a symlink" if stat.S_ISLNK(st.st_mode)
+                else "not a regular file")
+        raise InputError(f"is {kind}: job_submit.lua would open it inside slurmctld (a FIFO blocks "
+                         "it); remove it", path)
+
+
 def unsafe_reason(st: os.stat_result, *, final: bool) -> str | None:
     """Why a directory or file with ``st`` could be changed by another user; None if it cannot."""
     if st.st_uid not in (0, os.geteuid()):

@@ -189,3 +189,44 @@ def test_cap_reduces_the_gpus_and_priority_adds_nice(throttled: Throttled) -> No
     assert re.search(r"\bNice=4321\b", t.job(t.accepted(a, "--gres=gpu:1")))
     assert re.search(r"\bNice=0\b", t.job(t.accepted(a)))  # no GPUs, no penalty
     t.gpuslurm("remove", a.name)
+
+
+# Every spelling of a GPU request we know of; which ones slurmctld itself takes is recorded by the
+# test (an unthrottled user submits each), and each one it takes must be refused for a throttled user.
+SPELLINGS = (
+    ["--gres=gpu:1"], ["--gres=gpu"], ["--gres=GPU:1"], ["--gres=gpu:h100:1"], ["--gres=gpu:H100:1"],
+    ["--gres=gpu:h100:1:foo"], ["--gres=gres:gpu:1"], ["--gres=gres/gpu:1"], ["--gres=gpu=1"],
+    ["--gres=gpu:1,mps:10"], ["--gpus=1"], ["--gpus=h100:1"], ["--gpus=gpu:h100:1"],
+    ["--gpus-per-node=h100:1"], ["--gpus-per-task=1", "-n", "2"],
+    ["--gpus-per-socket=1", "--sockets-per-node=1"], ["--gpus-per-socket=1"],
+)
+
+
+def test_every_gpu_spelling_slurm_takes_is_refused_and_caps_are_per_job(throttled: Throttled) -> None:
+    t, a, b = throttled, throttled.a, throttled.b
+    taken = []
+    for args in SPELLINGS:
+        proc = t.submit(b, *args)
+        print(f"slurmctld {'took' if proc.returncode == 0 else 'refused'} {' '.join(args)}: "
+              f"{proc.stderr.strip()[:120]}")
+        if proc.returncode == 0:
+            taken.append(args)
+    assert ["--gres=gpu:1"] in taken and len(taken) >= 8, taken
+    t.gpuslurm("add", a.name, "--for", "1h")
+    time.sleep(SETTLE_S)
+    for args in taken:
+        assert "refused" in t.refused(a, *args), args
+    # cap per job; an unset socket or task count (NO_VAL) is never a count
+    t.gpuslurm("add", a.name, "--cap", "4", "--for", "1h")
+    time.sleep(SETTLE_S)
+    for args in (["--gpus-per-socket=1", "--sockets-per-node=2"], ["--gpus-per-socket=1"]):
+        if args in taken or args[:1] == ["--gpus-per-socket=1"]:
+            proc = t.submit(a, *args)
+            assert "4294967294" not in proc.stderr and "65534" not in proc.stderr, proc.stderr
+            if args in taken:
+                assert proc.returncode == 0, (args, proc.stderr)
+    t.gpuslurm("add", a.name, "--cap", "1", "--for", "1h")
+    time.sleep(SETTLE_S)
+    err = t.refused(a, "--gpus-per-socket=1", "--sockets-per-node=2")
+    assert "2 socket(s) with GPUs exceed the cap of 1" in err and "4294967294" not in err, err
+    t.gpuslurm("remove", a.name)

@@ -294,3 +294,23 @@ def test_refusal_is_one_line_and_exit_code_2(dirs: tuple[Path, Path]) -> None:
     assert proc.stderr.splitlines() == [
         f"gpuslurm: {prefix}/gpuslurm-prolog: was changed since gpuslurm installed it; "
         "use --force to overwrite it"]
+
+
+def test_a_fifo_at_the_throttle_file_or_an_open_throttle_directory_is_refused(
+        dirs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # job_submit.lua (Lua 5.1, no stat) would block slurmctld in io.open on a FIFO: issue 9 §2
+    etc, prefix = dirs
+    os.mkfifo(etc / "gpuslurm-throttle")
+    err = refused(run(etc, prefix))
+    assert "FIFO" in err.message and err.source == str(etc / "gpuslurm-throttle")
+    (etc / "gpuslurm-throttle").unlink()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    cfg = tmp_path / "gpuslurm.toml"
+    cfg.write_text(f'[throttle]\nfile = "{shared}/gpuslurm-throttle"\n')
+    monkeypatch.setenv("GPUSLURM_CONFIG", str(cfg))
+    err = refused(run(etc, prefix))
+    assert str(shared) in err.message and "writable by group" in err.message
+    shared.chmod(0o755)
+    ok(run(etc, prefix))

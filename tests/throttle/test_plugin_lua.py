@@ -46,13 +46,18 @@ ALICE = Throttle("alice", NOW + 2 * HOUR, "reject", 0, NOW, "hpc-help@example.or
     ("gres:gpu:2k", "gpu||2048"),
     ("gres:mps:50", "mps||50"),
     ("gres:shard:2", "shard||2"),
-    ("gres:gpu:2x", "nil"),
-    ("gres:gpu:a:b:2", "nil"),
+    ("gres:gpu:2x", "gpu|?|unparsed"),  # a GPU request all the same: never let through as "no GPU"
+    ("gres:gpu:a:b:2", "gpu|?|unparsed"),
+    ("gres:gpu:h100:4:foo", "gpu|?|unparsed"),
+    ("gres:GPU:8", "GPU||8"),
+    ("gres/gpu:h100=2", "gpu|h100|2"),
+    ("gres:nic:a:b", "nil"),
 ])
 def test_every_gres_form_is_parsed(item: str, expected: str) -> None:
     lines = run_lua(f"""
 local r = G.parse_item({lua_str(item)})
-if r then out(r.name, r.type or "", r.count) else out("nil") end
+if r and r.unparsed then out(r.name, "?", "unparsed")
+elseif r then out(r.name, r.type or "", r.count) else out("nil") end
 """)
     assert lines == [expected]
 
@@ -131,7 +136,7 @@ dump_logs()
     assert lines[4] == "task-too-many|-1|||gres:gpu:1"
     user = [line for line in lines if line.startswith("USER ")]
     assert "reduced to 2 GPU(s)" in user[0]
-    assert "3 tasks" in user[-1] and "--gpus=2" in user[-1]
+    assert "3 task(s)" in user[-1] and "--gpus=2" in user[-1]
 
 
 def test_priority_mode_adds_nice_and_keeps_a_larger_one(tmp_path: Path) -> None:
@@ -230,19 +235,123 @@ out("reread", gpu())
     assert lines == ["start|-1", "cached|-1", "reread|0"]
 
 
-def test_unchanged_header_skips_the_parse(tmp_path: Path) -> None:
+def test_a_corrupted_line_under_a_kept_header_lets_that_user_through(tmp_path: Path) -> None:
+    # issue 9 §3: an admin's hand edit keeps the header (so its write id) and breaks alice's line
+    bob = Throttle("bob", NOW + HOUR, "reject", 0, NOW, "", "x")
+    path = _file(tmp_path, ALICE, bob)
+    text = path.read_text()
+    broken = text.replace(f"alice\t{ALICE.until}", f"alice\t{ALICE.until}x")
+    assert broken != text and broken.splitlines()[0] == text.splitlines()[0]
+    lines = run_lua(_use(path) + f"""
+local uids = {{alice = 1000, bob = 1001}}
+local function gpu(who)
+  local j = job({{user_id = uids[who], user_name = who, tres_per_node = "gres:gpu:1"}})
+  return slurm_job_submit(j, {{}}, uids[who])
+end
+out("before", gpu("alice"), gpu("bob"))
+local fh = io.open({lua_str(str(path))}, "w")
+fh:write({lua_str(broken)})
+fh:close()
+NOW = NOW + 5
+out("after", gpu("alice"), gpu("bob"))
+dump_logs()
+""")
+    assert lines[0] == "before|-1|-1"
+    assert lines[1] == "after|0|-1"
+    assert any("junk line" in line and "1 user(s) named by a junk line" in line for line in lines)
+    py = parse_throttle_file(broken)
+    assert [t.user for t in py.throttles] == ["bob"] and py.doubtful == ("alice",)
+
+
+def test_a_junk_line_after_a_good_one_is_a_doubt_for_that_user(tmp_path: Path) -> None:
+    good = format_throttle_file([ALICE], "1-1")
+    path = tmp_path / "gpuslurm-throttle"
+    path.write_text(good + f"alice\t{ALICE.until}\treject\t0\t{NOW}\tonly six\n")
+    lines = run_lua(_use(path) + """
+out(slurm_job_submit(job({tres_per_node = "gres:gpu:1"}), {}, 1000))
+""")
+    assert lines == ["0"]
+    assert parse_throttle_file(path.read_text()).throttles == ()
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_an_unchanged_file_is_parsed_once_with_or_without_header(tmp_path: Path, header: bool) -> None:
     path = _file(tmp_path, ALICE)
     text = path.read_text()
-    lines = run_lua(_use(path) + f"""
-G.throttles(NOW)
--- same header, different body: a gpuslurm writer never does this, so it proves no parse happened
-local fh = io.open({lua_str(str(path))}, "w")
-fh:write({lua_str(text.splitlines()[0])} .. "\\n")
-fh:close()
-local _, count = G.throttles(NOW + 5)
-out(count)
+    if not header:
+        text = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"
+    text += "x" * 3_000_000 + "\n"  # a long junk line: read and matched once, not per submission
+    path.write_text(text)
+    lines = run_lua(_use(path) + """
+local t0 = os.clock()
+for i = 1, 50 do
+  NOW = NOW + 4   -- past the reload interval every time: the file is read, not parsed again
+  slurm_job_submit(job({tres_per_node = "gres:gpu:1"}), {}, 1000)
+end
+out(G.cache.parses, os.clock() - t0)
 """)
-    assert lines == ["1"]
+    parses, seconds = lines[0].split("|")
+    assert parses == "1", lines
+    assert float(seconds) < 2.0
+
+
+def test_a_file_larger_than_the_bound_fails_open(tmp_path: Path) -> None:
+    path = _file(tmp_path, ALICE)
+    with path.open("a") as fh:
+        fh.write(("#" + "y" * 1023 + "\n") * (17 * 1024))
+    lines = run_lua(_use(path) + """
+out(slurm_job_submit(job({tres_per_node = "gres:gpu:1"}), {}, 1000))
+dump_logs()
+""")
+    assert lines[0] == "0" and any("larger than" in line for line in lines)
+
+
+def test_until_past_the_time_range_is_junk_not_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "gpuslurm-throttle"
+    path.write_text("# gpuslurm-throttle v1 id=1\n"
+                    f"alice\t1000000000000007168\treject\t0\t{NOW}\t\tx\n"
+                    f"bob\t253370764801\treject\t0\t{NOW}\t\tx\n")
+    lines = run_lua(_use(path) + """
+out(slurm_job_submit(job({tres_per_node = "gres:gpu:1"}), {}, 1000))
+dump_logs()
+""")
+    assert lines[0] == "0"
+    assert not any("internal error" in line for line in lines)
+    assert any("skipped 2 junk line(s)" in line for line in lines)
+
+
+def test_cap_is_per_job_and_no_val_is_never_a_count(tmp_path: Path) -> None:
+    path = _file(tmp_path, Throttle("alice", NOW + HOUR, "cap", 4, NOW, "", "idle"))
+    lines = run_lua(_use(path) + """
+local function show(name, fields)
+  local j = job(fields)
+  local rc = slurm_job_submit(j, {}, 1000)
+  out(name, rc, j.tres_per_node or "", j.tres_per_job or "", j.tres_per_socket or "", j.tres_per_task or "")
+end
+-- --gpus-per-socket below the cap, sockets and tasks unset (NO_VAL16 / NO_VAL)
+show("socket", {tres_per_socket = "gres:gpu:1"})
+show("socket-2", {tres_per_socket = "gres:gpu:4", sockets_per_node = 2})
+show("socket-na", {tres_per_socket = "gres:gpu:1", sockets_per_node = NO_VAL, num_tasks = NO_VAL})
+show("two-nodes", {tres_per_node = "gres:gpu:4", min_nodes = 2})
+show("max-nodes", {tres_per_node = "gres:gpu:2", min_nodes = 1, max_nodes = 4})
+show("five-nodes", {tres_per_node = "gres:gpu:1", min_nodes = 5})
+show("job", {tres_per_job = "gres:gpu:8", min_nodes = 3})
+show("unreadable", {tres_per_node = "gres:gpu:h100:4:foo"})
+show("upper", {tres_per_node = "gres:GPU:8"})
+dump_logs()
+""")
+    got = {line.split("|")[0]: line.split("|")[1:] for line in lines if "|" in line}
+    assert got["socket"] == ["0", "", "", "gres:gpu:1", ""]  # 1 GPU per socket, 1 socket: kept
+    assert got["socket-2"] == ["0", "", "", "gres:gpu:2", ""]
+    assert got["socket-na"][0] == "0"
+    assert got["two-nodes"] == ["0", "gres:gpu:2", "", "", ""]
+    assert got["max-nodes"] == ["0", "gres:gpu:1", "", "", ""]
+    assert got["five-nodes"][0] == "-1"
+    assert got["job"] == ["0", "", "gres:gpu:4", "", ""]
+    assert got["unreadable"][0] == "-1"
+    assert got["upper"] == ["0", "gres:GPU:4", "", "", ""]
+    assert not any("4294967294" in line or "65534" in line for line in lines)
+    assert any("5 node(s) with GPUs exceed the cap of 4" in line for line in lines)
 
 
 def test_an_error_inside_the_plugin_lets_the_job_through_and_is_logged(tmp_path: Path) -> None:

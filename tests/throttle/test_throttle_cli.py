@@ -90,3 +90,31 @@ def test_sync_throttles_from_violations_once(tmp_path: Path) -> None:
     rc, out, _ = gs("sync", env=env)
     assert rc == 0 and "no throttle to add or extend" in out
     assert f.read_text().splitlines()[0] == header  # nothing changed: the plugin has nothing to re-read
+
+
+def test_a_fifo_or_an_open_directory_is_refused_by_every_throttle_command(tmp_path: Path) -> None:
+    # the plugin cannot stat (Lua 5.1): the directory only root can write is its defence, and every
+    # command checks it; a FIFO at the file is refused at once (never a hang), one line, exit 2
+    f = tmp_path / "t"
+    os.mkfifo(f)
+    vdir = tmp_path / "v"
+    vdir.mkdir()
+    commands = (["list"], ["add", "root", "--for", "1h"], ["remove", "root"],
+                ["sync", "--violations-dir", str(vdir)], ["sync", "--dry-run", "--violations-dir", str(vdir)])
+    for args in commands:
+        rc, _out, err = gs(*args, "--file", str(f))
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "regular file" in err, (args, err)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    for args in commands:
+        rc, _out, err = gs(*args, "--file", str(shared / "t"))
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "writable by group" in err, (args, err)
+
+
+def test_sync_says_when_the_violations_directory_is_missing(tmp_path: Path) -> None:
+    rc, out, err = gs("sync", "--file", str(tmp_path / "t"), "--violations-dir", str(tmp_path / "nope"))
+    assert rc == 0 and "0 violation(s) read" in out
+    assert err.strip().splitlines() == [
+        f"gpuslurm: warning: {tmp_path / 'nope'}: no such directory, no violation read "
+        "(see paths.violations_dir)"]

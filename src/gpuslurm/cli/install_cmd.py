@@ -31,8 +31,13 @@ def install(slurm_etc: Path, prefix: Path, python: str, mps: bool, dry_run: bool
     is refused unless --force.
     """
     from gpuslurm import install as lib
+    from gpuslurm.config import load_config
 
     plan = lib.plan_install(slurm_etc, prefix, python, force)
+    # job_submit.lua reads gpuslurm-throttle beside itself, or the configured throttle file
+    for throttle_file in dict.fromkeys((plan.slurm_etc / "gpuslurm-throttle",
+                                        Path(load_config().throttle.file))):
+        lib.check_throttle_file(throttle_file)
     lib.check_interpreter(plan.python)
     here = str(Path(lib.__file__).resolve().parent)
     there = lib.probe_interpreter(plan.python)

@@ -35,7 +35,9 @@ def _path(path: str | None, cfg: Any) -> str:
 
 
 def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    from gpuslurm.times import show
+
+    return show(ts, "%Y-%m-%d %H:%M:%S %Z")
 
 
 def _left(seconds: float) -> str:
@@ -47,11 +49,14 @@ def _left(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s"
 
 
-def _warn_junk(path: str, junk: tuple[tuple[int, str], ...]) -> None:
-    for number, _text in junk[:5]:
-        click.echo(f"gpuslurm: warning: {path}:{number}: not a throttle line, ignored", err=True)
-    if len(junk) > 5:
-        click.echo(f"gpuslurm: warning: {path}: {len(junk) - 5} more junk line(s)", err=True)
+def _warn_junk(path: str, content: Any) -> None:
+    for number, _text, why in content.junk[:5]:
+        click.echo(f"gpuslurm: warning: {path}:{number}: not a throttle line ({why}), ignored", err=True)
+    if len(content.junk) > 5:
+        click.echo(f"gpuslurm: warning: {path}: {len(content.junk) - 5} more junk line(s)", err=True)
+    if content.doubtful:
+        click.echo(f"gpuslurm: warning: {path}: not throttled, a junk line names them: "
+                   f"{', '.join(content.doubtful[:20])}", err=True)
 
 
 @click.group("throttle")
@@ -71,7 +76,7 @@ def list_cmd(path: str | None, as_json: bool, show_all: bool) -> None:
     file = _path(path, _config())
     now = time.time()
     content = read_throttle_file(file)
-    _warn_junk(file, content.junk)
+    _warn_junk(file, content)
     rows = content.throttles if show_all else active_throttles(content.throttles, now)
     if as_json:
         doc = [{**t._asdict(), "until_iso": datetime.fromtimestamp(t.until).astimezone().isoformat(),
@@ -133,7 +138,7 @@ def add_cmd(user: str, path: str | None, duration: str | None, until: str | None
                         contact=cfg.throttle.contact if contact is None else contact, reason=reason)
     _warn_unknown_user(user)
     before, _after = update_throttle_file(file, lambda old: add_throttle(old.throttles, new, now), now)
-    _warn_junk(file, before.junk)
+    _warn_junk(file, before)
     what = {"reject": "GPU jobs refused", "cap": f"GPUs capped to {value}",
             "priority": f"GPU jobs niced by {value}"}[chosen]
     click.echo(f"{user}: {what} until {_when(new.until)}")
@@ -180,7 +185,7 @@ def remove_cmd(user: str, path: str | None) -> None:
         return kept if removed else None
 
     before, _after = update_throttle_file(file, change, now)
-    _warn_junk(file, before.junk)
+    _warn_junk(file, before)
     click.echo(f"{user}: throttle lifted" if found and found[0] else f"{user}: was not throttled")
 
 
@@ -198,6 +203,7 @@ def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str
         SyncPolicy,
         active_throttles,
         apply_sync,
+        implausible,
         throttles_from_violations,
     )
     from gpuslurm.slurm.throttle import read_throttle_file, read_violations, update_throttle_file
@@ -213,8 +219,15 @@ def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str
         scan = _prometheus_scan(violation_source, violations_dir, now - policy.duration_s, now)
     else:
         scan = read_violations(violations_dir or cfg.paths.violations_dir, since=now - policy.duration_s)
+    if not scan.exists:
+        click.echo(f"gpuslurm: warning: {violations_dir or cfg.paths.violations_dir}: no such "
+                   "directory, no violation read (see paths.violations_dir)", err=True)
     for problem in scan.problems:
         click.echo(f"gpuslurm: warning: {problem}: skipped", err=True)
+    for v in scan.violations:
+        why = implausible(v, now)
+        if why is not None and v.kind in policy.kinds:
+            click.echo(f"gpuslurm: warning: violation of {v.user} on {v.node}: {why}: skipped", err=True)
     proposed = throttles_from_violations(scan.violations, policy, now)
     changed: list[Any] = []
     if dry_run:
@@ -228,7 +241,7 @@ def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str
             return state if diff else None
 
         before, _after = update_throttle_file(file, change, now)
-        _warn_junk(file, before.junk)
+        _warn_junk(file, before)
     verb = "would throttle" if dry_run else "throttled"
     for t in changed:
         click.echo(f"{verb} {t.user} ({t.mode}) until {_when(t.until)}: {t.reason}")

@@ -13,6 +13,7 @@ _UNIT_MIB = {"": 1.0, "B": 1 / 2**20, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T":
 _CC_RE = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\s*$")
 _DUR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _DUR_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_WAIT_S = 366 * 86400.0
 
 
 def parse_size_mib(text: str) -> float:
@@ -42,7 +43,10 @@ def parse_duration(text: str) -> float:
     m = _DUR_RE.match(text)
     if m is None:
         raise ValueError(f"not a duration: {text!r} (e.g. 30s, 5m, 1h)")
-    return float(m.group(1)) * _DUR_S[m.group(2) or "s"]
+    seconds = float(m.group(1)) * _DUR_S[m.group(2) or "s"]
+    if not seconds <= MAX_WAIT_S:  # time.sleep() overflows near 2**63 ns; a year is plenty
+        raise ValueError(f"duration {text[:40]!r} is longer than 366 days")
+    return seconds
 
 
 def parse_percent(text: str) -> float:

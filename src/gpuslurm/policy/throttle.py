@@ -7,11 +7,13 @@ whole Unix seconds. Nothing here reads a file or the clock: ``now`` is always pa
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from gpuslurm import times
 from gpuslurm.errors import InputError
 from gpuslurm.samples import Violation
 
@@ -25,8 +27,7 @@ VIOLATION_VERSION = 1
 # POSIX-portable names plus what sssd/AD produce (user@domain, trailing $); never a tab, space,
 # '#' or newline, which would break the throttle file's lines.
 _USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,254}")
-_DURATION_PART = re.compile(r"(\d+)\s*([smhdw])", re.I)
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+FUTURE_SLACK_S = 86400  # a violation "last seen" later than this after now is not believed
 
 
 class Throttle(NamedTuple):
@@ -91,19 +92,17 @@ def make_throttle(user: str, until: int, mode: str, value: int, *, created: int,
                   reason: str = "") -> Throttle:
     """A validated Throttle (the user name is checked, texts flattened to one line)."""
     check_mode(mode, value if mode != "reject" else None, cap_default=1, nice_default=1)
+    times.check_time(until, "until")
     return Throttle(check_user(user), int(until), mode, int(value), int(created), clean_text(contact),
                     clean_text(reason))
 
 
 def parse_duration(text: str) -> int:
-    """Seconds in ``90s``, ``30m``, ``2h``, ``1d``, ``1w`` or combinations (``1h30m``)."""
-    compact = text.strip()
-    parts = _DURATION_PART.findall(compact)
-    if not parts or _DURATION_PART.sub("", compact).strip():
-        raise InputError(f"not a duration: {text!r} (use e.g. 90s, 30m, 2h, 1d, 1h30m)", source="--for")
-    seconds = sum(int(n) * _UNIT_SECONDS[unit.lower()] for n, unit in parts)
-    if not 0 < seconds <= MAX_SECONDS:
-        raise InputError(f"duration {text!r} must be more than 0 and at most 366 days", source="--for")
+    """Seconds in ``90s``, ``30m``, ``2h``, ``1d``, ``1w`` or combinations (``1h30m``); at most
+    366 days (:func:`gpuslurm.times.parse_duration`, the one duration parser)."""
+    seconds = round(times.parse_duration(text, "--for", max_s=MAX_SECONDS, max_words="366 days"))
+    if seconds < 1:
+        raise InputError(f"duration {text!r} is shorter than a second", source="--for")
     return seconds
 
 
@@ -111,24 +110,20 @@ def parse_until(text: str, now: float) -> int:
     """Unix seconds for ``--until``: ISO date/time (local unless it has an offset), ``HH:MM``
     (its next occurrence) or ``@EPOCH``. Must be in the future and within 366 days."""
     raw = text.strip()
-    try:
-        if raw.startswith("@"):
-            when = float(raw[1:])
-            if not 0 <= when < 1e11:  # NaN and infinities too
-                raise ValueError(raw)
-        elif re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", raw):
+    if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", raw):
+        parts = [int(p) for p in raw.split(":")]
+        try:
             base = datetime.fromtimestamp(now)
-            parts = [int(p) for p in raw.split(":")]
             t = base.replace(hour=parts[0], minute=parts[1], second=parts[2] if len(parts) > 2 else 0,
                              microsecond=0)
-            if t.timestamp() <= now:
-                t += timedelta(days=1)
-            when = t.timestamp()
-        else:
-            when = datetime.fromisoformat(raw).timestamp()
-    except (ValueError, OverflowError, OSError):
-        raise InputError(f"not a time: {text!r} (use e.g. 2030-01-31T18:00, 18:00 or @1900000000)",
-                         source="--until") from None
+        except (ValueError, OverflowError, OSError):
+            raise InputError(f"not a time: {text!r} (use e.g. 2030-01-31T18:00, 18:00 or @1900000000)",
+                             source="--until") from None
+        if t.timestamp() <= now:
+            t += timedelta(days=1)
+        when = t.timestamp()
+    else:
+        when = times.parse_instant(raw, "--until", "2030-01-31T18:00, 18:00 or @1900000000")
     if when <= now:
         raise InputError(f"{text!r} is not in the future", source="--until")
     if when - now > MAX_SECONDS:
@@ -182,6 +177,8 @@ def throttles_from_violations(violations: Iterable[Violation], policy: SyncPolic
     for v in violations:
         if v.kind not in policy.kinds or not v.user or not _USER.fullmatch(v.user):
             continue
+        if implausible(v, now):
+            continue  # the caller reports it (implausible() says why)
         end = v.start + max(v.duration_s, 0.0)
         if v.user not in latest or end > latest[v.user][0]:
             latest[v.user] = (end, v)
@@ -189,11 +186,22 @@ def throttles_from_violations(violations: Iterable[Violation], policy: SyncPolic
     for user in sorted(latest):
         end, v = latest[user]
         until = int(end + policy.duration_s)
-        if until <= now:
+        if until <= now or not times.in_range(until):
             continue
         out.append(Throttle(user, until, policy.mode, policy.value, int(now), clean_text(policy.contact),
                             violation_reason(v)))
     return tuple(out)
+
+
+def implausible(v: Violation, now: float) -> str | None:
+    """Why ``v``'s times cannot be believed (outside the time range, or ending more than a day
+    after ``now``), or None. ``sync`` skips such a record rather than throttle until then."""
+    if not (times.in_range(v.start) and math.isfinite(v.duration_s) and v.duration_s >= 0
+            and times.in_range(v.start + v.duration_s)):
+        return f"start {v.start!r} / duration {v.duration_s!r} outside {times.RANGE_TEXT}"
+    if v.start + v.duration_s > now + FUTURE_SLACK_S:
+        return f"ends at {v.start + v.duration_s!r}, more than a day from now"
+    return None
 
 
 def apply_sync(throttles: Iterable[Throttle], proposed: Iterable[Throttle],
@@ -248,8 +256,7 @@ def violation_from_line(line: str) -> Violation:
         user=_get(doc, "user", str, optional=True), job_id=_get(doc, "job_id", str, optional=True),
         pid=_get(doc, "pid", int, optional=True), process=_get(doc, "process", str, optional=True),
         gpu_uuid=_get(doc, "gpu_uuid", str, optional=True),
-        start=float(_get(doc, "start", (int, float))),
-        duration_s=float(_get(doc, "duration_s", (int, float))),
+        start=_time(doc, "start"), duration_s=_time(doc, "duration_s"),
         evidence=_get(doc, "evidence", str, optional=True) or "",
         severity=_get(doc, "severity", str, optional=True) or "warning",
     )
@@ -262,3 +269,15 @@ def _get(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], option
     if not isinstance(value, kind) or isinstance(value, bool):
         raise ValueError(f"{key!r} missing or of the wrong type")
     return value
+
+
+def _time(doc: Mapping[str, Any], key: str) -> float:
+    """A stored time (or duration) in the documented range; ValueError says why not."""
+    value = _get(doc, key, (int, float))
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of 400 digits
+        number = math.inf
+    if not times.in_range(number):
+        raise ValueError(f"{key!r} {value!r:.40} outside {times.RANGE_TEXT}")
+    return number

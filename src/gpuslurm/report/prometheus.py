@@ -50,10 +50,18 @@ class PrometheusError(InputError):
 def parse_source(text: str) -> str:
     """The base URL of ``prometheus:URL`` (or a bare URL); InputError when it is not http(s)."""
     url = text[len("prometheus:"):] if text.startswith("prometheus:") else text
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise PrometheusError(f"not an http(s) URL: {url!r} (e.g. prometheus:http://prom:9090)",
-                              source="--source")
+    try:
+        if len(url) > 2048 or not url.isprintable() or any(c.isspace() for c in url):
+            raise ValueError("too long, or a space or control character in it")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not http(s)://HOST")
+        _ = parts.port  # ValueError when not a number in 0..65535
+        if parts.query or parts.fragment:
+            raise ValueError("a query or fragment has no place in the base URL")
+    except ValueError as exc:
+        raise PrometheusError(f"not an http(s) URL: {url[:200]!r} ({exc}; e.g. prometheus:http://prom:9090)",
+                              source="--source") from None
     return url.rstrip("/")
 
 

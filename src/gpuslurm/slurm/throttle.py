@@ -20,6 +20,7 @@ directory that others can write. Writers serialise on a lock of the directory it
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
@@ -27,28 +28,34 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from gpuslurm import times
 from gpuslurm.errors import InputError
 from gpuslurm.policy.throttle import MODES, Throttle, violation_from_line, violation_to_line
-from gpuslurm.safedir import open_dir, replace_at, why_refused
+from gpuslurm.safedir import NotRegularFileError, open_dir, read_regular, replace_at, why_refused
 from gpuslurm.samples import Violation
 
 HEADER_PREFIX = "# gpuslurm-throttle v1 id="
 COLUMNS = "# user\tuntil\tmode\tvalue\tcreated\tcontact\treason"
-MAX_FILE_BYTES = 64 << 20
+MAX_FILE_BYTES = 16 << 20  # the plugin reads no more (a larger file: nobody throttled, logged)
+MAX_LINE = 4096  # a longer line is junk, in the plugin too
 FILE_MODE = 0o644  # slurmctld runs as SlurmUser, which need not be root
+MAX_VIOLATIONS_BYTES = 256 << 20  # one node's file; logrotate keeps it far smaller
+MAX_DIGITS = 12  # until, value, created: TIME_MAX has 12 digits (the plugin's rule too)
 
 
 class ThrottleFile(NamedTuple):
     """What a throttle file holds: its throttles (expired ones included) and its junk lines."""
 
     throttles: tuple[Throttle, ...]
-    junk: tuple[tuple[int, str], ...] = ()  # (line number, text)
+    junk: tuple[tuple[int, str, str], ...] = ()  # (line number, text, why)
     exists: bool = True
+    doubtful: tuple[str, ...] = ()  # users named by a junk line: none of their lines counts
 
 
 class ViolationScan(NamedTuple):
     violations: tuple[Violation, ...]
     problems: tuple[str, ...] = ()  # "<file>:<line>: why", one per unreadable record or file
+    exists: bool = True  # False: the directory is missing (no monitor wrote yet, or a wrong path)
 
 
 class UnsafeThrottlePathError(InputError):
@@ -58,9 +65,14 @@ class UnsafeThrottlePathError(InputError):
 # --- format --------------------------------------------------------------------------------------
 
 def format_throttle_file(throttles: Iterable[Throttle], write_id: str) -> str:
-    """The file's text: header, column line, one line per throttle."""
+    """The file's text: header, column line, one line per throttle. A time outside
+    :data:`gpuslurm.times.TIME_MIN`..``TIME_MAX`` is never written (InputError)."""
     lines = [f"{HEADER_PREFIX}{write_id}", COLUMNS]
     for t in throttles:
+        for what, ts in (("until", t.until), ("created", t.created)):
+            if not times.in_range(ts):
+                raise InputError(f"refusing to write {t.user}'s {what} {ts!r}: outside "
+                                 f"{times.RANGE_TEXT}", source="throttle file")
         fields = (t.user, str(int(t.until)), t.mode, str(int(t.value)), str(int(t.created)),
                   _field_text(t.contact), _field_text(t.reason))
         lines.append("\t".join(fields))
@@ -68,35 +80,50 @@ def format_throttle_file(throttles: Iterable[Throttle], write_id: str) -> str:
 
 
 def parse_throttle_file(text: str) -> ThrottleFile:
-    """Parse the file's text with the plugin's rules; bad lines go to ``junk``, never raise."""
+    """Parse the file's text with the plugin's rules; bad lines go to ``junk``, never raise.
+
+    Every doubt lets the job through, as in the plugin: a junk line whose first field names a
+    user makes that user ``doubtful``, and none of their lines counts.
+    """
     throttles: list[Throttle] = []
-    junk: list[tuple[int, str]] = []
+    junk: list[tuple[int, str, str]] = []
+    doubtful: set[str] = set()
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw[:-1] if raw.endswith("\r") else raw
         if not line.strip() or line.startswith("#"):
             continue
-        t = _parse_line(line)
+        t, why = _parse_line(line) if len(line.encode(errors="surrogateescape")) <= MAX_LINE \
+            else (None, f"longer than {MAX_LINE} bytes")
         if t is None:
-            junk.append((number, line))
+            junk.append((number, line[:200], why))
+            user = line[:256].split("\t", 1)[0]
+            if ("\t" in line[:256] and user and len(user.encode(errors="surrogateescape")) < 256
+                    and not any(c in " \n\r\f\v" for c in user)):
+                doubtful.add(user)
         else:
             throttles.append(t)
-    return ThrottleFile(tuple(throttles), tuple(junk))
+    kept = tuple(t for t in throttles if t.user not in doubtful)
+    return ThrottleFile(kept, tuple(junk), doubtful=tuple(sorted(doubtful)))
 
 
-def _parse_line(line: str) -> Throttle | None:
+def _parse_line(line: str) -> tuple[Throttle | None, str]:
     fields = line.split("\t")
     if len(fields) != 7:
-        return None
+        return None, f"{len(fields)} tab-separated fields, not 7"
     user, until, mode, value, created, contact, reason = fields
     # the plugin's Lua pattern: no ASCII whitespace anywhere ("#" first would be a comment)
-    if (not user or any(c in " \t\n\r\f\v" for c in user) or mode not in MODES
-            or not (until.isdigit() and value.isdigit() and created.isdigit())
-            or not (until.isascii() and value.isascii() and created.isascii())):
-        return None
+    if not user or any(c in " \t\n\r\f\v" for c in user):
+        return None, "not a user name"
+    if mode not in MODES:
+        return None, "unknown mode"
+    if not all(f.isdigit() and f.isascii() and len(f) <= MAX_DIGITS for f in (until, value, created)):
+        return None, f"until, value and created must be at most {MAX_DIGITS} digits"
     v = int(value)
     if (mode == "cap" and v < 1) or (mode == "priority" and v < 1):
-        return None
-    return Throttle(user, int(until), mode, v, int(created), contact, reason)
+        return None, f"a {mode} of 0"
+    if not (times.in_range(int(until)) and times.in_range(int(created))):
+        return None, f"a time outside {times.RANGE_TEXT}"
+    return Throttle(user, int(until), mode, v, int(created), contact, reason), ""
 
 
 def _field_text(text: str) -> str:
@@ -147,21 +174,20 @@ def write_throttle_file(path: str, throttles: Iterable[Throttle], now: float | N
 
 
 def _read(dfd: int, path: str) -> ThrottleFile:
+    """The file ``path`` in the checked directory ``dfd``: safedir's ``read_regular`` (never a
+    FIFO or device, never through a symlink, at most MAX_FILE_BYTES)."""
     name = os.path.basename(path)
+    full = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), name)
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        data = read_regular(full, MAX_FILE_BYTES, follow=False)
     except FileNotFoundError:
         return ThrottleFile((), (), exists=False)
     except OSError as exc:
-        raise UnsafeThrottlePathError(f"refusing to read: {why_refused(dfd, name, exc)}",
-                                      source=path) from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeThrottlePathError("refusing to read: not a regular file", source=path)
-        data = fh.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise InputError(f"larger than {MAX_FILE_BYTES} bytes: not a throttle file", source=path)
+        if exc.errno == errno.EFBIG:
+            raise InputError(f"larger than {MAX_FILE_BYTES} bytes: not a throttle file",
+                             source=path) from None
+        why = exc.strerror if isinstance(exc, NotRegularFileError) else why_refused(dfd, name, exc)
+        raise UnsafeThrottlePathError(f"refusing to read: {why}", source=path) from None
     return parse_throttle_file(data.decode("utf-8", errors="replace"))
 
 
@@ -226,7 +252,7 @@ def read_violations(directory: str, since: float | None = None) -> ViolationScan
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl") and not n.startswith("."))
     except FileNotFoundError:
-        return ViolationScan(())
+        return ViolationScan((), exists=False)
     except OSError as exc:
         raise InputError(f"cannot list: {exc.strerror}", source=directory) from None
     found: list[Violation] = []
@@ -234,12 +260,7 @@ def read_violations(directory: str, since: float | None = None) -> ViolationScan
     for name in names:
         path = os.path.join(directory, name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as fh:
-                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                    problems.append(f"{path}: not a regular file")
-                    continue
-                data = fh.read()
+            data = read_regular(path, MAX_VIOLATIONS_BYTES, follow=False)
         except OSError as exc:
             problems.append(f"{path}: {exc.strerror or exc}")
             continue
