@@ -103,11 +103,12 @@ def parse_scenario(text: str, source: str, uuids: Sequence[str]) -> dict[str, Gp
 
 
 def _entry(uuid: str, value: Any, source: str) -> GpuHealth:
+    name = uuid if uuid.isascii() and uuid.isprintable() else repr(uuid)  # a key may hold anything
     if not isinstance(value, dict):
-        raise CaptureError(f"{uuid}: must be an object", source=source)
+        raise CaptureError(f"{name}: must be an object", source=source)
     fields: dict[str, Any] = {}
     for key, item in value.items():
-        where = f"{uuid}: {key!r}"
+        where = f"{name}: {key!r}"
         if key in _BOOL_KEYS:
             if not isinstance(item, bool):
                 raise CaptureError(f"{where} must be true or false", source=source)
@@ -123,7 +124,7 @@ def _entry(uuid: str, value: Any, source: str) -> GpuHealth:
                 raise CaptureError(f"{where} must be a list of processes", source=source)
             fields[key] = tuple(_process(p, where, source) for p in item)
         else:
-            raise CaptureError(f"{uuid}: unknown key {key!r}", source=source)
+            raise CaptureError(f"{name}: unknown key {key!r}", source=source)
     return GpuHealth(uuid, **fields)
 
 
