@@ -8,8 +8,10 @@ drains the node with a reason naming the GPU and the fault and exits 1; anything
 from knowing which GPUs the job has or whether they are healthy (a broken config, a bundle or
 ``health.json`` that does not parse, a map it cannot write safely) exits with that error's code
 (2, 3 or 4) and Slurm then drains the node with "Prolog error" and requeues the job. Logging is
-the only non-essential step; it never changes the exit code. Every external command (scontrol)
-runs with ``[hooks] command_timeout_s``.
+the only non-essential step; it never changes the exit code. What the job's user controls
+(a malformed MPS request, an MPS daemon failing as the user) never drains the node: the job is
+held with a reason (``scontrol requeuehold``) and the prolog exits 0 (docs/hooks.md, rule 3).
+Every external command (scontrol) runs with ``[hooks] command_timeout_s``.
 """
 
 from __future__ import annotations
