@@ -384,6 +384,39 @@ function M.modify(job_desc, job_rec, modify_uid, now)
 end
 
 -- ---------------------------------------------------------------------------------------------
+-- A malformed MPS request in --comment is refused at submission (the prolog would otherwise hold
+-- the job on the node). The word is gpuslurm's default [mps] comment_token; "<token>=N" asks for
+-- an active thread percentage N of 1-100. Returns nil, or why the comment is refused.
+
+M.MPS_TOKEN = "gpuslurm:mps"
+
+function M.mps_comment_error(comment)
+    if type(comment) ~= "string" then return nil end
+    local prefix = M.MPS_TOKEN .. "="
+    for word in comment:gsub("[,;]", " "):gmatch("%S+") do
+        if word:sub(1, #prefix) == prefix then
+            local value = word:sub(#prefix + 1)
+            local n = value:match("^%d+%.?%d*$") and tonumber(value)
+            if not n or n <= 0 or n > 100 then
+                return string.format("gpuslurm: malformed MPS request %q in --comment: write %s or "
+                                     .. "%s=N with N an active thread percentage of 1-100",
+                                     word:sub(1, 80), M.MPS_TOKEN, M.MPS_TOKEN)
+            end
+        end
+    end
+    return nil
+end
+
+local function mps_checked(fn, job_desc, ...)
+    local why = M.mps_comment_error(job_desc.comment)
+    if why then
+        slurm.log_user("%s", why)
+        return slurm.ERROR
+    end
+    return fn(job_desc, ...)
+end
+
+-- ---------------------------------------------------------------------------------------------
 -- Slurm's entry points: every failure inside passes the job (fail open) and is logged.
 
 local function guarded(fn, ...)
@@ -394,11 +427,11 @@ local function guarded(fn, ...)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-    return guarded(M.submit, job_desc, os.time())
+    return guarded(mps_checked, M.submit, job_desc, os.time())
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-    return guarded(M.modify, job_desc, job_rec, modify_uid, os.time())
+    return guarded(mps_checked, M.modify, job_desc, job_rec, modify_uid, os.time())
 end
 
 gpuslurm_throttle = M

@@ -217,3 +217,53 @@ def test_a_gpu_job_that_did_not_ask_gets_no_daemon(mps_cluster: MpsCluster) -> N
     out = mc.output(jobid)
     assert "UID=65534" in out and "ENV CUDA_MPS" not in out
     assert len(mc.records("start")) == before
+
+
+def _show_job(mc: MpsCluster, jobid: int) -> str:
+    return mc.scontrol("-o", "show", "job", str(jobid))
+
+
+def _wait_held(mc: MpsCluster, jobid: int, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while not ("Reason=job_requeued_in_held_state" in (shown := _show_job(mc, jobid))
+               and "JobState=PENDING" in shown):  # REQUEUE_HOLD first, while the job is put back
+        if time.monotonic() > deadline or re.search(r"JobState=(COMPLETED|FAILED|CANCELLED)", shown):
+            raise AssertionError(f"job {jobid} not held: {shown}\n{mc.hook_log()}\n{mc.cluster.log_tail()}")
+        time.sleep(0.3)
+    return shown
+
+
+def _refused_and_node_up(mc: MpsCluster, jobid: int, why: str) -> None:
+    try:
+        shown = _wait_held(mc, jobid)
+        assert "JobState=PENDING" in shown
+        assert re.search(rf"Comment=gpuslurm refused this job: .*{why}", shown), shown
+        squeue = subprocess.run(["/usr/bin/squeue", "-h", "-j", str(jobid), "-o", "%T %r"],
+                                env=mc.cluster.env, capture_output=True, text=True, timeout=30,
+                                check=True).stdout
+        assert squeue.split() == ["PENDING", "job", "requeued", "in", "held", "state"], squeue
+        assert not (mc.root / "out" / f"{jobid}.out").exists() or "UID=" not in mc.output(jobid)
+        node = mc.scontrol("-o", "show", "node", mc.node)
+        assert "DRAIN" not in node and "Reason=" not in node, node
+    finally:
+        subprocess.run(["/usr/bin/scancel", str(jobid)], env=mc.cluster.env, capture_output=True, timeout=30,
+                       check=False)
+    _wait_idle(mc)
+
+
+def test_a_users_malformed_mps_request_holds_the_job_and_leaves_the_node_up(mps_cluster: MpsCluster) -> None:
+    mc = mps_cluster
+    jobid = mc.submit(["--gres=gpu:1", "--comment=train gpuslurm:mps=lots"], JOB.format(control=mc.control))
+    _refused_and_node_up(mc, jobid, "bad MPS request")
+
+
+def test_an_mps_daemon_failing_as_the_user_holds_the_job_and_leaves_the_node_up(
+        mps_cluster: MpsCluster) -> None:
+    mc = mps_cluster
+    wrapper = mc.control.read_text()
+    mc.control.write_text(wrapper.replace("exec ", "GPUSLURM_FAKE_MPS_FAIL_START=1 exec ", 1))
+    try:
+        jobid = mc.submit(["--gres=gpu:1", "--comment=gpuslurm:mps"], JOB.format(control=mc.control))
+        _refused_and_node_up(mc, jobid, "MPS daemon did not start")
+    finally:
+        mc.control.write_text(wrapper)

@@ -368,12 +368,44 @@ def test_prolog_failing_after_mps_started_stops_it_again(mps: Mps) -> None:
     assert any("stopped it again" in line for line in log.lines)
 
 
-def test_prolog_fails_when_the_requested_daemon_cannot_start(mps: Mps) -> None:
+def test_a_daemon_the_user_cannot_start_fails_the_job_not_the_node(mps: Mps) -> None:
+    # the daemon runs as the user (their process limit, their environment): the prolog holds the
+    # job with a reason and exits 0, since any other exit drains the node in Slurm 22.05
     site = hook_site(mps, control=mps.control("failing", GPUSLURM_FAKE_MPS_FAIL_START="1"))
     log = quiet("prolog")
-    assert run_prolog(job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps"), log) == 4, log.lines
+    assert run_prolog(job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps"), log) == 0, log.lines
     assert not (Path(mps.run_dir) / "jobs" / f"{JOB}.json").exists()
     assert os.listdir(Path(mps.run_dir) / "mps") == []
+    calls = site.scontrol_log.read_text().splitlines()
+    assert calls[-1] == f"requeuehold {JOB}", calls
+    assert calls[-2].startswith(f"update JobId={JOB} Comment=gpuslurm refused this job: the job's MPS daemon")
+    assert not any("NodeName=" in c for c in calls)
+
+
+@pytest.mark.parametrize("comment", ["gpuslurm:mps=0", "gpuslurm:mps=101", "x,gpuslurm:mps=lots",
+                                     "gpuslurm:mps=nan", "gpuslurm:mps="])
+def test_a_malformed_mps_request_fails_the_job_not_the_node(mps: Mps, comment: str) -> None:
+    site = hook_site(mps)
+    log = quiet("prolog")
+    assert run_prolog(job_env(site, SLURM_JOB_COMMENT=comment), log) == 0, log.lines
+    assert mps.records("start") == []
+    assert not (Path(mps.run_dir) / "jobs" / f"{JOB}.json").exists()
+    calls = site.scontrol_log.read_text().splitlines()
+    assert calls[-1] == f"requeuehold {JOB}", calls
+    assert "bad MPS request" in calls[-2] and "SLURM_JOB_COMMENT" in calls[-2]
+
+
+def test_the_jobs_own_share_is_its_active_thread_percentage(mps: Mps) -> None:
+    site = hook_site(mps)
+    log = quiet("prolog")
+    assert run_prolog(job_env(site, SLURM_JOB_COMMENT="train gpuslurm:mps=25"), log) == 0, log.lines
+    assert next(r["command"] for r in mps.records("command")) == "set_default_active_thread_percentage 25"
+
+
+def test_a_missing_mps_control_program_is_the_admins_and_fails_closed(mps: Mps) -> None:
+    site = hook_site(mps, control=str(Path(mps.root) / "no-such-control"))
+    log = quiet("prolog")
+    assert run_prolog(job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps"), log) == 2, log.lines
 
 
 def test_the_daemon_gets_the_users_supplementary_groups(mps: Mps) -> None:

@@ -400,3 +400,24 @@ out(count, parse, per_call)
     assert int(count) == 10_000
     assert float(parse) < 0.5, f"parsing 10,000 lines took {parse} s"
     assert float(per_call) < 50e-6, f"a non-throttled submission took {per_call} s"
+
+
+def test_a_malformed_mps_request_is_refused_at_submission_and_a_good_one_passes(tmp_path: Path) -> None:
+    path = tmp_path / "none.txt"  # no throttle file: only the MPS check can refuse
+    lines = run_lua(_use(path) + """
+for _, c in ipairs({"train gpuslurm:mps=lots", "gpuslurm:mps=0", "a;gpuslurm:mps=101", "gpuslurm:mps=",
+                    "gpuslurm:mps=nan", "gpuslurm:mps=0x10"}) do
+  out("bad " .. c, slurm_job_submit(job({comment = c}), {}, 1000))
+end
+for _, c in ipairs({"gpuslurm:mps", "gpuslurm:mps=50", "gpuslurm:mps=100", "gpuslurm:mpsx=1", "x"}) do
+  out("good " .. c, slurm_job_submit(job({comment = c}), {}, 1000))
+end
+out("no comment", slurm_job_submit(job({}), {}, 1000))
+out("modify", slurm_job_modify(job({comment = "gpuslurm:mps=200"}), {user_id = 1000}, {}, 1000))
+dump_logs()
+""")
+    results = dict(line.rsplit("|", 1) for line in lines if "|" in line and not line.startswith("USER "))
+    assert all(v == "-1" for k, v in results.items() if k.startswith(("bad ", "modify"))), lines
+    assert all(v == "0" for k, v in results.items() if k.startswith(("good ", "no comment"))), lines
+    user = [line for line in lines if line.startswith("USER ")]
+    assert len(user) == 7 and "malformed MPS request" in user[0] and "1-100" in user[0], user

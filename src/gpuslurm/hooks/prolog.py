@@ -8,8 +8,10 @@ drains the node with a reason naming the GPU and the fault and exits 1; anything
 from knowing which GPUs the job has or whether they are healthy (a broken config, a bundle or
 ``health.json`` that does not parse, a map it cannot write safely) exits with that error's code
 (2, 3 or 4) and Slurm then drains the node with "Prolog error" and requeues the job. Logging is
-the only non-essential step; it never changes the exit code. Every external command (scontrol)
-runs with ``[hooks] command_timeout_s``.
+the only non-essential step; it never changes the exit code. What the job's user controls
+(a malformed MPS request, an MPS daemon failing as the user) never drains the node: the job is
+held with a reason (``scontrol requeuehold``) and the prolog exits 0 (docs/hooks.md, rule 3).
+Every external command (scontrol) runs with ``[hooks] command_timeout_s``.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
-from gpuslurm.errors import CommandError, GpuslurmError, one_line
+from gpuslurm.errors import CommandError, GpuslurmError, InputError, one_line
 
 if TYPE_CHECKING:
     from gpuslurm.hw.identity import NodeIdentity
 
 EXIT_UNHEALTHY = 1  # a health fault drained the node
 EXIT_INTERNAL = 70
+
+
+class JobFaultError(Exception):
+    """A failure the job's user caused or controls (its --comment/--constraint, its environment,
+    its own limits): the prolog fails that job and exits 0, so the node stays up."""
 
 
 class HookLog:
@@ -147,7 +154,10 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
     from gpuslurm.isolate.devices import isolate_job
 
     _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
-    mps = _start_mps(environ, cfg, job_id, uid, [d.uuid for d in devices], log)
+    try:
+        mps = _start_mps(environ, cfg, job_id, uid, [d.uuid for d in devices], log)
+    except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
+        return _refuse_job(cfg, job_id, str(exc), log)
     try:  # every step after MPS started: a failure stops the daemon again
         account = environ.get("SLURM_JOB_ACCOUNT", "").strip() or None  # for --by account reports
         path = write_map(job_map(job_id, user, uid, devices, account=account), cfg.paths.jobs_dir)
@@ -168,21 +178,50 @@ def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
 
 def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuids: list[str],
                log: HookLog) -> bool:
-    """Start the job's MPS daemon if it asked for one (True); a failure raises (fail closed)."""
+    """Start the job's MPS daemon if it asked for one (True).
+
+    What the job's user controls raises JobFaultError (a malformed request, a daemon that fails to
+    start as the user, e.g. at their process limit); what the admin controls (the MPS control
+    program, the run directory) raises its own error, failing closed."""
     from gpuslurm.isolate.mps_request import job_gid, mps_request
 
-    request = mps_request(environ, cfg.mps)
+    try:  # what the job asked for (--comment, --constraint) and who it runs as
+        request = mps_request(environ, cfg.mps)
+        gid = job_gid(environ, uid) if request is not None else 0
+    except InputError as exc:
+        raise JobFaultError(f"bad MPS request: {exc}") from exc
     if request is None:
         return False
+    if not os.access(cfg.paths.mps_control, os.X_OK):  # the admin's: fail closed, the node drains
+        raise InputError("is not an executable MPS control program", source=cfg.paths.mps_control)
     from gpuslurm.isolate.mps import start_mps
 
-    daemon = start_mps(job_id, uid, job_gid(environ, uid), uuids, request, run_dir=cfg.paths.run_dir,
-                       mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
-                       pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
-                       cgroup_procs=_job_devices_procs(cfg, job_id))
+    try:
+        daemon = start_mps(job_id, uid, gid, uuids, request, run_dir=cfg.paths.run_dir,
+                           mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
+                           pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
+                           cgroup_procs=_job_devices_procs(cfg, job_id))
+    except CommandError as exc:  # runs as the user: their process limit, their environment
+        raise JobFaultError(f"the job's MPS daemon did not start: {exc}") from exc
     log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
              f"{request.active_thread_percentage}% threads, pipe {daemon.pipe_dir}")
     return True
+
+
+def _refuse_job(cfg: Any, job_id: str, why: str, log: HookLog) -> int:
+    """Fail the job for ``why`` without draining the node: 0 when Slurm took it out, else an error
+    code (the job must not start: Slurm then drains the node, the one way left to stop it)."""
+    from gpuslurm.slurm.scontrol import refuse_job
+
+    reason = f"gpuslurm refused this job: {why}"
+    try:
+        done = refuse_job(job_id, reason, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
+                          timeout=cfg.hooks.command_timeout_s)
+    except CommandError as exc:
+        log.error(f"{reason}; and could not requeue or cancel it ({exc}): failing the prolog")
+        return exc.exit_code
+    log.error(f"{reason} (job {done}; the node stays up)")
+    return 0
 
 
 def _job_devices_procs(cfg: Any, job_id: str) -> str | None:

@@ -12,7 +12,9 @@ test cluster; none of it needs an extra command):
   environment, beside ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` for the GPU. There is no
   ``SLURM_JOB_GRES``. That share becomes the daemon's active thread percentage.
 * ``comment``: ``SLURM_JOB_COMMENT`` (the job's ``--comment``) contains ``comment_token`` as a
-  word (words are separated by blanks, commas and semicolons).
+  word (words are separated by blanks, commas and semicolons), or ``<comment_token>=N`` for an
+  active thread percentage N (1-100) of the job's own; any other value after ``=`` is a malformed
+  request, which fails the job (never the node: see docs/hooks.md).
 * ``feature``: ``SLURM_JOB_CONSTRAINTS`` (the job's ``--constraint``, verbatim, e.g. ``mps&ib``)
   names ``feature``; a name after ``!`` does not count.
 """
@@ -57,22 +59,27 @@ def mps_request(environ: Mapping[str, str], cfg: MpsConfig) -> MpsRequest | None
         if raw:
             return MpsRequest("gres", parse_percentage(raw))
     comment = environ.get("SLURM_JOB_COMMENT", "")
-    if "comment" in cfg.triggers and cfg.comment_token and cfg.comment_token in comment_words(comment):
-        return MpsRequest("comment", cfg.active_thread_percentage)
+    if "comment" in cfg.triggers and cfg.comment_token:
+        token = cfg.comment_token
+        for word in sorted(comment_words(comment)):
+            if word == token:
+                return MpsRequest("comment", cfg.active_thread_percentage)
+            if word.startswith(token + "="):  # the job's own share: <token>=<1-100>
+                return MpsRequest("comment", parse_percentage(word[len(token) + 1:], "SLURM_JOB_COMMENT"))
     constraints = environ.get("SLURM_JOB_CONSTRAINTS", "")
     if "feature" in cfg.triggers and cfg.feature and cfg.feature in constraint_features(constraints):
         return MpsRequest("feature", cfg.active_thread_percentage)
     return None
 
 
-def parse_percentage(text: str) -> int:
+def parse_percentage(text: str, source: str = GRES_VAR) -> int:
     """Slurm's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (an integer 1-100; a decimal is rounded up)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
     if not 0 < value <= 100:
-        raise InputError(f"not a percentage between 1 and 100: {text!r}", source=GRES_VAR)
+        raise InputError(f"not a percentage between 1 and 100: {text!r}", source=source)
     return math.ceil(value)
 
 

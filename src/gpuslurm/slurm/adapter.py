@@ -17,9 +17,11 @@ class SlurmScheduler:
 
     name = "slurm"
 
-    def __init__(self, *, squeue: str, scontrol: str, timeout: float) -> None:
+    def __init__(self, *, squeue: str, scontrol: str, timeout: float,
+                 scancel: str = "/usr/bin/scancel") -> None:
         self.squeue = squeue
         self.scontrol = scontrol
+        self.scancel = scancel
         self.timeout = timeout
 
     def can_list_jobs(self) -> bool:
@@ -42,3 +44,13 @@ class SlurmScheduler:
         from gpuslurm.slurm.scontrol import resume_node
 
         resume_node(node_name, scontrol=self.scontrol, timeout=self.timeout)
+
+    def refuse_job(self, job_id: str, reason: str) -> str:
+        from gpuslurm.slurm.scontrol import refuse_job
+
+        return refuse_job(job_id, reason, scontrol=self.scontrol, scancel=self.scancel, timeout=self.timeout)
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        from gpuslurm.slurm.scontrol import set_admin_comment
+
+        set_admin_comment(job_id, text, scontrol=self.scontrol, timeout=self.timeout)

@@ -107,3 +107,26 @@ def set_accounting_admin_comment(job_id: str, text: str, *, sacctmgr: str, timeo
         raise CommandError(f"sacctmgr modify job {main} failed ({result.returncode}): {last}",
                            tuple(argv), result.returncode, result.stderr)
     return True
+
+
+def refuse_job(job_id: str, reason: str, *, scontrol: str, scancel: str = "/usr/bin/scancel",
+               timeout: float) -> str:
+    """Stop a job that a prolog refuses for its own input, without touching the node; what was done.
+
+    Slurm 22.05 drains the node for any non-zero Prolog exit, so a prolog that refuses a job
+    for what its user asked must do it itself and exit 0. Tested in the real cluster from a
+    Prolog: ``scontrol update JobId=<id> Comment=<reason>`` then ``scontrol requeuehold <id>``
+    leaves the job PENDING, Reason ``job_requeued_in_held_state``, its Comment saying why, the
+    batch script never started and the node IDLE. A job Slurm cannot requeue (``--no-requeue``,
+    an ``srun``/``salloc`` allocation) is cancelled instead (``scancel``). CommandError when
+    neither worked.
+    """
+    check_job_id(job_id)
+    run_command([scontrol, "update", f"JobId={job_id}", f"Comment={clean_reason(reason)}"],
+                timeout=timeout, check=False)  # best effort: the hold matters, the words help
+    try:
+        run_command([scontrol, "requeuehold", job_id], timeout=timeout)
+        return "requeued and held"
+    except CommandError:
+        run_command([scancel, job_id], timeout=timeout)
+        return "cancelled"

@@ -30,3 +30,12 @@ class Scheduler(Protocol):
     def resume_node(self, node_name: str) -> None:
         """Put ``node_name`` back into service."""
         ...
+
+    def refuse_job(self, job_id: str, reason: str) -> str:
+        """Keep ``job_id`` from running on this node for ``reason`` its user can read, without taking
+        the node out of service (Slurm: requeue-hold with a Comment, else cancel); what was done."""
+        ...
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """Attach ``text`` to the running job where admins and accounting see it."""
+        ...
