@@ -56,6 +56,8 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
         proc = subprocess.Popen(
             args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            # a job's name, comment or directory can hold any bytes: never let them crash a reader
+            encoding="utf-8", errors="replace",
             start_new_session=True, cwd=cwd,
             user=user, group=group if group is not None or user is None else user,
             extra_groups=None if user is None else list(groups or ()),

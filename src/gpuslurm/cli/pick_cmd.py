@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TextIO
 
 from gpuslurm.errors import EXIT_BAD_INPUT, GpuslurmError, InputError
@@ -343,7 +343,8 @@ def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> Non
             if d.mig is not None:
                 item.update(gpu_uuid=d.gpu.uuid, mig_index=d.mig.index, profile=d.mig.profile)
             gpus.append(item)
-        doc = {"gpus": gpus, "cpus": format_ranges(cpus.os_cpus), "numa_nodes": list(cpus.numa_nodes),
+        doc = {"gpus": gpus, "cpus": format_ranges(within_allowed(cpus.os_cpus)),
+               "numa_nodes": list(cpus.numa_nodes),
                "slurm_cores": None if cpus.slurm_cores is None else format_ranges(cpus.slurm_cores),
                "weakest_link": win.weakest_link, "score": round(win.availability, 4),
                "runners_up": [{"uuids": [d.uuid for d in r.devices], "weakest_link": r.weakest_link,
@@ -355,8 +356,19 @@ def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> Non
     else:  # one line per rank: rank k evaluates line k + 2
         out.write("export CUDA_DEVICE_ORDER=PCI_BUS_ID\n")
         for d in win.devices:
-            rank_cpus = format_ranges(d.gpu.cpu_affinity)
+            rank_cpus = format_ranges(within_allowed(d.gpu.cpu_affinity))
             out.write(f"export CUDA_VISIBLE_DEVICES={d.uuid} GPUSLURM_CPUS={rank_cpus}\n")
+
+
+def within_allowed(cpus: Iterable[int]) -> tuple[int, ...]:
+    """``cpus`` cut to those this process may use when it is confined (a Slurm or PBS cpuset,
+    taskset), so a printed list never widens a task; all of them when nothing confines it.
+    An empty cut keeps the allowed CPUs, as ``-- CMD`` does."""
+    allowed = os.sched_getaffinity(0)
+    wanted = tuple(cpus)
+    if len(allowed) >= (os.cpu_count() or 0):
+        return wanted
+    return tuple(sorted(set(wanted) & allowed)) or tuple(sorted(allowed))
 
 
 def env_values(node: Node, placement: Placement) -> list[tuple[str, str]]:
@@ -369,11 +381,12 @@ def env_values(node: Node, placement: Placement) -> list[tuple[str, str]]:
     values = [("CUDA_DEVICE_ORDER", "PCI_BUS_ID")]
     if win.devices[0].mig is None:
         values.append(("CUDA_VISIBLE_DEVICES", ",".join(d.uuid for d in win.devices)))
-        values.append(("GPUSLURM_CPUS", format_ranges(local_cpus(node, win.devices, False).os_cpus)))
+        values.append(("GPUSLURM_CPUS",
+                       format_ranges(within_allowed(local_cpus(node, win.devices, False).os_cpus))))
         return values
     first = win.devices[0]
     return [*values, ("CUDA_VISIBLE_DEVICES", first.uuid),
-            ("GPUSLURM_CPUS", format_ranges(first.gpu.cpu_affinity))]
+            ("GPUSLURM_CPUS", format_ranges(within_allowed(first.gpu.cpu_affinity)))]
 
 
 def wait_for(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | None,

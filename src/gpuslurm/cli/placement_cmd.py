@@ -66,16 +66,23 @@ def summary(node_name: str, rows: list[dict[str, Any]]) -> str:
 @json_option
 @click.option("--node", "node_name", metavar="NAME",
               help="The Slurm node name (default: $SLURMD_NODENAME, else the node's short hostname).")
-@click.option("--input", "input_file", type=click.File("r"), metavar="FILE",
+@click.option("--input", "input_file", metavar="FILE",
               help="Read a recorded `scontrol show -d job` instead of running it ('-': stdin).")
-def placement(source: str | None, as_json: bool, node_name: str | None, input_file: Any) -> None:
+def placement(source: str | None, as_json: bool, node_name: str | None, input_file: str | None) -> None:
     """For each running GPU job here: are its CPUs on its GPUs' NUMA nodes, and its weakest link."""
     from gpuslurm.hw.source import load_node
 
     node = load_node(source)
     name = node_name or os.environ.get("SLURMD_NODENAME") or node.hostname.split(".", 1)[0]
-    if input_file is not None:
-        text = input_file.read()
+    if input_file == "-":
+        text = sys.stdin.buffer.read(64 << 20).decode("utf-8", errors="replace")
+    elif input_file is not None:
+        from gpuslurm.safedir import read_regular
+
+        try:  # a regular file only (a FIFO would hang), bounded; job names may hold any bytes
+            text = read_regular(input_file).decode("utf-8", errors="replace")
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror}", source=input_file) from None
     else:
         from gpuslurm.runner import run_command, which
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from gpuslurm.errors import InputError
 from gpuslurm.hw.model import Gpu, Node
+from gpuslurm.names import check_node_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,8 @@ def plan_vnodes(node: Node) -> tuple[NumaVnode, ...]:
 
 def render_pbs_vnodes(node: Node, node_name: str | None = None) -> str:
     """The vnode definition file text: the natural vnode holds nothing, ``NAME[n]`` holds NUMA node n."""
-    host = node_name or node.hostname
+    host = check_node_name(node_name or node.hostname,
+                           source="--node-name" if node_name else "captured hostname")
     # No comment lines: pbs_mom's vnode file parser has no comment syntax.
     lines = ["$configversion 2",
              f"{host}: resources_available.ncpus = 0",

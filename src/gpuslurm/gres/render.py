@@ -10,7 +10,7 @@ from typing import Any
 import jinja2
 
 from gpuslurm import __version__
-from gpuslurm.errors import InputError
+from gpuslurm.errors import InputError, one_line
 from gpuslurm.gres.records import GresOptions, GresPlan, plan_gres
 from gpuslurm.hw.model import Node
 from gpuslurm.names import check_node_name
@@ -73,12 +73,14 @@ def _render(name: str, template_file: Path | None, context: dict[str, Any]) -> s
 
 
 def _base_context(node: Node) -> dict[str, Any]:
+    # captured strings go into comment lines: a line break (U+2028 too) in one must never start a
+    # line of its own in the generated file
     return {
         "version": __version__,
-        "source": node.source or "unknown",
-        "hostname": node.hostname,
-        "driver_version": node.driver_version,
-        "cuda_version": node.cuda_version,
+        "source": one_line(node.source or "unknown"),
+        "hostname": one_line(node.hostname),
+        "driver_version": node.driver_version and one_line(node.driver_version),
+        "cuda_version": node.cuda_version and one_line(node.cuda_version),
     }
 
 

@@ -104,7 +104,7 @@ class Attributor:
             self._squeue_at = now
             try:
                 self._squeue_allocs = {a.job_id: a for a in self._squeue()}
-            except GpuslurmError as exc:  # keep what the last good answer said
+            except (GpuslurmError, ValueError) as exc:  # keep what the last good answer said
                 problems.append(ScanProblem(now, "squeue-error", "squeue", str(exc)))
         return self._squeue_allocs
 
