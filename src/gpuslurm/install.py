@@ -27,6 +27,7 @@ MANIFEST_NAME = "install-manifest.json"
 CGROUP_SNIPPET_NAME = "gpuslurm-cgroup.conf"
 PLACEHOLDER = "@PYTHON@"
 CONFIG_VAR = "GPUSLURM_CONFIG"  # gpuslurm.config.ENV_VAR, not imported: install stays light
+CAPTURE_VAR = "GPUSLURM_CAPTURE"  # gpuslurm.hw.source.ENV_VAR
 MANIFEST_FORMAT = 1
 
 # Installed name -> (template folder, slurm.conf key).
@@ -95,6 +96,7 @@ class InstallPlan:
     actions: tuple[Action, ...]
     python: str
     config: str = ""  # the config path baked into the hooks; empty: their built-in default
+    capture: str = ""  # a capture bundle the hooks replay instead of NVML (test clusters, demos)
 
     @property
     def changes(self) -> bool:
@@ -108,9 +110,11 @@ class InstallPlan:
 # --- pure parts ------------------------------------------------------------------------------
 
 
-def render_hook(template: str, python: str, source: str = "<template>", config: str = "") -> str:
+def render_hook(template: str, python: str, source: str = "<template>", config: str = "",
+                capture: str = "") -> str:
     """The hook script: ``template`` with its one placeholder replaced by the quoted interpreter,
-    and, given a ``config`` path, ``GPUSLURM_CONFIG`` set to it just before the ``exec`` line.
+    and, given a ``config`` path (or a ``capture`` bundle to replay), ``GPUSLURM_CONFIG`` (or
+    ``GPUSLURM_CAPTURE``) set to it just before the ``exec`` line.
 
     Slurm passes the hooks only the job's variables, so a config path other than the default
     reaches them only this way: written into the executable root runs.
@@ -118,10 +122,12 @@ def render_hook(template: str, python: str, source: str = "<template>", config: 
     if template.count(PLACEHOLDER) != 1:
         raise InputError(f"hook template must contain {PLACEHOLDER} exactly once", source)
     text = template.replace(PLACEHOLDER, shlex.quote(python))
-    if config:
+    baked = "".join(f"{var}={shlex.quote(value)}\nexport {var}\n"
+                    for var, value in ((CONFIG_VAR, config), (CAPTURE_VAR, capture)) if value)
+    if baked:
         if text.count("\nexec ") != 1:
             raise InputError("hook template must have exactly one exec line", source)
-        text = text.replace("\nexec ", f"\n{CONFIG_VAR}={shlex.quote(config)}\nexport {CONFIG_VAR}\nexec ")
+        text = text.replace("\nexec ", f"\n{baked}exec ")
     return text
 
 
@@ -232,13 +238,14 @@ def template_text(name: str) -> tuple[str, Path]:
     raise InputError("hook template not found (broken installation?)", f"{folder}/{name}")
 
 
-def desired_files(prefix: Path, slurm_etc: Path, python: str, config: str = "") -> list[Artifact]:
+def desired_files(prefix: Path, slurm_etc: Path, python: str, config: str = "",
+                  capture: str = "") -> list[Artifact]:
     """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter (and
     config path, when one is given)."""
     files = []
     for name in HOOKS:
         text, source = template_text(name)
-        rendered = render_hook(text, python, str(source), config)
+        rendered = render_hook(text, python, str(source), config, capture)
         files.append(Artifact(prefix / name, rendered.encode(), 0o755))
     files.append(Artifact(slurm_etc / CGROUP_SNIPPET_NAME, CGROUP_SNIPPET.encode(), 0o644))
     return files
@@ -413,7 +420,7 @@ def missing_dirs(path: Path) -> list[Path]:
 
 
 def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "",
-                 force: bool = False, config: str = "") -> InstallPlan:
+                 force: bool = False, config: str = "", capture: str = "") -> InstallPlan:
     """Decide every action; raise InputError (naming the file) if any destination must be left alone."""
     python = python or os.path.abspath(sys.executable)
     prefix = Path(os.path.abspath(prefix))
@@ -428,18 +435,22 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
     check_trusted_dir(prefix)
     if config:
         check_config_path(config)
+    if capture:
+        if not os.path.isabs(capture) or "\n" in capture or not os.path.isdir(capture):
+            raise InputError("--replay must name an existing directory by its absolute path", capture)
+        check_trusted_dir(Path(capture), "a capture bundle")
     manifest_path = prefix / MANIFEST_NAME
     recorded = read_manifest(manifest_path)
     want_uid = 0 if os.geteuid() == 0 else None
     actions = [decide(a, inspect(a.path), recorded.get(str(a.path)), force, want_uid)
-               for a in desired_files(prefix, slurm_etc, python, config)]
+               for a in desired_files(prefix, slurm_etc, python, config, capture)]
     blocked = [a for a in actions if a.verb in ("conflict", "refuse")]
     if blocked:
         more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
         raise InputError(blocked[0].reason + more, blocked[0].artifact.path)
     manifest = {**recorded, **{str(a.artifact.path): a.artifact.sha256 for a in actions}}
     return InstallPlan(prefix, slurm_etc, manifest_path, manifest, manifest != recorded,
-                       tuple(missing_dirs(prefix)), tuple(actions), python, config)
+                       tuple(missing_dirs(prefix)), tuple(actions), python, config, capture)
 
 
 def atomic_write(path: Path, content: bytes, mode: int) -> None:

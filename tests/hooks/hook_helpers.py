@@ -40,21 +40,23 @@ class HookSite:
         return env
 
     def slurm_environ(self, job_id: str, gpus: str | None = "0,1,2,3", **extra: str) -> dict[str, str]:
-        """What slurmd gives an installed hook: no GPUSLURM_CONFIG (it is baked into the
-        executable), no PATH; the replay bundle stands in for NVML."""
+        """What slurmd gives an installed hook: the job's SLURM_* variables only. No PATH, and no
+        GPUSLURM_CONFIG or GPUSLURM_CAPTURE: install baked both into the executable."""
         env = self.environ(job_id, gpus, **extra)
-        del env["GPUSLURM_CONFIG"]
+        del env["GPUSLURM_CONFIG"], env["GPUSLURM_CAPTURE"]
         return env
 
     def install_hooks(self) -> Path:
-        """``gpuslurm install --config`` into a fresh prefix below ``root``: the executables the
-        hook tests run. ``root`` is root's (pytest's tmp_path), so the directory rule holds."""
+        """``gpuslurm install --config CONFIG --replay BUNDLE`` into a fresh prefix below ``root``:
+        the executables the hook tests run. ``root`` is root's (pytest's tmp_path), so the
+        directory rule holds."""
         from gpuslurm import install
 
         etc = self.root / "slurm-etc"
         etc.mkdir(exist_ok=True)
         prefix = self.root / "libexec" / "gpuslurm"
-        plan = install.plan_install(etc, prefix, os.path.abspath(sys.executable), config=str(self.config))
+        plan = install.plan_install(etc, prefix, os.path.abspath(sys.executable), config=str(self.config),
+                                    capture=str(self.bundle))
         install.apply_plan(plan)
         return prefix
 

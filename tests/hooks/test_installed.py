@@ -1,8 +1,8 @@
 """The executables ``gpuslurm install --config`` writes, run as slurmd runs them.
 
-Each test installs the hooks into a fresh root-owned prefix with the site's config path baked
-in, then starts them by absolute path with only the job's variables (and the replay bundle):
-no ``GPUSLURM_CONFIG``, no ``PATH``, no ``PYTHONPATH``. A change to a template or to
+Each test installs the hooks into a fresh root-owned prefix with the site's config path (and the
+replay bundle, ``--replay``) baked in, then starts them by absolute path with only the job's
+SLURM_* variables: no ``GPUSLURM_CONFIG``, no ``PATH``, no ``PYTHONPATH``. A change to a template or to
 ``render_hook`` that breaks the written text fails here.
 """
 
@@ -78,6 +78,7 @@ def test_installed_hooks_usage_and_exit_codes(site: HookSite) -> None:
 def test_installed_hook_is_roots_and_names_the_config(site: HookSite) -> None:
     prefix = site.install_hooks()
     text = (prefix / "gpuslurm-prolog").read_text()
-    assert f"GPUSLURM_CONFIG={site.config}\nexport GPUSLURM_CONFIG\nexec " in text
+    assert (f"\nGPUSLURM_CONFIG={site.config}\nexport GPUSLURM_CONFIG\n"
+            f"GPUSLURM_CAPTURE={site.bundle}\nexport GPUSLURM_CAPTURE\nexec ") in text
     st = os.stat(prefix / "gpuslurm-prolog")
     assert st.st_uid == os.geteuid() and not st.st_mode & 0o022

@@ -337,3 +337,16 @@ def test_unsafe_config_path_is_refused(dirs: tuple[Path, Path], tmp_path: Path, 
         arg = f"{conf_dir}/../conf/gpuslurm.toml"
     refused(run(etc, prefix, "--config", arg))
     assert not prefix.exists()
+
+
+def test_replay_bundle_is_baked_and_checked(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    etc, prefix = dirs
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    ok(CliRunner().invoke(install, ["--slurm-etc", str(etc), "--prefix", str(prefix), "--replay",
+                                    str(bundle)], standalone_mode=False))
+    text = (prefix / HOOK_NAMES[0]).read_text()
+    assert f"\nGPUSLURM_CAPTURE={bundle}\nexport GPUSLURM_CAPTURE\nexec " in text
+    bundle.chmod(0o777)
+    refused(run(etc, prefix, "--replay", str(bundle)))
+    refused(run(etc, prefix, "--replay", "relative/bundle"))

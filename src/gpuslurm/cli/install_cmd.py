@@ -25,11 +25,13 @@ def _warn(message: str) -> None:
               help="Config file the hooks read, written into them (Slurm passes them no "
                    "GPUSLURM_CONFIG); absolute, root's and not writable by others. "
                    "Default: none written, so the hooks read /etc/gpuslurm/gpuslurm.toml.")
+@click.option("--replay", "capture", metavar="DIR", default="", hidden=True,
+              help="Test clusters and demos: the hooks replay this capture bundle instead of NVML.")
 @click.option("--mps", is_flag=True, help="Print GresTypes=gpu,mps (not on MIG nodes before Slurm 23.02.7).")
 @click.option("--dry-run", is_flag=True, help="Show what would change (with diffs); change nothing.")
 @click.option("--force", is_flag=True, help="Overwrite files an admin edited since the last install.")
-def install(slurm_etc: Path, prefix: Path, python: str, config: str, mps: bool, dry_run: bool,
-            force: bool) -> None:
+def install(slurm_etc: Path, prefix: Path, python: str, config: str, capture: str, mps: bool,
+            dry_run: bool, force: bool) -> None:
     """Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they need.
 
     Safe to run again: unchanged files are left alone, and a file edited since gpuslurm wrote it
@@ -37,7 +39,7 @@ def install(slurm_etc: Path, prefix: Path, python: str, config: str, mps: bool, 
     """
     from gpuslurm import install as lib
 
-    plan = lib.plan_install(slurm_etc, prefix, python, force, config)
+    plan = lib.plan_install(slurm_etc, prefix, python, force, config, capture)
     lib.check_interpreter(plan.python)
     here = str(Path(lib.__file__).resolve().parent)
     there = lib.probe_interpreter(plan.python)
