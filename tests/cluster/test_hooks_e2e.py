@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from cluster_fixture import install_hooks
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 
 if TYPE_CHECKING:
@@ -65,18 +66,6 @@ class HookedCluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _install(root: Path, config: Path, bundle: Path) -> Path:
-    """``gpuslurm install`` as an admin runs it; the prefix it wrote the hooks to."""
-    prefix = root / "libexec" / "gpuslurm"
-    etc = root / "slurm-etc"
-    etc.mkdir()
-    done = subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
-                           "--prefix", str(prefix), "--config", str(config), "--replay", str(bundle)],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    return prefix
-
-
 def _wait_node(hc: HookedCluster, pattern: str, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
     state = ""
@@ -100,7 +89,7 @@ def hooked(slurm_cluster: SlurmCluster) -> Iterator[HookedCluster]:
                       # the cluster's own cgroup.conf (ConstrainDevices=yes): Slurm isolates
                       f'slurm_cgroup_conf = "{slurm_cluster.conf.parent / "cgroup.conf"}"\n'
                       '[hooks]\ncommand_timeout_s = 20\n')
-    prefix = _install(root, config, bundle)
+    prefix = install_hooks(root, config, bundle)
     original = slurm_cluster.conf.read_text()
     node = subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
     hc = HookedCluster(slurm_cluster, root, bundle, node, [g.uuid for g in load_node(str(bundle)).gpus])
