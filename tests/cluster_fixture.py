@@ -149,6 +149,24 @@ class SlurmCluster:
         return "\n".join(parts)
 
 
+def install_hooks(root: Path, config: Path, bundle: Path) -> Path:
+    """``gpuslurm install --config CONFIG --replay BUNDLE`` as an admin runs it, into a prefix
+    below ``root`` (root's, 0755); that prefix, whose executables slurm.conf then names.
+
+    slurmd passes hooks only SLURM_* variables, so the config and the replayed capture reach them
+    only because install wrote both paths into the executables.
+    """
+    prefix = root / "libexec" / "gpuslurm"
+    etc = root / "slurm-etc"
+    etc.mkdir(exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
+                           "--prefix", str(prefix), "--config", str(config), "--replay", str(bundle)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"gpuslurm install failed: {done.stderr}")
+    return prefix
+
+
 def _gpuslurm_bin(state_dir: Path) -> str:
     """The gpuslurm executable for cluster.sh: $GPUSLURM_BIN, the installed script, or a wrapper."""
     explicit = os.environ.get("GPUSLURM_BIN")

@@ -26,6 +26,8 @@ DEFAULT_PREFIX = Path("/usr/local/libexec/gpuslurm")
 MANIFEST_NAME = "install-manifest.json"
 CGROUP_SNIPPET_NAME = "gpuslurm-cgroup.conf"
 PLACEHOLDER = "@PYTHON@"
+CONFIG_VAR = "GPUSLURM_CONFIG"  # gpuslurm.config.ENV_VAR, not imported: install stays light
+CAPTURE_VAR = "GPUSLURM_CAPTURE"  # gpuslurm.hw.source.ENV_VAR
 MANIFEST_FORMAT = 1
 
 # Installed name -> (template folder, slurm.conf key).
@@ -93,6 +95,8 @@ class InstallPlan:
     new_dirs: tuple[Path, ...]
     actions: tuple[Action, ...]
     python: str
+    config: str = ""  # the config path baked into the hooks; empty: their built-in default
+    capture: str = ""  # a capture bundle the hooks replay instead of NVML (test clusters, demos)
 
     @property
     def changes(self) -> bool:
@@ -106,11 +110,25 @@ class InstallPlan:
 # --- pure parts ------------------------------------------------------------------------------
 
 
-def render_hook(template: str, python: str, source: str = "<template>") -> str:
-    """The hook script: ``template`` with its one placeholder replaced by the quoted interpreter."""
+def render_hook(template: str, python: str, source: str = "<template>", config: str = "",
+                capture: str = "") -> str:
+    """The hook script: ``template`` with its one placeholder replaced by the quoted interpreter,
+    and, given a ``config`` path (or a ``capture`` bundle to replay), ``GPUSLURM_CONFIG`` (or
+    ``GPUSLURM_CAPTURE``) set to it just before the ``exec`` line.
+
+    Slurm passes the hooks only the job's variables, so a config path other than the default
+    reaches them only this way: written into the executable root runs.
+    """
     if template.count(PLACEHOLDER) != 1:
         raise InputError(f"hook template must contain {PLACEHOLDER} exactly once", source)
-    return template.replace(PLACEHOLDER, shlex.quote(python))
+    text = template.replace(PLACEHOLDER, shlex.quote(python))
+    baked = "".join(f"{var}={shlex.quote(value)}\nexport {var}\n"
+                    for var, value in ((CONFIG_VAR, config), (CAPTURE_VAR, capture)) if value)
+    if baked:
+        if text.count("\nexec ") != 1:
+            raise InputError("hook template must have exactly one exec line", source)
+        text = text.replace("\nexec ", f"\n{baked}exec ")
+    return text
 
 
 def slurm_conf_lines(prefix: Path, mps: bool = False) -> list[str]:
@@ -220,12 +238,15 @@ def template_text(name: str) -> tuple[str, Path]:
     raise InputError("hook template not found (broken installation?)", f"{folder}/{name}")
 
 
-def desired_files(prefix: Path, slurm_etc: Path, python: str) -> list[Artifact]:
-    """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter."""
+def desired_files(prefix: Path, slurm_etc: Path, python: str, config: str = "",
+                  capture: str = "") -> list[Artifact]:
+    """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter (and
+    config path, when one is given)."""
     files = []
     for name in HOOKS:
         text, source = template_text(name)
-        files.append(Artifact(prefix / name, render_hook(text, python, str(source)).encode(), 0o755))
+        rendered = render_hook(text, python, str(source), config, capture)
+        files.append(Artifact(prefix / name, rendered.encode(), 0o755))
     files.append(Artifact(slurm_etc / CGROUP_SNIPPET_NAME, CGROUP_SNIPPET.encode(), 0o644))
     return files
 
@@ -385,6 +406,24 @@ def _check_code_file(path: Path) -> None:
         raise InputError(f"{why}; root runs it in every hook", path)
 
 
+def check_config_path(config: str) -> None:
+    """Refuse a config path the hooks must not read as root: not absolute, holding a line break,
+    not a regular file (a symbolic link is refused), or one that another user could change
+    (the file, or any directory on its path, by :func:`check_trusted_dir`'s rule)."""
+    if not os.path.isabs(config) or "\n" in config or os.path.normpath(config) != config:
+        raise InputError("--config must be an absolute, normalised path", config)
+    try:
+        st = os.lstat(config)
+    except FileNotFoundError:
+        raise InputError("no such file (write the config first)", config) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError("is not a regular file (a symbolic link?); the hooks read it as root", config)
+    why = unsafe_reason(st, final=True)
+    if why:
+        raise InputError(f"{why}; root must not read configuration from there", config)
+    check_trusted_dir(Path(config).parent, "configuration")
+
+
 def missing_dirs(path: Path) -> list[Path]:
     """``path`` and its ancestors that do not exist yet, outermost first."""
     out = []
@@ -398,7 +437,7 @@ def missing_dirs(path: Path) -> list[Path]:
 
 
 def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "",
-                 force: bool = False) -> InstallPlan:
+                 force: bool = False, config: str = "", capture: str = "") -> InstallPlan:
     """Decide every action; raise InputError (naming the file) if any destination must be left alone."""
     python = python or os.path.abspath(sys.executable)
     prefix = Path(os.path.abspath(prefix))
@@ -411,18 +450,24 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
         raise InputError("no such directory", slurm_etc)
     check_trusted_dir(slurm_etc, "configuration")
     check_trusted_dir(prefix)
+    if config:
+        check_config_path(config)
+    if capture:
+        if not os.path.isabs(capture) or "\n" in capture or not os.path.isdir(capture):
+            raise InputError("--replay must name an existing directory by its absolute path", capture)
+        check_trusted_dir(Path(capture), "a capture bundle")
     manifest_path = prefix / MANIFEST_NAME
     recorded = read_manifest(manifest_path)
     want_uid = 0 if os.geteuid() == 0 else None
     actions = [decide(a, inspect(a.path), recorded.get(str(a.path)), force, want_uid)
-               for a in desired_files(prefix, slurm_etc, python)]
+               for a in desired_files(prefix, slurm_etc, python, config, capture)]
     blocked = [a for a in actions if a.verb in ("conflict", "refuse")]
     if blocked:
         more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
         raise InputError(blocked[0].reason + more, blocked[0].artifact.path)
     manifest = {**recorded, **{str(a.artifact.path): a.artifact.sha256 for a in actions}}
     return InstallPlan(prefix, slurm_etc, manifest_path, manifest, manifest != recorded,
-                       tuple(missing_dirs(prefix)), tuple(actions), python)
+                       tuple(missing_dirs(prefix)), tuple(actions), python, config, capture)
 
 
 def atomic_write(path: Path, content: bytes, mode: int) -> None:

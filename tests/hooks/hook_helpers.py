@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,33 @@ class HookSite:
             env["SLURM_JOB_GPUS"] = gpus
         env.update(extra)
         return env
+
+    def slurm_environ(self, job_id: str, gpus: str | None = "0,1,2,3", **extra: str) -> dict[str, str]:
+        """What slurmd gives an installed hook: the job's SLURM_* variables only. No PATH, and no
+        GPUSLURM_CONFIG or GPUSLURM_CAPTURE: install baked both into the executable."""
+        env = self.environ(job_id, gpus, **extra)
+        del env["GPUSLURM_CONFIG"], env["GPUSLURM_CAPTURE"]
+        return env
+
+    def install_hooks(self) -> Path:
+        """``gpuslurm install --config CONFIG --replay BUNDLE`` into a fresh prefix below ``root``:
+        the executables the hook tests run. ``root`` is root's (pytest's tmp_path), so the
+        directory rule holds."""
+        from gpuslurm import install
+
+        etc = self.root / "slurm-etc"
+        etc.mkdir(exist_ok=True)
+        prefix = self.root / "libexec" / "gpuslurm"
+        plan = install.plan_install(etc, prefix, os.path.abspath(sys.executable), config=str(self.config),
+                                    capture=str(self.bundle))
+        install.apply_plan(plan)
+        return prefix
+
+    def run_installed(self, prefix: Path, hook: str, env: dict[str, str],
+                      *args: str) -> subprocess.CompletedProcess[str]:
+        """Run the installed ``gpuslurm-<hook>`` as slurmd would: its absolute path, ``env`` only."""
+        return subprocess.run([str(prefix / f"gpuslurm-{hook}"), *args], env=env, capture_output=True,
+                              text=True, timeout=60, check=False, cwd="/")
 
     def set_health(self, facts: dict[str, Any]) -> None:
         (self.bundle / "health.json").write_text(json.dumps(facts))

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from typing import Any
 
-import psutil
 import pytest
 
 from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
@@ -370,7 +369,9 @@ def test_read_cpus_matches_lscpu_on_this_machine() -> None:
 
 
 def test_meminfo_on_this_machine() -> None:
-    assert sysfs.read_meminfo_mib() == psutil.virtual_memory().total // (1024 * 1024)
+    # sysinfo(2)'s total RAM, the figure MemTotal reports, by another road than /proc/meminfo
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert sysfs.read_meminfo_mib() == total // (1024 * 1024)
 
 
 def test_meminfo_missing_and_odd(tmp_path: pathlib.Path) -> None:

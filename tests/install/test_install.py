@@ -314,3 +314,59 @@ def test_a_fifo_at_the_throttle_file_or_an_open_throttle_directory_is_refused(
     assert str(shared) in err.message and "writable by group" in err.message
     shared.chmod(0o755)
     ok(run(etc, prefix))
+
+
+def test_config_path_is_baked_into_every_hook(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    etc, prefix = dirs
+    config = tmp_path / "site.toml"
+    config.write_text("[hooks]\ncommand_timeout_s = 5\n")
+    ok(run(etc, prefix, "--config", str(config)))
+    for name in HOOK_NAMES:
+        text = (prefix / name).read_text()
+        assert f"\nGPUSLURM_CONFIG={config}\nexport GPUSLURM_CONFIG\nexec {sys.executable} " in text
+    # Without --config the hooks name none (they read /etc/gpuslurm/gpuslurm.toml), and changing
+    # it is an update of gpuslurm's own files.
+    out = ok(run(etc, prefix))
+    assert f"update {prefix}/gpuslurm-prolog" in out
+    assert "GPUSLURM_CONFIG" not in (prefix / "gpuslurm-prolog").read_text()
+
+
+@pytest.mark.parametrize("case", ["relative", "missing", "symlink", "group-writable", "dir-writable",
+                                  "directory", "unnormalised"])
+def test_unsafe_config_path_is_refused(dirs: tuple[Path, Path], tmp_path: Path, case: str) -> None:
+    etc, prefix = dirs
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    config = conf_dir / "gpuslurm.toml"
+    config.write_text("")
+    arg = str(config)
+    if case == "relative":
+        arg = os.path.relpath(config)
+    elif case == "missing":
+        arg = str(conf_dir / "absent.toml")
+    elif case == "symlink":
+        (conf_dir / "link.toml").symlink_to(config)
+        arg = str(conf_dir / "link.toml")
+    elif case == "group-writable":
+        config.chmod(0o664)
+    elif case == "dir-writable":
+        conf_dir.chmod(0o777)
+    elif case == "directory":
+        arg = str(conf_dir)
+    elif case == "unnormalised":
+        arg = f"{conf_dir}/../conf/gpuslurm.toml"
+    refused(run(etc, prefix, "--config", arg))
+    assert not prefix.exists()
+
+
+def test_replay_bundle_is_baked_and_checked(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    etc, prefix = dirs
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    ok(CliRunner().invoke(install, ["--slurm-etc", str(etc), "--prefix", str(prefix), "--replay",
+                                    str(bundle)], standalone_mode=False))
+    text = (prefix / HOOK_NAMES[0]).read_text()
+    assert f"\nGPUSLURM_CAPTURE={bundle}\nexport GPUSLURM_CAPTURE\nexec " in text
+    bundle.chmod(0o777)
+    refused(run(etc, prefix, "--replay", str(bundle)))
+    refused(run(etc, prefix, "--replay", "relative/bundle"))

@@ -21,10 +21,17 @@ def _warn(message: str) -> None:
               metavar="DIR", help="Where the hook executables and the install manifest go.")
 @click.option("--python", "python", metavar="PATH", default="",
               help="Interpreter the hooks run (default: the one running this command).")
+@click.option("--config", "config", metavar="PATH", default="",
+              help="Config file the hooks read, written into them (Slurm passes them no "
+                   "GPUSLURM_CONFIG); absolute, root's and not writable by others. "
+                   "Default: none written, so the hooks read /etc/gpuslurm/gpuslurm.toml.")
+@click.option("--replay", "capture", metavar="DIR", default="", hidden=True,
+              help="Test clusters and demos: the hooks replay this capture bundle instead of NVML.")
 @click.option("--mps", is_flag=True, help="Print GresTypes=gpu,mps (not on MIG nodes before Slurm 23.02.7).")
 @click.option("--dry-run", is_flag=True, help="Show what would change (with diffs); change nothing.")
 @click.option("--force", is_flag=True, help="Overwrite files an admin edited since the last install.")
-def install(slurm_etc: Path, prefix: Path, python: str, mps: bool, dry_run: bool, force: bool) -> None:
+def install(slurm_etc: Path, prefix: Path, python: str, config: str, capture: str, mps: bool,
+            dry_run: bool, force: bool) -> None:
     """Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they need.
 
     Safe to run again: unchanged files are left alone, and a file edited since gpuslurm wrote it
@@ -33,7 +40,7 @@ def install(slurm_etc: Path, prefix: Path, python: str, mps: bool, dry_run: bool
     from gpuslurm import install as lib
     from gpuslurm.config import load_config
 
-    plan = lib.plan_install(slurm_etc, prefix, python, force)
+    plan = lib.plan_install(slurm_etc, prefix, python, force, config, capture)
     # job_submit.lua reads gpuslurm-throttle beside itself, or the configured throttle file
     for throttle_file in dict.fromkeys((plan.slurm_etc / "gpuslurm-throttle",
                                         Path(load_config().throttle.file))):
