@@ -9,8 +9,13 @@ Definitions (GPU-hours count a MIG device as its fraction of the physical GPU):
   of them report one, else to the time they were seen; with no process seen, to the jobs holding
   it; with neither, to nobody (it still counts in the totals). So the rows add up to the total,
   and a process outside any job shows up as use without allocation.
-- **idle**: allocated time during which the device was not busy (allocation × (1 − utilisation)).
-- **unmeasured**: allocated time with no utilisation sample: neither idle nor used.
+- **idle**: allocated time during which the device was not busy: the measured part of the
+  allocation in a bucket less the device's busy time in that bucket (allocation × (1 −
+  utilisation) for a bucket it holds whole), never below 0. So used + idle never exceeds
+  allocated + the use outside any job, per row and in total.
+- **unmeasured**: allocated time with no utilisation sample: neither idle nor used. A bucket the
+  monitor sampled only in part (``GpuSeries.cover``) is measured for that part only: its mean
+  utilisation makes busy and idle time of the covered part, the rest is unmeasured.
 - **share**: used GPU-hours over the capacity of the window (physical GPUs × hours), against the
   quota ``[detect.share]`` gives (a fraction of the same capacity).
 """
@@ -200,6 +205,8 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
             present = [p for p in present_all if p.seen[b] > 0]
             if util is None and g.uuid != g.gpu_uuid:
                 util = _mig_util(present, b)
+            cover = g.cover[b] if g.cover else 1.0
+            busy = None if util is None else util / 100.0 * cover * dur_h[b] * w
             overlaps: list[tuple[AllocationSpan, float]] = []
             for a in held:
                 f = _overlap(a.start, a.end, lo, hi) / (hi - lo)
@@ -215,15 +222,16 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                 if util is None:
                     acc.unmeasured += gh
                 else:
-                    acc.idle += gh * (1.0 - util / 100.0)
-            if util is None:
+                    measured = gh * cover  # its busy time cannot exceed the device's in the bucket
+                    acc.idle += measured - min(measured, busy if busy is not None else 0.0)
+                    acc.unmeasured += gh - measured
+            if util is None or busy is None:
                 if by == "process":
                     for p in present:
                         acc = groups.get(whos[id(p)])
                         acc.allocated += p.seen[b] * dur_h[b] * w
                         acc.unmeasured += p.seen[b] * dur_h[b] * w
                 continue
-            busy = util / 100.0 * dur_h[b] * w
             total_used += busy
             for who, seen, frac in _split(present, whos, overlaps, b):
                 acc = groups.get(who)
@@ -233,7 +241,8 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                 if by == "process" and seen > 0:
                     held_h = seen * dur_h[b] * w
                     acc.allocated += held_h
-                    acc.idle += max(held_h - busy * frac, 0.0)
+                    acc.idle += max(held_h * cover - busy * frac, 0.0)
+                    acc.unmeasured += held_h * (1.0 - cover)
             for p in present:  # hours a process kept its device busier than busy_pct
                 mine = p.util[b]
                 if (mine if mine is not None else util / len(present)) > policy.busy_pct:
@@ -338,7 +347,7 @@ def _idle_jobs(data: ReportData, policy: Policy) -> set[tuple[str, str]]:
                 if u is None:
                     continue
                 lo, hi = data.bucket_span(b)
-                t = _overlap(a.start, a.end, lo, hi)
+                t = _overlap(a.start, a.end, lo, hi) * (g.cover[b] if g.cover else 1.0)
                 measured += t
                 busy += t * u / 100.0
         if measured and 100.0 * busy / measured < policy.idle_pct \
