@@ -5,10 +5,12 @@ Definitions (GPU-hours count a MIG device as its fraction of the physical GPU):
 - **allocated**: the time a job held a device, clipped to the window. For ``--by process``: the
   time the process held a context on it.
 - **used**: utilisation-weighted time. A device's busy time in a bucket (its mean utilisation ×
-  the bucket) goes to the processes seen on it, in proportion to their own SM utilisation when all
-  of them report one, else to the time they were seen; with no process seen, to the jobs holding
-  it; with neither, to nobody (it still counts in the totals). So the rows add up to the total,
-  and a process outside any job shows up as use without allocation.
+  the covered part of the bucket) goes to the processes seen on it: when all of them report an SM
+  utilisation, each its own busy time (seen × utilisation, at most the device's); else as much as
+  they could have been busy (the time one was seen, at 100 %), by the time each was seen; the
+  rest, to the jobs holding it (each for the part of the bucket it held); with neither, to nobody
+  (it still counts in the totals). So the rows add up to the total, and a process outside any job
+  shows up as use without allocation.
 - **idle**: allocated time during which the device was not busy: the measured part of the
   allocation in a bucket less the device's busy time in that bucket (allocation × (1 −
   utilisation) for a bucket it holds whole), never below 0. So used + idle never exceeds
@@ -233,7 +235,7 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                         acc.unmeasured += p.seen[b] * dur_h[b] * w
                 continue
             total_used += busy
-            for who, seen, frac in _split(present, whos, overlaps, b):
+            for who, seen, frac in _split(present, whos, overlaps, b, util):
                 acc = groups.get(who)
                 acc.used += busy * frac
                 if who.user is not None:
@@ -317,18 +319,32 @@ def _mig_util(present: list[ProcSeries], b: int) -> float | None:
 
 
 def _split(present: list[ProcSeries], whos: dict[int, Who], overlaps: list[tuple[AllocationSpan, float]],
-           b: int) -> list[tuple[Who, float, float]]:
+           b: int, util: float) -> list[tuple[Who, float, float]]:
     """Who a device's busy time in bucket ``b`` belongs to: (who, seen, fraction), fractions sum to 1."""
+    out: list[tuple[Who, float, float]] = []
+    rest = 1.0
     if present:
         weights = [p.seen[b] * u for p in present if (u := p.util[b]) is not None]
-        if len(weights) != len(present) or sum(weights) <= 0:
+        if len(weights) == len(present) and sum(weights) > 0 and util > 0:
+            # their own busy time (seen × SM utilisation), at most the device's
+            fracs = [wt / util for wt in weights]
+            scale = max(sum(fracs), 1.0)
+            fracs = [f / scale for f in fracs]
+        else:  # as much as they could have been busy (seen at 100 %), by how long each was seen
             weights = [p.seen[b] for p in present]
-        total = sum(weights)
-        return [(whos[id(p)], p.seen[b], wt / total) for p, wt in zip(present, weights, strict=True)]
-    if overlaps:
-        total = sum(f for _, f in overlaps)
-        return [(Who(a.user, a.account, a.job_id, None, a.node, None), 0.0, f / total) for a, f in overlaps]
-    return [(Who(None, None, None, None, None, None), 0.0, 1.0)]
+            part = min(max(weights), 1.0)
+            most = 1.0 if util <= 0 else min(part * 100.0 / util, 1.0)
+            fracs = [most * wt / sum(weights) for wt in weights]
+        out = [(whos[id(p)], p.seen[b], f) for p, f in zip(present, fracs, strict=True)]
+        rest = 1.0 - sum(fracs)
+    if overlaps and rest > 1e-12:  # each job its part of the rest; what no job held is nobody's
+        total = max(sum(f for _, f in overlaps), 1.0)
+        out += [(Who(a.user, a.account, a.job_id, None, a.node, None), 0.0, rest * f / total)
+                for a, f in overlaps]
+        rest *= 1.0 - min(sum(f for _, f in overlaps), 1.0)
+    if rest > 1e-12:
+        out.append((Who(None, None, None, None, None, None), 0.0, rest))
+    return out
 
 
 def _idle_jobs(data: ReportData, policy: Policy) -> set[tuple[str, str]]:
