@@ -144,10 +144,14 @@ def _accumulate(acc: _Acc, rows: Any, n: int) -> None:
 def sampling_interval(store: Store) -> float | None:
     """The monitor's sampling interval in seconds, from what it stored; None when it cannot tell."""
     conn = store._conn
-    row = conn.execute("SELECT device FROM gpu_sample ORDER BY ts DESC LIMIT 1").fetchone()
-    if row is not None:
+    newest: tuple[float, int] | None = None
+    for (ident,) in conn.execute("SELECT id FROM device").fetchall():  # a seek per device, no scan
+        last = conn.execute("SELECT max(ts) FROM gpu_sample WHERE device = ?", (ident,)).fetchone()[0]
+        if last is not None and (newest is None or last > newest[0]):
+            newest = (float(last), int(ident))
+    if newest is not None:
         ts = [float(t) for (t,) in conn.execute(
-            "SELECT ts FROM gpu_sample WHERE device = ? ORDER BY ts DESC LIMIT 101", (row[0],))]
+            "SELECT ts FROM gpu_sample WHERE device = ? ORDER BY ts DESC LIMIT 101", (newest[1],))]
         gaps = sorted(a - b for a, b in itertools.pairwise(ts) if a > b)
         if gaps:
             return gaps[len(gaps) // 2]
