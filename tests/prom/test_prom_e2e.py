@@ -285,6 +285,29 @@ def test_the_fair_share_report_is_the_same_from_both_sources(run: Run) -> None:
     assert rows["nobody"].used_gpu_hours > 3 / 3600  # the rogue's busy GPU shows in both
 
 
+def test_buckets_the_monitor_covered_in_part_count_only_that_part(run: Run) -> None:
+    """Buckets of 2 min around the monitor's 34 s of life: each covered in part, in both sources
+    (samples × interval). Without the coverage, the mean utilisation of those seconds would count
+    for whole buckets; with it, used + idle stays within allocated + outside-Slurm in both."""
+    step = 120.0
+    since, until = run.t0 - 125, run.t0 + 115
+    lite = load_sqlite(run.db, since, until, step)
+    prom = load_prometheus(f"prometheus:{run.url}", since, until, step)
+    for data in (lite, prom):
+        for g in (g for g in data.gpus if g.node == NODE_NAME):
+            covered = sum(c * (hi - lo) for c, (lo, hi) in
+                          zip(g.cover, (data.bucket_span(b) for b in range(data.buckets)), strict=True))
+            assert 28 <= covered <= 40, (data.source, g.uuid, g.cover)  # the monitor's life, ±scrapes
+    policy = Policy(quota_of=lambda user, account: 0.25, account_quotas={})
+    rows = {r.key: r for r in compute(lite, "user", policy).rows}
+    for r in compute(prom, "user", policy).rows:
+        assert abs(r.used_gpu_hours - rows[r.key].used_gpu_hours) <= 4 / 3600, r.key
+        assert r.used_gpu_hours <= 34 * 3 / 3600  # 3 GPUs at most, for the monitor's life at most
+        if r.key == "root":  # the job (GPUs 0, 1): its idle is its measured time less its busy time
+            assert r.used_gpu_hours + r.idle_gpu_hours <= r.allocated_gpu_hours + 1e-9
+            assert r.unmeasured_gpu_hours > 0
+
+
 def test_long_ranges_are_split_and_give_the_same_answer(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     since, until = run.t0 - 3, run.t0 + 27
     whole = load_prometheus(f"prometheus:{run.url}", since, until, 1.0)

@@ -269,3 +269,19 @@ def test_the_systemd_unit_verifies_and_keeps_proc_and_nvml_reachable(tmp_path: P
     copy.write_text(text.replace("ExecStart=/usr/local/bin/gpuslurm monitor", "ExecStart=/bin/true monitor"))
     out = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "gpuslurm-monitor" not in out.stderr, out.stderr
+
+
+def test_ten_restarts_keep_one_rogue_finding_with_its_first_start(
+        site: Site, sleepers: list[subprocess.Popen[bytes]]) -> None:
+    """The same rogue process across 10 real `gpuslurm monitor --once` runs (each a restart): the
+    detector replays the store's recent cycles at start, so the store holds one finding, started
+    at the first run's cycle, lasting to the last one's."""
+    site.write({"procs": [{"pid": sleepers[0].pid, "gpu": U[5], "mem_mib": 900}]})
+    for _ in range(10):
+        out = subprocess.run(site.cmd("--once"), env=site.env(), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        time.sleep(0.05)
+    cycles = sorted(t for (t,) in site.rows("SELECT DISTINCT ts FROM gpu_sample"))
+    assert len(cycles) == 10
+    found = site.rows("SELECT kind, pid, gpu_uuid, start, end_ts FROM violation")
+    assert found == [("rogue", sleepers[0].pid, U[5], cycles[0], cycles[-1])]

@@ -306,3 +306,30 @@ def test_report_queries_use_the_indexes_and_stay_fast(db: Path) -> None:
     assert len(stats) == 8 and all(s.samples == 7200 + 60 * (1440 - 120) for s in stats.values())
     assert took < 0.5, f"--last 24h over 8 GPUs took {took:.3f} s"
     store.close()
+
+
+def test_recent_cycles_are_bounded_and_resume_keeps_a_rogue_start(tmp_path: Path) -> None:
+    """The bounded reader gives back what was written (newest first cut, oldest first order); a
+    detector resumed from only the last 2 cycles keeps the stored finding's start."""
+    from gpuslurm.config import DetectConfig
+    from gpuslurm.policy.detect import Detector, resume
+
+    g = "GPU-00000000-aaaa"
+    job = Allocation("7", "alice", 1001, ("GPU-11111111-bbbb",), 50.0, "phys")
+    cycles = [Cycle(100.0 + 10 * i, "n1", (GpuSample(100.0 + 10 * i, g, util_pct=30.0, mem_total_mib=8.0),),
+                    (ProcSample(100.0 + 10 * i, g, 4242, name="miner", uid=1003, user="carol", mem_mib=5.0,
+                                started=99.0),), (job,)) for i in range(6)]
+    det = Detector(DetectConfig())
+    with Store.open(str(tmp_path / "m.db")) as store:
+        for c in cycles:
+            store.write_cycle(c, det.feed(c))
+        assert store.recent_cycles(1e9) == cycles
+        assert store.recent_cycles(1e9, max_cycles=2) == cycles[-2:]
+        assert store.recent_cycles(15.0) == cycles[-2:]
+        stored = store.violations(cycles[-1].ts, cycles[-1].ts)
+        assert [(v.kind, v.start) for v in stored] == [("rogue", 100.0)]
+        later = Cycle(170.0, "n1", cycles[0].gpus, (cycles[0].procs[0]._replace(ts=170.0),), (job,))
+        fresh = resume(Detector(DetectConfig()), store.recent_cycles(15.0), stored)
+        assert [(v.kind, v.start, v.duration_s) for v in fresh.feed(later)] == [("rogue", 100.0, 70.0)]
+        blind = resume(Detector(DetectConfig()), store.recent_cycles(15.0))  # without the stored finding
+        assert [v.start for v in blind.feed(later)] == [140.0]

@@ -96,13 +96,20 @@ def _order(v: Violation) -> tuple[str, str, int, str, str]:
 
 
 def rebuild(cycles: Iterable[Cycle], cfg: DetectConfig,
-            shares: Mapping[str, float] | None = None) -> Detector:
+            shares: Mapping[str, float] | None = None, stored: Iterable[Violation] = ()) -> Detector:
     """A detector that has seen ``cycles`` (stored history, oldest first), e.g. after a restart.
 
     Load at least :attr:`Detector.history_s` seconds of history. A violation older than the history
-    loaded gets a start no earlier than the history's first cycle.
+    loaded gets a start no earlier than the history's first cycle, unless ``stored`` (the findings
+    recorded before the restart) holds it: see :func:`resume`.
     """
-    det = Detector(cfg, shares)
+    return resume(Detector(cfg, shares), cycles, stored)
+
+
+def resume(det: Detector, cycles: Iterable[Cycle], stored: Iterable[Violation] = ()) -> Detector:
+    """Feed ``det`` the stored history, then let a rogue process it still tracks keep the start a
+    stored finding gave it: a finding that goes on across a restart stays one finding."""
     for cycle in cycles:
         det.feed(cycle)
+    det._rogue.adopt(v for v in stored if v.kind == "rogue")
     return det

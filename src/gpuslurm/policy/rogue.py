@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from gpuslurm.policy.usage import CycleView, device_of, user_of
 from gpuslurm.policy.wording import name_proc, span
 from gpuslurm.samples import Cycle, ProcSample, Violation
@@ -54,6 +56,13 @@ class RogueTracker:
             found.append(_violation(cycle, proc, dev, user, why, start))
         self._since = since  # a process no longer rogue (or gone) is forgotten
         return found
+
+    def adopt(self, stored: Iterable[Violation]) -> None:
+        """Take the earlier start of a stored finding for a rogue (PID, device) tracked now."""
+        for v in stored:
+            key = (v.pid, v.gpu_uuid)
+            if v.pid is not None and v.gpu_uuid is not None and key in self._since:
+                self._since[(v.pid, v.gpu_uuid)] = min(self._since[(v.pid, v.gpu_uuid)], v.start)
 
     def __len__(self) -> int:
         return len(self._since)

@@ -5,12 +5,19 @@ Definitions (GPU-hours count a MIG device as its fraction of the physical GPU):
 - **allocated**: the time a job held a device, clipped to the window. For ``--by process``: the
   time the process held a context on it.
 - **used**: utilisation-weighted time. A device's busy time in a bucket (its mean utilisation ×
-  the bucket) goes to the processes seen on it, in proportion to their own SM utilisation when all
-  of them report one, else to the time they were seen; with no process seen, to the jobs holding
-  it; with neither, to nobody (it still counts in the totals). So the rows add up to the total,
-  and a process outside any job shows up as use without allocation.
-- **idle**: allocated time during which the device was not busy (allocation × (1 − utilisation)).
-- **unmeasured**: allocated time with no utilisation sample: neither idle nor used.
+  the covered part of the bucket) goes to the processes seen on it: when all of them report an SM
+  utilisation, each its own busy time (seen × utilisation, at most the device's); else as much as
+  they could have been busy (the time one was seen, at 100 %), by the time each was seen; the
+  rest, to the jobs holding it (each for the part of the bucket it held); with neither, to nobody
+  (it still counts in the totals). So the rows add up to the total, and a process outside any job
+  shows up as use without allocation.
+- **idle**: allocated time during which the device was not busy: the measured part of the
+  allocation in a bucket less the device's busy time in that bucket (allocation × (1 −
+  utilisation) for a bucket it holds whole), never below 0. So used + idle never exceeds
+  allocated + the use outside any job, per row and in total.
+- **unmeasured**: allocated time with no utilisation sample: neither idle nor used. A bucket the
+  monitor sampled only in part (``GpuSeries.cover``) is measured for that part only: its mean
+  utilisation makes busy and idle time of the covered part, the rest is unmeasured.
 - **share**: used GPU-hours over the capacity of the window (physical GPUs × hours), against the
   quota ``[detect.share]`` gives (a fraction of the same capacity).
 """
@@ -200,6 +207,8 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
             present = [p for p in present_all if p.seen[b] > 0]
             if util is None and g.uuid != g.gpu_uuid:
                 util = _mig_util(present, b)
+            cover = g.cover[b] if g.cover else 1.0
+            busy = None if util is None else util / 100.0 * cover * dur_h[b] * w
             overlaps: list[tuple[AllocationSpan, float]] = []
             for a in held:
                 f = _overlap(a.start, a.end, lo, hi) / (hi - lo)
@@ -215,17 +224,18 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                 if util is None:
                     acc.unmeasured += gh
                 else:
-                    acc.idle += gh * (1.0 - util / 100.0)
-            if util is None:
+                    measured = gh * cover  # its busy time cannot exceed the device's in the bucket
+                    acc.idle += measured - min(measured, busy if busy is not None else 0.0)
+                    acc.unmeasured += gh - measured
+            if util is None or busy is None:
                 if by == "process":
                     for p in present:
                         acc = groups.get(whos[id(p)])
                         acc.allocated += p.seen[b] * dur_h[b] * w
                         acc.unmeasured += p.seen[b] * dur_h[b] * w
                 continue
-            busy = util / 100.0 * dur_h[b] * w
             total_used += busy
-            for who, seen, frac in _split(present, whos, overlaps, b):
+            for who, seen, frac in _split(present, whos, overlaps, b, util):
                 acc = groups.get(who)
                 acc.used += busy * frac
                 if who.user is not None:
@@ -233,7 +243,8 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                 if by == "process" and seen > 0:
                     held_h = seen * dur_h[b] * w
                     acc.allocated += held_h
-                    acc.idle += max(held_h - busy * frac, 0.0)
+                    acc.idle += max(held_h * cover - busy * frac, 0.0)
+                    acc.unmeasured += held_h * (1.0 - cover)
             for p in present:  # hours a process kept its device busier than busy_pct
                 mine = p.util[b]
                 if (mine if mine is not None else util / len(present)) > policy.busy_pct:
@@ -308,18 +319,32 @@ def _mig_util(present: list[ProcSeries], b: int) -> float | None:
 
 
 def _split(present: list[ProcSeries], whos: dict[int, Who], overlaps: list[tuple[AllocationSpan, float]],
-           b: int) -> list[tuple[Who, float, float]]:
+           b: int, util: float) -> list[tuple[Who, float, float]]:
     """Who a device's busy time in bucket ``b`` belongs to: (who, seen, fraction), fractions sum to 1."""
+    out: list[tuple[Who, float, float]] = []
+    rest = 1.0
     if present:
         weights = [p.seen[b] * u for p in present if (u := p.util[b]) is not None]
-        if len(weights) != len(present) or sum(weights) <= 0:
+        if len(weights) == len(present) and sum(weights) > 0 and util > 0:
+            # their own busy time (seen × SM utilisation), at most the device's
+            fracs = [wt / util for wt in weights]
+            scale = max(sum(fracs), 1.0)
+            fracs = [f / scale for f in fracs]
+        else:  # as much as they could have been busy (seen at 100 %), by how long each was seen
             weights = [p.seen[b] for p in present]
-        total = sum(weights)
-        return [(whos[id(p)], p.seen[b], wt / total) for p, wt in zip(present, weights, strict=True)]
-    if overlaps:
-        total = sum(f for _, f in overlaps)
-        return [(Who(a.user, a.account, a.job_id, None, a.node, None), 0.0, f / total) for a, f in overlaps]
-    return [(Who(None, None, None, None, None, None), 0.0, 1.0)]
+            part = min(max(weights), 1.0)
+            most = 1.0 if util <= 0 else min(part * 100.0 / util, 1.0)
+            fracs = [most * wt / sum(weights) for wt in weights]
+        out = [(whos[id(p)], p.seen[b], f) for p, f in zip(present, fracs, strict=True)]
+        rest = 1.0 - sum(fracs)
+    if overlaps and rest > 1e-12:  # each job its part of the rest; what no job held is nobody's
+        total = max(sum(f for _, f in overlaps), 1.0)
+        out += [(Who(a.user, a.account, a.job_id, None, a.node, None), 0.0, rest * f / total)
+                for a, f in overlaps]
+        rest *= 1.0 - min(sum(f for _, f in overlaps), 1.0)
+    if rest > 1e-12:
+        out.append((Who(None, None, None, None, None, None), 0.0, rest))
+    return out
 
 
 def _idle_jobs(data: ReportData, policy: Policy) -> set[tuple[str, str]]:
@@ -338,7 +363,7 @@ def _idle_jobs(data: ReportData, policy: Policy) -> set[tuple[str, str]]:
                 if u is None:
                     continue
                 lo, hi = data.bucket_span(b)
-                t = _overlap(a.start, a.end, lo, hi)
+                t = _overlap(a.start, a.end, lo, hi) * (g.cover[b] if g.cover else 1.0)
                 measured += t
                 busy += t * u / 100.0
         if measured and 100.0 * busy / measured < policy.idle_pct \

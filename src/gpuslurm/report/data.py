@@ -6,7 +6,10 @@ window ``[since, until)`` cut into buckets of ``step_s`` seconds. Bucket ``i`` c
 rounded down to a multiple of ``step_s`` (so minute rollups never straddle two buckets when
 ``step_s`` is a multiple of 60). Each series holds one value per bucket.
 
-Unknown stays ``None``, never 0: a bucket without a sample is "not measured", not "idle".
+A bucket's mean utilisation holds only for the part of it the monitor sampled (it may have
+started, stopped or restarted inside it): :attr:`GpuSeries.cover` says how much, and the report
+counts the rest of the bucket as unmeasured. Unknown stays ``None``, never 0: a bucket without a
+sample is "not measured", not "idle".
 Devices are named by UUID: a GPU's, or a MIG device's with its parent in ``gpu_uuid``.
 """
 
@@ -24,6 +27,9 @@ class GpuSeries(NamedTuple):
     uuid: str  # the device: GPU UUID, or MIG UUID
     gpu_uuid: str  # its physical GPU (== uuid for a whole GPU)
     util: tuple[float | None, ...]  # mean utilisation % per bucket; None: no known sample
+    # fraction (0–1) of each bucket the samples behind ``util`` cover (samples × sampling interval
+    # over the bucket); () means every bucket with a ``util`` is fully covered
+    cover: tuple[float, ...] = ()
 
 
 class ProcSeries(NamedTuple):

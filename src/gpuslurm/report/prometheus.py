@@ -8,6 +8,9 @@ the window (the first when ``since`` is not on the grid, the last when ``until``
 instant query with its own range. A range query asks for at most :data:`MAX_POINTS` points, so
 long windows are split (Prometheus refuses more than 11,000 points per series).
 
+A bucket's coverage (:attr:`GpuSeries.cover`) is its scrapes × the scrape interval over its
+length; the interval is a whole bucket over the most scrapes one whole bucket of the node holds.
+
 What differs from SQLite, by nature: Prometheus holds the exporter's values at scrape times, so a
 cycle the scrape missed is absent and one scraped twice counts twice; the process start time is
 not exported, so a PID reused by a process with the same name, job and user continues the same
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -94,7 +98,31 @@ class PrometheusClient:
                                    "values": list(item.get("values") or ())}
         return list(merged.values())
 
+    def scrape_intervals(self) -> dict[str, float]:
+        """``/api/v1/targets``: each active target's scrape interval in seconds, by its ``instance``
+        label; {} when Prometheus does not say (an old version, a proxy that refuses the call)."""
+        try:
+            data = self._data("targets", {"state": "active"})
+        except PrometheusError:
+            return {}
+        out: dict[str, float] = {}
+        for t in data.get("activeTargets") or ():
+            if not isinstance(t, dict) or not isinstance(t.get("labels"), dict):
+                continue
+            instance, every = t["labels"].get("instance"), _duration(t.get("scrapeInterval"))
+            if isinstance(instance, str) and every:
+                out[instance] = every
+        return out
+
     def _get(self, endpoint: str, params: dict[str, str], want: str) -> list[dict[str, Any]]:
+        data = self._data(endpoint, params)
+        here = f"prometheus:{self.url}"
+        if data.get("resultType") != want or not isinstance(data.get("result"), list):
+            raise PrometheusError(f"/api/v1/{endpoint} answered {data.get('resultType')!r}, not {want!r}",
+                                  source=here)
+        return [r for r in data["result"] if isinstance(r, dict)]
+
+    def _data(self, endpoint: str, params: dict[str, str]) -> dict[str, Any]:
         url = f"{self.url}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
         here = f"prometheus:{self.url}"
         try:
@@ -120,10 +148,7 @@ class PrometheusClient:
             why = doc.get("error") if isinstance(doc, dict) else None
             raise PrometheusError(f"/api/v1/{endpoint} failed: {_one_line(str(why or 'no data'))}",
                                   source=here)
-        if data.get("resultType") != want or not isinstance(data.get("result"), list):
-            raise PrometheusError(f"/api/v1/{endpoint} answered {data.get('resultType')!r}, not {want!r}",
-                                  source=here)
-        return [r for r in data["result"] if isinstance(r, dict)]
+        return data
 
 
 def load_prometheus(url: str, since: float, until: float, step_s: float,
@@ -139,14 +164,18 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
         raise PrometheusError(f"no gpuslurm GPU samples between {_iso(since)} and {_iso(until)} "
                               "(is the monitor's exporter scraped?)", source=f"prometheus:{prom.url}")
     util = grid.matrix("avg_over_time(gpuslurm_gpu_utilization_ratio[{r}])")
+    durations = [hi - lo for lo, hi in (grid.span(b) for b in range(n))]
+    intervals = _intervals(samples, grid, prom.scrape_intervals())
     device_samples: dict[tuple[str, str], dict[int, float]] = {}
     gpus = []
     for key in sorted(samples, key=lambda k: (_device(k), _label(k, "node"))):
         node, device, parent = _label(key, "node"), _device(key), _label(key, "gpu_uuid")
         device_samples[(node, device)] = samples[key]
-        u = util.get(key, {})
+        u, c, every = util.get(key, {}), samples[key], intervals.get(node)
+        cover = tuple(0.0 if b not in c or durations[b] <= 0 else 1.0 if every is None
+                      else min(c[b] * every / durations[b], 1.0) for b in range(n))
         gpus.append(GpuSeries(node, device, parent or device,
-                              tuple(u[b] * 100.0 if b in u else None for b in range(n))))
+                              tuple(u[b] * 100.0 if b in u else None for b in range(n)), cover))
 
     # a process is present in a scrape when either of its gauges is (an unknown value is absent)
     counts = grid.matrix("count_over_time(gpuslurm_process_gpu_memory_bytes[{r}]) "
@@ -247,7 +276,7 @@ class _Grid:
     def matrix(self, template: str) -> Matrix:
         """``template`` with ``{r}`` the range, per series and bucket; buckets without data left out."""
         out: Matrix = {}
-        whole = [b for b in range(self.n) if self._span(b) == self._full(b)]
+        whole = [b for b in range(self.n) if self.whole(b)]
         if whole:
             query = template.format(r=f"{_ms(self.step_s)}ms")
             first, last = self._full(whole[0])[1], self._full(whole[-1])[1]
@@ -259,7 +288,7 @@ class _Grid:
                     if 0 <= b < self.n and value is not None:
                         cells[b] = value
         for b in (b for b in range(self.n) if b not in whole):
-            lo, hi = self._span(b)
+            lo, hi = self.span(b)
             if hi - lo < 0.001:
                 continue
             for r in self.prom.instant(template.format(r=f"{_ms(hi - lo)}ms"), hi):
@@ -272,9 +301,42 @@ class _Grid:
         lo = self.start + b * self.step_s
         return lo, lo + self.step_s
 
-    def _span(self, b: int) -> tuple[float, float]:
+    def span(self, b: int) -> tuple[float, float]:
         lo, hi = self._full(b)
         return max(lo, self.since), min(hi, self.until)
+
+    def whole(self, b: int) -> bool:
+        return self.span(b) == self._full(b)
+
+
+def _intervals(samples: Matrix, grid: _Grid, targets: dict[str, float]) -> dict[str, float]:
+    """Per node, the scrape interval: its target's (by the series' ``instance``), else a whole
+    bucket over the most samples any whole bucket of its GPUs holds. Absent: neither is known."""
+    out: dict[str, float] = {}
+    most: dict[str, float] = {}
+    for key, cells in samples.items():
+        node = _label(key, "node")
+        every = targets.get(_label(key, "instance"))
+        if every:
+            out[node] = every
+        for b, count in cells.items():
+            if grid.whole(b) and count > most.get(node, 0.0):
+                most[node] = count
+    return {**{node: grid.step_s / count for node, count in most.items()}, **out}
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
+
+
+def _duration(text: object) -> float | None:
+    """A Prometheus duration (``15s``, ``1m30s``, ``500ms``) in seconds; None if it is not one."""
+    if not isinstance(text, str) or not text:
+        return None
+    parts = re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    total = sum(int(n) * _UNITS[u] for n, u in parts)
+    return total if 0 < total < 1e9 else None
 
 
 def _seen(count: float, device_samples: float | None) -> float:

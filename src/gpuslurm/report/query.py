@@ -7,10 +7,16 @@ bucketed in SQL, both through their primary keys: ``gpu_sample``/``gpu_minute`` 
 by ``(ts, process)``, ``proc_minute`` by ``(process, minute)`` for the processes the
 ``process_seen`` index says were alive in the window. Beyond the raw window the resolution is a
 minute: a minute row belongs to the bucket its minute starts in.
+
+A bucket's mean utilisation holds for the time its samples cover: samples × the sampling interval
+(the median gap between the newest raw samples, else a minute over the most samples a minute row
+holds), at most the bucket. That fraction is :attr:`GpuSeries.cover`; the rest of the bucket (the
+monitor not yet started, stopped, restarting) is unmeasured, not busy nor idle.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import sqlite3
 from typing import Any
@@ -90,7 +96,9 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
         raise InputError(f"no GPU samples between {_iso(since)} and {_iso(until)} "
                          f"(the store holds {_iso(period[0])} to {_iso(period[1])})", source=path)
     gpu_n: dict[tuple[int, int], float] = {k: v[0] for k, v in gpu.items()}
-    gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n))
+    interval = sampling_interval(store)
+    durations = [min(start + (b + 1) * step_s, until) - max(start + b * step_s, since) for b in range(n)]
+    gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n), _cover(gpu, dev, durations, interval))
                  for dev, (uuid, parent) in sorted(devices.items(), key=lambda d: d[1])
                  if any((dev, b) in gpu for b in range(n)))
 
@@ -131,6 +139,38 @@ def _accumulate(acc: _Acc, rows: Any, n: int) -> None:
             cell[0] += count
             cell[1] += util_n
             cell[2] += util_sum
+
+
+def sampling_interval(store: Store) -> float | None:
+    """The monitor's sampling interval in seconds, from what it stored; None when it cannot tell."""
+    conn = store._conn
+    newest: tuple[float, int] | None = None
+    for (ident,) in conn.execute("SELECT id FROM device").fetchall():  # a seek per device, no scan
+        last = conn.execute("SELECT max(ts) FROM gpu_sample WHERE device = ?", (ident,)).fetchone()[0]
+        if last is not None and (newest is None or last > newest[0]):
+            newest = (float(last), int(ident))
+    if newest is not None:
+        ts = [float(t) for (t,) in conn.execute(
+            "SELECT ts FROM gpu_sample WHERE device = ? ORDER BY ts DESC LIMIT 101", (newest[1],))]
+        gaps = sorted(a - b for a, b in itertools.pairwise(ts) if a > b)
+        if gaps:
+            return gaps[len(gaps) // 2]
+    most = conn.execute("SELECT max(n) FROM gpu_minute").fetchone()[0]
+    return 60.0 / float(most) if most else None
+
+
+def _cover(acc: _Acc, ident: int, durations: list[float], interval: float | None) -> tuple[float, ...]:
+    """Per bucket, the fraction its samples cover (the samples with a utilisation, if any have one)."""
+    out: list[float] = []
+    for b, dur in enumerate(durations):
+        cell = acc.get((ident, b))
+        if cell is None or dur <= 0:
+            out.append(0.0)
+        elif interval is None:
+            out.append(1.0)
+        else:
+            out.append(min((cell[1] or cell[0]) * interval / dur, 1.0))
+    return tuple(out)
 
 
 def _means(acc: _Acc, ident: int, n: int) -> tuple[float | None, ...]:

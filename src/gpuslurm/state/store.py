@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.samples import Allocation, Cycle, ProcSample, Violation
+from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, Violation
 
 SCHEMA_VERSION = 1
 DEFAULT_NAME = "monitor.db"
@@ -340,6 +340,59 @@ class Store:
                 sql += f" AND {col} = ?"
                 args.append(value)
         return [Violation(*row) for row in self._read(sql + " ORDER BY start, key", tuple(args))]
+
+    def recent_cycles(self, span_s: float, max_cycles: int = 20_000) -> list[Cycle]:
+        """The newest raw cycles, oldest first: those within ``span_s`` of the newest, at most
+        ``max_cycles`` of them (what a detector needs to pick up after a restart; bounded).
+
+        Problems are not read back; a cycle is rebuilt from its GPU samples, the processes seen in
+        it and the jobs that were allocated at its time."""
+        newest = self._read("SELECT max(ts) FROM gpu_sample", ())[0][0]
+        if newest is None or max_cycles <= 0:
+            return []
+        times = [float(t) for (t,) in self._read(
+            "SELECT DISTINCT ts FROM gpu_sample WHERE ts >= ? ORDER BY ts DESC LIMIT ?",
+            (float(newest) - span_s, max_cycles))]
+        if not times:
+            return []
+        lo, hi = times[-1], times[0]
+        node_row = self._read("SELECT value FROM meta WHERE key = 'node'", ())
+        node = str(node_row[0][0]) if node_row else "node"
+        devices = {int(i): (str(u), None if g is None else str(g))
+                   for i, u, g in self._read("SELECT id, uuid, gpu_uuid FROM device", ())}
+
+        def names(ident: int) -> tuple[str, str | None]:
+            uuid, parent = devices[ident]
+            return (parent, uuid) if parent is not None and parent != uuid else (uuid, None)
+
+        gpus: dict[float, list[GpuSample]] = {}
+        for dev, ts, util, mem, total, power, temp in self._read(
+                "SELECT device, ts, util_pct, mem_used_mib, mem_total_mib, power_w, temp_c FROM gpu_sample "
+                "WHERE device IN (SELECT id FROM device) AND ts BETWEEN ? AND ? ORDER BY ts, device",
+                (lo, hi)):
+            gpu, mig = names(int(dev))
+            gpus.setdefault(float(ts), []).append(
+                GpuSample(float(ts), gpu, mig, util, mem, total, power, temp))
+        procs: dict[float, list[ProcSample]] = {}
+        for ts, dev, pid, started, uid, user, job, name, mem, sm in self._read(
+                "SELECT s.ts, p.device, p.pid, p.started, p.uid, p.user, p.job_id, p.name, s.mem_mib, "
+                "s.sm_util_pct FROM proc_sample s JOIN process p ON p.id = s.process "
+                "WHERE s.ts BETWEEN ? AND ? ORDER BY s.ts, p.id", (lo, hi)):
+            gpu, mig = names(int(dev))
+            procs.setdefault(float(ts), []).append(
+                ProcSample(float(ts), gpu, int(pid), mig, name, uid, user, job, mem, sm, started))
+        jobs: dict[str, list[Any]] = {}
+        for job, user, uid, account, start, last, source, uuid in self._read(
+                "SELECT a.job_id, a.user, a.uid, a.account, a.start, a.last_seen, a.source, d.uuid "
+                "FROM allocation a JOIN allocation_device ad ON ad.job_id = a.job_id "
+                "JOIN device d ON d.id = ad.device WHERE a.last_seen >= ? AND a.start <= ? "
+                "ORDER BY a.job_id, d.uuid", (lo, hi)):
+            jobs.setdefault(job, [job, user, uid, account, start, last, source, []])[7].append(uuid)
+        allocs = [(float(j[4]), float(j[5]), Allocation(j[0], j[1], int(j[2]), tuple(j[7]), float(j[4]), j[3],
+                                                        j[6])) for j in jobs.values()]
+        return [Cycle(ts, node, tuple(gpus.get(ts, ())), tuple(procs.get(ts, ())),
+                      tuple(a for start, last, a in allocs if start <= ts <= last))
+                for ts in reversed(times)]
 
     def schema_version(self) -> int:
         return int(self._read("SELECT max(version) FROM schema_version", ())[0][0])

@@ -6,7 +6,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpuslurm.policy.detect import Detector, resume
 from gpuslurm.samples import Allocation
+from gpuslurm.state.store import Store
 from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.monitor import CycleStore, Monitor, Sampler
 
@@ -24,8 +26,13 @@ def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_d
     ``jobs_dir`` and, when a ``scheduler`` and the ``node`` are given, its job list as the fallback.
 
     ``parts`` are the Monitor's optional parts (detector, publish, observe, comments, act,
-    quotas, warn, raw_window_s).
+    quotas, warn, raw_window_s). A detector given with a :class:`Store` first replays the store's
+    recent cycles (its ``history_s``, at most ``HISTORY_CYCLES``) and adopts the starts of the
+    findings stored then, so a finding that goes on across a restart stays one finding.
     """
+    detector = parts.get("detector")
+    if isinstance(detector, Detector) and isinstance(store, Store):
+        resume_detector(detector, store, clock())
     squeue: Callable[[], tuple[Allocation, ...]] | None = None
     if scheduler is not None and node is not None:
         sched, known = scheduler, node
@@ -39,3 +46,16 @@ def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_d
         attributor = attributor_type(jobs_dir=jobs_dir, proc_root=proc_root, squeue=squeue,
                                      squeue_interval_s=squeue_interval_s)
     return Monitor(sampler, attributor, store, node_name, clock=clock, **parts)
+
+
+HISTORY_CYCLES = 20_000  # at most this many stored cycles are replayed at start (bounded start-up)
+
+
+def resume_detector(detector: Detector, store: Store, now: float) -> None:
+    """Replay ``store``'s recent cycles into ``detector`` and adopt its current findings' starts."""
+    cycles = store.recent_cycles(detector.history_s, HISTORY_CYCLES)
+    if not cycles:
+        return
+    last = cycles[-1].ts
+    stored = store.violations(last, now + 1.0)  # the findings current at the newest stored cycle
+    resume(detector, cycles, stored)
