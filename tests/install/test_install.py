@@ -314,3 +314,10 @@ def test_a_fifo_at_the_throttle_file_or_an_open_throttle_directory_is_refused(
     assert str(shared) in err.message and "writable by group" in err.message
     shared.chmod(0o755)
     ok(run(etc, prefix))
+
+
+def test_the_walk_of_the_interpreters_code_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib.check_interpreter(sys.executable)  # this venv, made by root as CI makes it, is accepted
+    monkeypatch.setattr(lib, "MAX_CODE_ENTRIES", 50)
+    with pytest.raises(InputError, match="more than 50 files and directories to check"):
+        lib.check_interpreter(sys.executable)
