@@ -238,7 +238,8 @@ end
 
 -- How many of each field's unit the job has in all: the cap is per job, so a per-node count is
 -- multiplied by the nodes, a per-socket one by sockets x nodes, a per-task one by the tasks
--- (unknown: one per node). Returns the multiplier and the unit's name.
+-- (unknown: --ntasks-per-node x nodes, else one per node). Returns the multiplier and the unit's
+-- name.
 local function units(job_desc, field)
     local nodes = nodes_of(job_desc)
     if field == "tres_per_job" then return 1, "job" end
@@ -246,11 +247,14 @@ local function units(job_desc, field)
     if field == "tres_per_socket" then
         return (known(job_desc.sockets_per_node) or 1) * nodes, "socket(s)"
     end
-    return known(job_desc.num_tasks) or nodes, "task(s)"
+    local per_node = known(job_desc.ntasks_per_node)
+    return known(job_desc.num_tasks) or (per_node and per_node * nodes) or nodes, "task(s)"
 end
 
--- Limit every gpu count in the request so the job gets at most `cap` GPUs in all (the cap is per
--- job): --gpus to cap, a per-node/per-socket/per-task count to floor(cap / how many there are).
+-- Limit the gpu counts in the request so the job gets at most `cap` GPUs in all (the cap is per
+-- job): the GPU items of each field are summed (gres:gpu:h100:2,gres:gpu:a100:2 is 4 per unit),
+-- and if that sum times the units exceeds the cap, the field keeps floor(cap / units) per unit,
+-- given to its GPU items in order (an item left with none is dropped).
 -- Returns a table field -> new value (only changed fields), or nil and a reason when the request
 -- cannot be capped (more nodes, sockets or tasks with GPUs than the cap, or a GPU request this
 -- cannot read).
@@ -260,24 +264,36 @@ function M.cap_request(job_desc, cap)
         local value = job_desc[field]
         if value ~= nil and value ~= "" then
             local many, unit = units(job_desc, field)
-            local limit = math.floor(cap / many)
-            local items, changed = split(value), false
+            local items, parsed, sum = split(value), {}, 0
             for i, item in ipairs(items) do
                 local r = M.parse_item(item)
                 if r and r.unparsed and r.name_l == "gpu" then
                     return nil, string.format("cannot read the GPU request %q", item:sub(1, 64))
                 end
-                if r and r.name_l == "gpu" and r.count * many > cap then
-                    if limit < 1 then
-                        return nil, string.format("%d %s with GPUs exceed the cap of %d GPU(s)",
-                                                  many, unit, cap)
-                    end
-                    r.count = limit
-                    items[i] = M.format_item(r)
-                    changed = true
+                if r and r.name_l == "gpu" then
+                    parsed[i] = r
+                    sum = sum + r.count
                 end
             end
-            if changed then changes[field] = table.concat(items, ",") end
+            if sum * many > cap then
+                local left = math.floor(cap / many)
+                if left < 1 then
+                    return nil, string.format("%d %s with GPUs exceed the cap of %d GPU(s)",
+                                              many, unit, cap)
+                end
+                local kept = {}
+                for i, item in ipairs(items) do
+                    local r = parsed[i]
+                    if r == nil then
+                        kept[#kept + 1] = item
+                    elseif left > 0 then
+                        r.count = math.min(r.count, left)
+                        left = left - r.count
+                        kept[#kept + 1] = M.format_item(r)
+                    end
+                end
+                changes[field] = table.concat(kept, ",")
+            end
         end
     end
     return changes

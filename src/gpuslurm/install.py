@@ -354,14 +354,21 @@ sys.stdout.write(json.dumps({"path": [p for p in sys.path if p], "site": site.ge
 """
 
 
+# The most directory entries check_interpreter walks before it refuses: a distribution's stdlib
+# and site-packages hold well under this; an unbounded tree must not hang install.
+MAX_CODE_ENTRIES = 500_000
+
+
 def check_interpreter(python: str) -> None:
-    """Refuse an interpreter whose code another user could change: its directory, every entry
-    of its ``sys.path`` (run with ``-I`` as the hooks are) and every ``.pth`` file in its
-    site-packages; all of it runs as root in every hook."""
+    """Refuse an interpreter whose code another user could change: the interpreter file itself
+    (every symlink on the way to it), every entry of its ``sys.path`` (run with ``-I`` as the
+    hooks are), its site-packages, every ``.pth`` file there and the directories they add, and
+    every directory and file inside all of those; all of it runs as root in every hook."""
     from gpuslurm.runner import run_command
 
     check_trusted_dir(Path(python).parent, "the interpreter")
     check_trusted_dir(Path(python).resolve().parent, "the interpreter")
+    _check_link_chain(Path(python))
     try:
         out = run_command([python, "-I", "-S", "-c", _CODE_PATHS], env={}, timeout=60).stdout
         doc = json.loads(out)
@@ -380,13 +387,72 @@ def check_interpreter(python: str) -> None:
     for pth in pth_files:
         _check_code_file(pth)
         entries += _pth_dirs(pth)
+    roots = []
     for entry in entries:
         p = Path(entry)
         if not p.exists():
             continue
         check_trusted_dir(p if p.is_dir() else p.parent, "code")
-        if not p.is_dir():
-            _check_code_file(p)
+        if p.is_dir():
+            roots.append(p)
+        else:
+            _check_link_chain(p)
+    _check_code_trees(roots)
+
+
+def _check_link_chain(path: Path) -> Path:
+    """Check ``path`` and, if it is a symlink, every link on the way to its target and the
+    directories holding them; return the final target. A dangling link is refused: whoever can
+    create its target would choose the code."""
+    path = Path(os.path.abspath(path))
+    for _ in range(40):
+        check_trusted_dir(path.parent, "code")
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise InputError("is a symlink to a missing file; root would run whatever appears "
+                             "there in every hook", path) from None
+        if not stat.S_ISLNK(st.st_mode):
+            why = unsafe_reason(st, final=True)
+            if why:
+                raise InputError(f"{why}; root runs it in every hook", path)
+            return path
+        path = Path(os.path.abspath(os.path.join(path.parent, os.readlink(path))))
+    raise InputError("too many levels of symbolic links", path)
+
+
+def _check_code_trees(roots: list[Path]) -> None:
+    """Every directory and file under ``roots``, symlinks not followed (lstat): owned by root or
+    us and not writable by group or others. A symlink is checked by its target's rule; a
+    symlinked directory is walked in turn. At most MAX_CODE_ENTRIES entries in all."""
+    done: set[str] = set()
+    queue = list(roots)
+    count = 0
+    while queue:
+        top = os.path.realpath(queue.pop(0))
+        if any(top == d or top.startswith(d.rstrip("/") + "/") for d in done):
+            continue
+        done.add(top)
+        for here, dirs, files in os.walk(top, followlinks=False, onerror=_walk_error):
+            for name in (*dirs, *files):
+                count += 1
+                if count > MAX_CODE_ENTRIES:
+                    raise InputError(f"more than {MAX_CODE_ENTRIES} files and directories to check "
+                                     "on the interpreter's path; pick a smaller installation", top)
+                path = Path(here) / name
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    target = _check_link_chain(path)
+                    if target.is_dir():
+                        queue.append(target)
+                    continue
+                why = unsafe_reason(st, final=True)
+                if why:
+                    raise InputError(f"{why}; root runs the code under it in every hook", path)
+
+
+def _walk_error(exc: OSError) -> None:
+    raise InputError(f"cannot check the code there ({exc.strerror})", exc.filename or "") from None
 
 
 def _pth_dirs(pth: Path) -> list[str]:

@@ -370,3 +370,10 @@ def test_replay_bundle_is_baked_and_checked(dirs: tuple[Path, Path], tmp_path: P
     bundle.chmod(0o777)
     refused(run(etc, prefix, "--replay", str(bundle)))
     refused(run(etc, prefix, "--replay", "relative/bundle"))
+
+
+def test_the_walk_of_the_interpreters_code_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib.check_interpreter(sys.executable)  # this venv, made by root as CI makes it, is accepted
+    monkeypatch.setattr(lib, "MAX_CODE_ENTRIES", 50)
+    with pytest.raises(InputError, match="more than 50 files and directories to check"):
+        lib.check_interpreter(sys.executable)

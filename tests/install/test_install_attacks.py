@@ -132,3 +132,82 @@ def test_a_group_writable_site_packages_is_refused(staff: Staff) -> None:
     python = str(venv / "bin" / "python")
     refused_one_line(install(etc_dir(staff), staff.root / "libexec", "--python", python),
                      str(site), "writable by group")
+
+
+def make_venv(staff: Staff, *extra: str) -> tuple[Path, Path]:
+    venv = staff.root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *extra, str(venv)], check=True,
+                   timeout=120)
+    return venv, next(venv.glob("lib/python3*/site-packages"))
+
+
+def test_a_world_writable_interpreter_file_is_refused(staff: Staff) -> None:
+    venv, _ = make_venv(staff, "--copies")
+    python = venv / "bin" / "python3"
+    assert not python.is_symlink()
+    python.chmod(0o777)
+    # The member rewrites the binary every hook runs as root.
+    assert staff.as_member("/usr/bin/test", "-w", str(python)).returncode == 0
+    refused_one_line(install(etc_dir(staff), staff.root / "libexec", "--python", str(python)),
+                     str(python), "writable by every user")
+
+
+def test_a_writable_module_inside_site_packages_is_refused(staff: Staff) -> None:
+    venv, site = make_venv(staff)
+    pkg = site / "evilpkg"
+    pkg.mkdir()
+    pkg.chmod(0o777)
+    init = pkg / "__init__.py"
+    init.write_text("")
+    init.chmod(0o666)
+    marker = staff.root / "pwned"
+    attack = staff.as_member("/bin/sh", "-c", f"echo 'open(\"{marker}\", \"w\")' >> {init}")
+    assert attack.returncode == 0, attack.stderr
+    etc, python = etc_dir(staff), str(venv / "bin" / "python")
+    refused_one_line(install(etc, staff.root / "libexec", "--python", python),
+                     str(pkg), "writable by every user")
+    pkg.chmod(0o755)  # the directory fixed, the file still is not
+    refused_one_line(install(etc, staff.root / "libexec", "--python", python),
+                     str(init), "writable by every user")
+    assert not marker.exists()
+
+
+def test_a_group_writable_file_in_a_pth_added_directory_is_refused(staff: Staff) -> None:
+    venv, site = make_venv(staff)
+    code = staff.root / "code" / "gpuslurm"  # an editable install's src/ tree
+    code.mkdir(parents=True)
+    (staff.root / "code").chmod(0o755)
+    code.chmod(0o755)
+    module = code / "hooks.py"
+    module.write_text("")
+    os.chown(module, 0, staff.gid)
+    module.chmod(0o664)
+    (site / "_editable.pth").write_text(f"{staff.root / 'code'}\n")
+    attack = staff.as_member("/bin/sh", "-c", f"echo 'import os' >> {module}")
+    assert attack.returncode == 0, attack.stderr
+    python = str(venv / "bin" / "python")
+    refused_one_line(install(etc_dir(staff), staff.root / "libexec", "--python", python),
+                     str(module), "writable by group")
+
+
+def test_a_symlink_in_site_packages_to_a_group_writable_file_is_refused(staff: Staff) -> None:
+    venv, site = make_venv(staff)
+    shared = staff.staff_dir(staff.root / "shared")
+    target = shared / "evil.py"
+    target.write_text("")
+    (site / "evil.py").symlink_to(target)
+    python = str(venv / "bin" / "python")
+    refused_one_line(install(etc_dir(staff), staff.root / "libexec", "--python", python),
+                     str(shared), "writable by group")
+
+
+def test_a_root_made_venv_with_pip_packages_is_accepted(staff: Staff) -> None:
+    venv = staff.root / "venv"  # with pip: ensurepip lays pip out as root with its usual modes
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "zz-src.pth").write_text(str(Path(__file__).resolve().parents[2] / "src") + "\n")
+    pkg = site / "somepkg"  # as pip lays a package out under root's umask 022
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    proc = install(etc_dir(staff), staff.root / "libexec", "--python", str(venv / "bin" / "python"))
+    assert proc.returncode == 0, proc.stderr

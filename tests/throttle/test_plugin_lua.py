@@ -421,3 +421,44 @@ dump_logs()
     assert all(v == "0" for k, v in results.items() if k.startswith(("good ", "no comment"))), lines
     user = [line for line in lines if line.startswith("USER ")]
     assert len(user) == 7 and "malformed MPS request" in user[0] and "1-100" in user[0], user
+
+
+
+def _capped(tmp_path: Path, shows: str) -> tuple[dict[str, list[str]], list[str]]:
+    path = _file(tmp_path, Throttle("alice", NOW + HOUR, "cap", 2, NOW, "", "idle GPUs"))
+    lines = run_lua(_use(path) + """
+local function show(name, fields)
+  local j = job(fields)
+  local rc = slurm_job_submit(j, {}, 1000)
+  out(name, rc, j.tres_per_node or "", j.tres_per_job or "", j.tres_per_task or "")
+end
+""" + shows + "dump_logs()\n")
+    return ({line.split("|")[0]: line.split("|")[1:] for line in lines if "|" in line},
+            [line for line in lines if line.startswith("USER ")])
+
+
+def test_the_cap_sums_the_gpu_items_of_a_field(tmp_path: Path) -> None:
+    # The attacker splits the request over GPU types to get more GPUs than the cap of 2.
+    got, _ = _capped(tmp_path, """
+show("two-types", {tres_per_job = "gres:gpu:h100:2,gres:gpu:a100:2"})
+show("two-types-node", {tres_per_node = "gres:gpu:h100:1,gres:mps:50,gres:gpu:a100:1", min_nodes = 2})
+show("three-of-one", {tres_per_job = "gres:gpu:h100:1,gres:gpu:a100:1,gres:gpu:1"})
+show("fits", {tres_per_job = "gres:gpu:h100:1,gres:gpu:a100:1"})
+""")
+    assert got["two-types"] == ["0", "", "gres:gpu:h100:2", ""]
+    assert got["two-types-node"] == ["0", "gres:gpu:h100:1,gres:mps:50", "", ""]  # 1 per node, 2 nodes
+    assert got["three-of-one"] == ["0", "", "gres:gpu:h100:1,gres:gpu:a100:1", ""]
+    assert got["fits"] == ["0", "", "gres:gpu:h100:1,gres:gpu:a100:1", ""]
+
+
+def test_per_task_gpus_count_ntasks_per_node_when_the_task_count_is_unset(tmp_path: Path) -> None:
+    # The attacker asks for 1 GPU per task with --ntasks-per-node=8 and no --ntasks: 8 GPUs.
+    got, user = _capped(tmp_path, """
+show("tasks-per-node", {tres_per_task = "gres:gpu:1", ntasks_per_node = 8})
+show("tasks-per-node-2", {tres_per_task = "gres:gpu:1", ntasks_per_node = 2})
+show("tasks-per-node-na", {tres_per_task = "gres:gpu:1", ntasks_per_node = NO_VAL16, min_nodes = 2})
+""")
+    assert got["tasks-per-node"][0] == "-1"
+    assert got["tasks-per-node-2"] == ["0", "", "", "gres:gpu:1"]
+    assert got["tasks-per-node-na"] == ["0", "", "", "gres:gpu:1"]
+    assert any("8 task(s) with GPUs exceed the cap of 2" in line for line in user)
