@@ -310,16 +310,16 @@ def capabilities(bundle: Any) -> dict[str, tuple[int, int]]:
     import json
 
     from gpuslurm.place.request import parse_cc
+    from gpuslurm.safedir import read_regular
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+    try:  # the one bounded, FIFO-refusing reader every bundle file goes through
+        doc = json.loads(read_regular(path))
         out = {}
         for g in doc.get("gpus", ()) if isinstance(doc, dict) else ():
             if isinstance(g, dict) and isinstance(g.get("compute_capability"), str) and g.get("uuid"):
                 out[str(g["uuid"])] = parse_cc(g["compute_capability"])
         return out
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise InputError(f"compute_capability: {exc}", path) from None
 
 

@@ -21,7 +21,7 @@ from gpuslurm.samples import Allocation, ScanProblem
 
 PROBLEM_KIND = "admin-comment"
 
-# (uuids, since, until) → per-device figures (watch.store.Store.gpu_stats)
+# (uuids, since, until) → per-device figures (state.store.Store.gpu_stats)
 StatsFn = Callable[[Sequence[str], float, float], Mapping[str, Any]]
 TextFn = Callable[[int, Sequence[Any]], str]  # (GPU count, figures) → the line (hooks.epilog.admin_comment)
 SendFn = Callable[[str, str], object]  # (job id, line) → sets it, raises GpuslurmError on failure
