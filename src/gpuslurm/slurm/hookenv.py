@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.state.job import JobDevice
+from gpuslurm.state.job import GpuClaim, JobDevice, is_uuid, node_devices, resolve_devices
 
 if TYPE_CHECKING:  # both kinds of node, never loaded here: see gpuslurm.hw.identity
-    from gpuslurm.hw.identity import AnyGpu, AnyNode
+    from gpuslurm.hw.identity import AnyNode
 
 # What Slurm writes into CUDA_VISIBLE_DEVICES when a GRES has no device files.
 NO_DEV_FILES = "NoDevFiles"
@@ -88,12 +88,19 @@ class HookEnv(NamedTuple):
 
 def gres_devices(node: AnyNode) -> tuple[JobDevice, ...]:
     """The node's gpu GRES in gres.conf order, so position ``i`` is Slurm's index ``i``."""
-    devices: list[JobDevice] = []
-    gpus: tuple[AnyGpu, ...] = node.gpus
-    for gpu in sorted(gpus, key=lambda g: g.bus_id):
-        for mig in gpu.mig_devices if gpu.mig_mode else (None,):
-            devices.append(JobDevice(gpu, mig, len(devices)))
-    return tuple(devices)
+    return node_devices(node)
+
+
+def gpu_claim(env: HookEnv) -> GpuClaim | None:
+    """The job's (or step's) GPUs as Slurm names them; None when it has none here (rule above)."""
+    var, indices = ("SLURM_STEP_GPUS", env.step_gpus) if env.step_gpus is not None \
+        else ("SLURM_JOB_GPUS", env.job_gpus)
+    if indices is None:
+        return None
+    cvd = env.cuda_visible_devices
+    if cvd and all(is_uuid(item) for item in cvd):
+        return GpuClaim(indices, tuple(cvd), "CUDA_VISIBLE_DEVICES")
+    return GpuClaim(indices, (), var)
 
 
 def resolve_job_gpus(env: HookEnv, node: AnyNode) -> tuple[JobDevice, ...]:
@@ -102,29 +109,8 @@ def resolve_job_gpus(env: HookEnv, node: AnyNode) -> tuple[JobDevice, ...]:
     The rule is in the module docstring. Repeats are dropped; an index out of range or an
     unknown UUID is an InputError naming the variable.
     """
-    var, indices = ("SLURM_STEP_GPUS", env.step_gpus) if env.step_gpus is not None \
-        else ("SLURM_JOB_GPUS", env.job_gpus)
-    if indices is None:
-        return ()
-    cvd = env.cuda_visible_devices
-    if cvd and all(_is_uuid(item) for item in cvd):
-        found = [_by_uuid(item, node) for item in cvd]
-    else:
-        table = gres_devices(node)
-        found = []
-        for i in indices:
-            if i >= len(table):
-                span = f"0-{len(table) - 1}" if table else "none"
-                raise InputError(f"GPU index {i} is out of range: node {node.hostname} has "
-                                 f"{len(table)} gpu GRES ({span})", source=var)
-            found.append(table[i])
-    seen: set[str] = set()
-    unique = []
-    for dev in found:
-        if dev.uuid not in seen:
-            seen.add(dev.uuid)
-            unique.append(dev)
-    return tuple(unique)
+    claim = gpu_claim(env)
+    return () if claim is None else resolve_devices(claim, node)
 
 
 def parse_index_list(text: str | None, var: str) -> tuple[int, ...] | None:
@@ -138,25 +124,6 @@ def parse_index_list(text: str | None, var: str) -> tuple[int, ...] | None:
     except ValueError as exc:
         raise InputError(f"not a list of GPU indices: {text!r}: {exc}", source=var) from None
     return tuple(i for first, last, _ in bounds for i in range(first, last + 1))
-
-
-def _is_uuid(item: str) -> bool:
-    return item.startswith(("GPU-", "MIG-"))
-
-
-def _by_uuid(item: str, node: AnyNode) -> JobDevice:
-    table = gres_devices(node)
-    wanted = item.lower()
-    for dev in table:
-        if dev.uuid.lower() == wanted:
-            return dev
-        if dev.mig is not None and f"mig-{dev.gpu.uuid}/{dev.mig.gi_id}/{dev.mig.ci_id}".lower() == wanted:
-            return dev
-    for gpu in node.gpus:  # a whole GPU named by UUID, even one in MIG mode
-        if gpu.uuid.lower() == wanted:
-            return JobDevice(gpu)
-    raise InputError(f"no GPU or MIG device with UUID {item} on node {node.hostname}",
-                     source="CUDA_VISIBLE_DEVICES")
 
 
 def _digits(value: str | None, var: str, what: str) -> str | None:

@@ -1,27 +1,30 @@
-"""A job's device, in scheduler-neutral terms: the physical GPU and the MIG device if any.
+"""A job as the hooks see it, whatever the scheduler: :class:`HookJob`, its GPUs and devices.
 
-Slurm's hook adapter (:mod:`gpuslurm.slurm.hookenv`) resolves them from its environment; the job
-map, device isolation and the hooks use them whatever the scheduler.
+A scheduler adapter (:mod:`gpuslurm.slurm.hookenv` for Slurm's hook environment, :mod:`gpuslurm.pbs`
+for PBS's event objects) turns its own input into a :class:`HookJob`; the neutral steps in
+:mod:`gpuslurm.hooks` (health gate, isolation, MPS, job map, leftovers, summary) take only that.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from gpuslurm.errors import InputError
+
 if TYPE_CHECKING:  # both kinds of node, never loaded here: see gpuslurm.hw.identity
-    from gpuslurm.hw.identity import AnyGpu, AnyMig
+    from gpuslurm.hw.identity import AnyGpu, AnyMig, AnyNode
 
 
 class JobDevice(NamedTuple):
     """One GPU or MIG device given to a job: its physical GPU, and the MIG device if any.
 
     The GPU and MIG device are the model's (from a ``Node``) or the hooks' light identities (from
-    a ``NodeIdentity``), whichever the node given to :func:`resolve_job_gpus` holds.
+    a ``NodeIdentity``), whichever the node given to :func:`resolve_devices` holds.
     """
 
     gpu: AnyGpu
     mig: AnyMig | None = None
-    gres_index: int | None = None  # position among the node's gpu GRES, when known
+    gres_index: int | None = None  # position in node_devices() order (Slurm's GRES index), when known
 
     @property
     def uuid(self) -> str:
@@ -42,3 +45,88 @@ class JobDevice(NamedTuple):
         if self.mig is None:
             return (self.gpu.device_file,)
         return self.mig.device_files(self.gpu.minor)
+
+
+class GpuClaim(NamedTuple):
+    """Which of the node's devices the scheduler gave a job, as it names them.
+
+    ``uuids`` (``GPU-…``, ``MIG-…`` or the old ``MIG-GPU-<uuid>/<gi>/<ci>``) win when given;
+    otherwise ``indices`` are positions in :func:`node_devices` order (Slurm's GRES indices).
+    ``source`` names where they came from (a variable, a PBS attribute) for error messages.
+    """
+
+    indices: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = ()
+    source: str = "the scheduler"
+
+
+class HookJob(NamedTuple):
+    """What every job hook needs to know about the job, in the scheduler's own words."""
+
+    scheduler: str  # "slurm", "pbs"
+    job_id: str  # validated by the adapter (gpuslurm.jobid)
+    uid: int
+    user: str
+    node_name: str  # the scheduler's name for this node (drain/offline, summaries)
+    gpus: GpuClaim | None = None  # None: the job has no GPUs on this node
+    gid: int | None = None  # primary group; None: the user's, from the password database
+    account: str | None = None  # for --by account reports
+    start: float | None = None  # when the scheduler says the job started, if it does
+    comment: str | None = None  # free text the user gave (Slurm --comment)
+    features: str | None = None  # node features the job asked for (Slurm --constraint)
+    mps_share: str | None = None  # the job's MPS share, where the scheduler counts one
+
+
+def node_devices(node: AnyNode) -> tuple[JobDevice, ...]:
+    """The node's devices in bus order, a MIG-mode GPU contributing its MIG devices (none if it has
+    no instances): gres.conf's ``Name=gpu`` order, so position ``i`` is Slurm's GRES index ``i``."""
+    devices: list[JobDevice] = []
+    gpus: tuple[AnyGpu, ...] = node.gpus
+    for gpu in sorted(gpus, key=lambda g: g.bus_id):
+        for mig in gpu.mig_devices if gpu.mig_mode else (None,):
+            devices.append(JobDevice(gpu, mig, len(devices)))
+    return tuple(devices)
+
+
+def resolve_devices(claim: GpuClaim, node: AnyNode) -> tuple[JobDevice, ...]:
+    """The devices of ``claim`` on ``node``, in the claim's order, repeats dropped.
+
+    An index out of range or an unknown UUID is an InputError naming ``claim.source``.
+    """
+    if claim.uuids:
+        found = [_by_uuid(item, node, claim.source) for item in claim.uuids]
+    else:
+        table = node_devices(node)
+        found = []
+        for i in claim.indices:
+            if i >= len(table):
+                span = f"0-{len(table) - 1}" if table else "none"
+                raise InputError(f"GPU index {i} is out of range: node {node.hostname} has "
+                                 f"{len(table)} gpu GRES ({span})", source=claim.source)
+            found.append(table[i])
+    seen: set[str] = set()
+    unique = []
+    for dev in found:
+        if dev.uuid not in seen:
+            seen.add(dev.uuid)
+            unique.append(dev)
+    return tuple(unique)
+
+
+def is_uuid(item: str) -> bool:
+    """Whether ``item`` names a device by UUID (``GPU-…``, ``MIG-…``) rather than by number."""
+    return item.startswith(("GPU-", "MIG-"))
+
+
+def _by_uuid(item: str, node: AnyNode, source: str) -> JobDevice:
+    table = node_devices(node)
+    wanted = item.lower()
+    for dev in table:
+        if dev.uuid.lower() == wanted:
+            return dev
+        if dev.mig is not None and f"mig-{dev.gpu.uuid}/{dev.mig.gi_id}/{dev.mig.ci_id}".lower() == wanted:
+            return dev
+    for gpu in node.gpus:  # a whole GPU named by UUID, even one in MIG mode
+        if gpu.uuid.lower() == wanted:
+            return JobDevice(gpu)
+    raise InputError(f"no GPU or MIG device with UUID {item} on node {node.hostname}", source=source)

@@ -1,0 +1,1 @@
+"""OpenPBS / PBS Professional adapter: PBS's hook events and commands around the neutral core."""
