@@ -1,0 +1,180 @@
+"""GPUs taken out of service on this node: ``<state_dir>/out-of-service.json``.
+
+One record per GPU, keyed by UUID (an index or minor can change when a GPU falls off the bus),
+with the reason, who took it out (``admin``, ``monitor``, ``prolog``, ``health``) and when. It
+lives under ``/var/lib/gpuslurm`` (not the tmpfs ``/run``): a GPU taken out stays out across a
+reboot and restarts of slurmd and slurmctld until ``gpuslurm gpu online`` brings it back.
+
+The prolog, ``pick``, the monitor and PBS's exechost_startup read it; the file is 0644 so that
+``pick`` run by a user can skip the GPUs it names. Writers (the CLI, the monitor) run as root,
+hold ``out-of-service.lock`` for their read-modify-write, and replace the file atomically.
+A record that does not parse is bad input (exit 2) and is never overwritten: an admin looks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from gpuslurm.errors import InputError
+from gpuslurm.safedir import open_dir, read_private_at, replace_at
+
+if TYPE_CHECKING:
+    from gpuslurm.hw.identity import AnyGpu
+
+RECORD_FILE = "out-of-service.json"
+LOCK_FILE = "out-of-service.lock"
+FORMAT_VERSION = 1
+MAX_RECORD_BYTES = 1 << 20
+MAX_REASON = 200
+SOURCES = ("admin", "monitor", "prolog", "health")
+_UUID_RE = re.compile(r"GPU-[0-9A-Za-z-]{1,80}")
+_SPEC_RE = re.compile(r"(index|minor):([0-9]{1,6})")
+
+
+class OutOfService(NamedTuple):
+    """One GPU out of service."""
+
+    uuid: str
+    reason: str
+    since: float  # seconds since the epoch
+    by: str  # one of SOURCES
+    index: int | None = None  # type: ignore[assignment]  # as taken out: for people, never a key
+    minor: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "reason": self.reason, "since": self.since, "by": self.by,
+                "index": self.index, "minor": self.minor}
+
+
+def clean_reason(text: str) -> str:
+    """A reason as stored and shown: printable, one line, bounded."""
+    flat = "".join(c if c.isprintable() else " " for c in text).strip()
+    return flat[:MAX_REASON]
+
+
+def parse_record(data: bytes, source: str) -> dict[str, OutOfService]:
+    """The records in the file's bytes, by UUID; InputError naming ``source`` when malformed."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise InputError("not valid JSON (fix or remove it; no GPU state was changed)", source) from None
+    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION \
+            or not isinstance(doc.get("gpus"), list):
+        raise InputError(f"must be an object with version {FORMAT_VERSION} and a list of gpus", source)
+    out: dict[str, OutOfService] = {}
+    for item in doc["gpus"]:
+        rec = _entry(item, source)
+        out[rec.uuid] = rec
+    return out
+
+
+def _entry(item: Any, source: str) -> OutOfService:
+    if not isinstance(item, dict):
+        raise InputError("each GPU entry must be an object", source)
+    uuid, reason, since, by = item.get("uuid"), item.get("reason"), item.get("since"), item.get("by")
+    if not isinstance(uuid, str) or not _UUID_RE.fullmatch(uuid):
+        raise InputError("an entry's uuid is not a GPU UUID", source)
+    if not isinstance(reason, str) or len(reason) > MAX_REASON or reason != clean_reason(reason):
+        raise InputError(f"{uuid}: reason must be one printable line of at most {MAX_REASON} characters",
+                         source)
+    if not isinstance(since, (int, float)) or isinstance(since, bool) or not 0 <= since < 253402300800:
+        raise InputError(f"{uuid}: since must be a time in seconds", source)
+    if by not in SOURCES:
+        raise InputError(f"{uuid}: by must be one of {', '.join(SOURCES)}", source)
+    nums = []
+    for key in ("index", "minor"):
+        value = item.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 0 <= value < 1_000_000):
+            raise InputError(f"{uuid}: {key} must be a whole number", source)
+        nums.append(value)
+    return OutOfService(uuid, reason, float(since), by, nums[0], nums[1])
+
+
+def format_record(records: dict[str, OutOfService]) -> bytes:
+    doc = {"version": FORMAT_VERSION, "gpus": [r.to_dict() for _, r in sorted(records.items())]}
+    return (json.dumps(doc, indent=1) + "\n").encode()
+
+
+class OutOfServiceStore:
+    """The record file in ``state_dir`` (reached safely: root-owned directories, no symlinks)."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self.path = os.path.join(state_dir, RECORD_FILE)
+
+    def read(self) -> dict[str, OutOfService]:
+        """Every GPU out of service; empty when there is no record (or no state directory)."""
+        dfd = open_dir(self.state_dir)
+        if dfd is None:
+            return {}
+        try:
+            return self._read_at(dfd)
+        finally:
+            os.close(dfd)
+
+    def _read_at(self, dfd: int) -> dict[str, OutOfService]:
+        try:
+            data = read_private_at(dfd, RECORD_FILE, self.state_dir, MAX_RECORD_BYTES)
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror}", self.path) from None
+        return {} if data is None else parse_record(data, self.path)
+
+    @contextmanager
+    def update(self) -> Iterator[dict[str, OutOfService]]:
+        """Read under the lock, let the caller change the dict, write it back if it changed."""
+        dfd = open_dir(self.state_dir, create_mode=0o755)
+        assert dfd is not None
+        try:
+            lock = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                           dir_fd=dfd)
+        except OSError as exc:
+            os.close(dfd)
+            where = os.path.join(self.state_dir, LOCK_FILE)
+            raise InputError(f"cannot open the lock: {exc.strerror}", where) from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            records = self._read_at(dfd)
+            before = dict(records)
+            yield records
+            if records != before:
+                try:
+                    replace_at(dfd, RECORD_FILE, format_record(records), 0o644, source=self.path)
+                except OSError as exc:
+                    raise InputError(f"cannot write: {exc.strerror}", self.path) from None
+        finally:
+            os.close(lock)
+            os.close(dfd)
+
+
+def parse_gpu_spec(spec: str) -> tuple[str, str | int]:
+    """``GPU-…`` → ("uuid", text); ``index:N`` / ``minor:N`` → (kind, N); else InputError.
+
+    A bare number is refused: where minors differ from indices it names two different GPUs.
+    """
+    text = spec.strip()
+    if _UUID_RE.fullmatch(text):
+        return "uuid", text
+    if m := _SPEC_RE.fullmatch(text):
+        return m.group(1), int(m.group(2))
+    shown = text if text.isprintable() and len(text) < 80 else repr(text[:80])
+    if text.isdigit():
+        raise InputError(f"{shown} is ambiguous: say index:{text} (NVML order) or minor:{text} "
+                         f"(/dev/nvidia{text})", "GPU")
+    raise InputError(f"{shown}: not a GPU (give a UUID, index:N or minor:N)", "GPU")
+
+
+def resolve_gpu(spec: str, gpus: Sequence[AnyGpu]) -> AnyGpu:
+    """The GPU ``spec`` names among ``gpus``; InputError when none does."""
+    kind, value = parse_gpu_spec(spec)
+    for gpu in gpus:
+        if (kind == "uuid" and isinstance(value, str) and gpu.uuid.lower() == value.lower()) or \
+                (kind == "index" and gpu.index == value) or (kind == "minor" and gpu.minor == value):
+            return gpu
+    raise InputError(f"no GPU with {kind} {value} on this node", "GPU")
