@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, NoReturn
 DEFAULT_PATH = "/etc/gpuslurm/gpuslurm.toml"
 ENV_VAR = "GPUSLURM_CONFIG"
 
-ACTIONS = ("drain", "log", "off")
+ACTIONS = ("drain", "gpu_out", "log", "off")
 MPS_TRIGGERS = ("gres", "comment", "feature")
 CGROUP_MODES = ("auto", "always", "never")
 QUOTA_SOURCES = ("config", "slurm")
@@ -32,6 +32,7 @@ class Rule(NamedTuple):
     lo: float | None = None
     hi: float | None = None
     abspath: bool = False
+    empty_ok: bool = False  # with abspath: "" means "none"
     mapping: bool = False  # a table of free names → ``item`` values, kept as sorted (name, value) pairs
 
 
@@ -76,6 +77,20 @@ class HealthConfig(NamedTuple):
     temperature: TemperatureCheck = TemperatureCheck()
     leftover_processes: LeftoverCheck = LeftoverCheck()
     memory_released: MemoryCheck = MemoryCheck()
+
+
+class GpuOutConfig(NamedTuple):
+    """How a GPU is taken out of service in Slurm (``gpu offline``, the monitor, ``health --act``)."""
+
+    # The node's gres.conf, rewritten without the GPUs out of service once the node's jobs end;
+    # "" leaves the node drained until an admin changes gres.conf.
+    gres_conf: str = ""
+    gres_node_name: bool = True  # lines start with NodeName=<node> (a cluster-wide gres.conf)
+    mps: int = 0  # the gres-conf options the file was generated with
+    shard: int = 0
+    links: bool = True
+    dev_root: str = ""
+    job_on_gpu: str = "leave"  # a job holding the failed GPU: leave | notify | requeue
 
 
 class PathsConfig(NamedTuple):
@@ -132,6 +147,8 @@ class MonitorConfig(NamedTuple):
     squeue_interval_s: float = 60.0  # the squeue fallback runs at most this often
     command_timeout_s: float = 10.0
     admin_comment_interval_s: float = 300.0  # with [epilog] admin_comment: running jobs' AdminComment
+    health: bool = True  # check the [health] policy every cycle and act on live faults
+    kmsg: str = "/dev/kmsg"  # the kernel log read for Xid lines; "" reads none
 
 
 class RogueDetect(NamedTuple):
@@ -239,6 +256,7 @@ class Config(NamedTuple):
     """The whole configuration; every section has defaults."""
 
     health: HealthConfig = HealthConfig()
+    gpu_out: GpuOutConfig = GpuOutConfig()
     paths: PathsConfig = PathsConfig()
     mps: MpsConfig = MpsConfig()
     cgroup: CgroupConfig = CgroupConfig()
@@ -260,6 +278,12 @@ RULES: dict[str, Rule] = {
     "health.memory_released.max_used_mib": Rule(lo=0),
     "health.leftover_processes.ignore_users": Rule(item=str),
     **{f"paths.{name}": Rule(abspath=True) for name in PathsConfig._fields},
+    "monitor.kmsg": Rule(abspath=True, empty_ok=True),
+    "gpu_out.gres_conf": Rule(abspath=True, empty_ok=True),
+    "gpu_out.dev_root": Rule(abspath=True, empty_ok=True),
+    "gpu_out.mps": Rule(lo=0, hi=100_000),
+    "gpu_out.shard": Rule(lo=0, hi=100_000),
+    "gpu_out.job_on_gpu": Rule(choices=("leave", "notify", "requeue")),
     "mps.triggers": Rule(item=str, choices=MPS_TRIGGERS),
     "mps.active_thread_percentage": Rule(lo=1, hi=100),
     "mps.pinned_memory_limit_mib": Rule(lo=0),
@@ -426,7 +450,7 @@ def _scalar(kind: type, rule: Rule, value: Any, label: str, source: str) -> Any:
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
         _fail(f"{label} must be {bounds}, not {value!r}", source)
-    if rule.abspath and not value.startswith("/"):
+    if rule.abspath and not value.startswith("/") and not (rule.empty_ok and value == ""):
         _fail(f"{label} must be an absolute path, not {value!r}", source)
     return value
 

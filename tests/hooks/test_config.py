@@ -96,7 +96,7 @@ def test_directory_is_refused(tmp_path: pathlib.Path) -> None:
     ("[health.temperature]\nlimit_c = 0\n",
      "limit_c in [health.temperature] must be between 1 and 200, not 0"),
     ("[health.ecc]\naction = 'panic'\n",
-     "action in [health.ecc] must be one of drain, log, off, not 'panic'"),
+     "action in [health.ecc] must be one of drain, gpu_out, log, off, not 'panic'"),
     ("[health.xid]\nignore = 13\n", "ignore in [health.xid] must be a list, not 13"),
     ("[health.xid]\nignore = [13, true]\n", "ignore in [health.xid] (item 2) must be an integer, not True"),
     ("[health]\nlost_gpu = 'drain'\n", "[health.lost_gpu] must be a table, not 'drain'"),

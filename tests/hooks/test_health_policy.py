@@ -72,8 +72,9 @@ def test_released_checks_memory_and_processes() -> None:
 def test_drain_reason_names_gpu_index_device_file_and_uuid() -> None:
     faults = gate_faults(GpuHealth(U, xid=(48, 79, 48)), DEFAULT)
     reason = drain_reason(faults, {U: gpu_label(3, 1, U)})
-    assert reason == f"gpuslurm: GPU index 3 (/dev/nvidia1, {U}): Xid 48,79"
-    assert drain_reason(faults, {}) == f"gpuslurm: GPU ? ({U}): Xid 48,79"
+    xids = "Xid 48 (double-bit ECC error; needs reset); Xid 79 (GPU has fallen off the bus; needs reboot)"
+    assert reason == f"gpuslurm: GPU index 3 (/dev/nvidia1, {U}): {xids}"
+    assert drain_reason(faults, {}) == f"gpuslurm: GPU ? ({U}): {xids}"
 
 
 def test_scenario_parses_and_matches_uuids_case_insensitively() -> None:

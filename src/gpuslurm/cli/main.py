@@ -55,6 +55,8 @@ LAZY_COMMANDS = {
     "watch": "gpuslurm.cli.status_cmd:watch",
     "demo": "gpuslurm.cli.demo_cmd:demo",
     "placement": "gpuslurm.cli.placement_cmd:placement",
+    "gpu": "gpuslurm.cli.gpu_cmd:gpu",
+    "health": "gpuslurm.cli.gpu_cmd:health",
 }
 
 

@@ -71,6 +71,7 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
                              comments=_comments(cfg, store),
                              act=_actions(cfg, node_name),
                              quotas=_slurm_quotas(cfg, node),
+                             health=_health(cfg, node, node_name, source),
                              observe=exporter.state.update if exporter else None)
     stop = threading.Event()
     restore = mon.stop_on_signals(stop)
@@ -92,11 +93,54 @@ def _scheduler(cfg: Any) -> Any:
     from gpuslurm.slurm.adapter import SlurmScheduler
 
     slurm = SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol,
-                           timeout=cfg.monitor.command_timeout_s)
+                           timeout=cfg.monitor.command_timeout_s, gpu_out=cfg.gpu_out)
     if not slurm.can_list_jobs():
         _warn(f"{cfg.paths.squeue} is missing: jobs without a prolog map stay unattributed to GPUs")
         return None
     return slurm
+
+
+def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
+    """With ``[monitor] health``: the live health check (see docs/health.md)."""
+    if not cfg.monitor.health:
+        return None
+    from gpuslurm.hw.health import read_health
+    from gpuslurm.slurm.adapter import SlurmScheduler
+    from gpuslurm.state.out_of_service import OutOfServiceStore
+    from gpuslurm.watch.health import HealthWatch
+
+    kmsg = None
+    if cfg.monitor.kmsg:
+        from gpuslurm.hw.kmsg import KmsgReader
+
+        reader = KmsgReader(cfg.paths.state_dir, kmsg=cfg.monitor.kmsg)
+        try:
+            for why in reader.open():
+                _warn(why)
+            kmsg = reader
+        except OSError as exc:
+            _warn(f"cannot read the kernel log {cfg.monitor.kmsg} ({exc.strerror}): Xids are not seen")
+    scheduler: SlurmScheduler | None = SlurmScheduler(
+        squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
+        timeout=cfg.monitor.command_timeout_s, gpu_out=cfg.gpu_out)
+    if not os.access(cfg.paths.scontrol, os.X_OK):
+        _warn(f"{cfg.paths.scontrol} is missing: faults are logged, GPUs recorded out of service, "
+              "but Slurm is not told")
+        scheduler = None
+
+    from gpuslurm.hw.source import bundle_path
+
+    if bundle_path(source) is None:
+        from gpuslurm.hw.health import NvmlHealthReader
+
+        read = NvmlHealthReader().read
+    else:
+        def read(gpus: Any) -> Any:
+            return read_health(gpus, source)
+
+    watch = HealthWatch(node, cfg.health, read, OutOfServiceStore(cfg.paths.state_dir), node_name,
+                        scheduler=scheduler, kmsg=kmsg, warn=_warn)
+    return watch.check
 
 
 def _comments(cfg: Any, store: Any) -> Any:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.config import HealthConfig
+from gpuslurm.policy.xid import describe, is_fault
 
 if TYPE_CHECKING:  # the facts' types only: the prolog need not load the readers to decide
     from gpuslurm.hw.health import GpuHealth, GpuProcess
@@ -21,7 +22,7 @@ class Fault(NamedTuple):
 
     uuid: str
     check: str
-    action: str  # "drain" or "log"
+    action: str  # "drain", "gpu_out" or "log"
     message: str
 
 
@@ -37,9 +38,9 @@ def gate_faults(health: GpuHealth, cfg: HealthConfig) -> list[Fault]:
         why = f"GPU is lost ({health.error})" if health.error else "GPU is lost"
         add("lost_gpu", cfg.lost_gpu.action, why)
         return faults  # nothing else about a lost GPU is worth saying
-    ignored = set(cfg.xid.ignore)
-    if bad := sorted({x for x in health.xid if x not in ignored}):
-        add("xid", cfg.xid.action, f"Xid {','.join(map(str, bad))}")
+    ignored = frozenset(cfg.xid.ignore)
+    if bad := sorted({x for x in health.xid if is_fault(x, ignored)}):
+        add("xid", cfg.xid.action, "; ".join(describe(x) for x in bad))
     if health.ecc_uncorrectable is not None and health.ecc_uncorrectable > cfg.ecc.max_uncorrectable:
         add("ecc", cfg.ecc.action, f"{health.ecc_uncorrectable} uncorrectable ECC errors "
                                    f"(limit {cfg.ecc.max_uncorrectable})")
@@ -56,6 +57,12 @@ def gate_faults(health: GpuHealth, cfg: HealthConfig) -> list[Fault]:
         add("leftover_processes", cfg.leftover_processes.action,
             f"{len(left)} leftover process(es): {_describe(left)}")
     return faults
+
+
+def running_faults(health: GpuHealth, cfg: HealthConfig) -> list[Fault]:
+    """Faults of a GPU in service while jobs may run on it (the monitor, ``gpuslurm health``): the
+    prolog's checks but leftover processes, which are the running jobs' own."""
+    return [f for f in gate_faults(health, cfg) if f.check != "leftover_processes"]
 
 
 def released_faults(health: GpuHealth, cfg: HealthConfig) -> list[Fault]:

@@ -9,7 +9,11 @@ from typing import TYPE_CHECKING
 from gpuslurm.samples import Allocation
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from gpuslurm.config import GpuOutConfig
     from gpuslurm.hw.model import Node
+    from gpuslurm.state.out_of_service import OutOfService
 
 
 class SlurmScheduler:
@@ -18,7 +22,8 @@ class SlurmScheduler:
     name = "slurm"
 
     def __init__(self, *, squeue: str, scontrol: str, timeout: float,
-                 scancel: str = "/usr/bin/scancel") -> None:
+                 scancel: str = "/usr/bin/scancel", gpu_out: GpuOutConfig | None = None) -> None:
+        self.gpu_out = gpu_out
         self.squeue = squeue
         self.scontrol = scontrol
         self.scancel = scancel
@@ -54,3 +59,19 @@ class SlurmScheduler:
         from gpuslurm.slurm.scontrol import set_admin_comment
 
         set_admin_comment(job_id, text, scontrol=self.scontrol, timeout=self.timeout)
+
+    def apply_gpus_out(self, node_name: str, node: Node, out: Mapping[str, OutOfService]) -> str:
+        """The graceful path of :mod:`gpuslurm.slurm.gpu_out`, configured by ``[gpu_out]``."""
+        from pathlib import Path
+
+        from gpuslurm.config import GpuOutConfig
+        from gpuslurm.gres.records import GresOptions
+        from gpuslurm.slurm.gpu_out import GpuOutOptions, reconcile
+
+        cfg = self.gpu_out or GpuOutConfig()
+        gres = GresOptions(node_name=node_name if cfg.gres_node_name else None, mps=cfg.mps or None,
+                           shard=cfg.shard or None, links=cfg.links, dev_root=cfg.dev_root)
+        opts = GpuOutOptions(node_name, scontrol=self.scontrol, squeue=self.squeue,
+                             gres_conf=Path(cfg.gres_conf) if cfg.gres_conf else None, gres=gres,
+                             timeout_s=self.timeout)
+        return reconcile(node, out, opts)

@@ -178,3 +178,28 @@ def resolve_gpu(spec: str, gpus: Sequence[AnyGpu]) -> AnyGpu:
                 (kind == "index" and gpu.index == value) or (kind == "minor" and gpu.minor == value):
             return gpu
     raise InputError(f"no GPU with {kind} {value} on this node", "GPU")
+
+
+def take_out(store: OutOfServiceStore, gpus: Sequence[AnyGpu], gpu: AnyGpu, reason: str, by: str, *,
+             now: float, force: bool = False) -> bool:
+    """Record ``gpu`` out of service; False when it already was (its first reason is kept).
+
+    Taking out the last GPU in service is refused (InputError) unless ``force``: the node then
+    serves no GPU job at all, which an admin decides, not a passing fault.
+    """
+    with store.update() as records:
+        if gpu.uuid in records:
+            return False
+        left = [g for g in gpus if g.uuid not in records and g.uuid != gpu.uuid]
+        if not left and not force:
+            raise InputError(f"GPU index {gpu.index} ({gpu.uuid}) is the last GPU in service on this "
+                             "node; --force takes it out and drains the node", "GPU")
+        records[gpu.uuid] = OutOfService(gpu.uuid, clean_reason(reason) or "no reason given", now, by,
+                                         gpu.index, gpu.minor)
+    return True
+
+
+def bring_back(store: OutOfServiceStore, gpu: AnyGpu) -> OutOfService | None:
+    """Remove ``gpu`` from the record; the record it had, or None when it was in service."""
+    with store.update() as records:
+        return records.pop(gpu.uuid, None)

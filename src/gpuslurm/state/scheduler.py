@@ -10,8 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from gpuslurm.hw.model import Node
     from gpuslurm.samples import Allocation
+    from gpuslurm.state.out_of_service import OutOfService
 
 
 class Scheduler(Protocol):
@@ -38,4 +41,9 @@ class Scheduler(Protocol):
 
     def set_admin_comment(self, job_id: str, text: str) -> None:
         """Attach ``text`` to the running job where admins and accounting see it."""
+        ...
+
+    def apply_gpus_out(self, node_name: str, node: Node, out: Mapping[str, OutOfService]) -> str:
+        """Bring the scheduler to the out-of-service record ``out`` (the GPUs of ``node`` it must not
+        give to new jobs); safe to repeat. One line saying where the node stands."""
         ...

@@ -73,6 +73,7 @@ class Monitor:
                  comments: CommentUpdater | None = None,
                  act: Callable[[Cycle, Sequence[Violation]], Sequence[ScanProblem]] | None = None,
                  quotas: QuotaFeed | None = None,
+                 health: Callable[[float], Sequence[ScanProblem]] | None = None,
                  warn: Callable[[str], None] = lambda message: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.sampler = sampler
@@ -86,6 +87,7 @@ class Monitor:
         self.comments = comments  # keeps the jobs' AdminComment current (watch.comments)
         self.act = act  # the configured actions (watch.act.Actor.act)
         self.quotas = quotas  # Slurm's shares for the detector ([detect.share] quota_source = "slurm")
+        self.health = health  # live faults through the health policy (watch.health.HealthWatch.check)
         self._carried: tuple[ScanProblem, ...] = ()  # problems met after the last cycle was stored
         self.warn = warn
         self.clock = clock
@@ -122,7 +124,19 @@ class Monitor:
         self._rollup(now)
         self._comment(now, allocations)
         self._act(cycle, violations)
+        self._health(now)
         return cycle
+
+    def _health(self, now: float) -> None:
+        """Evaluate the health policy on live faults and act; problems are stored with the next cycle."""
+        if self.health is None:
+            return
+        try:
+            found = tuple(self.health(now))
+        except Exception as exc:  # a bug in the health check must not stop sampling and storing
+            found = (ScanProblem(now, "health", "monitor", f"internal error: {type(exc).__name__}: {exc}"),)
+            self.warn(f"health check failed: {found[0].detail}")
+        self._carried += found
 
     def _quotas(self, now: float) -> tuple[ScanProblem, ...]:
         """Give the detector Slurm's shares when a due read brought new ones; a failed read keeps

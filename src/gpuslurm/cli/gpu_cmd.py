@@ -1,0 +1,237 @@
+"""``gpuslurm gpu offline|online|list`` and ``gpuslurm health``: one GPU out of service, and health now.
+
+GPU is a UUID, ``index:N`` (NVML order) or ``minor:N`` (``/dev/nvidiaN``); a bare number is refused
+because it names two GPUs wherever minors differ from indices. See docs/health.md.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from typing import Any
+
+import click
+
+from gpuslurm.cli.main import from_option, json_option
+
+EXIT_UNHEALTHY = 1
+
+
+def _node_name(given: str | None, cfg: Any) -> str:
+    return given or cfg.monitor.node_name or socket.gethostname().split(".")[0]
+
+
+def _scheduler(cfg: Any, no_slurm: bool) -> Any:
+    if no_slurm:
+        return None
+    from gpuslurm.slurm.adapter import SlurmScheduler
+
+    return SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
+                          timeout=cfg.hooks.command_timeout_s, gpu_out=cfg.gpu_out)
+
+
+node_name_option = click.option(
+    "--node-name", metavar="NAME",
+    help="The Slurm node name (default: [monitor] node_name, else the short host name).")
+no_slurm_option = click.option("--no-slurm", is_flag=True,
+                               help="Change only gpuslurm's record; leave Slurm as it is.")
+
+
+@click.group("gpu")
+def gpu() -> None:
+    """Take one GPU out of service and back, and list the GPUs out (see docs/health.md)."""
+
+
+@gpu.command("offline")
+@click.argument("spec", metavar="GPU")
+@click.option("--reason", required=True, metavar="TEXT",
+              help="Why; shown in Slurm's node Reason and Comment.")
+@click.option("--force", is_flag=True, help="Take out the last GPU in service (the node is then drained).")
+@node_name_option
+@no_slurm_option
+@from_option
+def offline(spec: str, reason: str, force: bool, node_name: str | None, no_slurm: bool,
+            source: str | None) -> None:
+    """Take GPU out of service: new jobs never get it; running jobs are not disturbed."""
+    from gpuslurm.config import load_config
+    from gpuslurm.hw.source import load_node
+    from gpuslurm.state.out_of_service import OutOfServiceStore, resolve_gpu, take_out
+
+    cfg = load_config()
+    node = load_node(source, links=True)
+    target = resolve_gpu(spec, node.gpus)
+    store = OutOfServiceStore(cfg.paths.state_dir)
+    if not take_out(store, node.gpus, target, reason, "admin", now=time.time(), force=force):
+        click.echo(f"GPU index {target.index} ({target.uuid}) was already out of service")
+    else:
+        click.echo(f"GPU index {target.index} ({target.uuid}) is out of service: {reason}")
+    _apply(cfg, node, node_name, no_slurm, store)
+
+
+@gpu.command("online")
+@click.argument("spec", metavar="GPU")
+@click.option("--force", is_flag=True, help="Bring it back even if its health check finds a fault.")
+@node_name_option
+@no_slurm_option
+@from_option
+def online(spec: str, force: bool, node_name: str | None, no_slurm: bool, source: str | None) -> None:
+    """Bring GPU back into service after checking its health again."""
+    from gpuslurm.config import load_config
+    from gpuslurm.errors import HardwareError
+    from gpuslurm.hw.health import read_health
+    from gpuslurm.hw.source import load_node
+    from gpuslurm.policy.health import gate_faults
+    from gpuslurm.state.out_of_service import OutOfServiceStore, bring_back, resolve_gpu
+
+    cfg = load_config()
+    node = load_node(source, links=True)
+    target = resolve_gpu(spec, node.gpus)
+    store = OutOfServiceStore(cfg.paths.state_dir)
+    if target.uuid not in store.read():
+        click.echo(f"GPU index {target.index} ({target.uuid}) is in service")
+    else:
+        facts = read_health([target], source)[target.uuid]
+        faults = [f for f in gate_faults(facts, cfg.health) if f.action != "log"]
+        if faults and not force:
+            raise HardwareError(f"GPU index {target.index} ({target.uuid}) is still unhealthy: "
+                                f"{'; '.join(f.message for f in faults)} (--force brings it back anyway)")
+        bring_back(store, target)
+        click.echo(f"GPU index {target.index} ({target.uuid}) is back in service")
+    _apply(cfg, node, node_name, no_slurm, store)
+
+
+@gpu.command("list")
+@json_option
+@from_option
+def list_(as_json: bool, source: str | None) -> None:
+    """Every GPU: in service or out, with the reason, who and when."""
+    from gpuslurm.config import load_config
+    from gpuslurm.hw.source import load_node
+    from gpuslurm.state.out_of_service import OutOfServiceStore
+
+    cfg = load_config()
+    node = load_node(source, links=False)
+    out = OutOfServiceStore(cfg.paths.state_dir).read()
+    rows: list[dict[str, Any]] = []
+    for g in node.gpus:
+        rec = out.get(g.uuid)
+        rows.append({"index": g.index, "minor": g.minor, "uuid": g.uuid, "in_service": rec is None,
+                     "reason": rec.reason if rec else None, "by": rec.by if rec else None,
+                     "since": rec.since if rec else None})
+    known = {g.uuid for g in node.gpus}
+    for uuid, rec in sorted(out.items()):  # out of service and no longer seen (fell off the bus)
+        if uuid not in known:
+            rows.append({"index": rec.index, "minor": rec.minor, "uuid": uuid, "in_service": False,
+                         "reason": rec.reason, "by": rec.by, "since": rec.since, "missing": True})
+    if as_json:
+        json.dump(rows, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    click.echo(f"{'INDEX':>5} {'MINOR':>5}  {'UUID':<40}  {'STATE':<7}  REASON")
+    for r in rows:
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["since"])) if r["since"] else ""
+        state = "in" if r["in_service"] else "OUT"
+        why = f"{r['reason']} ({r['by']}, {since})" if r["reason"] else ""
+        click.echo(f"{_num(r['index']):>5} {_num(r['minor']):>5}  {r['uuid']:<40}  {state:<7}  {why}")
+
+
+def _num(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _apply(cfg: Any, node: Any, node_name: str | None, no_slurm: bool, store: Any) -> None:
+    scheduler = _scheduler(cfg, no_slurm)
+    if scheduler is None:
+        return
+    click.echo(scheduler.apply_gpus_out(_node_name(node_name, cfg), node, store.read()))
+
+
+@click.command("health")
+@click.option("--gpu", "spec", metavar="GPU", help="Only this GPU (UUID, index:N or minor:N).")
+@click.option("--act", is_flag=True,
+              help="Act on faults as [health] says (gpu_out, drain): for Slurm's HealthCheckProgram.")
+@node_name_option
+@json_option
+@from_option
+def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, source: str | None) -> None:
+    """Each GPU's health now, every fact and the verdict; exit 1 if any GPU in service is unhealthy."""
+    from gpuslurm.config import load_config
+    from gpuslurm.hw.health import read_health
+    from gpuslurm.hw.source import load_node
+    from gpuslurm.policy.health import running_faults
+    from gpuslurm.state.out_of_service import OutOfServiceStore, resolve_gpu
+
+    cfg = load_config()
+    node = load_node(source, links=act)
+    gpus = [resolve_gpu(spec, node.gpus)] if spec else list(node.gpus)
+    store = OutOfServiceStore(cfg.paths.state_dir)
+    out = store.read()
+    facts = read_health(gpus, source)
+    report: list[dict[str, Any]] = []
+    unhealthy = False
+    for g in gpus:
+        fact = facts[g.uuid]
+        faults = running_faults(fact, cfg.health)
+        rec = out.get(g.uuid)
+        verdict = "out" if rec else "unhealthy" if any(f.action != "log" for f in faults) else "healthy"
+        unhealthy |= verdict == "unhealthy"
+        report.append({"index": g.index, "minor": g.minor, "uuid": g.uuid, "verdict": verdict,
+                       "out_of_service": rec.to_dict() if rec else None,
+                       "facts": {k: v for k, v in fact._asdict().items() if k != "uuid"},
+                       "faults": [f._asdict() for f in faults]})
+    if as_json:
+        json.dump(report, sys.stdout, indent=1, default=list)
+        sys.stdout.write("\n")
+    else:
+        for r in report:
+            shown = r["facts"].items()
+            facts_line = ", ".join(f"{k}={_fact(v)}" for k, v in shown if v not in (None, (), False))
+            click.echo(f"GPU index {r['index']} (/dev/nvidia{r['minor']}, {r['uuid']}): {r['verdict']}"
+                       + (f" [{facts_line}]" if facts_line else ""))
+            if r["out_of_service"]:
+                click.echo(f"  out of service: {r['out_of_service']['reason']}")
+            for f in r["faults"]:
+                click.echo(f"  {f['check']}: {f['message']} (action {f['action']})")
+    if act:
+        _act_now(cfg, node, _node_name(node_name, cfg), report, store)
+    if unhealthy:
+        raise click.exceptions.Exit(EXIT_UNHEALTHY)
+
+
+def _fact(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "[" + ",".join(str(getattr(v, "pid", v)) for v in value) + "]"
+    return str(value)
+
+
+def _act_now(cfg: Any, node: Any, name: str, report: list[dict[str, Any]], store: Any) -> None:
+    """``--act``: faults with ``gpu_out`` take their GPU out, ``drain`` drains the node; then Slurm is
+    brought to the out-of-service record (this is what slurmd's HealthCheckProgram runs)."""
+    from gpuslurm.errors import GpuslurmError
+    from gpuslurm.policy.health import Fault, drain_reason, gpu_label
+    from gpuslurm.state.out_of_service import take_out
+
+    scheduler = _scheduler(cfg, False)
+    drains: list[Fault] = []
+    for r in report:
+        if r["verdict"] != "unhealthy":
+            continue
+        gpu = next(g for g in node.gpus if g.uuid == r["uuid"])
+        for f in r["faults"]:
+            fault = Fault(**f)
+            if fault.action == "gpu_out":
+                try:
+                    take_out(store, node.gpus, gpu, fault.message, "health", now=time.time())
+                except GpuslurmError as exc:
+                    click.echo(f"gpuslurm health: {exc}; draining the node instead", err=True)
+                    drains.append(fault)
+            elif fault.action == "drain":
+                drains.append(fault)
+    if drains:
+        labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
+        reason = drain_reason(drains, labels)
+        scheduler.drain_node(name, reason)
+        click.echo(f"drained {name}: {reason}")
+    click.echo(scheduler.apply_gpus_out(name, node, store.read()))

@@ -1,0 +1,167 @@
+"""Health while jobs run: each monitor cycle, live faults through the prolog's policy, then acted on.
+
+Sources: the kernel log's Xid lines (:class:`gpuslurm.hw.kmsg.KmsgReader`), mapped to a GPU by
+bus id, and the facts NVML (or the replay scenario) gives now: ECC, pending row remaps and retired
+pages, temperature, a lost GPU. An Xid stays on its GPU until the monitor restarts or the GPU is
+brought back online (a fault does not heal because time passed). The same Xid from two sources,
+or logged twice, counts once.
+
+Each GPU in service is checked with :func:`gpuslurm.policy.health.running_faults` (the prolog's
+checks, without leftover processes, which are the running jobs'), and each fault gets its check's
+configured action: ``gpu_out`` records the GPU out of service (by ``monitor``) and has the
+scheduler stop giving it out; ``drain`` drains the node; ``log`` says it once. GPUs already out of
+service are not checked again. The scheduler is brought to the out-of-service record every cycle
+(its graceful path moves on when the node's jobs end), and the kernel-log cursor is committed only
+after the faults were acted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from gpuslurm.errors import GpuslurmError
+from gpuslurm.policy.health import Fault, drain_reason, gpu_label, running_faults
+from gpuslurm.samples import ScanProblem
+from gpuslurm.state.out_of_service import OutOfServiceStore, take_out
+
+if TYPE_CHECKING:
+    from gpuslurm.config import HealthConfig
+    from gpuslurm.hw.health import GpuHealth
+    from gpuslurm.hw.kmsg import KmsgReader
+    from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.state.scheduler import Scheduler
+
+PROBLEM_KIND = "health"
+HealthReader = Callable[[Sequence["Gpu"]], Mapping[str, "GpuHealth"]]
+RECONCILE_S = 20.0
+
+
+class HealthWatch:
+    """Checks and acts once per cycle: call :meth:`check` with the cycle's time."""
+
+    def __init__(self, node: Node, cfg: HealthConfig, read: HealthReader, store: OutOfServiceStore,
+                 node_name: str, *, scheduler: Scheduler | None = None, kmsg: KmsgReader | None = None,
+                 warn: Callable[[str], None] = lambda m: None) -> None:
+        self.node = node
+        self.cfg = cfg
+        self.read = read
+        self.store = store
+        self.node_name = node_name
+        self.scheduler = scheduler
+        self.kmsg = kmsg
+        self.warn = warn
+        self.by_bus = {g.bus_id.upper(): g for g in node.gpus}
+        self.xids: dict[str, set[int]] = {}  # live Xids per GPU UUID
+        self._said: set[tuple[str, str, str]] = set()  # (uuid, check, message) already acted on
+        self._last_state = ""
+        self._was_out: set[str] = set()
+        self._applied: Mapping[str, object] = {}
+        self._applied_at = float("-inf")
+
+    def check(self, now: float) -> tuple[ScanProblem, ...]:
+        problems: list[ScanProblem] = []
+
+        def problem(subject: str, detail: str) -> None:
+            self.warn(f"{subject}: {detail}")
+            problems.append(ScanProblem(now, PROBLEM_KIND, subject, detail))
+
+        self._poll_kmsg(problem)
+        try:
+            out = self.store.read()
+        except GpuslurmError as exc:  # a corrupt record: say so, take nothing out blindly
+            problem("out-of-service", str(exc))
+            return tuple(problems)
+        in_service = [g for g in self.node.gpus if g.uuid not in out]
+        for uuid in self._was_out - set(out):  # brought back online: a clean slate
+            self.xids.pop(uuid, None)
+            self._said = {k for k in self._said if k[0] != uuid}
+        self._was_out = set(out)
+        try:
+            facts = self.read(in_service)
+        except GpuslurmError as exc:
+            problem("health", f"cannot read GPU health: {exc}")
+            facts = {}
+        faults: list[Fault] = []
+        for gpu in in_service:
+            fact = facts.get(gpu.uuid)
+            if fact is None:
+                continue
+            live = self.xids.get(gpu.uuid)
+            if live:
+                fact = fact._replace(xid=tuple(sorted(set(fact.xid) | live)))
+            faults += running_faults(fact, self.cfg)
+        self._act(faults, now, problem)
+        self._reconcile(now, problem)
+        if self.kmsg is not None:
+            try:
+                self.kmsg.commit()
+            except (GpuslurmError, OSError) as exc:
+                problem("kmsg", f"cannot write the kernel-log cursor: {exc}")
+        return tuple(problems)
+
+    def _poll_kmsg(self, problem: Callable[[str, str], None]) -> None:
+        if self.kmsg is None:
+            return
+        polled = self.kmsg.poll()
+        for why in polled.problems:
+            problem("kmsg", why)
+        for line in polled.xids:
+            gpu = self.by_bus.get(line.bus_id.upper())
+            if gpu is None:
+                problem("kmsg", f"Xid {line.code} on {line.bus_id}, which is not one of this node's GPUs")
+                continue
+            self.xids.setdefault(gpu.uuid, set()).add(line.code)
+            self.warn(f"kernel log: Xid {line.code} on GPU index {gpu.index} ({gpu.uuid}): {line.text}")
+
+    def _act(self, faults: list[Fault], now: float, problem: Callable[[str, str], None]) -> None:
+        labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in self.node.gpus}
+        drains = []
+        for fault in faults:
+            key = (fault.uuid, fault.check, fault.message)
+            new = key not in self._said
+            self._said.add(key)
+            if fault.action == "gpu_out":
+                gpu = next(g for g in self.node.gpus if g.uuid == fault.uuid)
+                try:
+                    if take_out(self.store, self.node.gpus, gpu, fault.message, "monitor", now=now):
+                        self.warn(f"GPU {labels[gpu.uuid]} taken out of service: {fault.message}")
+                except GpuslurmError as exc:  # the last GPU: the node is drained instead
+                    if new:
+                        problem(gpu.uuid, f"{exc}; draining the node instead")
+                    drains.append(fault)
+            elif fault.action == "drain":
+                if new:
+                    drains.append(fault)
+            elif new:
+                problem(fault.uuid, f"{fault.check}: {fault.message} (action log)")
+        if drains and self.scheduler is not None:
+            reason = drain_reason(drains, labels)
+            try:
+                self.scheduler.drain_node(self.node_name, reason)
+                self.warn(f"drained {self.node_name}: {reason}")
+            except GpuslurmError as exc:
+                problem(self.node_name, f"cannot drain: {exc}")
+
+    def _reconcile(self, now: float, problem: Callable[[str, str], None]) -> None:
+        """Bring the scheduler to the record when it changed, else every RECONCILE_S while any GPU
+        is out (its graceful path waits for jobs to end); a node with all GPUs in service costs
+        no scheduler command."""
+        if self.scheduler is None:
+            return
+        try:
+            out = self.store.read()
+        except GpuslurmError as exc:
+            problem("out-of-service", str(exc))
+            return
+        if out == self._applied and (not out or now - self._applied_at < RECONCILE_S):
+            return
+        try:
+            state = self.scheduler.apply_gpus_out(self.node_name, self.node, out)
+            self._applied, self._applied_at = out, now
+        except GpuslurmError as exc:
+            problem(self.node_name, f"cannot apply the out-of-service GPUs: {exc}")
+            return
+        if state != self._last_state:
+            self.warn(state)
+            self._last_state = state
