@@ -204,7 +204,8 @@ def test_the_drain_reason_names_the_device_file_where_minors_differ_from_indices
     site.set_health({site.uuids[2]: {"xid": [79]}})
     assert run_prolog(site.environ(gpus="0-3"), quiet("prolog")) == 1
     [call] = site.scontrol_calls()
-    assert call[3] == f"Reason=gpuslurm: GPU index 2 (/dev/nvidia0, {site.uuids[2]}): Xid 79 (GPU has fallen off the bus; needs reboot)"
+    assert call[3] == (f"Reason=gpuslurm: GPU index 2 (/dev/nvidia0, {site.uuids[2]}): "
+                       "Xid 79 (GPU has fallen off the bus; needs reboot)")
 
 
 def test_a_job_refused_for_xid_79_gets_a_summary_with_the_faults(site: HookSite) -> None:
