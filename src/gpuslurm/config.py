@@ -85,6 +85,9 @@ class GpuOutConfig(NamedTuple):
     # The node's gres.conf, rewritten without the GPUs out of service once the node's jobs end;
     # "" leaves the node drained until an admin changes gres.conf.
     gres_conf: str = ""
+    # The file holding this node's NodeName= line (slurm.conf, or a file it includes), whose
+    # Gres= is rewritten with gres.conf; "" leaves the node drained until an admin changes both.
+    slurm_conf: str = ""
     gres_node_name: bool = True  # lines start with NodeName=<node> (a cluster-wide gres.conf)
     mps: int = 0  # the gres-conf options the file was generated with
     shard: int = 0
@@ -281,6 +284,7 @@ RULES: dict[str, Rule] = {
     "monitor.kmsg": Rule(abspath=True, empty_ok=True),
     "gpu_out.gres_conf": Rule(abspath=True, empty_ok=True),
     "gpu_out.dev_root": Rule(abspath=True, empty_ok=True),
+    "gpu_out.slurm_conf": Rule(abspath=True, empty_ok=True),
     "gpu_out.mps": Rule(lo=0, hi=100_000),
     "gpu_out.shard": Rule(lo=0, hi=100_000),
     "gpu_out.job_on_gpu": Rule(choices=("leave", "notify", "requeue")),

@@ -72,6 +72,7 @@ class SlurmScheduler:
         gres = GresOptions(node_name=node_name if cfg.gres_node_name else None, mps=cfg.mps or None,
                            shard=cfg.shard or None, links=cfg.links, dev_root=cfg.dev_root)
         opts = GpuOutOptions(node_name, scontrol=self.scontrol, squeue=self.squeue,
-                             gres_conf=Path(cfg.gres_conf) if cfg.gres_conf else None, gres=gres,
+                             gres_conf=Path(cfg.gres_conf) if cfg.gres_conf else None,
+                             slurm_conf=Path(cfg.slurm_conf) if cfg.slurm_conf else None, gres=gres,
                              timeout_s=self.timeout)
         return reconcile(node, out, opts)

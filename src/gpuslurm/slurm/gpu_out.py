@@ -1,13 +1,20 @@
 """One GPU out of service on Slurm 22.05 without losing the node for good: the graceful path.
 
-Slurm has no per-GPU drain, and 22.05 offers no way to shrink a node's GPU count while jobs hold
-GPUs on it (``scontrol update Gres=`` refuses a count tied to device files unless it is 0, and
-removing a gres.conf line renumbers the GRES indices of running jobs). So, as ``mig apply`` does:
+Slurm has no per-GPU drain, and 22.05 cannot shrink a node's GPUs while jobs hold GPUs there.
+Measured in the test cluster (docs/health.md): ``scontrol update NodeName=… Gres=gpu:…:7`` is
+refused ("Invalid generic resource (gres) specification") for GPUs tied to device files, before
+and after gres.conf changes; a gres.conf with one line fewer makes slurmctld set the node
+``INVAL+DRAIN`` ("gres/gpu count reported lower than configured (7 < 8)") on the next
+registration, even with ``SlurmdParameters=config_overrides``, and that survives restarts of both
+daemons; removing a line renumbers the GRES indices of running jobs. What slurmctld accepts is
+the node's ``Gres=`` in slurm.conf and gres.conf changed together, then ``scontrol reconfigure``.
+So, as ``mig apply`` does:
 
 1. Drain the node for new jobs, the reason naming the GPU (``gpuslurm: GPU out: index 3
    (/dev/nvidia3, GPU-…): Xid 79 …; resumes with 7 GPUs when its jobs end``). Running jobs go on.
-2. Once no job runs on the node: write gres.conf without the out-of-service GPUs (atomically),
-   ``scontrol reconfigure``, set the node's ``Gres=`` to the remaining count, resume.
+2. Once no job runs on the node: write gres.conf without the out-of-service GPUs and the node's
+   ``Gres=`` in ``[gpu_out] slurm_conf`` (the cluster's slurm.conf, or a file it includes that
+   holds this node's line), both atomically; ``scontrol reconfigure``; resume.
 3. The node's ``Comment`` names the GPUs out while it serves the rest, so ``scontrol show node``
    shows them after the drain is gone (``sinfo -R`` lists only drained and down nodes).
 
@@ -25,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from gpuslurm.errors import CommandError
+from gpuslurm.errors import InputError
 from gpuslurm.gres.records import GresOptions
 from gpuslurm.runner import run_command
 from gpuslurm.slurm.mig_apply import busy_jobs, is_drained, node_field, write_atomic
@@ -45,6 +52,7 @@ class GpuOutOptions(NamedTuple):
     scontrol: str = "/usr/bin/scontrol"
     squeue: str = "/usr/bin/squeue"
     gres_conf: Path | None = None  # regenerate this file; None: leave the node drained for an admin
+    slurm_conf: Path | None = None  # the file with this node's NodeName= line (its Gres= is rewritten)
     gres: GresOptions = GresOptions()
     timeout_s: float = 10.0
 
@@ -66,7 +74,7 @@ def drain_reason(node: Node, out: Mapping[str, OutOfService]) -> str:
     left = len(node.gpus) - len([u for u in out if any(g.uuid == u for g in node.gpus)])
     parts = [f"index {r.index} (/dev/nvidia{r.minor}, {u}): {r.reason}" for u, r in sorted(out.items())]
     tail = f"resumes with {left} GPUs when its jobs end" if left else "no GPU left in service"
-    return clean_reason(f"{REASON_PREFIX}: {'; '.join(parts)}; {tail}")
+    return clean_reason(f"{REASON_PREFIX}: {'; '.join(parts) or 'GPUs back in service'}; {tail}")
 
 
 def comment(out: Mapping[str, OutOfService]) -> str:
@@ -96,20 +104,73 @@ def reconcile(node: Node, out: Mapping[str, OutOfService], opts: GpuOutOptions) 
     if drained and not ours:
         return f"{name}: drained by someone else ({reason}); GPU count left at {have}"
     new_reason = drain_reason(node, gone)
-    if not drained or reason != new_reason:
+    if not drained or not reason.startswith(new_reason):  # Slurm appends " [user@time]"
         _scontrol(opts, "update", f"NodeName={name}", "State=DRAIN", f"Reason={new_reason}")
-    if want == 0 or opts.gres_conf is None:
-        why = "no GPU left" if want == 0 else "no gres_conf configured to regenerate"
+    if want == 0 or opts.gres_conf is None or opts.slurm_conf is None:
+        why = "no GPU left" if want == 0 else "[gpu_out] gres_conf and slurm_conf are not both set"
         return f"{name}: drained ({why})"
     jobs = busy_jobs(run_command([opts.squeue, "-h", "-w", name, "-o", "%i %T"],
                                  timeout=opts.timeout_s).stdout)
     if jobs:
         return f"{name}: drained; waiting for jobs {','.join(jobs)} to end"
-    _regenerate(node, set(gone), opts)
+    kept = without_gpus(node, set(gone))
+    conf_text = _read(opts.slurm_conf)
+    new_conf = set_node_gres(conf_text, name, _summary(kept, opts), str(opts.slurm_conf))
+    _regenerate(kept, opts)
+    if new_conf != conf_text:
+        write_atomic(opts.slurm_conf, new_conf, _mode(opts.slurm_conf))
     _scontrol(opts, "reconfigure")
-    _scontrol(opts, "update", f"NodeName={name}", f"Gres={_summary(without_gpus(node, set(gone)), opts)}")
     _scontrol(opts, "update", f"NodeName={name}", "State=RESUME")
-    return f"{name}: gres.conf rewritten without {len(gone)} GPU(s); resumed with {want} GPUs"
+    return f"{name}: gres.conf and Gres= now without {len(gone)} GPU(s); resumed with {want} GPUs"
+
+
+def set_node_gres(conf: str, node_name: str, gres: str, source: str) -> str:
+    """``conf`` with the GPU part of ``Gres=`` on ``NodeName=<node_name>``'s line set to ``gres``.
+
+    Other gres of the line (``nic:2``) are kept. Exactly one line must name the node alone: a
+    line for a node range cannot change for one node, and that is bad input.
+    """
+    lines = conf.splitlines(keepends=True)
+    found = [i for i, line in enumerate(lines) if _names_node(line, node_name)]
+    if len(found) != 1:
+        why = "no line" if not found else f"{len(found)} lines"
+        raise InputError(f"{why} with NodeName={node_name} alone (a node range cannot change for "
+                         "one node)", source)
+    i = found[0]
+    line = lines[i]
+    end = line[len(line.rstrip("\r\n")):]
+    words = line.rstrip("\r\n").split()
+    ours = {"gpu", "mps", "shard"}
+    for j, word in enumerate(words):
+        if word.lower().startswith("gres="):
+            others = [p for p in word[5:].split(",") if p and p.split(":")[0] not in ours]
+            words[j] = "Gres=" + ",".join([gres, *others])
+            break
+    else:
+        words.append(f"Gres={gres}")
+    lines[i] = " ".join(words) + end
+    return "".join(lines)
+
+
+def _names_node(line: str, node_name: str) -> bool:
+    words = line.split()
+    return bool(words) and words[0].lower() == f"nodename={node_name.lower()}"
+
+
+def _read(path: Path) -> str:
+    from gpuslurm.safedir import read_regular_text
+
+    try:
+        return read_regular_text(str(path), 1 << 22)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", path) from None
+
+
+def _mode(path: Path) -> int:
+    import os
+    import stat
+
+    return stat.S_IMODE(os.stat(path).st_mode)
 
 
 def _summary(node: Node, opts: GpuOutOptions) -> str:
@@ -119,12 +180,11 @@ def _summary(node: Node, opts: GpuOutOptions) -> str:
     return gres_summary(plan_gres(node, opts.gres))
 
 
-def _regenerate(node: Node, gone: set[str], opts: GpuOutOptions) -> None:
+def _regenerate(kept: Node, opts: GpuOutOptions) -> None:
     from gpuslurm.gres.records import plan_gres
     from gpuslurm.gres.render import render_plan
 
     assert opts.gres_conf is not None
-    kept = without_gpus(node, gone)
     write_atomic(opts.gres_conf, render_plan(kept, plan_gres(kept, opts.gres), opts.gres, None))
 
 
@@ -137,7 +197,4 @@ def _set_comment(opts: GpuOutOptions, name: str, current: str, wanted: str) -> N
 
 
 def _scontrol(opts: GpuOutOptions, *args: str) -> str:
-    try:
-        return run_command([opts.scontrol, *args], timeout=opts.timeout_s).stdout
-    except CommandError:
-        raise
+    return run_command([opts.scontrol, *args], timeout=opts.timeout_s).stdout
