@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 from hook_helpers import HookSite, make_site
 
-from gpuslurm.hooks.epilog import admin_comment, run_epilog
+from gpuslurm.hooks.epilog import admin_comment
 from gpuslurm.hooks.leftovers import Target, kill_processes, leftover_verdict, plan_kills
-from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.hooks.log import HookLog
 from gpuslurm.hw.health import GpuProcess
+from gpuslurm.slurm.hooks import run_epilog, run_prolog
 from gpuslurm.state.jobmap import job_map, write_map
 from gpuslurm.state.store import GpuStats
 
@@ -313,8 +314,8 @@ def test_summary_and_admin_comment_from_the_store(site: HookSite) -> None:
 
 def test_summary_without_a_store_does_not_load_sqlite(site: HookSite) -> None:
     prolog(site)
-    code = ("import sys, io; from gpuslurm.hooks.epilog import run_epilog; "
-            "from gpuslurm.hooks.prolog import HookLog; import json; "
+    code = ("import sys, io; from gpuslurm.slurm.hooks import run_epilog; "
+            "from gpuslurm.hooks.log import HookLog; import json; "
             "rc = run_epilog(json.loads(sys.argv[1]), HookLog('epilog', io.StringIO(), False)); "
             "print(rc, 'sqlite3' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(site.environ(gpus="0,1"))],
@@ -335,7 +336,7 @@ def test_bad_store_or_failing_scontrol_never_drains(tmp_path: Path) -> None:
     assert run_epilog(site.environ(gpus="0,1"), log) == 0
     assert any("cannot read the monitor store" in line and "not an SQLite database" in line
                for line in log.lines)
-    assert any("cannot set the job's AdminComment" in line for line in log.lines)
+    assert any("cannot set the job's final comment" in line for line in log.lines)
     assert summary(site)["monitor"] == "no monitor data"
     assert (site.root / "state" / "monitor.db").read_bytes() == b"garbage" * 100  # a reader moves nothing
     [call] = site.scontrol_calls()
