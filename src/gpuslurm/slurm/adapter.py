@@ -7,9 +7,9 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the hooks build this adapter on every job: keep its imports to os
-    from gpuslurm.samples import Allocation
     from gpuslurm.config import Config
     from gpuslurm.hw.model import Node
+    from gpuslurm.samples import Allocation
 
 
 class SlurmScheduler:
