@@ -43,6 +43,11 @@ class Scheduler(Protocol):
         """Attach ``text`` to the running job where admins and accounting see it."""
         ...
 
+    def set_final_comment(self, job_id: str, text: str) -> str:
+        """Attach ``text`` to ``job_id`` as it ends (the epilog's summary line), wherever this
+        scheduler still takes it; what was done, for the log. GpuslurmError when it failed."""
+        ...
+
     def apply_gpus_out(self, node_name: str, node: Node, out: Mapping[str, OutOfService]) -> str:
         """Bring the scheduler to the out-of-service record ``out`` (the GPUs of ``node`` it must not
         give to new jobs); safe to repeat. One line saying where the node stands."""
