@@ -169,8 +169,8 @@ def test_epilog_drains_when_the_job_left_processes_and_memory(site: HookSite) ->
 
 
 def test_epilog_summary_failure_is_logged_not_fatal(site: HookSite) -> None:
+    assert run_prolog(site.environ(), quiet("prolog")) == 0  # it reads the out-of-service record there
     (site.root / "state").write_text("a file where the state directory should be")
-    assert run_prolog(site.environ(), quiet("prolog")) == 0
     log = quiet("epilog")
     assert run_epilog(site.environ(), log) == 0
     assert not (site.jobs_dir / "1234.json").exists()

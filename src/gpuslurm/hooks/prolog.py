@@ -66,6 +66,14 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
 
     from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
+    from gpuslurm.state.out_of_service import OutOfServiceStore
+
+    out_store = OutOfServiceStore(cfg.paths.state_dir)
+    out = out_store.read()  # a corrupt record raises: the gate fails closed
+    if held := [g for g in gpus if g.uuid in out]:  # given a GPU out of service: never run on it
+        g = held[0]
+        why = f"GPU {gpu_label(g.index, g.minor, g.uuid)} is out of service: {out[g.uuid].reason}"
+        return _requeue_job(scheduler, job_id, why, log)
 
     faults = []
     if gate_enabled(cfg.health):
@@ -79,6 +87,11 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         log.warning(f"GPU {labels[fault.uuid]}: {fault.check}: {fault.message} "
                     f"(action {fault.action})")
     drains = [f for f in faults if f.action == "drain"]
+    if not drains and (outs := [f for f in faults if f.action == "gpu_out"]):
+        taken = _take_out(outs, node, out_store, scheduler, job.node_name, log)
+        if taken is not None:
+            return _requeue_job(scheduler, job_id, taken, log)
+        drains = outs  # the last GPU in service: the node is drained instead
     if drains:
         reason = drain_reason(drains, labels)
         name = job.node_name
@@ -149,6 +162,48 @@ def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog) -> boo
     log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
              f"{request.active_thread_percentage}% threads, pipe {daemon.pipe_dir}")
     return True
+
+
+def _take_out(faults: list[Any], node: NodeIdentity, store: Any, scheduler: Scheduler, name: str,
+              log: HookLog) -> str | None:
+    """``[health.*] action = "gpu_out"``: record the faulty GPUs out of service and drain the node
+    for new jobs with the graceful path's reason (the monitor, or ``health --act``, rewrites
+    gres.conf and resumes it once its running jobs end); why, for the job. None when one of them
+    is the last GPU in service (the caller drains the node as for ``drain``)."""
+    from gpuslurm.policy.health import gpu_label
+    from gpuslurm.state.out_of_service import gpu_out_reason, take_out
+
+    now = time.time()
+    for fault in faults:
+        gpu = next(g for g in node.gpus if g.uuid == fault.uuid)
+        try:
+            take_out(store, node.gpus, gpu, fault.message, "prolog", now=now)
+        except InputError as exc:
+            log.error(f"{exc}: draining the node instead")
+            return None
+        log.error(f"GPU {gpu_label(gpu.index, gpu.minor, gpu.uuid)} taken out of service: {fault.message}")
+    out = store.read()
+    present = {g.uuid for g in node.gpus}
+    reason = gpu_out_reason(len(node.gpus), {u: r for u, r in out.items() if u in present})
+    try:
+        scheduler.drain_node(name, reason)
+        log.error(f"drained {name} for new jobs: {reason}")
+    except GpuslurmError as exc:
+        log.error(f"could not drain {name} for new jobs ({exc}); the GPUs are recorded out of service")
+    return "; ".join(f.message for f in faults)
+
+
+def _requeue_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> int:
+    """Requeue the job (not its fault) without failing the prolog, so the node is not drained by
+    Slurm; else an error code, as :func:`_refuse_job`."""
+    reason = f"gpuslurm requeued this job: {why}"
+    try:
+        done = scheduler.requeue_job(job_id, reason)
+    except GpuslurmError as exc:
+        log.error(f"{reason}; and could not requeue or cancel it ({exc}): failing the prolog")
+        return exc.exit_code
+    log.error(f"{reason} (job {done}; the node stays up)")
+    return 0
 
 
 def _refuse_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> int:

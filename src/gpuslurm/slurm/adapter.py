@@ -59,6 +59,11 @@ class SlurmScheduler:
 
         resume_node(node_name, scontrol=self.scontrol, timeout=self.timeout)
 
+    def requeue_job(self, job_id: str, reason: str) -> str:
+        from gpuslurm.slurm.scontrol import requeue_job
+
+        return requeue_job(job_id, reason, scontrol=self.scontrol, scancel=self.scancel, timeout=self.timeout)
+
     def refuse_job(self, job_id: str, reason: str) -> str:
         from gpuslurm.slurm.scontrol import refuse_job
 

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from gpuslurm.hw.model import Node
     from gpuslurm.state.out_of_service import OutOfService
 
-REASON_PREFIX = "gpuslurm: GPU out"
+REASON_PREFIX = "gpuslurm: GPU out"  # state.out_of_service.GPU_OUT_REASON
 COMMENT_PREFIX = "gpuslurm: out of service:"
 _GPU_COUNT = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 
@@ -71,10 +71,10 @@ def gres_gpu_count(gres: str) -> int | None:
 
 
 def drain_reason(node: Node, out: Mapping[str, OutOfService]) -> str:
-    left = len(node.gpus) - len([u for u in out if any(g.uuid == u for g in node.gpus)])
-    parts = [f"index {r.index} (/dev/nvidia{r.minor}, {u}): {r.reason}" for u, r in sorted(out.items())]
-    tail = f"resumes with {left} GPUs when its jobs end" if left else "no GPU left in service"
-    return clean_reason(f"{REASON_PREFIX}: {'; '.join(parts) or 'GPUs back in service'}; {tail}")
+    from gpuslurm.state.out_of_service import gpu_out_reason
+
+    present = {g.uuid for g in node.gpus}
+    return gpu_out_reason(len(node.gpus), {u: r for u, r in out.items() if u in present})
 
 
 def comment(out: Mapping[str, OutOfService]) -> str:

@@ -130,3 +130,23 @@ def refuse_job(job_id: str, reason: str, *, scontrol: str, scancel: str = "/usr/
     except CommandError:
         run_command([scancel, job_id], timeout=timeout)
         return "cancelled"
+
+
+def requeue_job(job_id: str, reason: str, *, scontrol: str, scancel: str = "/usr/bin/scancel",
+                timeout: float) -> str:
+    """Requeue a job its node cannot serve (a GPU failed under it), not held; what was done.
+
+    As :func:`refuse_job`, from the prolog, which then exits 0 so that the node is not drained:
+    the Comment says why, ``scontrol requeue`` puts the job back as PENDING to run elsewhere (or
+    here once the node serves its other GPUs). A job Slurm cannot requeue (``--no-requeue``, an
+    ``srun``/``salloc`` allocation) is cancelled. CommandError when neither worked.
+    """
+    check_job_id(job_id)
+    run_command([scontrol, "update", f"JobId={job_id}", f"Comment={clean_reason(reason)}"],
+                timeout=timeout, check=False)
+    try:
+        run_command([scontrol, "requeue", job_id], timeout=timeout)
+        return "requeued"
+    except CommandError:
+        run_command([scancel, job_id], timeout=timeout)
+        return "cancelled"

@@ -17,7 +17,7 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -27,6 +27,7 @@ from gpuslurm.safedir import open_dir, read_private_at, replace_at
 if TYPE_CHECKING:
     from gpuslurm.hw.identity import AnyGpu
 
+GPU_OUT_REASON = "gpuslurm: GPU out"  # how a node drained for the graceful GPU-out path is told apart
 RECORD_FILE = "out-of-service.json"
 LOCK_FILE = "out-of-service.lock"
 FORMAT_VERSION = 1
@@ -203,3 +204,14 @@ def bring_back(store: OutOfServiceStore, gpu: AnyGpu) -> OutOfService | None:
     """Remove ``gpu`` from the record; the record it had, or None when it was in service."""
     with store.update() as records:
         return records.pop(gpu.uuid, None)
+
+
+def gpu_out_reason(total: int, out: Mapping[str, OutOfService]) -> str:
+    """The drain reason of the graceful GPU-out path (``total``: the node's GPUs, ``out`` those of
+    them out of service): ``gpuslurm: GPU out: index 3 (/dev/nvidia3, GPU-…): <reason>; resumes
+    with 7 GPUs when its jobs end``."""
+    left = total - len(out)
+    parts = [f"index {r.index} (/dev/nvidia{r.minor}, {u}): {r.reason}" for u, r in sorted(out.items())]
+    tail = f"resumes with {left} GPUs when its jobs end" if left > 0 else "no GPU left in service"
+    text = f"{GPU_OUT_REASON}: {'; '.join(parts) or 'GPUs back in service'}; {tail}"
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:1000]

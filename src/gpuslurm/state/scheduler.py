@@ -43,6 +43,12 @@ class Scheduler(Protocol):
         """Attach ``text`` to the running job where admins and accounting see it."""
         ...
 
+    def requeue_job(self, job_id: str, reason: str) -> str:
+        """Put ``job_id`` back in the queue, not held, for ``reason`` (a GPU of this node failed
+        under it, not its user's fault), without taking the node out of service; a job that cannot
+        be requeued is cancelled. What was done."""
+        ...
+
     def set_final_comment(self, job_id: str, text: str) -> str:
         """Attach ``text`` to ``job_id`` as it ends (the epilog's summary line), wherever this
         scheduler still takes it; what was done, for the log. GpuslurmError when it failed."""
