@@ -33,6 +33,7 @@ class Rule(NamedTuple):
     hi: float | None = None
     abspath: bool = False
     empty_ok: bool = False  # with abspath: "" means "none"
+    words: tuple[str, ...] = ()  # with abspath: words accepted instead of a path ("auto")
     mapping: bool = False  # a table of free names → ``item`` values, kept as sorted (name, value) pairs
 
 
@@ -151,7 +152,9 @@ class MonitorConfig(NamedTuple):
     command_timeout_s: float = 10.0
     admin_comment_interval_s: float = 300.0  # with [epilog] admin_comment: running jobs' AdminComment
     health: bool = True  # check the [health] policy every cycle and act on live faults
-    kmsg: str = "/dev/kmsg"  # the kernel log read for Xid lines; "" reads none
+    # The kernel log read for Xid lines: "auto" is /dev/kmsg on a live node and none when replaying
+    # a bundle (the host's log is not the replayed node's); a path is read either way; "" never.
+    kmsg: str = "auto"
 
 
 class RogueDetect(NamedTuple):
@@ -281,7 +284,7 @@ RULES: dict[str, Rule] = {
     "health.memory_released.max_used_mib": Rule(lo=0),
     "health.leftover_processes.ignore_users": Rule(item=str),
     **{f"paths.{name}": Rule(abspath=True) for name in PathsConfig._fields},
-    "monitor.kmsg": Rule(abspath=True, empty_ok=True),
+    "monitor.kmsg": Rule(abspath=True, empty_ok=True, words=("auto",)),
     "gpu_out.gres_conf": Rule(abspath=True, empty_ok=True),
     "gpu_out.dev_root": Rule(abspath=True, empty_ok=True),
     "gpu_out.slurm_conf": Rule(abspath=True, empty_ok=True),
@@ -454,7 +457,8 @@ def _scalar(kind: type, rule: Rule, value: Any, label: str, source: str) -> Any:
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
         _fail(f"{label} must be {bounds}, not {value!r}", source)
-    if rule.abspath and not value.startswith("/") and not (rule.empty_ok and value == ""):
+    if rule.abspath and not value.startswith("/") and not (rule.empty_ok and value == "") \
+            and value not in rule.words:
         _fail(f"{label} must be an absolute path, not {value!r}", source)
     return value
 

@@ -130,3 +130,13 @@ def test_commands_have_help_and_are_documented() -> None:
         result = CliRunner().invoke(cli, [*args, "--help"])
         assert result.exit_code == 0 and "Usage: " in result.output
         assert f"gpuslurm {' '.join(args)}" in readme and f"gpuslurm {' '.join(args)}" in doc
+
+
+def test_pick_never_chooses_a_gpu_out_of_service(site: Path) -> None:
+    b = str(site / "bundle")
+    run(site, "gpu", "offline", "index:3", "--reason", "Xid 79", "--from", b, "--no-slurm")
+    code, out, err = run(site, "pick", "7", "--from", b, "--format", "json")
+    assert code == 0, err
+    assert NODE.gpus[3].uuid not in out and out.count("GPU-") >= 7
+    code, _, err = run(site, "pick", "8", "--from", b)
+    assert code == 5 and "out of service: Xid 79" in err

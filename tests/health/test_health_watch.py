@@ -217,4 +217,5 @@ def test_config_refusals(text: str) -> None:
 
     with pytest.raises(InputError):
         parse_config(text)
-    assert Config().monitor.kmsg == "/dev/kmsg"
+    assert Config().monitor.kmsg == "auto"
+    assert parse_config('[monitor]\nkmsg = "auto"\n').monitor.kmsg == "auto"

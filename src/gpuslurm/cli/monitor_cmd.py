@@ -105,21 +105,25 @@ def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
     if not cfg.monitor.health:
         return None
     from gpuslurm.hw.health import read_health
+    from gpuslurm.hw.source import bundle_path
     from gpuslurm.slurm.adapter import SlurmScheduler
     from gpuslurm.state.out_of_service import OutOfServiceStore
     from gpuslurm.watch.health import HealthWatch
 
     kmsg = None
-    if cfg.monitor.kmsg:
+    path = cfg.monitor.kmsg
+    if path == "auto":
+        path = "" if bundle_path(source) is not None else "/dev/kmsg"
+    if path:
         from gpuslurm.hw.kmsg import KmsgReader
 
-        reader = KmsgReader(cfg.paths.state_dir, kmsg=cfg.monitor.kmsg)
+        reader = KmsgReader(cfg.paths.state_dir, kmsg=path)
         try:
             for why in reader.open():
                 _warn(why)
             kmsg = reader
         except OSError as exc:
-            _warn(f"cannot read the kernel log {cfg.monitor.kmsg} ({exc.strerror}): Xids are not seen")
+            _warn(f"cannot read the kernel log {path} ({exc.strerror}): Xids are not seen")
     scheduler: SlurmScheduler | None = SlurmScheduler(
         squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
         timeout=cfg.monitor.command_timeout_s, gpu_out=cfg.gpu_out)
@@ -127,8 +131,6 @@ def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
         _warn(f"{cfg.paths.scontrol} is missing: faults are logged, GPUs recorded out of service, "
               "but Slurm is not told")
         scheduler = None
-
-    from gpuslurm.hw.source import bundle_path
 
     if bundle_path(source) is None:
         from gpuslurm.hw.health import NvmlHealthReader

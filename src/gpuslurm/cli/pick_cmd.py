@@ -186,7 +186,9 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
                 not os.path.isfile(os.path.join(bundle, "scenario.json")):
             # no scenario (hw.scenario's rule): every device idle, no process; the scenario
             # module and the NVML reading types it needs are not worth loading for that
-            return with_window(node, {}, store_path(bundle, os.environ), now)
+            idle: dict[str, DeviceState] = {}
+            mark_out_of_service(node, idle, os.environ)
+            return with_window(node, idle, store_path(bundle, os.environ), now)
         from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
 
         reading = ScenarioSampler(node, scenario_path(bundle)).read(now)
@@ -215,7 +217,26 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
     for g in node.gpus:  # a GPU NVML did not report at all is not healthy
         if g.uuid.lower() not in states:
             states[g.uuid.lower()] = DeviceState(healthy=False, problem="no reading from the GPU")
+    mark_out_of_service(node, states, os.environ)
     return with_window(node, states, store_path(bundle, os.environ), now)
+
+
+def mark_out_of_service(node: Node, states: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """GPUs out of service (``gpuslurm gpu offline``), and their MIG devices, are not healthy."""
+    from gpuslurm.config import load_config
+    from gpuslurm.place.engine import DeviceState
+    from gpuslurm.state.out_of_service import read_shared
+
+    try:
+        cfg = load_config(environ=environ)
+    except GpuslurmError:
+        return  # a broken config is the admin's matter, as for the store
+    out = read_shared(cfg.paths.state_dir)  # a corrupt record is an error: no GPU is trusted blindly
+    for g in node.gpus:
+        if g.uuid in out:
+            why = f"out of service: {out[g.uuid].reason}"
+            for key in [g.uuid, *(m.uuid for m in g.mig_devices if m.uuid)]:
+                states[key.lower()] = DeviceState(healthy=False, problem=why)
 
 
 WINDOW_S = 60.0  # the load window read from the monitor's store

@@ -215,3 +215,24 @@ def gpu_out_reason(total: int, out: Mapping[str, OutOfService]) -> str:
     tail = f"resumes with {left} GPUs when its jobs end" if left > 0 else "no GPU left in service"
     text = f"{GPU_OUT_REASON}: {'; '.join(parts) or 'GPUs back in service'}; {tail}"
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:1000]
+
+
+def read_shared(state_dir: str) -> dict[str, OutOfService]:
+    """The record as any user may read it (``pick`` run inside a job): the file must be a regular
+    file of root's (or ours) that nobody else can write; empty when it is missing."""
+    import stat
+
+    from gpuslurm.safedir import read_regular
+
+    path = os.path.join(state_dir, RECORD_FILE)
+    try:
+        st = os.stat(path)
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            raise InputError(f"refusing to use: owned by uid {st.st_uid}, "
+                             f"mode {stat.S_IMODE(st.st_mode):04o}", path)
+        data = read_regular(path, MAX_RECORD_BYTES)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", path) from None
+    return parse_record(data, path)
