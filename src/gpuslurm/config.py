@@ -81,20 +81,11 @@ class HealthConfig(NamedTuple):
 
 
 class GpuOutConfig(NamedTuple):
-    """How a GPU is taken out of service in Slurm (``gpu offline``, the monitor, ``health --act``)."""
+    """How a GPU is held out of service in Slurm (``gpu offline``, the monitor, ``health --act``)."""
 
-    # The node's gres.conf, rewritten without the GPUs out of service once the node's jobs end;
-    # "" leaves the node drained until an admin changes gres.conf.
-    gres_conf: str = ""
-    # The file holding this node's NodeName= line (slurm.conf, or a file it includes), whose
-    # Gres= is rewritten with gres.conf; "" leaves the node drained until an admin changes both.
-    slurm_conf: str = ""
-    gres_node_name: bool = True  # lines start with NodeName=<node> (a cluster-wide gres.conf)
-    mps: int = 0  # the gres-conf options the file was generated with
-    shard: int = 0
-    links: bool = True
-    dev_root: str = ""
-    job_on_gpu: str = "leave"  # a job holding the failed GPU: leave | notify | requeue
+    job_on_gpu: str = "leave"  # a job running on the failed GPU: leave | notify | requeue
+    holder_mem_mib: int = 64  # memory of the holder job that keeps the failed GPU from new jobs
+    sbatch: str = "/usr/bin/sbatch"
 
 
 class PathsConfig(NamedTuple):
@@ -285,12 +276,9 @@ RULES: dict[str, Rule] = {
     "health.leftover_processes.ignore_users": Rule(item=str),
     **{f"paths.{name}": Rule(abspath=True) for name in PathsConfig._fields},
     "monitor.kmsg": Rule(abspath=True, empty_ok=True, words=("auto",)),
-    "gpu_out.gres_conf": Rule(abspath=True, empty_ok=True),
-    "gpu_out.dev_root": Rule(abspath=True, empty_ok=True),
-    "gpu_out.slurm_conf": Rule(abspath=True, empty_ok=True),
-    "gpu_out.mps": Rule(lo=0, hi=100_000),
-    "gpu_out.shard": Rule(lo=0, hi=100_000),
     "gpu_out.job_on_gpu": Rule(choices=("leave", "notify", "requeue")),
+    "gpu_out.holder_mem_mib": Rule(lo=1, hi=1 << 20),
+    "gpu_out.sbatch": Rule(abspath=True),
     "mps.triggers": Rule(item=str, choices=MPS_TRIGGERS),
     "mps.active_thread_percentage": Rule(lo=1, hi=100),
     "mps.pinned_memory_limit_mib": Rule(lo=0),

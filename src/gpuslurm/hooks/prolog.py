@@ -45,6 +45,11 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
     """
     job_id, uid, user = job.job_id, job.uid, job.user
     log.job_id = job_id
+    from gpuslurm.state.out_of_service import HOLDER_COMMENT
+
+    if uid == 0 and job.comment == HOLDER_COMMENT:  # root's holder of a GPU out of service
+        log.info("a holder of a GPU out of service (gpuslurm gpu list): no gate, no map")
+        return 0
     if job.gpus is None:
         from gpuslurm.isolate.devices import isolate_job, wanted
 

@@ -75,20 +75,14 @@ class SlurmScheduler:
         set_admin_comment(job_id, text, scontrol=self.scontrol, timeout=self.timeout)
 
     def apply_gpus_out(self, node_name: str, node: Node, out: Mapping[str, OutOfService]) -> str:
-        """The graceful path of :mod:`gpuslurm.slurm.gpu_out`, configured by ``[gpu_out]``."""
-        from pathlib import Path
-
+        """Holder jobs on the GPUs out of service (:mod:`gpuslurm.slurm.gpu_out`), per ``[gpu_out]``."""
         from gpuslurm.config import GpuOutConfig
-        from gpuslurm.gres.records import GresOptions
         from gpuslurm.slurm.gpu_out import GpuOutOptions, reconcile
 
         cfg = self.gpu_out or GpuOutConfig()
-        gres = GresOptions(node_name=node_name if cfg.gres_node_name else None, mps=cfg.mps or None,
-                           shard=cfg.shard or None, links=cfg.links, dev_root=cfg.dev_root)
-        opts = GpuOutOptions(node_name, scontrol=self.scontrol, squeue=self.squeue,
-                             gres_conf=Path(cfg.gres_conf) if cfg.gres_conf else None,
-                             slurm_conf=Path(cfg.slurm_conf) if cfg.slurm_conf else None, gres=gres,
-                             timeout_s=self.timeout)
+        opts = GpuOutOptions(node_name, scontrol=self.scontrol, squeue=self.squeue, sbatch=cfg.sbatch,
+                             scancel=self.scancel, timeout_s=self.timeout, holder_mem_mib=cfg.holder_mem_mib,
+                             job_on_gpu=cfg.job_on_gpu)
         return reconcile(node, out, opts)
 
     def set_final_comment(self, job_id: str, text: str) -> str:

@@ -1,80 +1,62 @@
-"""One GPU out of service on Slurm 22.05 without losing the node for good: the graceful path.
+"""One GPU out of service on Slurm 22.05 while the node keeps serving its other GPUs: holder jobs.
 
-Slurm has no per-GPU drain, and 22.05 cannot shrink a node's GPUs while jobs hold GPUs there.
-Measured in the test cluster (docs/health.md): ``scontrol update NodeName=… Gres=gpu:…:7`` is
-refused ("Invalid generic resource (gres) specification") for GPUs tied to device files, before
-and after gres.conf changes; a gres.conf with one line fewer makes slurmctld set the node
-``INVAL+DRAIN`` ("gres/gpu count reported lower than configured (7 < 8)") on the next
-registration, even with ``SlurmdParameters=config_overrides``, and that survives restarts of both
-daemons; removing a line renumbers the GRES indices of running jobs. What slurmctld accepts is
-the node's ``Gres=`` in slurm.conf and gres.conf changed together, then ``scontrol reconfigure``.
-So, as ``mig apply`` does:
+Slurm has no per-GPU drain, and 22.05 cannot shrink a node's GPUs while it runs. Measured in the
+test cluster (docs/health.md): ``scontrol update NodeName=… Gres=gpu:…:7`` is refused for GPUs with
+device files; a gres.conf with one line fewer drains the node (``INVAL``, "gres/gpu count reported
+lower than configured (7 < 8)"), even with the node's ``Gres=`` in slurm.conf changed as well and
+``scontrol reconfigure`` ("Attempt to change gres/gpu Count … invalid with File configuration"):
+only a restart of slurmctld takes a new count, and removing a line renumbers the GRES indices of
+running jobs.
 
-1. Drain the node for new jobs, the reason naming the GPU (``gpuslurm: GPU out: index 3
-   (/dev/nvidia3, GPU-…): Xid 79 …; resumes with 7 GPUs when its jobs end``). Running jobs go on.
-2. Once no job runs on the node: write gres.conf without the out-of-service GPUs and the node's
-   ``Gres=`` in ``[gpu_out] slurm_conf`` (the cluster's slurm.conf, or a file it includes that
-   holds this node's line), both atomically; ``scontrol reconfigure``; resume.
-3. The node's ``Comment`` names the GPUs out while it serves the rest, so ``scontrol show node``
-   shows them after the drain is gone (``sinfo -R`` lists only drained and down nodes).
+So gpuslurm leaves Slurm's GPU count alone and gives the failed GPU to a job of its own: a
+*holder*, ``sleep`` as root with one GPU, one CPU and a little memory, named
+``gpuslurm-gpu-out-<node>`` with the Comment ``gpuslurm:gpu-out-holder`` (the prolog lets root's
+job with that Comment through without a health gate). Slurm cannot be told which GPU a job gets,
+so when the failed GPU is free gpuslurm submits one holder per free GPU of the node, waits for
+them to start, keeps the one Slurm put on the failed GPU and cancels the others: a few seconds.
+New jobs never get the failed GPU; the node takes jobs all along; running jobs are not touched.
+While a job still runs on the failed GPU its GPU is taken when that job ends (or at once when
+``[gpu_out] job_on_gpu = "requeue"``). A job that lands on the failed GPU in between is requeued
+by the prolog. The holder survives restarts of slurmctld and slurmd (a running job does); if it
+ends (a partition time limit, a reboot), :func:`reconcile` submits a new one.
 
-:func:`reconcile` does whichever step is due and is safe to call every monitor cycle, after a
-restart of anything: the out-of-service record is the truth, Slurm is brought to it. A node
-drained by someone else (another reason) is never resumed here. Taking the last GPU out leaves the
-node drained (no zero-GPU gres.conf is written: a GPU node without GPUs takes no GPU jobs).
+:func:`reconcile` is safe to call every monitor cycle: the out-of-service record is the truth. The
+node's ``Comment`` names the GPUs out, so ``scontrol show node`` shows them (``sinfo -R`` lists only
+drained and down nodes). Taking the last GPU out drains the node instead (a GPU node without a GPU
+should not take GPU jobs); a node the prolog drained for a GPU out (``gpuslurm: GPU out: …``) is
+resumed once the GPU is held.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from collections.abc import Mapping
-from pathlib import Path
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from gpuslurm.errors import InputError
-from gpuslurm.gres.records import GresOptions
+from gpuslurm.errors import CommandError
 from gpuslurm.runner import run_command
-from gpuslurm.slurm.mig_apply import busy_jobs, is_drained, node_field, write_atomic
+from gpuslurm.slurm.mig_apply import is_drained, node_field
 from gpuslurm.slurm.scontrol import check_node_name, clean_reason
+from gpuslurm.state.out_of_service import GPU_OUT_REASON, HOLDER_COMMENT, gpu_out_reason, holder_name
 
 if TYPE_CHECKING:
     from gpuslurm.hw.model import Node
+    from gpuslurm.slurm.squeue import JobGpus
     from gpuslurm.state.out_of_service import OutOfService
 
-REASON_PREFIX = "gpuslurm: GPU out"  # state.out_of_service.GPU_OUT_REASON
 COMMENT_PREFIX = "gpuslurm: out of service:"
-_GPU_COUNT = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 
 
 class GpuOutOptions(NamedTuple):
     node_name: str
     scontrol: str = "/usr/bin/scontrol"
     squeue: str = "/usr/bin/squeue"
-    gres_conf: Path | None = None  # regenerate this file; None: leave the node drained for an admin
-    slurm_conf: Path | None = None  # the file with this node's NodeName= line (its Gres= is rewritten)
-    gres: GresOptions = GresOptions()
+    sbatch: str = "/usr/bin/sbatch"
+    scancel: str = "/usr/bin/scancel"
     timeout_s: float = 10.0
-
-
-def without_gpus(node: Node, out: set[str]) -> Node:
-    """``node`` with the GPUs in ``out`` removed (and their rows and columns of the link matrix)."""
-    keep = [i for i, g in enumerate(node.gpus) if g.uuid not in out]
-    links = None if node.links is None else tuple(tuple(node.links[i][j] for j in keep) for i in keep)
-    return dataclasses.replace(node, gpus=tuple(node.gpus[i] for i in keep), links=links)
-
-
-def gres_gpu_count(gres: str) -> int | None:
-    """The GPU count in a node's ``Gres=`` (``gpu:h100:7(S:0-1),mps:700``); None when none is named."""
-    found = _GPU_COUNT.findall(gres)
-    return sum(int(n) for n in found) if found else None
-
-
-def drain_reason(node: Node, out: Mapping[str, OutOfService]) -> str:
-    from gpuslurm.state.out_of_service import gpu_out_reason
-
-    present = {g.uuid for g in node.gpus}
-    return gpu_out_reason(len(node.gpus), {u: r for u, r in out.items() if u in present})
+    start_wait_s: float = 20.0  # how long holders may take to start
+    holder_mem_mib: int = 64
+    job_on_gpu: str = "leave"  # leave | notify | requeue
 
 
 def comment(out: Mapping[str, OutOfService]) -> str:
@@ -84,115 +66,112 @@ def comment(out: Mapping[str, OutOfService]) -> str:
         f"GPU index {r.index} ({u}) {r.reason}" for u, r in sorted(out.items())))
 
 
-def reconcile(node: Node, out: Mapping[str, OutOfService], opts: GpuOutOptions) -> str:
+def reconcile(node: Node, out: Mapping[str, OutOfService], opts: GpuOutOptions,
+              sleep: Callable[[float], None] = time.sleep) -> str:
     """Bring Slurm to the record (see the module doc); one line saying where the node stands."""
     name = check_node_name(opts.node_name)
     present = {g.uuid for g in node.gpus}
     gone = {u: r for u, r in out.items() if u in present}
-    want = len(node.gpus) - len(gone)
     shown = _scontrol(opts, "-o", "show", "node", name)
     state, reason = node_field(shown, "State"), node_field(shown, "Reason")
-    have = gres_gpu_count(node_field(shown, "Gres"))
-    ours = reason.startswith(REASON_PREFIX)
-    drained = is_drained(state)
     _set_comment(opts, name, node_field(shown, "Comment"), comment(gone))
-    if have == want:
-        if drained and ours:
-            _scontrol(opts, "update", f"NodeName={name}", "State=RESUME")
-            return f"{name}: resumed with {want} GPUs"
-        return f"{name}: {want} GPUs in service" + (" (drained by someone else)" if drained else "")
-    if drained and not ours:
-        return f"{name}: drained by someone else ({reason}); GPU count left at {have}"
-    new_reason = drain_reason(node, gone)
-    if not drained or not reason.startswith(new_reason):  # Slurm appends " [user@time]"
-        _scontrol(opts, "update", f"NodeName={name}", "State=DRAIN", f"Reason={new_reason}")
-    if want == 0 or opts.gres_conf is None or opts.slurm_conf is None:
-        why = "no GPU left" if want == 0 else "[gpu_out] gres_conf and slurm_conf are not both set"
-        return f"{name}: drained ({why})"
-    jobs = busy_jobs(run_command([opts.squeue, "-h", "-w", name, "-o", "%i %T"],
-                                 timeout=opts.timeout_s).stdout)
-    if jobs:
-        return f"{name}: drained; waiting for jobs {','.join(jobs)} to end"
-    kept = without_gpus(node, set(gone))
-    conf_text = _read(opts.slurm_conf)
-    new_conf = set_node_gres(conf_text, name, _summary(kept, opts), str(opts.slurm_conf))
-    _regenerate(kept, opts)
-    if new_conf != conf_text:
-        write_atomic(opts.slurm_conf, new_conf, _mode(opts.slurm_conf))
-    _scontrol(opts, "reconfigure")
-    _scontrol(opts, "update", f"NodeName={name}", "State=RESUME")
-    return f"{name}: gres.conf and Gres= now without {len(gone)} GPU(s); resumed with {want} GPUs"
+    if gone and len(gone) == len(node.gpus):
+        new_reason = gpu_out_reason(len(node.gpus), gone)
+        if not reason.startswith(new_reason):  # Slurm appends " [user@time]"
+            _scontrol(opts, "update", f"NodeName={name}", "State=DRAIN", f"Reason={new_reason}")
+        return f"{name}: drained (no GPU left in service)"
+    jobs = _jobs(node, opts)
+    holder = holder_name(name)
+    held: dict[str, str] = {}
+    for job in jobs:
+        if job.job.name != holder:
+            continue
+        uuid = job.uuids[0] if len(job.uuids) == 1 else ""
+        if uuid in gone and uuid not in held:
+            held[uuid] = job.job.job_id
+        else:  # on a GPU back in service, or a second one: give the GPU back
+            _scancel(opts, job.job.job_id)
+    busy = {u: j.job.job_id for j in jobs if j.job.name != holder for u in j.uuids}
+    missing = [u for u in gone if u not in held]
+    waiting = {u: busy[u] for u in missing if u in busy}
+    if waiting and opts.job_on_gpu != "leave":
+        _job_on_gpu(opts, waiting, gone)
+    if len(waiting) < len(missing):
+        held.update(_take(node, opts, {u for u in missing if u not in waiting}, busy, held, sleep))
+    if all(u in held for u in gone) and is_drained(state) and reason.startswith(GPU_OUT_REASON):
+        _scontrol(opts, "update", f"NodeName={name}", "State=RESUME")
+    left = len(node.gpus) - len(gone)
+    parts = [f"{name}: {left} of {len(node.gpus)} GPUs in service"]
+    if held:
+        parts.append(f"held out by job(s) {','.join(held[u] for u in sorted(held))}")
+    if still := [u for u in gone if u not in held]:
+        parts.append(f"{len(still)} GPU(s) out not held yet" +
+                     (f" (in use by job(s) {','.join(sorted(set(waiting.values())))})" if waiting else ""))
+    return "; ".join(parts)
 
 
-def set_node_gres(conf: str, node_name: str, gres: str, source: str) -> str:
-    """``conf`` with the GPU part of ``Gres=`` on ``NodeName=<node_name>``'s line set to ``gres``.
-
-    Other gres of the line (``nic:2``) are kept. Exactly one line must name the node alone: a
-    line for a node range cannot change for one node, and that is bad input.
-    """
-    lines = conf.splitlines(keepends=True)
-    found = [i for i, line in enumerate(lines) if _names_node(line, node_name)]
-    if len(found) != 1:
-        why = "no line" if not found else f"{len(found)} lines"
-        raise InputError(f"{why} with NodeName={node_name} alone (a node range cannot change for "
-                         "one node)", source)
-    i = found[0]
-    line = lines[i]
-    end = line[len(line.rstrip("\r\n")):]
-    words = line.rstrip("\r\n").split()
-    ours = {"gpu", "mps", "shard"}
-    for j, word in enumerate(words):
-        if word.lower().startswith("gres="):
-            others = [p for p in word[5:].split(",") if p and p.split(":")[0] not in ours]
-            words[j] = "Gres=" + ",".join([gres, *others])
+def _take(node: Node, opts: GpuOutOptions, wanted: set[str], busy: Mapping[str, str],
+          held: Mapping[str, str], sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+    """Submit one holder per free GPU, keep those Slurm put on ``wanted`` GPUs, cancel the rest."""
+    name = opts.node_name
+    free = [g.uuid for g in node.gpus if g.uuid not in busy and g.uuid not in held]
+    submitted = [_submit(opts) for _ in free]
+    deadline = time.monotonic() + opts.start_wait_s
+    kept: dict[str, str] = {}
+    while True:
+        running = {j.job.job_id: j for j in _jobs(node, opts) if j.job.name == holder_name(name)}
+        if all(s in running for s in submitted) or time.monotonic() >= deadline:
             break
-    else:
-        words.append(f"Gres={gres}")
-    lines[i] = " ".join(words) + end
-    return "".join(lines)
+        sleep(0.5)
+    for job_id in submitted:
+        job = running.get(job_id)
+        uuid = job.uuids[0] if job is not None and len(job.uuids) == 1 else ""
+        if uuid in wanted and uuid not in kept:
+            kept[uuid] = job_id
+        else:
+            _scancel(opts, job_id)  # pending, or on a GPU in service
+    return kept
 
 
-def _names_node(line: str, node_name: str) -> bool:
-    words = line.split()
-    return bool(words) and words[0].lower() == f"nodename={node_name.lower()}"
+def _submit(opts: GpuOutOptions) -> str:
+    out = run_command([opts.sbatch, "--parsable", f"--job-name={holder_name(opts.node_name)}",
+                       f"--nodelist={opts.node_name}", "--nodes=1", "--ntasks=1", "--cpus-per-task=1",
+                       "--gres=gpu:1", f"--mem={opts.holder_mem_mib}M", f"--comment={HOLDER_COMMENT}",
+                       "--output=/dev/null", "--no-requeue", "--chdir=/",
+                       "--wrap=exec /bin/sleep 2147483647"], timeout=opts.timeout_s).stdout
+    return out.strip().split(";")[0]
 
 
-def _read(path: Path) -> str:
-    from gpuslurm.safedir import read_regular_text
+def _job_on_gpu(opts: GpuOutOptions, waiting: Mapping[str, str], gone: Mapping[str, OutOfService]) -> None:
+    """``job_on_gpu``: tell the job on a failed GPU (its AdminComment), or requeue it."""
+    from gpuslurm.slurm.scontrol import requeue_job, set_admin_comment
 
-    try:
-        return read_regular_text(str(path), 1 << 22)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", path) from None
-
-
-def _mode(path: Path) -> int:
-    import os
-    import stat
-
-    return stat.S_IMODE(os.stat(path).st_mode)
-
-
-def _summary(node: Node, opts: GpuOutOptions) -> str:
-    from gpuslurm.gres.records import plan_gres
-    from gpuslurm.gres.render import gres_summary
-
-    return gres_summary(plan_gres(node, opts.gres))
+    for uuid, job_id in sorted(waiting.items()):
+        why = f"gpuslurm: GPU {uuid} of this job is out of service: {gone[uuid].reason}"
+        try:
+            if opts.job_on_gpu == "requeue":
+                requeue_job(job_id, why, scontrol=opts.scontrol, scancel=opts.scancel, timeout=opts.timeout_s)
+            else:
+                set_admin_comment(job_id, why, scontrol=opts.scontrol, timeout=opts.timeout_s)
+        except CommandError:
+            continue  # it may have ended meanwhile; the next call sees
 
 
-def _regenerate(kept: Node, opts: GpuOutOptions) -> None:
-    from gpuslurm.gres.records import plan_gres
-    from gpuslurm.gres.render import render_plan
+def _jobs(node: Node, opts: GpuOutOptions) -> tuple[JobGpus, ...]:
+    from gpuslurm.slurm.squeue import node_allocations
 
-    assert opts.gres_conf is not None
-    write_atomic(opts.gres_conf, render_plan(kept, plan_gres(kept, opts.gres), opts.gres, None))
+    return node_allocations(opts.squeue, opts.node_name, node, timeout=opts.timeout_s)
+
+
+def _scancel(opts: GpuOutOptions, job_id: str) -> None:
+    run_command([opts.scancel, job_id], timeout=opts.timeout_s, check=False)
 
 
 def _set_comment(opts: GpuOutOptions, name: str, current: str, wanted: str) -> None:
-    if current == wanted or (not wanted and not current.startswith(COMMENT_PREFIX)):
-        return  # a comment of someone else's is left alone when nothing is out
-    if current and not current.startswith(COMMENT_PREFIX) and current != "(null)":
-        return
+    if current == "(null)":
+        current = ""
+    if current == wanted or (current and not current.startswith(COMMENT_PREFIX)):
+        return  # a comment of someone else's is left alone
     _scontrol(opts, "update", f"NodeName={name}", f"Comment={wanted}")
 
 

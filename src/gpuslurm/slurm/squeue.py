@@ -33,6 +33,7 @@ class SqueueJob(NamedTuple):
     nodes: tuple[str, ...]
     start: float
     gres_detail: tuple[str, ...]
+    name: str = ""  # the job's name (gpu_out finds its holder jobs by it)
 
 
 def gpu_indices(detail: str) -> tuple[int, ...]:
@@ -95,6 +96,7 @@ def parse_squeue_json(text: str, source: str = "squeue --json") -> tuple[SqueueJ
             nodes=nodes,
             start=_number(item.get("start_time")) or 0.0,
             gres_detail=tuple(str(d) for d in detail) if isinstance(detail, list) else (),
+            name=str(item.get("name") or ""),
         ))
     return tuple(out)
 

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 GPU_OUT_REASON = "gpuslurm: GPU out"  # how a node drained for the graceful GPU-out path is told apart
 RECORD_FILE = "out-of-service.json"
+# The job that holds a GPU out of service in Slurm (slurm.gpu_out): root's, with this Comment; the
+# prolog lets it through without a health gate (only root's: a user cannot pass the gate this way).
+HOLDER_COMMENT = "gpuslurm:gpu-out-holder"
 LOCK_FILE = "out-of-service.lock"
 FORMAT_VERSION = 1
 MAX_RECORD_BYTES = 1 << 20
@@ -236,3 +239,8 @@ def read_shared(state_dir: str) -> dict[str, OutOfService]:
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", path) from None
     return parse_record(data, path)
+
+
+def holder_name(node_name: str) -> str:
+    """The job name of ``node_name``'s holder jobs."""
+    return f"gpuslurm-gpu-out-{node_name}"
