@@ -234,4 +234,5 @@ def _act_now(cfg: Any, node: Any, name: str, report: list[dict[str, Any]], store
         reason = drain_reason(drains, labels)
         scheduler.drain_node(name, reason)
         click.echo(f"drained {name}: {reason}")
-    click.echo(scheduler.apply_gpus_out(name, node, store.read()))
+    if out := store.read():  # nothing out: no scheduler command (slurmd runs this every interval)
+        click.echo(scheduler.apply_gpus_out(name, node, out))
