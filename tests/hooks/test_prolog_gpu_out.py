@@ -77,3 +77,16 @@ def test_a_corrupt_record_fails_closed(site: HookSite) -> None:
     (site.root / "state" / "out-of-service.json").write_text("[")
     assert run_prolog(site.environ(gpus="0"), quiet()) == 2
     assert not (site.jobs_dir / "1234.json").exists()
+
+
+def test_roots_holder_job_passes_without_a_gate_and_a_users_does_not(site: HookSite) -> None:
+    site.set_health({site.uuids[2]: {"xid": [79]}})
+    run_prolog(site.environ(gpus="2"), quiet())  # GPU 2 out of service now
+    before = len(site.scontrol_calls())
+    holder = site.environ(job_id="77", gpus="2", SLURM_JOB_UID="0", SLURM_JOB_USER="root",
+                          SLURM_JOB_COMMENT="gpuslurm:gpu-out-holder")
+    assert run_prolog(holder, quiet()) == 0
+    assert site.scontrol_calls()[before:] == [] and not (site.jobs_dir / "77.json").exists()
+    sneaky = site.environ(job_id="78", gpus="2", SLURM_JOB_COMMENT="gpuslurm:gpu-out-holder")
+    assert run_prolog(sneaky, quiet()) == 0
+    assert [c[0] for c in site.scontrol_calls()[before:]] == ["update", "requeue"]  # alice's: requeued
