@@ -76,6 +76,8 @@ class HealthConfig(NamedTuple):
     ecc: EccCheck = EccCheck()
     row_remap: FaultCheck = FaultCheck()
     temperature: TemperatureCheck = TemperatureCheck()
+    # hardware clock slowdown (HW slowdown, thermal, power brake): often passing, so logged
+    throttle: FaultCheck = FaultCheck("log")
     leftover_processes: LeftoverCheck = LeftoverCheck()
     memory_released: MemoryCheck = MemoryCheck()
 

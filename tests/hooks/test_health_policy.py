@@ -56,7 +56,7 @@ def test_lost_gpu_hides_the_rest_and_actions_are_configurable() -> None:
 
 def test_gate_enabled_only_when_some_prolog_check_is_on() -> None:
     off = "\n".join(f'[health.{n}]\naction = "off"' for n in
-                    ("lost_gpu", "xid", "ecc", "row_remap", "temperature", "leftover_processes"))
+                    ("lost_gpu", "xid", "ecc", "row_remap", "temperature", "throttle", "leftover_processes"))
     assert gate_enabled(DEFAULT)
     assert not gate_enabled(parse_config(off).health)
 
@@ -126,6 +126,12 @@ class HealthyFake(fp.FakeNvml):
         gpu = self._gpu("nvmlDeviceGetRemappedRows", handle)
         return (0, 0, int(gpu.get("remap_pending", 0)), 0)
 
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: fp.Handle) -> int:  # noqa: N802
+        gpu = self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        if "throttle" not in gpu:
+            raise fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED)
+        return int(gpu["throttle"])
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: fp.Handle) -> list[Proc]:  # noqa: N802
         return [Proc(pid, 512 * fp.MIB) for pid in self._gpu("x", handle).get("pids", [])]
 
@@ -136,7 +142,7 @@ class HealthyFake(fp.FakeNvml):
 def test_live_reader_on_stand_in_nvml() -> None:
     gpus = fp.dgx_h100()[:3]
     gpus[0].update(temp=91, ecc=2, pids=[1])
-    gpus[1].update(remap_pending=1)
+    gpus[1].update(remap_pending=1, throttle=0x4 | 0x80)  # SW power cap (not a fault) + HW power brake
     gpus[2]["lost"] = True
     fake = HealthyFake(gpus=[dict(g) for g in gpus])
     from gpuslurm.hw.model import Gpu
@@ -148,6 +154,8 @@ def test_live_reader_on_stand_in_nvml() -> None:
     assert got[model[0].uuid].processes == (GpuProcess(1, "root", 512),)  # pid 1 is init, root's
     assert got[model[1].uuid].remap_pending is True
     assert got[model[1].uuid].ecc_uncorrectable is None  # not supported: unknown, not a fault
+    assert got[model[1].uuid].throttle_reasons == ("hw_power_brake_slowdown",)
+    assert got[model[0].uuid].throttle_reasons is None
     assert got[model[2].uuid].lost
     assert [f.check for f in gate_faults(got[model[0].uuid], DEFAULT)] == \
         ["ecc", "temperature", "leftover_processes"]
@@ -161,3 +169,10 @@ def test_live_reader_refuses_a_renumbered_gpu() -> None:
     got = NvmlHealthReader(module=fake).read([wrong])
     assert got[wrong.uuid].error is not None and "not " + wrong.uuid in got[wrong.uuid].error
     assert [f.check for f in gate_faults(got[wrong.uuid], DEFAULT)] == ["lost_gpu"]
+
+
+def test_hardware_throttling_is_logged_by_default() -> None:
+    [fault] = gate_faults(GpuHealth(U, throttle_reasons=("hw_power_brake_slowdown",)), DEFAULT)
+    assert (fault.check, fault.action) == ("throttle", "log")
+    assert "hw_power_brake_slowdown" in fault.message
+    assert gate_faults(GpuHealth(U, throttle_reasons=()), DEFAULT) == []

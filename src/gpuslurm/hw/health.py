@@ -4,6 +4,7 @@ A replayed node (``--from``/``GPUSLURM_CAPTURE``) takes its health from ``health
 the bundle's other files, keyed by GPU UUID::
 
     {"GPU-…": {"lost": false, "xid": [79], "temperature_c": 95, "ecc_uncorrectable": 0,
+               "throttle_reasons": ["hw_slowdown"],
                "retired_pages_pending": false, "remap_pending": false, "remap_failed": false,
                "memory_used_mib": 0, "processes": [{"pid": 4242, "user": "alice", "used_mib": 900}]}}
 
@@ -38,6 +39,9 @@ NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_FEATURE_ENABLED = 1
 MIB = 1024 * 1024
+# nvmlClocksThrottleReason* bits that say the hardware (not the driver's power policy) slowed the
+# clocks: the board overheats, its power supply brakes it, or an external signal does.
+THROTTLE_BITS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 
 
 class GpuProcess(NamedTuple):
@@ -62,6 +66,7 @@ class GpuHealth(NamedTuple):
     remap_failed: bool | None = None
     memory_used_mib: int | None = None
     processes: tuple[GpuProcess, ...] | None = None
+    throttle_reasons: tuple[str, ...] | None = None  # hardware clock slowdowns now (THROTTLE_BITS names)
 
 
 _BOOL_KEYS = ("lost", "retired_pages_pending", "remap_pending", "remap_failed")
@@ -119,6 +124,12 @@ def _entry(uuid: str, value: Any, source: str) -> GpuHealth:
             if not isinstance(item, list):
                 raise CaptureError(f"{where} must be a list of Xid codes", source=source)
             fields[key] = tuple(_int(x, where, source) for x in item)
+        elif key == "throttle_reasons":
+            if not isinstance(item, list) or not all(isinstance(x, str) and x in THROTTLE_BITS.values()
+                                                     for x in item):
+                raise CaptureError(f"{where} must be a list of {', '.join(THROTTLE_BITS.values())}",
+                                   source=source)
+            fields[key] = tuple(item)
         elif key == "processes":
             if not isinstance(item, list):
                 raise CaptureError(f"{where} must be a list of processes", source=source)
@@ -190,6 +201,7 @@ class NvmlHealthReader:
             pending = self._optional("nvmlDeviceGetRetiredPagesPendingStatus", handle, gpu=i)
             retired = None if pending is None else int(pending) == NVML_FEATURE_ENABLED
         memory = self._optional("nvmlDeviceGetMemoryInfo", handle, gpu=i)
+        bits = self._optional("nvmlDeviceGetCurrentClocksThrottleReasons", handle, gpu=i)
         return GpuHealth(
             gpu.uuid,
             temperature_c=None if temp is None else int(temp),
@@ -197,6 +209,8 @@ class NvmlHealthReader:
             retired_pages_pending=retired, remap_pending=remap_pending, remap_failed=remap_failed,
             memory_used_mib=None if memory is None else int(memory.used) // MIB,
             processes=self._processes(handle, i),
+            throttle_reasons=None if bits is None else
+            tuple(name for bit, name in THROTTLE_BITS.items() if int(bits) & bit),
         )
 
     def _processes(self, handle: Any, i: int) -> tuple[GpuProcess, ...] | None:

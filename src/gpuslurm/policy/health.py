@@ -53,6 +53,9 @@ def gate_faults(health: GpuHealth, cfg: HealthConfig) -> list[Fault]:
     if health.temperature_c is not None and health.temperature_c > cfg.temperature.limit_c:
         add("temperature", cfg.temperature.action,
             f"temperature {health.temperature_c} C over limit {cfg.temperature.limit_c} C")
+    if health.throttle_reasons:
+        add("throttle", cfg.throttle.action,
+            "clocks slowed by the hardware: " + ", ".join(health.throttle_reasons))
     if left := leftover_processes(health, cfg):
         add("leftover_processes", cfg.leftover_processes.action,
             f"{len(left)} leftover process(es): {_describe(left)}")
