@@ -219,3 +219,29 @@ def test_config_refusals(text: str) -> None:
         parse_config(text)
     assert Config().monitor.kmsg == "auto"
     assert parse_config('[monitor]\nkmsg = "auto"\n').monitor.kmsg == "auto"
+
+
+class Queued:
+    """What NvmlEvents.drain hands the cycle (the thread itself: tests/health/test_nvml_events.py)."""
+
+    def __init__(self, *events: Any) -> None:
+        self.events = list(events)
+
+    def drain(self) -> tuple[list[Any], list[str]]:
+        out, self.events = self.events, []
+        return out, []
+
+
+def test_the_same_xid_from_nvml_events_and_the_kernel_log_counts_once(tmp_path: Path) -> None:
+    from gpuslurm.hw.nvml_events import XidEvent
+
+    _, reader = _kmsg(tmp_path, _xid(2, 79))
+    store = OutOfServiceStore(str(tmp_path / "state"))
+    sched = Recorder()
+    said: list[str] = []
+    watch = HealthWatch(NODE, GPU_OUT, Facts(), store, "node1", scheduler=sched, kmsg=reader,
+                        events=Queued(XidEvent(GPU3.uuid, 79)), warn=said.append)  # type: ignore[arg-type]
+    assert watch.check(1.0) == ()
+    assert list(store.read()) == [GPU3.uuid] and watch.xids == {GPU3.uuid: {79}}
+    assert sched.calls == [("apply", "node1", (GPU3.uuid,))]
+    assert any("NVML event: Xid 79" in s for s in said) and any("kernel log: Xid 79" in s for s in said)

@@ -132,16 +132,22 @@ def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
               "but Slurm is not told")
         scheduler = None
 
+    events = None
     if bundle_path(source) is None:
         from gpuslurm.hw.health import NvmlHealthReader
+        from gpuslurm.hw.nvml_events import NvmlEvents
 
         read = NvmlHealthReader().read
+        events = NvmlEvents(node.gpus)
+        if (unavailable := events.start()) is not None:
+            _warn(unavailable)  # once: the kernel log stays the source
+            events = None
     else:
         def read(gpus: Any) -> Any:
             return read_health(gpus, source)
 
     watch = HealthWatch(node, cfg.health, read, OutOfServiceStore(cfg.paths.state_dir), node_name,
-                        scheduler=scheduler, kmsg=kmsg, warn=_warn)
+                        scheduler=scheduler, kmsg=kmsg, events=events, warn=_warn)
     return watch.check
 
 

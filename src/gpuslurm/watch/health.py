@@ -1,8 +1,9 @@
 """Health while jobs run: each monitor cycle, live faults through the prolog's policy, then acted on.
 
 Sources: the kernel log's Xid lines (:class:`gpuslurm.hw.kmsg.KmsgReader`), mapped to a GPU by
-bus id, and the facts NVML (or the replay scenario) gives now: ECC, pending row remaps and retired
-pages, temperature, a lost GPU. An Xid stays on its GPU until the monitor restarts or the GPU is
+bus id; NVML's Xid and double-bit ECC events, queued by a thread
+(:class:`gpuslurm.hw.nvml_events.NvmlEvents`); and the facts NVML (or the replay scenario) gives
+now: ECC, pending row remaps and retired pages, temperature, hardware clock slowdowns, a lost GPU. An Xid stays on its GPU until the monitor restarts or the GPU is
 brought back online (a fault does not heal because time passed). The same Xid from two sources,
 or logged twice, counts once.
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from gpuslurm.hw.health import GpuHealth
     from gpuslurm.hw.kmsg import KmsgReader
     from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.hw.nvml_events import NvmlEvents
     from gpuslurm.state.scheduler import Scheduler
 
 PROBLEM_KIND = "health"
@@ -42,7 +44,7 @@ class HealthWatch:
 
     def __init__(self, node: Node, cfg: HealthConfig, read: HealthReader, store: OutOfServiceStore,
                  node_name: str, *, scheduler: Scheduler | None = None, kmsg: KmsgReader | None = None,
-                 warn: Callable[[str], None] = lambda m: None) -> None:
+                 events: NvmlEvents | None = None, warn: Callable[[str], None] = lambda m: None) -> None:
         self.node = node
         self.cfg = cfg
         self.read = read
@@ -50,6 +52,7 @@ class HealthWatch:
         self.node_name = node_name
         self.scheduler = scheduler
         self.kmsg = kmsg
+        self.events = events
         self.warn = warn
         self.by_bus = {g.bus_id.upper(): g for g in node.gpus}
         self.xids: dict[str, set[int]] = {}  # live Xids per GPU UUID
@@ -67,6 +70,7 @@ class HealthWatch:
             problems.append(ScanProblem(now, PROBLEM_KIND, subject, detail))
 
         self._poll_kmsg(problem)
+        self._poll_events(problem)
         try:
             out = self.store.read()
         except GpuslurmError as exc:  # a corrupt record: say so, take nothing out blindly
@@ -113,6 +117,18 @@ class HealthWatch:
                 continue
             self.xids.setdefault(gpu.uuid, set()).add(line.code)
             self.warn(f"kernel log: Xid {line.code} on GPU index {gpu.index} ({gpu.uuid}): {line.text}")
+
+    def _poll_events(self, problem: Callable[[str, str], None]) -> None:
+        if self.events is None:
+            return
+        events, problems = self.events.drain()
+        for why in problems:
+            problem("nvml-events", why)
+        known = {g.uuid for g in self.node.gpus}
+        for ev in events:
+            if ev.uuid in known:
+                self.xids.setdefault(ev.uuid, set()).add(ev.code)
+                self.warn(f"NVML event: Xid {ev.code} on {ev.uuid}")
 
     def _act(self, faults: list[Fault], now: float, problem: Callable[[str, str], None]) -> None:
         labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in self.node.gpus}
