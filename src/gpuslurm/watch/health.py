@@ -4,8 +4,9 @@ Sources: the kernel log's Xid lines (:class:`gpuslurm.hw.kmsg.KmsgReader`), mapp
 bus id; NVML's Xid and double-bit ECC events, queued by a thread
 (:class:`gpuslurm.hw.nvml_events.NvmlEvents`); and the facts NVML (or the replay scenario) gives
 now: ECC, pending row remaps and retired pages, temperature, hardware clock slowdowns, a lost
-GPU. An Xid stays on its GPU until the monitor restarts or the GPU is brought back online (a fault does not heal because time passed). The same Xid from two sources,
-or logged twice, counts once.
+GPU. An Xid stays on its GPU until the monitor restarts or the GPU is brought back online (a
+fault does not heal because time passed). The same Xid from two sources, or logged twice, counts
+once.
 
 Each GPU in service is checked with :func:`gpuslurm.policy.health.running_faults` (the prolog's
 checks, without leftover processes, which are the running jobs'), and each fault gets its check's
