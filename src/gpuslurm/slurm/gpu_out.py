@@ -24,7 +24,7 @@ ends (a partition time limit, a reboot), :func:`reconcile` submits a new one.
 node's ``Comment`` names the GPUs out, so ``scontrol show node`` shows them (``sinfo -R`` lists only
 drained and down nodes). Taking the last GPU out drains the node instead (a GPU node without a GPU
 should not take GPU jobs); a node the prolog drained for a GPU out (``gpuslurm: GPU out: …``) is
-resumed once the GPU is held.
+resumed before the holders are submitted (they could not start on it).
 """
 
 from __future__ import annotations
@@ -80,6 +80,10 @@ def reconcile(node: Node, out: Mapping[str, OutOfService], opts: GpuOutOptions,
         if not reason.startswith(new_reason):  # Slurm appends " [user@time]"
             _scontrol(opts, "update", f"NodeName={name}", "State=DRAIN", f"Reason={new_reason}")
         return f"{name}: drained (no GPU left in service)"
+    if is_drained(state) and reason.startswith(GPU_OUT_REASON):
+        # the prolog's guard until a holder is in place: holders cannot start on a drained node,
+        # and a job the failed GPU is given meanwhile is requeued by the prolog
+        _scontrol(opts, "update", f"NodeName={name}", "State=RESUME")
     jobs = _jobs(node, opts)
     holder = holder_name(name)
     held: dict[str, str] = {}
@@ -98,8 +102,6 @@ def reconcile(node: Node, out: Mapping[str, OutOfService], opts: GpuOutOptions,
         _job_on_gpu(opts, waiting, gone)
     if len(waiting) < len(missing):
         held.update(_take(node, opts, {u for u in missing if u not in waiting}, busy, held, sleep))
-    if all(u in held for u in gone) and is_drained(state) and reason.startswith(GPU_OUT_REASON):
-        _scontrol(opts, "update", f"NodeName={name}", "State=RESUME")
     left = len(node.gpus) - len(gone)
     parts = [f"{name}: {left} of {len(node.gpus)} GPUs in service"]
     if held:
