@@ -83,7 +83,8 @@ def test_prolog_takes_the_gpu_out_requeues_the_job_and_the_node_stays_up(
         assert "gpuslurm requeued this job" in _field(job_text, "Comment")
         (bundle / "health.json").unlink()  # the other GPUs are healthy again for what follows
         said = subprocess.run([sys.executable, "-m", "gpuslurm", "monitor", "--once", "--from",
-                               str(bundle)], env=env, capture_output=True, text=True, timeout=120, check=False)
+                               str(bundle)], env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
         assert said.returncode == 0, said.stderr
         shown = show("node", node)
         assert "DRAIN" not in _field(shown, "State"), f"{shown}\n{said.stderr}"
