@@ -356,3 +356,32 @@ def test_admin_comment_text() -> None:
     assert admin_comment(1, [GpuStats("a", 5, 0, None, None, 512.0)], killed=2) == \
         "gpuslurm: 1 GPU, peak mem 0.5 GiB, 2 leftover process(es) killed"
     assert admin_comment(2, []) == "gpuslurm: 2 GPU, no monitor data"
+
+
+def test_summary_has_min_mean_temperature_power_and_the_gpus_taken_out(site: HookSite) -> None:
+    from gpuslurm.samples import Cycle, GpuSample
+    from gpuslurm.state.out_of_service import OutOfServiceStore, take_out
+    from gpuslurm.state.store import Store
+
+    prolog(site, gpus="4")
+    start = json.loads((site.jobs_dir / "1234.json").read_text())["start"]
+    (site.root / "state").mkdir(exist_ok=True)
+    with Store.open(str(site.root / "state" / "monitor.db")) as store:
+        for i in range(10):
+            store.write_cycle(Cycle(start + i, "node07", (GpuSample(
+                start + i, site.uuids[4], util_pct=float(10 + i), mem_used_mib=100.0 + i,
+                power_w=200.0 + 10 * i, temp_c=50.0 + i),), (), ()))
+    from gpuslurm.hw.source import load_node
+
+    gpus = load_node(str(site.bundle)).gpus
+    take_out(OutOfServiceStore(str(site.root / "state")), gpus, gpus[4],
+             "Xid 79 (GPU has fallen off the bus)", "monitor", now=start + 5)
+    assert run_epilog(site.environ(gpus="4"), quiet("epilog"), now=start + 9) == 0
+    s = summary(site)
+    [g] = s["gpus"]  # type: ignore[misc]
+    assert (g["util_min_pct"], g["util_max_pct"], g["mem_min_mib"], g["mem_peak_mib"]) == \
+        (10.0, 19.0, 100.0, 109.0)
+    assert (g["temp_mean_c"], g["temp_max_c"], g["power_mean_w"], g["power_max_w"]) == \
+        (54.5, 59.0, 245.0, 290.0)
+    [out] = s["gpus_out_of_service"]  # type: ignore[misc]
+    assert out["uuid"] == site.uuids[4] and out["reason"].startswith("Xid 79")

@@ -333,3 +333,21 @@ def test_recent_cycles_are_bounded_and_resume_keeps_a_rogue_start(tmp_path: Path
         assert [(v.kind, v.start, v.duration_s) for v in fresh.feed(later)] == [("rogue", 100.0, 70.0)]
         blind = resume(Detector(DetectConfig()), store.recent_cycles(15.0))  # without the stored finding
         assert [v.start for v in blind.feed(later)] == [140.0]
+
+
+def test_gpu_stats_min_means_temperature_and_power(db: Path) -> None:
+    """Issue 12 §4: min/mean utilisation and memory, mean/max temperature and power, from raw
+    samples (minimum and means are None once a part of the period exists only as minute rows)."""
+    with filled(db, 120) as store:
+        s = store.gpu_stats([G1], T0 + 10, T0 + 69)[G1]
+        utils = [v for i in range(10, 70) if (v := util(i, 1)) is not None]
+        mems = [1000.0 + (i % 50) for i in range(10, 70)]
+        assert s.util_min_pct == min(utils)
+        assert (s.mem_min_mib, s.mem_mean_mib) == (min(mems), pytest.approx(sum(mems) / len(mems)))
+        assert (s.temp_mean_c, s.temp_max_c) == (40.0, 40.0)
+        assert (s.power_mean_w, s.power_max_w) == (301.0, 301.0)
+        store.rollup(T0 + 3600, raw_window_s=60)  # everything older than T0+3540 becomes minute rows
+        rolled = store.gpu_stats([G1], T0, T0 + 119)[G1]
+        assert rolled.util_min_pct is None and rolled.temp_mean_c is None
+        assert (rolled.temp_max_c, rolled.power_max_w) == (40.0, 301.0)
+        assert rolled.power_mean_w == pytest.approx(301.0)

@@ -118,14 +118,19 @@ def _bookkeeping(job: HookJob, scheduler: Scheduler, start: float | None, now: f
     for g in gpus:
         if (s := stats.get(g["uuid"])) is not None:
             g.update(samples=s.samples, util_mean_pct=_round(s.util_mean_pct),
-                     util_max_pct=_round(s.util_max_pct), mem_peak_mib=_round(s.mem_peak_mib))
+                     util_max_pct=_round(s.util_max_pct), mem_peak_mib=_round(s.mem_peak_mib),
+                     util_min_pct=_round(s.util_min_pct), mem_min_mib=_round(s.mem_min_mib),
+                     mem_mean_mib=_round(s.mem_mean_mib), temp_mean_c=_round(s.temp_mean_c),
+                     temp_max_c=_round(s.temp_max_c), power_mean_w=_round(s.power_mean_w),
+                     power_max_w=_round(s.power_max_w))
     if cfg.epilog.summary:
         refused = [] if mapped else _prolog_faults(job_id, cfg, log)
         summary = {"version": SUMMARY_VERSION, "job_id": job_id, "user": job.user, "uid": job.uid,
                    "node": job.node_name, "start": start, "end": now, "gpus": gpus,
                    "monitor": "ok" if stats else "no monitor data",
                    "leftovers": list(release.leftovers),
-                   "faults": [*refused, *(f._asdict() for f in release.faults)]}
+                   "faults": [*refused, *(f._asdict() for f in release.faults)],
+                   "gpus_out_of_service": _out_during([g["uuid"] for g in gpus], start, cfg, log)}
         if refused:
             summary["refused_by"] = "prolog"
         try:
@@ -139,6 +144,20 @@ def _bookkeeping(job: HookJob, scheduler: Scheduler, start: float | None, now: f
             log.info(scheduler.set_final_comment(job_id, text))
         except GpuslurmError as exc:
             log.error(f"cannot set the job's final comment: {exc}")
+
+
+def _out_during(uuids: list[str], start: float | None, cfg: Any,
+                log: HookLog) -> list[dict[str, Any]]:
+    """The job's GPUs taken out of service since it started (a fault seen while it ran)."""
+    from gpuslurm.state.out_of_service import OutOfServiceStore
+
+    try:
+        out = OutOfServiceStore(cfg.paths.state_dir).read()
+    except GpuslurmError as exc:
+        log.warning(f"cannot read the out-of-service record: {exc}")
+        return []
+    return [r.to_dict() for u, r in sorted(out.items())
+            if u in uuids and (start is None or r.since >= start)]
 
 
 def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Any,

@@ -127,6 +127,14 @@ class GpuStats(NamedTuple):
     util_mean_pct: float | None
     util_max_pct: float | None
     mem_peak_mib: float | None
+    # raw samples only (minute rollups keep no minimum or temperature mean): None once rolled up
+    util_min_pct: float | None = None
+    mem_min_mib: float | None = None
+    mem_mean_mib: float | None = None
+    temp_mean_c: float | None = None
+    temp_max_c: float | None = None  # raw and minute rows
+    power_mean_w: float | None = None  # raw and minute rows
+    power_max_w: float | None = None  # raw and minute rows
 
 
 def default_path(state_dir: str) -> str:
@@ -303,7 +311,8 @@ class Store:
     # ---- reading
 
     def gpu_stats(self, uuids: Sequence[str], since: float, until: float) -> dict[str, GpuStats]:
-        """Per device: samples, mean/max utilisation and peak memory in ``[since, until]``.
+        """Per device: samples, utilisation (mean/max/min), memory (peak/min/mean), temperature
+        (mean/max) and power (mean/max) in ``[since, until]``.
 
         Beyond the raw window the resolution is one minute: a minute row counts whole when it
         overlaps the period. Devices without samples are left out.
@@ -317,16 +326,27 @@ class Store:
         lo = math.floor(since / 60) * 60
         for device, uuid in ids.items():
             raw = self._read("SELECT count(*), count(util_pct), total(util_pct), max(util_pct), "
-                             "max(mem_used_mib) FROM gpu_sample WHERE device = ? AND ts BETWEEN ? AND ?",
+                             "max(mem_used_mib), min(util_pct), min(mem_used_mib), avg(mem_used_mib), "
+                             "avg(temp_c), max(temp_c), count(power_w), total(power_w), max(power_w) "
+                             "FROM gpu_sample WHERE device = ? AND ts BETWEEN ? AND ?",
                              (device, since, until))[0]
             agg = self._read("SELECT coalesce(sum(n), 0), coalesce(sum(util_n), 0), total(util_sum), "
-                             "max(util_max), max(mem_max) FROM gpu_minute "
+                             "max(util_max), max(mem_max), max(temp_max), coalesce(sum(power_n), 0), "
+                             "total(power_sum), max(power_max) FROM gpu_minute "
                              "WHERE device = ? AND minute BETWEEN ? AND ?", (device, lo, until))[0]
-            n, util_n = raw[0] + agg[0], raw[1] + agg[1]
+            n, util_n, power_n = raw[0] + agg[0], raw[1] + agg[1], raw[10] + agg[6]
             if not n:
                 continue
+            rolled = agg[0] > 0  # some samples are only in minute rows: no minimum or mean for them
             out[uuid] = GpuStats(uuid, n, util_n, (raw[2] + agg[2]) / util_n if util_n else None,
-                                 _max(raw[3], agg[3]), _max(raw[4], agg[4]))
+                                 _max(raw[3], agg[3]), _max(raw[4], agg[4]),
+                                 util_min_pct=None if rolled else raw[5],
+                                 mem_min_mib=None if rolled else raw[6],
+                                 mem_mean_mib=None if rolled else raw[7],
+                                 temp_mean_c=None if rolled else raw[8],
+                                 temp_max_c=_max(raw[9], agg[5]),
+                                 power_mean_w=(raw[11] + agg[7]) / power_n if power_n else None,
+                                 power_max_w=_max(raw[12], agg[8]))
         return out
 
     def violations(self, since: float, until: float, kind: str | None = None,
