@@ -10,9 +10,9 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -63,15 +63,18 @@ class ReplayLib:
     directory: Path  # holds libnvidia-ml.so.1
     gcc: str = "gcc"
     include: Path = Path()
+    hidden: frozenset[str] = frozenset()
 
     def without(self, *symbols: str) -> ReplayLib:
-        """The library as a driver that lacks ``symbols`` (pynvml: FUNCTION_NOT_FOUND)."""
-        hidden = frozenset(symbols)
+        """This library lacking ``symbols`` as well (pynvml: FUNCTION_NOT_FOUND); built once."""
+        hidden = self.hidden | frozenset(symbols)
+        if hidden == self.hidden:
+            return self
         tag = hashlib.sha256(",".join(sorted(hidden)).encode()).hexdigest()[:12]
-        out = self.directory.parent / f"{self.directory.name}-without-{tag}"
+        out = self.directory.parent / f"{self.directory.name.split('-without-')[0]}-without-{tag}"
         if not (out / "libnvidia-ml.so.1").exists():
             _build(self.gcc, self.include, out, hidden)
-        return ReplayLib(out, self.gcc, self.include)
+        return ReplayLib(out, self.gcc, self.include, hidden)
 
     def env(self, nvml_json: Path, log: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -122,12 +125,51 @@ class LiveNode:
         return done.stdout
 
 
+PROCESS_V3 = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
+
+
+def driver_lacks(version: str | None) -> frozenset[str]:
+    """The entry points the library defines that a driver of ``version`` does not export.
+
+    From the history of nvml.h in NVIDIA's nvidia-settings releases (and nvitop's probes of it):
+    R510 added the ``_v3`` process queries; R535 added confidential computing
+    (``nvmlDeviceGetConfComputeMemSizeInfo``) and, until 535.86, wrote a 32-byte struct behind
+    ``_v3``; 535.98 removed the ``_v3`` queries; R550 restored them with the 24-byte struct and
+    added ``nvmlDeviceGetRunningProcessDetailList``. R545 is not modelled: it is taken to be
+    like a late R535. No version: every entry point.
+    """
+    if version is None:
+        return frozenset()
+    major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])
+    lacks: set[str] = set()
+    if major < 550:
+        lacks.add("nvmlDeviceGetRunningProcessDetailList")
+    if major < 535:
+        lacks.add("nvmlDeviceGetConfComputeMemSizeInfo")
+    if major < 510 or (major == 535 and minor >= 98) or 535 < major < 550:
+        lacks.update(PROCESS_V3)
+    if major < 510:
+        lacks.add("nvmlDeviceGetMemoryInfo_v2")
+    return frozenset(lacks)
+
+
+class MakeLiveNode(Protocol):
+    def __call__(self, bundle: Path, *, driver_version: str | None = None, privileged: bool = True,
+                 processes: dict[int, list[tuple[int, int]]] | None = None) -> LiveNode: ...
+
+
 @pytest.fixture
-def live_node(replay_lib: ReplayLib, tmp_path: Path) -> Callable[[Path], LiveNode]:
-    def make(bundle: Path) -> LiveNode:
+def live_node(replay_lib: ReplayLib, tmp_path: Path) -> MakeLiveNode:
+    """A bundle served by the library built with the symbol set of its driver version."""
+    def make(bundle: Path, *, driver_version: str | None = None, privileged: bool = True,
+             processes: dict[int, list[tuple[int, int]]] | None = None) -> LiveNode:
+        model = read_bundle(bundle)
+        version = driver_version or model.driver_version
         nvml_json = tmp_path / f"{bundle.name}.nvml.json"
-        nvml_json.write_text(dump_replay(read_bundle(bundle)))
-        return LiveNode(replay_lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log")
+        nvml_json.write_text(dump_replay(model, driver_version=driver_version, privileged=privileged,
+                                         processes=processes))
+        lib = replay_lib.without(*driver_lacks(version))
+        return LiveNode(lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log")
     return make
 
 

@@ -14,9 +14,31 @@
 #define NVLINKS 18
 #define MAX_PROCS 64
 
+/* A GPU instance (one per GI id on a GPU) and its GPU-instance profile. */
+struct nvmlGpuInstance_st {
+    struct nvmlDevice_st *device;
+    int id, profile; /* profile: index into the device's gi_profiles */
+};
+struct gi_profile {
+    int index, id, slices, sm;   /* index: NVML_GPU_INSTANCE_PROFILE_*, id: the profile id */
+    unsigned long long mem_mib;
+    char name[48];               /* "3g.40gb" */
+};
+/* A compute instance: one per MIG device. */
+struct nvmlComputeInstance_st {
+    struct nvmlGpuInstance_st *gi;
+    struct nvmlDevice_st *mig;
+};
+
 struct nvmlDevice_st {
     int index, minor, parent, is_mig, gi, ci, sm_count, gi_slices, ci_slices;
     char uuid[96], name[96], bus[32];
+    char profile[48];            /* MIG device: its full profile name ("1c.3g.40gb") */
+    struct nvmlGpuInstance_st *gpu_instance;
+    struct nvmlComputeInstance_st compute_instance;
+    int ngis, nprofiles;
+    struct nvmlGpuInstance_st gis[MAX_MIG];
+    struct gi_profile gi_profiles[MAX_MIG];
     unsigned long long mem_bytes;
     int mig_mode, mig_count;
     struct nvmlDevice_st *mig[MAX_MIG];
@@ -32,7 +54,7 @@ struct nvmlDevice_st {
 static struct nvmlDevice_st gpus[MAX_GPUS], migs[MAX_GPUS * MAX_MIG];
 static int gpu_count, init_count;
 static char driver[80];
-static int cuda_version, driver_major;
+static int cuda_version, driver_major, driver_minor, privileged;
 
 static void say(const char *fmt, ...) {
     const char *path = getenv("GPUSLURM_NVML_REPLAY_LOG");
@@ -60,6 +82,51 @@ static int get_int(const cJSON *v, long lo, long hi, int *out) {
 
 #define NEED(cond, ...) do { if (!(cond)) { say(__VA_ARGS__); return -1; } } while (0)
 
+/* NVML_GPU_INSTANCE_PROFILE_* by slice count, and the profile ids an A100 reports for them
+ * (ids are not indexes: a backend that mixes the two up reads the wrong profile). */
+static const int SLICE_PROFILE[9] = {-1, 0, 1, 2, 3, -1, 6, 4, 5};
+static const int PROFILE_ID[18] = {19, 14, 9, 5, 0, 1, 2, 20, 21, 15, 22, 23, 24, 25, 26, 27, 28, 29};
+
+/* The GPU instance of MIG device ``d`` (made on its first device) and its profile. */
+static int attach_instances(struct nvmlDevice_st *g, struct nvmlDevice_st *d) {
+    const char *gi_name = d->profile;
+    const char *dot = strchr(d->profile, '.');
+    if (d->profile[0] && dot && dot[-1] == 'c') gi_name = dot + 1; /* "1c.3g.40gb" -> "3g.40gb" */
+    int p, k;
+    for (p = 0; p < g->nprofiles && strcmp(g->gi_profiles[p].name, gi_name) != 0; p++) {}
+    if (p == g->nprofiles) {
+        struct gi_profile *prof = &g->gi_profiles[p];
+        int index = SLICE_PROFILE[d->gi_slices], taken;
+        if (strstr(gi_name, "+me") || index < 0) index = 7; /* the *_REV1 and later profiles */
+        do { /* a second profile with the same slice count (1g.10gb and 1g.20gb) takes a later index */
+            taken = 0;
+            for (k = 0; k < g->nprofiles; k++) taken |= g->gi_profiles[k].index == index;
+            if (taken) index = index < 7 ? 7 : index + 1;
+        } while (taken && index < 18);
+        NEED(index < 18, "GPU %d: too many MIG profiles", g->index);
+        memset(prof, 0, sizeof *prof);
+        strcpy(prof->name, gi_name);
+        prof->index = index;
+        prof->id = PROFILE_ID[index];
+        prof->slices = d->gi_slices;
+        prof->mem_mib = d->mem_bytes >> 20;
+        g->nprofiles++;
+    }
+    if (d->ci_slices == d->gi_slices) g->gi_profiles[p].sm = d->sm_count;
+    for (k = 0; k < g->ngis && g->gis[k].id != d->gi; k++) {}
+    if (k == g->ngis) {
+        g->gis[k].device = g;
+        g->gis[k].id = d->gi;
+        g->gis[k].profile = p;
+        g->ngis++;
+    }
+    NEED(g->gis[k].profile == p, "GPU %d: GPU instance %d has devices of two profiles", g->index, d->gi);
+    d->gpu_instance = &g->gis[k];
+    d->compute_instance.gi = &g->gis[k];
+    d->compute_instance.mig = d;
+    return 0;
+}
+
 static int load_mig(struct nvmlDevice_st *g, const cJSON *m, int slot) {
     struct nvmlDevice_st *d = &migs[g->index * MAX_MIG + slot];
     int mib;
@@ -84,6 +151,7 @@ static int load_mig(struct nvmlDevice_st *g, const cJSON *m, int slot) {
     }
     NEED(d->gi_slices >= 1 && d->gi_slices <= 8 && d->ci_slices >= 1 && d->ci_slices <= d->gi_slices,
          "GPU %d: MIG %d: profile %.40s is not <c>c.<g>g.<n>gb", g->index, slot, prof->valuestring);
+    NEED(copy_str(d->profile, sizeof d->profile, prof) == 0, "GPU %d: MIG %d: profile too long", g->index, slot);
     const cJSON *sm = cJSON_GetObjectItem(m, "sm_count");
     d->sm_count = 0;
     if (sm && !cJSON_IsNull(sm))
@@ -95,7 +163,7 @@ static int load_mig(struct nvmlDevice_st *g, const cJSON *m, int slot) {
     strcpy(d->bus, g->bus);
     d->minor = g->minor;
     g->mig[slot] = d;
-    return 0;
+    return attach_instances(g, d);
 }
 
 static int load_gpu(const cJSON *j, const cJSON *r, int pos) {
@@ -196,9 +264,14 @@ static int load(void) {
     }
     replay = cJSON_GetObjectItem(root, "replay");
     if (!cJSON_IsObject(replay)) { say("%s: no \"replay\" section (write it with gpuslurm.hw.nvml_replay)", path); goto out; }
-    driver_major = 0;
-    v = cJSON_GetObjectItem(replay, "driver_major");
-    if (v && !cJSON_IsNull(v) && get_int(v, 0, 9999, &driver_major)) { say("bad driver_major"); goto out; }
+    driver_major = driver_minor = 0;
+    if (driver[0] && sscanf(driver, "%d.%d", &driver_major, &driver_minor) != 2) {
+        say("driver_version %.40s is not <major>.<minor>", driver); goto out;
+    }
+    /* NVML answers GPU/compute-instance lookups only to a privileged user */
+    v = cJSON_GetObjectItem(replay, "privileged");
+    privileged = !cJSON_IsFalse(v);
+    if (v && !cJSON_IsBool(v)) { say("replay.privileged must be true or false"); goto out; }
     list = cJSON_GetObjectItem(root, "gpus");
     rg = cJSON_GetObjectItem(replay, "gpus");
     if (!cJSON_IsArray(list) || !cJSON_IsArray(rg) || cJSON_GetArraySize(list) != cJSON_GetArraySize(rg)
@@ -423,6 +496,122 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, nvmlDeviceAttributes_t *
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *parent) {
+    DEV(d);
+    if (!parent) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = &gpus[d->parent];
+    return NVML_SUCCESS;
+}
+
+/* -- GPU and compute instances ----------------------------------------------------------------- */
+
+static const struct gi_profile *gi_profile(nvmlDevice_t d, unsigned int index) {
+    for (int p = 0; p < d->nprofiles; p++)
+        if ((unsigned)d->gi_profiles[p].index == index) return &d->gi_profiles[p];
+    return NULL;
+}
+#define MIG_PARENT(d) do { DEV(d); if ((d)->is_mig) return NVML_ERROR_INVALID_ARGUMENT; \
+    if ((d)->mig_mode != 1) return NVML_ERROR_NOT_SUPPORTED; } while (0)
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned int profile,
+                                                  nvmlGpuInstanceProfileInfo_v2_t *info) {
+    MIG_PARENT(d);
+    if (!info || info->version != nvmlGpuInstanceProfileInfo_v2 || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct gi_profile *p = gi_profile(d, profile);
+    if (!p) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int version = info->version;
+    memset(info, 0, sizeof *info);
+    info->version = version;
+    info->id = (unsigned)p->id;
+    info->sliceCount = (unsigned)p->slices;
+    info->instanceCount = (unsigned)(7 / p->slices);
+    info->multiprocessorCount = (unsigned)p->sm;
+    info->memorySizeMB = p->mem_mib;
+    snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int profile,
+                                                 nvmlGpuInstanceProfileInfo_t *info) {
+    nvmlGpuInstanceProfileInfo_v2_t v2 = {.version = nvmlGpuInstanceProfileInfo_v2};
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = nvmlDeviceGetGpuInstanceProfileInfoV(d, profile, &v2);
+    if (r != NVML_SUCCESS) return r;
+    memset(info, 0, sizeof *info);
+    info->id = v2.id;
+    info->sliceCount = v2.sliceCount;
+    info->instanceCount = v2.instanceCount;
+    info->multiprocessorCount = v2.multiprocessorCount;
+    info->memorySizeMB = v2.memorySizeMB;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *gi) {
+    MIG_PARENT(d);
+    if (!gi) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!privileged) return NVML_ERROR_NO_PERMISSION;
+    for (int k = 0; k < d->ngis; k++)
+        if ((unsigned)d->gis[k].id == id) { *gi = &d->gis[k]; return NVML_SUCCESS; }
+    return NVML_ERROR_NOT_FOUND;
+}
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info) {
+    READY();
+    if (!gi || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct gi_profile *p = &gi->device->gi_profiles[gi->profile];
+    memset(info, 0, sizeof *info);
+    info->device = gi->device;
+    info->id = (unsigned)gi->id;
+    info->profileId = (unsigned)p->id;
+    info->placement.size = (unsigned)p->slices;
+    return NVML_SUCCESS;
+}
+/* NVML_COMPUTE_INSTANCE_PROFILE_* by slice count; a CI profile's id is its index */
+static int ci_slices_of(unsigned int profile) {
+    for (int s = 1; s <= 8; s++)
+        if (SLICE_PROFILE[s] >= 0 && (unsigned)SLICE_PROFILE[s] == profile) return s;
+    return 0;
+}
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gi, unsigned int profile,
+                                                           unsigned int eng, nvmlComputeInstanceProfileInfo_v2_t *info) {
+    READY();
+    if (!gi || !info || info->version != nvmlComputeInstanceProfileInfo_v2 ||
+        profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || eng >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct gi_profile *p = &gi->device->gi_profiles[gi->profile];
+    int slices = ci_slices_of(profile);
+    if (!slices || slices > p->slices) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int version = info->version;
+    memset(info, 0, sizeof *info);
+    info->version = version;
+    info->id = profile;
+    info->sliceCount = (unsigned)slices;
+    info->instanceCount = (unsigned)(p->slices / slices);
+    if (slices == p->slices) snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+    else snprintf(info->name, sizeof info->name, "MIG %dc.%s", slices, p->name);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gi, unsigned int id, nvmlComputeInstance_t *ci) {
+    READY();
+    if (!gi || !ci) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!privileged) return NVML_ERROR_NO_PERMISSION;
+    for (int m = 0; m < gi->device->mig_count; m++) {
+        struct nvmlDevice_st *mig = gi->device->mig[m];
+        if (mig->gpu_instance == gi && (unsigned)mig->ci == id) { *ci = &mig->compute_instance; return NVML_SUCCESS; }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t ci, nvmlComputeInstanceInfo_t *info) {
+    READY();
+    if (!ci || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(info, 0, sizeof *info);
+    info->device = ci->gi->device;
+    info->gpuInstance = ci->gi;
+    info->id = (unsigned)ci->mig->ci;
+    info->profileId = (unsigned)SLICE_PROFILE[ci->mig->ci_slices];
+    info->placement.size = (unsigned)ci->mig->ci_slices;
+    return NVML_SUCCESS;
+}
+
 /* -- links ------------------------------------------------------------------------------------ */
 
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, nvmlEnableState_t *s) {
@@ -467,27 +656,29 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) { DEV(d);
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t s, unsigned int *t) {
     DEV(d); (void)s; (void)t; return NVML_ERROR_NOT_SUPPORTED;
 }
-/* The struct behind _v3 gained usedGpuCcProtectedMemory in R535 without a version bump (later
- * headers moved that field to nvmlProcessDetail_v1_t and nvmlProcessInfo_t is 24 bytes again):
- * the stride a driver writes follows its version, so write the layout of the bundle's driver. */
+/* The struct behind _v3 gained usedGpuCcProtectedMemory in R535 without a version bump; 535.98
+ * dropped the _v3 entry points again and R550 brought them back with the 24-byte struct (the field
+ * moved to nvmlProcessDetail_v1_t), so the stride a driver writes follows its version. */
 struct proc_r535 { unsigned int pid; unsigned long long used; unsigned int gi, ci; unsigned long long cc; };
 _Static_assert(sizeof(struct proc_r535) == 32, "R535 process-info layout");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "header's nvmlProcessInfo_t is the pre-R535 layout");
 
-static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
+static int wide_process_info(void) { return driver_major == 535 && driver_minor < 98; }
+
+static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p, int wide) {
     DEV(d);
     if (!n) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned have = (unsigned)d->nprocs, room = *n;
     *n = have;
     if (have > room || (have && !p)) return NVML_ERROR_INSUFFICIENT_SIZE;
     /* never write past a caller's array sized for the 24-byte layout (a real R535 driver would) */
-    if (driver_major >= 535 && have * sizeof(struct proc_r535) > room * sizeof(nvmlProcessInfo_t)) {
+    if (wide && have * sizeof(struct proc_r535) > room * sizeof(nvmlProcessInfo_t)) {
         say("process list: the caller's array holds %u 24-byte entries, too few for %u R535 entries",
             room, have);
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     for (unsigned i = 0; i < have; i++) {
-        if (driver_major >= 535) {
+        if (wide) {
             struct proc_r535 *q = (struct proc_r535 *)(void *)p + i;
             memset(q, 0, sizeof *q);
             q->pid = d->pid[i];
@@ -502,15 +693,44 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t
     }
     return NVML_SUCCESS;
 }
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
-    return processes(d, n, p);
-}
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
+static nvmlReturn_t no_processes(nvmlDevice_t d, unsigned int *n) {
     DEV(d);
     if (!n) return NVML_ERROR_INVALID_ARGUMENT;
-    (void)p;
     *n = 0;
     return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
+    return processes(d, n, p, wide_process_info());
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_v2_t *p) {
+    return processes(d, n, (nvmlProcessInfo_t *)(void *)p, 0);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p) {
+    (void)p; return no_processes(d, n);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_v2_t *p) {
+    (void)p; return no_processes(d, n);
+}
+/* R550: the versioned list, each entry with usedGpuCcProtectedMemory */
+nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDetailList_t *list) {
+    DEV(d);
+    if (!list || list->version != nvmlProcessDetailList_v1 || list->mode >= NVML_PROCESS_MODE_MAX)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned have = list->mode == NVML_PROCESS_MODE_GRAPHICS ? 0 : (unsigned)d->nprocs;
+    unsigned room = list->numProcArrayEntries;
+    list->numProcArrayEntries = have;
+    if (have > room || (have && !list->procArray)) return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned i = 0; i < have; i++) {
+        memset(&list->procArray[i], 0, sizeof list->procArray[i]);
+        list->procArray[i].pid = d->pid[i];
+        list->procArray[i].usedGpuMemory = d->proc_bytes[i];
+        list->procArray[i].gpuInstanceId = list->procArray[i].computeInstanceId = 0xFFFFFFFF;
+    }
+    return NVML_SUCCESS;
+}
+/* R535: present (confidential computing); these GPUs do not run in that mode */
+nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t d, nvmlConfComputeMemSizeInfo_t *m) {
+    DEV(d); (void)m; return NVML_ERROR_NOT_SUPPORTED;
 }
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *n,
                                              unsigned long long last) {

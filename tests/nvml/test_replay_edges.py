@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.nvml.conftest import LiveNode
+from tests.nvml.conftest import LiveNode, MakeLiveNode
 from tests.nvml.test_differential import NODE_DUMP
 
 from gpuslurm.hw.bundle import read_bundle
@@ -15,7 +15,7 @@ from gpuslurm.hw.bundle import read_bundle
 DGX = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "dgx-h100"
 
 
-def _good(live_node: Callable[[Path], LiveNode]) -> tuple[LiveNode, dict[str, object]]:
+def _good(live_node: MakeLiveNode) -> tuple[LiveNode, dict[str, object]]:
     node = live_node(DGX)
     return node, json.loads(node.nvml_json.read_text())
 
@@ -37,7 +37,7 @@ BAD: list[tuple[str, Callable[[dict], object], str]] = [
 
 @pytest.mark.parametrize(("case", "mutate", "message"), BAD, ids=[b[0] for b in BAD])
 def test_bad_input_fails_init_with_a_logged_reason(case: str, mutate: Callable[[dict], object], message: str,
-                                                  live_node: Callable[[Path], LiveNode]) -> None:
+                                                  live_node: MakeLiveNode) -> None:
     node, data = _good(live_node)
     bad = mutate(data)
     node.nvml_json.write_text(bad if isinstance(bad, str) else json.dumps(bad))
@@ -47,7 +47,7 @@ def test_bad_input_fails_init_with_a_logged_reason(case: str, mutate: Callable[[
     assert message in node.log.read_text()
 
 
-def test_missing_file_fails_init(live_node: Callable[[Path], LiveNode]) -> None:
+def test_missing_file_fails_init(live_node: MakeLiveNode) -> None:
     node, _ = _good(live_node)
     node.nvml_json.unlink()
     done = node.run("discover", check=False)
@@ -55,7 +55,7 @@ def test_missing_file_fails_init(live_node: Callable[[Path], LiveNode]) -> None:
     assert "cannot open" in node.log.read_text()
 
 
-def test_capture_round_trip(live_node: Callable[[Path], LiveNode], tmp_path: Path) -> None:
+def test_capture_round_trip(live_node: MakeLiveNode, tmp_path: Path) -> None:
     """``gpuslurm capture`` on the replayed node writes a bundle that reads back as the live model."""
     node = live_node(Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x")
     out = tmp_path / "captured"

@@ -159,6 +159,7 @@ class NvmlHealthReader:
         nvml = NvmlLibrary(module)
         self._call = nvml.call
         self._optional = nvml.optional
+        self._running = nvml.running_processes
 
     def read(self, gpus: Sequence[AnyGpu]) -> dict[str, GpuHealth]:
         from gpuslurm.hw.nvml_lib import GpuLost
@@ -202,17 +203,16 @@ class NvmlHealthReader:
     def _processes(self, handle: Any, i: int) -> tuple[GpuProcess, ...] | None:
         seen: dict[int, GpuProcess] = {}
         known = False
-        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        for graphics in (False, True):
             try:
-                procs = self._call(name, handle, gpu=i)
+                procs = self._running(handle, graphics=graphics, gpu=i)
             except NotSupported:
                 continue
             known = True
-            for p in procs or ():
-                pid = int(p.pid)
-                used = getattr(p, "usedGpuMemory", None)
-                seen.setdefault(pid, GpuProcess(pid, process_owner(pid),
-                                                None if used is None else int(used) // MIB))
+            for p in procs:
+                if p.pid not in seen:
+                    seen[p.pid] = GpuProcess(p.pid, process_owner(p.pid),
+                                             None if p.used_bytes is None else p.used_bytes // MIB)
         return tuple(seen.values()) if known else None
 
 

@@ -21,13 +21,18 @@ _LEVELS = {LinkKind.PIX: 10, LinkKind.PXB: 20, LinkKind.PHB: 30, LinkKind.NODE: 
 MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
 
 
-def replay_dict(node: Node, *, driver_major: int | None = None,
+def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bool = True,
                 processes: dict[int, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
     """The model as nvml.json with an added ``"replay"`` section for the C library.
 
-    ``processes`` maps a GPU index to its compute processes as (pid, used MiB).
+    ``driver_version`` replaces the node's (the library's struct layouts follow it);
+    ``privileged=False`` makes GPU/compute-instance lookups answer NO_PERMISSION, as NVML does
+    for a user who is not root; ``processes`` maps a GPU index to its compute processes as
+    (pid, used MiB).
     """
     out = node_to_dict(node)
+    if driver_version is not None:
+        out["driver_version"] = driver_version
     gpus = node.gpus
     links = node.links
     per_gpu: list[dict[str, Any]] = []
@@ -51,16 +56,12 @@ def replay_dict(node: Node, *, driver_major: int | None = None,
         per_gpu.append({"nvlinks": nvlinks, "topology": levels,
                         "processes": [{"pid": pid, "used_mib": mib}
                                       for pid, mib in (processes or {}).get(gpus[a].index, [])]})
-    major = driver_major
-    if major is None and node.driver_version:
-        try:
-            major = int(node.driver_version.split(".")[0])
-        except ValueError:
-            major = None
-    out["replay"] = {"gpus": per_gpu, "driver_major": major}
+    out["replay"] = {"gpus": per_gpu, "privileged": privileged}
     return out
 
 
-def dump_replay(node: Node, *, driver_major: int | None = None,
+def dump_replay(node: Node, *, driver_version: str | None = None, privileged: bool = True,
                 processes: dict[int, list[tuple[int, int]]] | None = None) -> str:
-    return json.dumps(replay_dict(node, driver_major=driver_major, processes=processes), indent=1) + "\n"
+    """:func:`replay_dict` as the text of an nvml.json."""
+    return json.dumps(replay_dict(node, driver_version=driver_version, privileged=privileged,
+                                  processes=processes), indent=1) + "\n"

@@ -128,13 +128,20 @@ class NvmlSampler:
     def _processes(self, dev: _Device, handle: Any, mig_uuid: str | None,
                    sm: dict[int, float]) -> list[ProcessReading]:
         seen: dict[int, ProcessReading] = {}
-        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            for p in self._opt(name, dev, handle) or ():
-                pid = int(p.pid)
-                used = getattr(p, "usedGpuMemory", None)
-                if pid not in seen:
-                    seen[pid] = ProcessReading(pid, dev.uuid, mig_uuid,
-                                               None if used is None else int(used) / MIB, sm.get(pid))
+        for graphics in (False, True):
+            key = ("graphics processes" if graphics else "compute processes", dev.gpu)
+            if key in self._unsupported:
+                continue
+            try:
+                found = self._nvml.running_processes(handle, graphics=graphics, gpu=dev.gpu)
+            except NotSupported:
+                self._unsupported.add(key)
+                continue
+            for p in found:
+                if p.pid not in seen:
+                    seen[p.pid] = ProcessReading(
+                        p.pid, dev.uuid, mig_uuid, None if p.used_bytes is None else p.used_bytes / MIB,
+                        sm.get(p.pid))
         return list(seen.values())
 
     def _sm_util(self, dev: _Device) -> dict[int, float]:
