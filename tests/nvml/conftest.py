@@ -17,7 +17,9 @@ from typing import Protocol
 import pytest
 
 from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.health import read_scenario
 from gpuslurm.hw.nvml_replay import dump_replay
+from gpuslurm.hw.scenario import parse_scenario, scenario_path
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "libnvml_replay.c"
@@ -50,7 +52,7 @@ def _build(gcc: str, include: Path, out: Path, hidden: frozenset[str] = frozense
     exported = [s for s in exported_symbols() if s not in hidden]
     script.write_text("{\n  global:\n" + "".join(f"    {s};\n" for s in exported) + "  local: *;\n};\n")
     cmd = [gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-fPIC", "-shared",
-           f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson",
+           f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson", "-lm",
            "-Wl,-soname,libnvidia-ml.so.1", f"-Wl,--version-script={script}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     if done.returncode:
@@ -155,19 +157,32 @@ def driver_lacks(version: str | None) -> frozenset[str]:
 
 class MakeLiveNode(Protocol):
     def __call__(self, bundle: Path, *, driver_version: str | None = None, privileged: bool = True,
-                 processes: dict[int, list[tuple[int, int]]] | None = None) -> LiveNode: ...
+                 processes: dict[int, list[tuple[int, int]]] | None = None,
+                 reserved_mib: dict[int, int] | None = None) -> LiveNode: ...
 
 
 @pytest.fixture
 def live_node(replay_lib: ReplayLib, tmp_path: Path) -> MakeLiveNode:
-    """A bundle served by the library built with the symbol set of its driver version."""
+    """A bundle served by the library built with the symbol set of its driver version.
+
+    The bundle's ``health.json`` and ``scenario.json`` (``$GPUSLURM_SCENARIO`` first, as for
+    ``--from``) are served too, so live and replayed runs see the same node.
+    """
     def make(bundle: Path, *, driver_version: str | None = None, privileged: bool = True,
-             processes: dict[int, list[tuple[int, int]]] | None = None) -> LiveNode:
+             processes: dict[int, list[tuple[int, int]]] | None = None,
+             reserved_mib: dict[int, int] | None = None) -> LiveNode:
         model = read_bundle(bundle)
         version = driver_version or model.driver_version
+        health = read_scenario(bundle / "health.json", [g.uuid for g in model.gpus])
+        scenario, start = None, 0.0
+        found = scenario_path(bundle)
+        if found is not None:
+            scenario = parse_scenario(found.read_text(), str(found), model)
+            start = scenario.start if scenario.start is not None else found.stat().st_mtime
         nvml_json = tmp_path / f"{bundle.name}.nvml.json"
         nvml_json.write_text(dump_replay(model, driver_version=driver_version, privileged=privileged,
-                                         processes=processes))
+                                         processes=processes, health=health, reserved_mib=reserved_mib,
+                                         scenario=scenario, start=start))
         lib = replay_lib.without(*driver_lacks(version))
         return LiveNode(lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log")
     return make

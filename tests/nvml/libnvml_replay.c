@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+#include <time.h>
 
 #define MAX_GPUS 64
 #define MAX_MIG 8
@@ -45,9 +47,9 @@ struct nvmlDevice_st {
     int nvlinks;
     char nvlink_remote[NVLINKS][32]; /* "" = switch */
     int topo[MAX_GPUS];
-    int nprocs;
-    unsigned int pid[MAX_PROCS];
-    unsigned long long proc_bytes[MAX_PROCS];
+    /* health facts (health.json): -1 = not supported */
+    int temp_c, ecc_unc, remap_pending, remap_failed, retired_pending, lost;
+    long long reserved_mib, used_mib, clock_events;
     unsigned long affinity[MAX_CPUS / (8 * sizeof(unsigned long))];
 };
 
@@ -55,6 +57,16 @@ static struct nvmlDevice_st gpus[MAX_GPUS], migs[MAX_GPUS * MAX_MIG];
 static int gpu_count, init_count;
 static char driver[80];
 static int cuda_version, driver_major, driver_minor, privileged;
+
+/* What changes with time: one state per scenario step (hw/scenario.py's readings, computed by
+ * nvml_replay.py), the one in force chosen by the clock plus GPUSLURM_NVML_REPLAY_CLOCK seconds. */
+#define MAX_STEPS 4096
+#define SLOTS (1 + MAX_MIG) /* per GPU: the GPU itself, then its MIG devices */
+struct dev_now { double util, used_mib, power_w, temp_c; int lost; }; /* < 0: not known */
+struct proc_now { int gpu, mig; unsigned int pid; double used_mib; int sm; }; /* mig -1: none */
+struct state { double at; struct dev_now *dev; int nprocs; struct proc_now *procs; };
+static struct state base, *steps;
+static int nsteps;
 
 static void say(const char *fmt, ...) {
     const char *path = getenv("GPUSLURM_NVML_REPLAY_LOG");
@@ -125,6 +137,165 @@ static int attach_instances(struct nvmlDevice_st *g, struct nvmlDevice_st *d) {
     d->compute_instance.gi = &g->gis[k];
     d->compute_instance.mig = d;
     return 0;
+}
+
+static int get_num(const cJSON *v, double lo, double hi, double *out) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) return -1;
+    *out = v->valuedouble;
+    return 0;
+}
+/* an optional number (null or absent: -1) */
+static int opt_num(const cJSON *o, const char *key, double hi, double *out) {
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    *out = -1;
+    return (!v || cJSON_IsNull(v)) ? 0 : get_num(v, 0, hi, out);
+}
+static int opt_bool(const cJSON *o, const char *key, int *out) {
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    *out = -1;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return -1;
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int load_health(struct nvmlDevice_st *g, const cJSON *h) {
+    double t, e, u, r, c;
+    g->temp_c = g->ecc_unc = g->remap_pending = g->remap_failed = g->retired_pending = -1;
+    g->lost = 0;
+    g->reserved_mib = 0;
+    g->used_mib = g->clock_events = -1;
+    if (!h || cJSON_IsNull(h)) return 0;
+    NEED(cJSON_IsObject(h), "GPU %d: health is not an object", g->index);
+    NEED(opt_num(h, "temperature_c", 1000, &t) == 0 && opt_num(h, "ecc_uncorrectable", 1e9, &e) == 0 &&
+         opt_num(h, "memory_used_mib", 1 << 24, &u) == 0 && opt_num(h, "memory_reserved_mib", 1 << 24, &r) == 0 &&
+         opt_num(h, "clock_event_reasons", 1e15, &c) == 0,
+         "GPU %d: a health number is missing its range", g->index);
+    NEED(opt_bool(h, "remap_pending", &g->remap_pending) == 0 && opt_bool(h, "remap_failed", &g->remap_failed) == 0 &&
+         opt_bool(h, "retired_pages_pending", &g->retired_pending) == 0 && opt_bool(h, "lost", &g->lost) == 0,
+         "GPU %d: a health flag is not true or false", g->index);
+    NEED((g->remap_pending < 0) == (g->remap_failed < 0), "GPU %d: remap_pending and remap_failed go together",
+         g->index);
+    if (g->lost < 0) g->lost = 0;
+    g->temp_c = (int)t;
+    g->ecc_unc = (int)e;
+    g->used_mib = (long long)u;
+    g->reserved_mib = r < 0 ? 0 : (long long)r;
+    g->clock_events = (long long)c;
+    return 0;
+}
+
+/* processes: a list of {gpu, mig, pid, used_mib, sm}; the GPU and MIG slot must exist */
+static int load_procs(const cJSON *list, struct state *st, const char *where) {
+    int n = 0, cap = cJSON_GetArraySize(list);
+    const cJSON *v;
+    NEED(cap <= MAX_GPUS * MAX_PROCS, "%s: more than %d processes", where, MAX_GPUS * MAX_PROCS);
+    st->procs = calloc((size_t)(cap ? cap : 1), sizeof *st->procs);
+    NEED(st->procs, "%s: out of memory", where);
+    cJSON_ArrayForEach(v, list) {
+        struct proc_now *p = &st->procs[n];
+        int pid;
+        double used, sm;
+        NEED(cJSON_IsObject(v) && get_int(cJSON_GetObjectItem(v, "gpu"), 0, gpu_count - 1, &p->gpu) == 0 &&
+             get_int(cJSON_GetObjectItem(v, "mig"), -1, MAX_MIG - 1, &p->mig) == 0 &&
+             get_int(cJSON_GetObjectItem(v, "pid"), 1, 1 << 30, &pid) == 0 &&
+             opt_num(v, "used_mib", 1 << 24, &used) == 0 && opt_num(v, "sm", 100, &sm) == 0,
+             "%s: process %d needs gpu, mig, pid and a used_mib and sm in range", where, n);
+        NEED(p->mig < gpus[p->gpu].mig_count, "%s: process %d: GPU %d has no MIG device %d", where, n, p->gpu, p->mig);
+        p->pid = (unsigned)pid;
+        p->used_mib = used;
+        p->sm = (int)sm;
+        n++;
+    }
+    st->nprocs = n;
+    return 0;
+}
+
+static int load_steps(const cJSON *list) {
+    const cJSON *s, *v;
+    char where[48];
+    int k = 0;
+    NEED(!list || cJSON_IsArray(list), "replay.steps must be a list");
+    nsteps = list ? cJSON_GetArraySize(list) : 0;
+    NEED(nsteps <= MAX_STEPS, "replay.steps: more than %d steps", MAX_STEPS);
+    steps = calloc((size_t)(nsteps ? nsteps : 1), sizeof *steps);
+    NEED(steps, "out of memory");
+    cJSON_ArrayForEach(s, list) {
+        struct state *st = &steps[k];
+        snprintf(where, sizeof where, "replay.steps[%d]", k);
+        NEED(cJSON_IsObject(s) && get_num(cJSON_GetObjectItem(s, "at"), 0, 1e11, &st->at) == 0,
+             "%s needs \"at\" (Unix seconds)", where);
+        NEED(k == 0 || st->at >= steps[k - 1].at, "%s: steps must be in time order", where);
+        st->dev = calloc((size_t)(gpu_count ? gpu_count : 1) * SLOTS, sizeof *st->dev);
+        NEED(st->dev, "out of memory");
+        for (int i = 0; i < gpu_count * SLOTS; i++)
+            st->dev[i].util = st->dev[i].used_mib = st->dev[i].power_w = st->dev[i].temp_c = -1;
+        cJSON_ArrayForEach(v, cJSON_GetObjectItem(s, "devices")) {
+            int gpu, mig, lost;
+            NEED(cJSON_IsObject(v) && get_int(cJSON_GetObjectItem(v, "gpu"), 0, gpu_count - 1, &gpu) == 0 &&
+                 get_int(cJSON_GetObjectItem(v, "mig"), -1, MAX_MIG - 1, &mig) == 0,
+                 "%s: a device needs gpu and mig", where);
+            struct dev_now *d = &st->dev[gpu * SLOTS + mig + 1];
+            NEED(opt_num(v, "util", 100, &d->util) == 0 && opt_num(v, "mem_used_mib", 1 << 24, &d->used_mib) == 0 &&
+                 opt_num(v, "power_w", 1e5, &d->power_w) == 0 && opt_num(v, "temp_c", 1000, &d->temp_c) == 0 &&
+                 opt_bool(v, "lost", &lost) == 0,
+                 "%s: GPU %d: util, mem_used_mib, power_w, temp_c or lost out of range", where, gpu);
+            d->lost = lost > 0;
+        }
+        if (load_procs(cJSON_GetObjectItem(s, "processes"), st, where)) return -1;
+        k++;
+    }
+    return 0;
+}
+
+/* the state before the first step (or without steps): idle, the static processes, health facts */
+static int load_base(const cJSON *procs) {
+    base.dev = calloc((size_t)(gpu_count ? gpu_count : 1) * SLOTS, sizeof *base.dev);
+    NEED(base.dev, "out of memory");
+    for (int i = 0; i < gpu_count * SLOTS; i++) {
+        struct dev_now *d = &base.dev[i];
+        d->util = 0;
+        d->used_mib = d->power_w = d->temp_c = -1;
+    }
+    for (int g = 0; g < gpu_count; g++) {
+        base.dev[g * SLOTS].used_mib = (double)gpus[g].used_mib;
+        base.dev[g * SLOTS].lost = gpus[g].lost;
+    }
+    return procs && !cJSON_IsNull(procs) ? load_procs(procs, &base, "replay.processes") : 0;
+}
+
+static double replay_now(void) {
+    struct timespec ts;
+    const char *off = getenv("GPUSLURM_NVML_REPLAY_CLOCK");
+    double shift = 0;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (off) {
+        char *end;
+        shift = strtod(off, &end);
+        if (*end || !(shift > -1e10 && shift < 1e10)) shift = 0; /* garbage: no shift (logged at init) */
+    }
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9 + shift;
+}
+static const struct state *now_state(void) {
+    double now = replay_now();
+    const struct state *st = &base;
+    for (int k = 0; k < nsteps && steps[k].at <= now; k++) st = &steps[k];
+    return st;
+}
+static const struct dev_now *dev_now(const struct state *st, nvmlDevice_t d) {
+    return &st->dev[(d->is_mig ? d->parent : d->index) * SLOTS + (d->is_mig ? d->index + 1 : 0)];
+}
+/* memory used: the step's figure, else health's (GPU), else the sum of the device's processes */
+static unsigned long long used_bytes(const struct state *st, nvmlDevice_t d) {
+    double mib = dev_now(st, d)->used_mib;
+    if (mib < 0) {
+        mib = 0;
+        int gpu = d->is_mig ? d->parent : d->index;
+        for (int i = 0; i < st->nprocs; i++)
+            if (st->procs[i].gpu == gpu && (!d->is_mig || st->procs[i].mig == d->index) && st->procs[i].used_mib > 0)
+                mib += st->procs[i].used_mib;
+    }
+    return (unsigned long long)llround(mib * 1048576.0);
 }
 
 static int load_mig(struct nvmlDevice_st *g, const cJSON *m, int slot) {
@@ -202,17 +373,7 @@ static int load_gpu(const cJSON *j, const cJSON *r, int pos) {
         n++;
     }
     g->nvlinks = n;
-    n = 0;
-    cJSON_ArrayForEach(v, cJSON_GetObjectItem(r, "processes")) {
-        int pid, mib;
-        NEED(n < MAX_PROCS, "GPU %d: more than %d processes", pos, MAX_PROCS);
-        NEED(cJSON_IsObject(v) && get_int(cJSON_GetObjectItem(v, "pid"), 1, 1 << 30, &pid) == 0 &&
-             get_int(cJSON_GetObjectItem(v, "used_mib"), 0, 1 << 24, &mib) == 0,
-             "GPU %d: process %d needs pid and used_mib", pos, n);
-        g->pid[n] = (unsigned)pid;
-        g->proc_bytes[n++] = (unsigned long long)mib << 20;
-    }
-    g->nprocs = n;
+    if (load_health(g, cJSON_GetObjectItem(r, "health"))) return -1;
     n = 0;
     cJSON_ArrayForEach(v, cJSON_GetObjectItem(r, "topology")) {
         NEED(n < MAX_GPUS && get_int(v, -1, 70, &g->topo[n]) == 0, "GPU %d: bad topology level", pos);
@@ -284,6 +445,17 @@ static int load(void) {
         pos++;
     }
     gpu_count = pos;
+    if (load_base(cJSON_GetObjectItem(replay, "processes")) || load_steps(cJSON_GetObjectItem(replay, "steps")))
+        goto out;
+    v = NULL;
+    {
+        const char *off = getenv("GPUSLURM_NVML_REPLAY_CLOCK");
+        char *end;
+        if (off && (strtod(off, &end), *end || end == off)) {
+            say("GPUSLURM_NVML_REPLAY_CLOCK=%.40s is not a number of seconds", off);
+            goto out;
+        }
+    }
     rc = 0;
 out:
     cJSON_Delete(root);
@@ -319,7 +491,13 @@ const char *nvmlErrorString(nvmlReturn_t r) {
 }
 
 #define READY() do { if (!init_count) return NVML_ERROR_UNINITIALIZED; } while (0)
-#define DEV(d) do { READY(); if (!(d)) return NVML_ERROR_INVALID_ARGUMENT; } while (0)
+#define DEV(d) do { READY(); if (!(d)) return NVML_ERROR_INVALID_ARGUMENT; \
+    if (is_lost(d)) return NVML_ERROR_GPU_IS_LOST; } while (0)
+
+static int is_lost(nvmlDevice_t d) {
+    int gpu = d->is_mig ? d->parent : d->index;
+    return gpus[gpu].lost || now_state()->dev[gpu * SLOTS].lost;
+}
 
 static nvmlReturn_t put_str(char *dst, unsigned int len, const char *s) {
     if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
@@ -414,21 +592,27 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
 }
 nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(d, p); }
 
+/* v2 keeps the driver's reserved memory apart; v1's "used" includes it */
+static unsigned long long reserved_bytes(nvmlDevice_t d) {
+    return d->is_mig ? 0 : (unsigned long long)d->reserved_mib << 20;
+}
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     DEV(d);
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long used = used_bytes(now_state(), d) + reserved_bytes(d);
     m->total = d->mem_bytes;
-    m->used = 0; /* v1: would include the reserved memory */
-    m->free = d->mem_bytes;
+    m->used = used;
+    m->free = used < d->mem_bytes ? d->mem_bytes - used : 0;
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     DEV(d);
     if (!m || m->version != nvmlMemory_v2) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long used = used_bytes(now_state(), d), reserved = reserved_bytes(d);
     m->total = d->mem_bytes;
-    m->reserved = 0;
-    m->used = 0;
-    m->free = d->mem_bytes;
+    m->reserved = reserved;
+    m->used = used;
+    m->free = used + reserved < d->mem_bytes ? d->mem_bytes - used - reserved : 0;
     return NVML_SUCCESS;
 }
 
@@ -643,19 +827,93 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b,
     return NVML_SUCCESS;
 }
 
-/* -- readings (a static node: idle) ------------------------------------------------------------ */
+/* -- readings (the scenario step in force, health facts) ---------------------------------------- */
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     DEV(d);
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
     if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
-    u->gpu = u->memory = 0;
+    double util = dev_now(now_state(), d)->util;
+    u->gpu = util < 0 ? 0 : (unsigned)lround(util);
+    u->memory = 0;
     return NVML_SUCCESS;
 }
-nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) { DEV(d); (void)mw; return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t s, unsigned int *t) {
-    DEV(d); (void)s; (void)t; return NVML_ERROR_NOT_SUPPORTED;
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) {
+    DEV(d);
+    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
+    double w = d->is_mig ? -1 : dev_now(now_state(), d)->power_w;
+    if (w < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *mw = (unsigned)lround(w * 1000);
+    return NVML_SUCCESS;
 }
+static nvmlReturn_t temperature(nvmlDevice_t d, nvmlTemperatureSensors_t s, unsigned int *t) {
+    DEV(d);
+    if (!t || s != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    double c = dev_now(now_state(), d)->temp_c;
+    if (c < 0) c = d->temp_c; /* the step says nothing: the health fact */
+    if (c < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *t = (unsigned)lround(c);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t s, unsigned int *t) {
+    return temperature(d, s, t);
+}
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_t *t) {
+    unsigned int c;
+    if (!t || t->version != nvmlTemperature_v1) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = temperature(d, t->sensorType, &c);
+    if (r == NVML_SUCCESS) t->temperature = (int)c;
+    return r;
+}
+
+/* -- health: ECC, row remapping, retired pages, clock events ------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t d, nvmlEnableState_t *cur, nvmlEnableState_t *pending) {
+    DEV(d);
+    if (!cur || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->ecc_unc < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *cur = *pending = NVML_FEATURE_ENABLED;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, nvmlMemoryErrorType_t type, nvmlEccCounterType_t counter,
+                                         unsigned long long *count) {
+    DEV(d);
+    if (!count || type >= NVML_MEMORY_ERROR_TYPE_COUNT || counter >= NVML_ECC_COUNTER_TYPE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->ecc_unc < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *count = type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? (unsigned long long)d->ecc_unc : 0;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc, unsigned int *pending,
+                                       unsigned int *failure) {
+    DEV(d);
+    if (!corr || !unc || !pending || !failure) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->remap_pending < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *corr = 0;
+    *unc = (unsigned)(d->remap_pending || d->remap_failed);
+    *pending = (unsigned)d->remap_pending;
+    *failure = (unsigned)d->remap_failed;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, nvmlEnableState_t *pending) {
+    DEV(d);
+    if (!pending) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->retired_pending < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *pending = d->retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *reasons) {
+    DEV(d);
+    if (!reasons) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->clock_events < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *reasons = (unsigned long long)d->clock_events;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *reasons) {
+    return nvmlDeviceGetCurrentClocksEventReasons(d, reasons);
+}
+
 /* The struct behind _v3 gained usedGpuCcProtectedMemory in R535 without a version bump; 535.98
  * dropped the _v3 entry points again and R550 brought them back with the 24-byte struct (the field
  * moved to nvmlProcessDetail_v1_t), so the stride a driver writes follows its version. */
@@ -665,10 +923,21 @@ _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "header's nvmlProcessInfo_t is t
 
 static int wide_process_info(void) { return driver_major == 535 && driver_minor < 98; }
 
+/* A GPU's handle answers every process on it (in MIG mode too: NVML's aggregate view for root);
+ * a MIG device's only its own. */
+static int on_device(const struct proc_now *p, nvmlDevice_t d) {
+    return d->is_mig ? p->gpu == d->parent && p->mig == d->index : p->gpu == d->index;
+}
+static unsigned long long proc_bytes(const struct proc_now *p) {
+    return p->used_mib < 0 ? ~0ULL : (unsigned long long)llround(p->used_mib * 1048576.0);
+}
+
 static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t *p, int wide) {
     DEV(d);
     if (!n) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned have = (unsigned)d->nprocs, room = *n;
+    const struct state *st = now_state();
+    unsigned have = 0, room = *n, k = 0;
+    for (int i = 0; i < st->nprocs; i++) have += (unsigned)on_device(&st->procs[i], d);
     *n = have;
     if (have > room || (have && !p)) return NVML_ERROR_INSUFFICIENT_SIZE;
     /* never write past a caller's array sized for the 24-byte layout (a real R535 driver would) */
@@ -677,19 +946,21 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *n, nvmlProcessInfo_t
             room, have);
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    for (unsigned i = 0; i < have; i++) {
+    for (int i = 0; i < st->nprocs; i++) {
+        const struct proc_now *q = &st->procs[i];
+        if (!on_device(q, d)) continue;
+        unsigned gi = q->mig < 0 ? 0xFFFFFFFF : (unsigned)gpus[q->gpu].mig[q->mig]->gi;
+        unsigned ci = q->mig < 0 ? 0xFFFFFFFF : (unsigned)gpus[q->gpu].mig[q->mig]->ci;
         if (wide) {
-            struct proc_r535 *q = (struct proc_r535 *)(void *)p + i;
-            memset(q, 0, sizeof *q);
-            q->pid = d->pid[i];
-            q->used = d->proc_bytes[i];
-            q->gi = q->ci = 0xFFFFFFFF;
+            struct proc_r535 *w = (struct proc_r535 *)(void *)p + k;
+            memset(w, 0, sizeof *w);
+            w->pid = q->pid; w->used = proc_bytes(q); w->gi = gi; w->ci = ci;
         } else {
-            memset(&p[i], 0, sizeof p[i]);
-            p[i].pid = d->pid[i];
-            p[i].usedGpuMemory = d->proc_bytes[i];
-            p[i].gpuInstanceId = p[i].computeInstanceId = 0xFFFFFFFF;
+            memset(&p[k], 0, sizeof p[k]);
+            p[k].pid = q->pid; p[k].usedGpuMemory = proc_bytes(q);
+            p[k].gpuInstanceId = gi; p[k].computeInstanceId = ci;
         }
+        k++;
     }
     return NVML_SUCCESS;
 }
@@ -716,15 +987,22 @@ nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDe
     DEV(d);
     if (!list || list->version != nvmlProcessDetailList_v1 || list->mode >= NVML_PROCESS_MODE_MAX)
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned have = list->mode == NVML_PROCESS_MODE_GRAPHICS ? 0 : (unsigned)d->nprocs;
+    nvmlProcessInfo_t info[MAX_PROCS];
+    unsigned int have = MAX_PROCS;
+    if (list->mode == NVML_PROCESS_MODE_GRAPHICS || list->mode == NVML_PROCESS_MODE_MPS) have = 0;
+    else {
+        nvmlReturn_t r = processes(d, &have, info, 0);
+        if (r != NVML_SUCCESS) return r;
+    }
     unsigned room = list->numProcArrayEntries;
     list->numProcArrayEntries = have;
     if (have > room || (have && !list->procArray)) return NVML_ERROR_INSUFFICIENT_SIZE;
     for (unsigned i = 0; i < have; i++) {
         memset(&list->procArray[i], 0, sizeof list->procArray[i]);
-        list->procArray[i].pid = d->pid[i];
-        list->procArray[i].usedGpuMemory = d->proc_bytes[i];
-        list->procArray[i].gpuInstanceId = list->procArray[i].computeInstanceId = 0xFFFFFFFF;
+        list->procArray[i].pid = info[i].pid;
+        list->procArray[i].usedGpuMemory = info[i].usedGpuMemory;
+        list->procArray[i].gpuInstanceId = info[i].gpuInstanceId;
+        list->procArray[i].computeInstanceId = info[i].computeInstanceId;
     }
     return NVML_SUCCESS;
 }
@@ -732,9 +1010,28 @@ nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDe
 nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t d, nvmlConfComputeMemSizeInfo_t *m) {
     DEV(d); (void)m; return NVML_ERROR_NOT_SUPPORTED;
 }
+/* per-process SM utilisation: one sample per process the step gives an "sm", stamped with the step */
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *n,
                                              unsigned long long last) {
-    (void)s; (void)last; DEV(d);
+    DEV(d);
     if (!n) return NVML_ERROR_INVALID_ARGUMENT;
-    return NVML_ERROR_NOT_FOUND;
+    const struct state *st = now_state();
+    unsigned long long stamp = (unsigned long long)(st->at * 1e6);
+    unsigned have = 0, room = *n;
+    for (int i = 0; i < st->nprocs; i++)
+        have += (unsigned)(on_device(&st->procs[i], d) && st->procs[i].sm >= 0 && stamp > last);
+    if (!have) return NVML_ERROR_NOT_FOUND;
+    *n = have;
+    if (!s || have > room) return NVML_ERROR_INSUFFICIENT_SIZE;
+    unsigned k = 0;
+    for (int i = 0; i < st->nprocs; i++) {
+        const struct proc_now *q = &st->procs[i];
+        if (!(on_device(q, d) && q->sm >= 0 && stamp > last)) continue;
+        memset(&s[k], 0, sizeof s[k]);
+        s[k].pid = q->pid;
+        s[k].timeStamp = stamp;
+        s[k].smUtil = (unsigned)q->sm;
+        k++;
+    }
+    return NVML_SUCCESS;
 }

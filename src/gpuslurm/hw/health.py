@@ -160,6 +160,7 @@ class NvmlHealthReader:
         self._call = nvml.call
         self._optional = nvml.optional
         self._running = nvml.running_processes
+        self._memory = nvml.memory_info
 
     def read(self, gpus: Sequence[AnyGpu]) -> dict[str, GpuHealth]:
         from gpuslurm.hw.nvml_lib import GpuLost
@@ -190,7 +191,10 @@ class NvmlHealthReader:
         else:  # before Ampere: page retirement instead of row remapping
             pending = self._optional("nvmlDeviceGetRetiredPagesPendingStatus", handle, gpu=i)
             retired = None if pending is None else int(pending) == NVML_FEATURE_ENABLED
-        memory = self._optional("nvmlDeviceGetMemoryInfo", handle, gpu=i)
+        try:
+            memory = self._memory(handle, gpu=i)
+        except NotSupported:
+            memory = None
         return GpuHealth(
             gpu.uuid,
             temperature_c=None if temp is None else int(temp),

@@ -43,6 +43,14 @@ class GpuProcessInfo(NamedTuple):
     used_bytes: int | None  # None: the driver cannot say
 
 
+class MemoryInfo(NamedTuple):
+    """A device's memory in bytes; ``used`` leaves out the driver's reservation when NVML can."""
+
+    total: int
+    used: int
+    reserved: int | None  # None: a driver without memory info v2 (its "used" includes it)
+
+
 class _ProcessInfo(ctypes.Structure):
     """``nvmlProcessInfo_t`` as drivers before R535 and from R550 write it (24 bytes)."""
 
@@ -148,6 +156,21 @@ class NvmlLibrary:
         except nvml.NVMLError:
             return False
         return True
+
+    def memory_info(self, handle: Any, *, gpu: int | None = None) -> MemoryInfo:
+        """Memory of ``handle``: v2 where the driver has it, since v1's "used" includes the memory
+        the driver reserves for itself (hundreds of MiB on an idle GPU, which the epilog's
+        memory-released check would take for a job's leftovers); nvidia-smi shows v2's figure."""
+        nvml = self.module()
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                m = self.call("nvmlDeviceGetMemoryInfo", handle, version, gpu=gpu)
+                return MemoryInfo(int(m.total), int(m.used), int(m.reserved))
+            except NotSupported:
+                pass  # a driver before R510: v1
+        m = self.call("nvmlDeviceGetMemoryInfo", handle, gpu=gpu)
+        return MemoryInfo(int(m.total), int(m.used), None)
 
     def running_processes(self, handle: Any, *, graphics: bool = False,
                           gpu: int | None = None) -> list[GpuProcessInfo]:
