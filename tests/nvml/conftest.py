@@ -111,10 +111,11 @@ class LiveNode:
     nvml_json: Path
     log: Path
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, check: bool = True,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([sys.executable, "-m", "gpuslurm.cli.main", *args], capture_output=True,
                               text=True, timeout=120, check=False,
-                              env=self.lib.env(self.nvml_json, self.log))
+                              env={**self.lib.env(self.nvml_json, self.log), **(extra_env or {})})
         if check and done.returncode:
             raise AssertionError(f"gpuslurm {' '.join(args)} exit {done.returncode}:\n{done.stderr}"
                                  f"\nlibrary log: {self.log.read_text() if self.log.exists() else ''}")

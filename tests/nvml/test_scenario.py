@@ -1,0 +1,100 @@
+"""A scenario played over time through the replay library: utilisation, memory and processes change.
+
+The library picks the step in force by its clock shifted by ``GPUSLURM_NVML_REPLAY_CLOCK``
+seconds, so two ``monitor --once`` runs of one node see different cycles, and at the same moment
+the live node and ``--from`` the bundle agree (``status --json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.nvml.conftest import LiveNode, MakeLiveNode
+
+from gpuslurm.hw.bundle import read_bundle
+
+L40S = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x"
+A100 = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "a100-mig"
+LATER = 600  # seconds between the two steps
+
+
+def _scenario_bundle(tmp_path: Path, source: Path = L40S) -> Path:
+    bundle = tmp_path / source.name
+    shutil.copytree(source, bundle)
+    gpus = read_bundle(bundle).gpus
+    plain = [g.uuid for g in gpus if not g.mig_mode]  # in MIG mode processes run on MIG devices
+    g0, g1 = plain[0], plain[1 % len(plain)]
+    mig = next((m.uuid for g in gpus for m in g.mig_devices if m.uuid), None)
+    first: dict[str, Any] = {
+        "at": 0, "gpus": {g0: {"util": 90, "mem_mib": 30000, "power_w": 300, "temp_c": 61}},
+        "procs": [{"pid": os.getpid(), "gpu": g0, "mem_mib": 5000, "sm": 80},
+                  {"pid": 1, "gpu": g1, "mem_mib": 700}]}
+    if mig is not None:  # no "sm": NVML has no per-process utilisation on a MIG device
+        first["procs"].append({"pid": os.getppid(), "gpu": mig, "mem_mib": 1234})
+    second: dict[str, Any] = {"at": LATER, "gpus": {g1: {"util": 50, "temp_c": 45}},
+                              "procs": [{"pid": 1, "gpu": g1, "mem_mib": 2500, "sm": 55}]}
+    if len(gpus) > 2:
+        second["gpus"][gpus[2].uuid] = {"lost": True}
+    # the first step began 30 s ago, the second begins in ten minutes
+    (bundle / "scenario.json").write_text(json.dumps({"start": time.time() - 30, "steps": [first, second]}))
+    return bundle
+
+
+def _cycle(node: LiveNode, tmp_path: Path, shift: float, name: str) -> dict[str, Any]:
+    env = {"GPUSLURM_NVML_REPLAY_CLOCK": str(shift)}
+    done = node.run("monitor", "--once", "--json", "--db", str(tmp_path / f"{name}.db"), extra_env=env)
+    cycle: dict[str, Any] = json.loads(done.stdout.splitlines()[0])
+    return cycle
+
+
+def _devices(cycle: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return sorted(((g["gpu_uuid"], g["mig_uuid"] or "", g["util_pct"], g["mem_used_mib"], g["power_w"],
+                    g["temp_c"]) for g in cycle["gpus"]), key=repr)
+
+
+def _procs(cycle: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return sorted(((p["pid"], p["gpu_uuid"], p["mig_uuid"], p["mem_mib"], p["sm_util_pct"])
+                   for p in cycle["procs"]), key=repr)
+
+
+def test_two_cycles_see_two_steps(live_node: MakeLiveNode, tmp_path: Path) -> None:
+    bundle = _scenario_bundle(tmp_path)
+    node = live_node(bundle)
+    now = _cycle(node, tmp_path, 0, "now")
+    later = _cycle(node, tmp_path, LATER, "later")
+    gpus = read_bundle(bundle).gpus
+    assert (gpus[0].uuid, "", 90.0, 30000.0, 300.0, 61.0) in _devices(now)
+    assert (gpus[1].uuid, "", 50.0, 2500.0, None, 45.0) in _devices(later)
+    assert {p[0] for p in _procs(now)} == {1, os.getpid()}
+    assert _procs(later) == [(1, gpus[1].uuid, None, 2500.0, 55.0)]
+    assert [p["kind"] for p in later["problems"]] == ["gpu-lost"] and not now["problems"]
+    assert gpus[2].uuid not in {g["gpu_uuid"] for g in later["gpus"]}
+
+
+def test_live_and_replayed_cycles_agree(live_node: MakeLiveNode, tmp_path: Path) -> None:
+    for source in (L40S, A100):
+        bundle = _scenario_bundle(tmp_path, source)
+        node = live_node(bundle)
+        live = _cycle(node, tmp_path, 0, f"live-{source.name}")
+        done = node.run("monitor", "--once", "--json", "--db", str(tmp_path / f"ref-{source.name}.db"),
+                        "--from", str(bundle))
+        replayed = json.loads(done.stdout.splitlines()[0])
+        assert _devices(live) == _devices(replayed), source.name
+        assert _procs(live) == _procs(replayed), source.name
+
+
+def test_status_live_and_replayed_agree(live_node: MakeLiveNode, tmp_path: Path) -> None:
+    bundle = _scenario_bundle(tmp_path)
+    node = live_node(bundle)
+    keys = ("uuid", "util_pct", "mem_used_mib", "mem_total_mib", "temp_c", "power_w")
+    live = json.loads(node.run("status", "--json").stdout)
+    replayed = json.loads(node.run("status", "--json", "--from", str(bundle)).stdout)
+    assert [[g[k] for k in keys] for g in live["gpus"]] == [[g[k] for k in keys] for g in replayed["gpus"]]
+    procs = [sorted((p["pid"], p["gpu"], p["mem_mib"], p["sm_util_pct"]) for p in s["processes"])
+             for s in (live, replayed)]
+    assert procs[0] == procs[1] and len(procs[0]) == 2
