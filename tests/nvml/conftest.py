@@ -10,9 +10,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
@@ -187,6 +188,33 @@ def live_node(replay_lib: ReplayLib, tmp_path: Path) -> MakeLiveNode:
         lib = replay_lib.without(*driver_lacks(version))
         return LiveNode(lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log")
     return make
+
+
+LATER = 600  # seconds between the two steps of scenario_bundle's scenario
+
+
+def scenario_bundle(tmp_path: Path, source: Path) -> Path:
+    """A copy of ``source`` with a scenario.json: busy GPUs and processes now, others in ten minutes."""
+    bundle = tmp_path / source.name
+    shutil.copytree(source, bundle)
+    gpus = read_bundle(bundle).gpus
+    plain = [g.uuid for g in gpus if not g.mig_mode]  # in MIG mode processes run on MIG devices
+    g0, g1 = plain[0], plain[1 % len(plain)]
+    mig = next((m.uuid for g in gpus for m in g.mig_devices if m.uuid), None)
+    first: dict[str, Any] = {
+        "at": 0, "gpus": {g0: {"util": 90, "mem_mib": 30000, "power_w": 300, "temp_c": 61}},
+        "procs": [{"pid": os.getpid(), "gpu": g0, "mem_mib": 5000, "sm": 80},
+                  {"pid": 1, "gpu": g1, "mem_mib": 700}]}
+    if mig is not None:  # no "sm": NVML has no per-process utilisation on a MIG device
+        first["procs"].append({"pid": os.getppid(), "gpu": mig, "mem_mib": 1234})
+    second: dict[str, Any] = {"at": LATER, "gpus": {g1: {"util": 50, "temp_c": 45}},
+                              "procs": [{"pid": 1, "gpu": g1, "mem_mib": 2500, "sm": 55}]}
+    if len(gpus) > 2:
+        second["gpus"][gpus[2].uuid] = {"lost": True}
+    # the first step began 30 s ago, the second begins in ten minutes
+    (bundle / "scenario.json").write_text(json.dumps({"start": time.time() - 30, "steps": [first, second]}))
+    return bundle
+
 
 
 def read_json(text: str) -> object:

@@ -50,6 +50,7 @@ struct nvmlDevice_st {
     /* health facts (health.json): -1 = not supported */
     int temp_c, ecc_unc, remap_pending, remap_failed, retired_pending, lost;
     long long reserved_mib, used_mib, clock_events;
+    int cc_major, cc_minor; /* nvml.json's optional "compute_capability": "9.0"; 0: not known */
     unsigned long affinity[MAX_CPUS / (8 * sizeof(unsigned long))];
 };
 
@@ -352,6 +353,11 @@ static int load_gpu(const cJSON *j, const cJSON *r, int pos) {
     NEED(copy_str(g->name, sizeof g->name, cJSON_GetObjectItem(j, "name")) == 0, "GPU %d: bad name", pos);
     NEED(copy_str(g->bus, sizeof g->bus, cJSON_GetObjectItem(j, "bus_id")) == 0,
          "GPU %d: bad bus_id", pos);
+    v = cJSON_GetObjectItem(j, "compute_capability");
+    if (v && !cJSON_IsNull(v))
+        NEED(cJSON_IsString(v) && sscanf(v->valuestring, "%d.%d", &g->cc_major, &g->cc_minor) == 2 &&
+             g->cc_major > 0 && g->cc_major < 100 && g->cc_minor >= 0 && g->cc_minor < 100,
+             "GPU %d: compute_capability is not <major>.<minor>", pos);
     v = cJSON_GetObjectItem(j, "mig_mode");
     g->mig_mode = cJSON_IsTrue(v) ? 1 : cJSON_IsFalse(v) ? 0 : -1;
     cJSON_ArrayForEach(v, cJSON_GetObjectItem(j, "cpu_affinity")) {
@@ -867,6 +873,65 @@ nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_t *t) {
     return r;
 }
 
+/* -- what nvitop's and gpustat's main views ask besides ------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t d, unsigned int *v) {
+    DEV(d); return v ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t d, unsigned int *v) {
+    DEV(d); return v ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t d, nvmlPstates_t *v) {
+    DEV(d); return v ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t d, nvmlClockType_t type, unsigned int *clock) {
+    DEV(d); (void)type; return clock ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t d, nvmlClockType_t type, unsigned int *clock) {
+    DEV(d); (void)type; return clock ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t d, nvmlPcieUtilCounter_t counter, unsigned int *value) {
+    DEV(d); (void)counter; return value ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t d, nvmlDriverModel_t *cur, nvmlDriverModel_t *pending) {
+    DEV(d); (void)cur; (void)pending; return NVML_ERROR_NOT_SUPPORTED; /* Windows only */
+}
+static nvmlReturn_t state(nvmlDevice_t d, nvmlEnableState_t *v, nvmlEnableState_t value) {
+    DEV(d);
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *v = value;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t d, nvmlEnableState_t *v) { return state(d, v, NVML_FEATURE_DISABLED); }
+nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t d, nvmlEnableState_t *v) { return state(d, v, NVML_FEATURE_DISABLED); }
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, nvmlEnableState_t *v) { return state(d, v, NVML_FEATURE_ENABLED); }
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, nvmlComputeMode_t *mode) {
+    DEV(d);
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = NVML_COMPUTEMODE_DEFAULT;
+    return NVML_SUCCESS;
+}
+static nvmlReturn_t codec(nvmlDevice_t d, unsigned int *util, unsigned int *period) {
+    DEV(d);
+    if (!util || !period) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *util = 0; /* a bundle replays no video work */
+    *period = 167000;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t d, unsigned int *u, unsigned int *p) { return codec(d, u, p); }
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t d, unsigned int *u, unsigned int *p) { return codec(d, u, p); }
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
+    DEV(d);
+    if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct nvmlDevice_st *g = d->is_mig ? &gpus[d->parent] : d;
+    if (!g->cc_major) return NVML_ERROR_NOT_SUPPORTED;
+    *major = g->cc_major;
+    *minor = g->cc_minor;
+    return NVML_SUCCESS;
+}
+
 /* -- health: ECC, row remapping, retired pages, clock events ------------------------------------ */
 
 nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t d, nvmlEnableState_t *cur, nvmlEnableState_t *pending) {
@@ -1016,7 +1081,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
     DEV(d);
     if (!n) return NVML_ERROR_INVALID_ARGUMENT;
     const struct state *st = now_state();
-    unsigned long long stamp = (unsigned long long)(st->at * 1e6);
+    /* NVML keeps sampling: the newest sample of a process in the step was taken a moment ago */
+    unsigned long long stamp = (unsigned long long)(replay_now() * 1e6) - 1000;
+    if (st == &base) return NVML_ERROR_NOT_FOUND;
     unsigned have = 0, room = *n;
     for (int i = 0; i < st->nprocs; i++)
         have += (unsigned)(on_device(&st->procs[i], d) && st->procs[i].sm >= 0 && stamp > last);

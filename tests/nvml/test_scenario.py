@@ -9,40 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-from tests.nvml.conftest import LiveNode, MakeLiveNode
+from tests.nvml.conftest import LATER, LiveNode, MakeLiveNode, scenario_bundle
 
 from gpuslurm.hw.bundle import read_bundle
 
 L40S = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x"
-A100 = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "a100-mig"
-LATER = 600  # seconds between the two steps
-
-
-def _scenario_bundle(tmp_path: Path, source: Path = L40S) -> Path:
-    bundle = tmp_path / source.name
-    shutil.copytree(source, bundle)
-    gpus = read_bundle(bundle).gpus
-    plain = [g.uuid for g in gpus if not g.mig_mode]  # in MIG mode processes run on MIG devices
-    g0, g1 = plain[0], plain[1 % len(plain)]
-    mig = next((m.uuid for g in gpus for m in g.mig_devices if m.uuid), None)
-    first: dict[str, Any] = {
-        "at": 0, "gpus": {g0: {"util": 90, "mem_mib": 30000, "power_w": 300, "temp_c": 61}},
-        "procs": [{"pid": os.getpid(), "gpu": g0, "mem_mib": 5000, "sm": 80},
-                  {"pid": 1, "gpu": g1, "mem_mib": 700}]}
-    if mig is not None:  # no "sm": NVML has no per-process utilisation on a MIG device
-        first["procs"].append({"pid": os.getppid(), "gpu": mig, "mem_mib": 1234})
-    second: dict[str, Any] = {"at": LATER, "gpus": {g1: {"util": 50, "temp_c": 45}},
-                              "procs": [{"pid": 1, "gpu": g1, "mem_mib": 2500, "sm": 55}]}
-    if len(gpus) > 2:
-        second["gpus"][gpus[2].uuid] = {"lost": True}
-    # the first step began 30 s ago, the second begins in ten minutes
-    (bundle / "scenario.json").write_text(json.dumps({"start": time.time() - 30, "steps": [first, second]}))
-    return bundle
+A100 = L40S.parent / "a100-mig"
 
 
 def _cycle(node: LiveNode, tmp_path: Path, shift: float, name: str) -> dict[str, Any]:
@@ -63,7 +38,7 @@ def _procs(cycle: dict[str, Any]) -> list[tuple[Any, ...]]:
 
 
 def test_two_cycles_see_two_steps(live_node: MakeLiveNode, tmp_path: Path) -> None:
-    bundle = _scenario_bundle(tmp_path)
+    bundle = scenario_bundle(tmp_path, L40S)
     node = live_node(bundle)
     now = _cycle(node, tmp_path, 0, "now")
     later = _cycle(node, tmp_path, LATER, "later")
@@ -78,7 +53,7 @@ def test_two_cycles_see_two_steps(live_node: MakeLiveNode, tmp_path: Path) -> No
 
 def test_live_and_replayed_cycles_agree(live_node: MakeLiveNode, tmp_path: Path) -> None:
     for source in (L40S, A100):
-        bundle = _scenario_bundle(tmp_path, source)
+        bundle = scenario_bundle(tmp_path, source)
         node = live_node(bundle)
         live = _cycle(node, tmp_path, 0, f"live-{source.name}")
         done = node.run("monitor", "--once", "--json", "--db", str(tmp_path / f"ref-{source.name}.db"),
@@ -89,7 +64,7 @@ def test_live_and_replayed_cycles_agree(live_node: MakeLiveNode, tmp_path: Path)
 
 
 def test_status_live_and_replayed_agree(live_node: MakeLiveNode, tmp_path: Path) -> None:
-    bundle = _scenario_bundle(tmp_path)
+    bundle = scenario_bundle(tmp_path, L40S)
     node = live_node(bundle)
     keys = ("uuid", "util_pct", "mem_used_mib", "mem_total_mib", "temp_c", "power_w")
     live = json.loads(node.run("status", "--json").stdout)
