@@ -105,3 +105,25 @@ def test_memory_before_r510_is_v1(live_node: MakeLiveNode) -> None:
     node = live_node(BUILTIN / "l40s-4x", driver_version="470.82.01", processes={0: [(4242, 1000)]},
                      reserved_mib={0: 512})
     assert json.loads(node.python(MEMORY)) == {"v1": 1512, "v2": None, "gpuslurm": 1512.0}
+
+
+LOST_READ = """
+import json
+from gpuslurm.hw.nvml import NvmlBackend
+from gpuslurm.hw.nvml_sampler import NvmlSampler
+node = NvmlBackend().read_node("n")
+r = NvmlSampler().read()
+print(json.dumps({"gpus": [g.index for g in node.gpus], "warnings": list(node.warnings),
+                  "sampled": [d.gpu_uuid for d in r.devices], "problems": [p[:2] for p in r.problems]}))
+"""
+
+
+def test_a_lost_gpu_is_left_out_and_the_others_are_read(live_node: MakeLiveNode, tmp_path: Path) -> None:
+    bundle = _bundle(tmp_path, "dgx-h100", [{}, {}, {"lost": True}])
+    gpus = read_bundle(bundle).gpus
+    got = json.loads(live_node(bundle).python(LOST_READ))
+    assert got["gpus"] == [0, 1, 3, 4, 5, 6, 7]
+    lost = [w for w in got["warnings"] if "affinity" not in w]  # affinity: this machine's CPUs
+    assert len(lost) == 1 and "GPU 2" in lost[0] and "lost" in lost[0]
+    assert got["sampled"] == [g.uuid for g in gpus if g.index != 2]
+    assert got["problems"] == [["gpu-lost", "index 2"]]
