@@ -159,7 +159,7 @@ def driver_lacks(version: str | None) -> frozenset[str]:
 
 class MakeLiveNode(Protocol):
     def __call__(self, bundle: Path, *, driver_version: str | None = None, privileged: bool = True,
-                 processes: dict[int, list[tuple[int, int]]] | None = None,
+                 processes: dict[int, list[tuple[int, int | None]]] | None = None,
                  reserved_mib: dict[int, int] | None = None) -> LiveNode: ...
 
 
@@ -171,11 +171,14 @@ def live_node(replay_lib: ReplayLib, tmp_path: Path) -> MakeLiveNode:
     ``--from``) are served too, so live and replayed runs see the same node.
     """
     def make(bundle: Path, *, driver_version: str | None = None, privileged: bool = True,
-             processes: dict[int, list[tuple[int, int]]] | None = None,
+             processes: dict[int, list[tuple[int, int | None]]] | None = None,
              reserved_mib: dict[int, int] | None = None) -> LiveNode:
         model = read_bundle(bundle)
         version = driver_version or model.driver_version
         health = read_scenario(bundle / "health.json", [g.uuid for g in model.gpus])
+        if processes is None:  # health.json's processes are what NVML lists at the time
+            processes = {g.index: [(p.pid, p.used_mib) for p in health[g.uuid].processes or ()]
+                         for g in model.gpus}
         scenario, start = None, 0.0
         found = scenario_path(bundle)
         if found is not None:

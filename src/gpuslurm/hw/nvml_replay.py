@@ -28,7 +28,7 @@ MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
 
 
 def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bool = True,
-                processes: Mapping[int, list[tuple[int, int]]] | None = None,
+                processes: Mapping[int, list[tuple[int, int | None]]] | None = None,
                 health: Mapping[str, GpuHealth] | None = None, reserved_mib: Mapping[int, int] | None = None,
                 scenario: Scenario | None = None, start: float = 0.0) -> dict[str, Any]:
     """The model as nvml.json with an added ``"replay"`` section for the C library.
@@ -36,7 +36,7 @@ def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bo
     ``driver_version`` replaces the node's (the library's struct layouts and entry points follow
     it); ``privileged=False`` makes GPU/compute-instance lookups answer NO_PERMISSION, as NVML
     does for a user who is not root; ``processes`` maps a GPU index to the compute processes it
-    has before any scenario step, as (pid, used MiB); ``health`` gives each GPU's facts by UUID
+    has before any scenario step, as (pid, used MiB or None); ``health`` gives each GPU's facts by UUID
     (:func:`gpuslurm.hw.health.read_scenario`); ``reserved_mib`` the driver's reserved memory
     per GPU index (memory v1's "used" includes it, v2's does not); ``scenario`` its steps, the
     first beginning at ``start`` (Unix seconds).
