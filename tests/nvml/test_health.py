@@ -21,12 +21,11 @@ BUILTIN = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin"
 FACTS: list[dict[str, Any]] = [
     {"temperature_c": 95, "ecc_uncorrectable": 3, "remap_pending": True, "remap_failed": False,
      "memory_used_mib": 2048},
-    {"temperature_c": 40, "ecc_uncorrectable": 0, "retired_pages_pending": True},
+    {"temperature_c": 40, "ecc_uncorrectable": 0, "retired_pages_pending": True,
+     "clock_events": ["gpu_idle", "hw_thermal"]},
     {"remap_pending": False, "remap_failed": True, "ecc_uncorrectable": 0},
     {"lost": True},
 ]
-FIELDS = ("lost", "temperature_c", "ecc_uncorrectable", "retired_pages_pending", "remap_pending",
-          "remap_failed", "memory_used_mib")
 READ = """
 import json, sys
 from gpuslurm.hw.bundle import read_bundle
@@ -57,7 +56,7 @@ def test_health_reader_sees_the_bundles_facts(name: str, live_node: MakeLiveNode
     gpus = read_bundle(bundle).gpus
     replayed = read_scenario(bundle / "health.json", [g.uuid for g in gpus])
     for gpu, facts in zip(gpus, FACTS, strict=False):
-        want = replayed[gpu.uuid]._asdict()
+        want = json.loads(json.dumps(replayed[gpu.uuid]._asdict()))  # tuples as JSON lists
         assert {k: live[gpu.uuid][k] for k in facts} == {k: want[k] for k in facts}, gpu.index
     assert live[gpus[3].uuid]["lost"] is True
     # a GPU without facts: nothing unsupported is made up
@@ -76,8 +75,10 @@ def test_status_shows_the_same_faults(live_node: MakeLiveNode, tmp_path: Path) -
     live = json.loads(node.run("status", "--json").stdout)
     replayed = json.loads(node.run("status", "--json", "--from", str(bundle)).stdout)
     assert _faults(live) == _faults(replayed)
-    found = _faults(live)[read_bundle(bundle).gpus[0].uuid][1]
+    gpus = read_bundle(bundle).gpus
+    found = _faults(live)[gpus[0].uuid][1]
     assert any("ECC" in f for f in found) and any("remap" in f for f in found), found
+    assert _faults(live)[gpus[1].uuid][1][-1] == "clocks slowed: hw_thermal"
 
 
 MEMORY = """

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from gpuslurm.hw.health import GpuHealth
+from gpuslurm.hw.health import CLOCK_EVENTS, GpuHealth
 from gpuslurm.hw.model import LinkKind, Node
 from gpuslurm.hw.nvml_json import node_to_dict
 from gpuslurm.hw.scenario import Scenario, readings
@@ -85,6 +85,8 @@ def _health(fact: GpuHealth | None, reserved: int | None) -> dict[str, Any]:
     out.update(temperature_c=fact.temperature_c, ecc_uncorrectable=fact.ecc_uncorrectable,
                retired_pages_pending=fact.retired_pages_pending, memory_used_mib=fact.memory_used_mib,
                lost=fact.lost)
+    if fact.clock_events is not None:
+        out["clock_event_reasons"] = sum(CLOCK_EVENTS[name] for name in set(fact.clock_events))
     if fact.remap_pending is not None or fact.remap_failed is not None:
         out.update(remap_pending=bool(fact.remap_pending), remap_failed=bool(fact.remap_failed))
     return out
