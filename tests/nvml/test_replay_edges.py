@@ -32,7 +32,27 @@ BAD: list[tuple[str, Callable[[dict], object], str]] = [
     ("index not position", lambda d: {**d, "gpus": [{**d["gpus"][0], "index": 3}, *d["gpus"][1:]]},
      "not its position"),
     ("lists of unequal length", lambda d: {**d, "gpus": d["gpus"][:2]}, "equal length"),
+    ("driver version not a version", lambda d: {**d, "driver_version": "beta"}, "not <major>.<minor>"),
+    ("steps out of order", lambda d: _replay(d, steps=[{"at": 10}, {"at": 5}]), "time order"),
+    ("step without a time", lambda d: _replay(d, steps=[{"devices": []}]), "needs \"at\""),
+    ("process on no GPU", lambda d: _replay(d, processes=[{"gpu": 99, "mig": -1, "pid": 5}]), "process 0"),
+    ("process on a MIG device that is not there",
+     lambda d: _replay(d, processes=[{"gpu": 0, "mig": 3, "pid": 5}]), "has no MIG device 3"),
+    ("health flag not a boolean", lambda d: _health(d, {"lost": 1}), "not true or false"),
+    ("temperature out of range", lambda d: _health(d, {"temperature_c": 1e9}), "health number"),
+    ("half of the row remapping", lambda d: _health(d, {"remap_pending": True}), "go together"),
+    ("privileged not a boolean", lambda d: _replay(d, privileged="yes"), "privileged"),
 ]
+
+
+def _replay(d: dict, **changes: object) -> dict:
+    return {**d, "replay": {**d["replay"], **changes}}
+
+
+def _health(d: dict, facts: dict) -> dict:
+    gpus = [dict(g) for g in d["replay"]["gpus"]]
+    gpus[0]["health"] = facts
+    return _replay(d, gpus=gpus)
 
 
 @pytest.mark.parametrize(("case", "mutate", "message"), BAD, ids=[b[0] for b in BAD])
@@ -68,3 +88,10 @@ def test_capture_round_trip(live_node: MakeLiveNode, tmp_path: Path) -> None:
     again = node_to_dict(back)
     assert again["gpus"] == live["gpus"]
     assert again["links"] == live["links"]
+
+
+def test_a_clock_shift_that_is_not_a_number_fails_init(live_node: MakeLiveNode) -> None:
+    node, _ = _good(live_node)
+    done = node.run("discover", check=False, extra_env={"GPUSLURM_NVML_REPLAY_CLOCK": "soon"})
+    assert done.returncode > 0
+    assert "GPUSLURM_NVML_REPLAY_CLOCK=soon is not a number" in node.log.read_text()
