@@ -46,13 +46,18 @@ def exported_symbols() -> list[str]:
     return sorted(set(re.findall(r"^(?:nvmlReturn_t|const char \*)\s*(nvml\w+)\(", SOURCE.read_text(), re.M)))
 
 
-def _build(gcc: str, include: Path, out: Path, hidden: frozenset[str] = frozenset()) -> Path:
+SANITIZE = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+
+
+def _build(gcc: str, include: Path, out: Path, hidden: frozenset[str] = frozenset(),
+           sanitize: bool = False) -> Path:
     """Compile into ``out``; symbols in ``hidden`` are left out of the dynamic symbol table."""
     out.mkdir(parents=True, exist_ok=True)
     script = out / "symbols.map"
     exported = [s for s in exported_symbols() if s not in hidden]
     script.write_text("{\n  global:\n" + "".join(f"    {s};\n" for s in exported) + "  local: *;\n};\n")
     cmd = [gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-fPIC", "-shared",
+           *(SANITIZE if sanitize else []),
            f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson", "-lm",
            "-Wl,-soname,libnvidia-ml.so.1", f"-Wl,--version-script={script}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
@@ -67,23 +72,35 @@ class ReplayLib:
     gcc: str = "gcc"
     include: Path = Path()
     hidden: frozenset[str] = frozenset()
+    asan: str | None = None  # the libasan to preload: a build with AddressSanitizer and UBSan
+
+    def _variant(self, hidden: frozenset[str], asan: str | None) -> ReplayLib:
+        tag = hashlib.sha256((",".join(sorted(hidden)) + f"|{bool(asan)}").encode()).hexdigest()[:12]
+        out = self.directory.parent / f"{self.directory.name.split('-v-')[0]}-v-{tag}"
+        if not (out / "libnvidia-ml.so.1").exists():
+            _build(self.gcc, self.include, out, hidden, sanitize=asan is not None)
+        return ReplayLib(out, self.gcc, self.include, hidden, asan)
 
     def without(self, *symbols: str) -> ReplayLib:
         """This library lacking ``symbols`` as well (pynvml: FUNCTION_NOT_FOUND); built once."""
         hidden = self.hidden | frozenset(symbols)
-        if hidden == self.hidden:
-            return self
-        tag = hashlib.sha256(",".join(sorted(hidden)).encode()).hexdigest()[:12]
-        out = self.directory.parent / f"{self.directory.name.split('-without-')[0]}-without-{tag}"
-        if not (out / "libnvidia-ml.so.1").exists():
-            _build(self.gcc, self.include, out, hidden)
-        return ReplayLib(out, self.gcc, self.include, hidden)
+        return self if hidden == self.hidden else self._variant(hidden, self.asan)
+
+    def sanitized(self) -> ReplayLib:
+        """This library built with AddressSanitizer and UBSan (a memory error aborts the process)."""
+        found = subprocess.run([self.gcc, "-print-file-name=libasan.so"], capture_output=True, text=True,
+                               check=False).stdout.strip()
+        if not found or not Path(found).is_file():
+            _unavailable("gcc's libasan is not installed")
+        return self if self.asan else self._variant(self.hidden, str(Path(found).resolve()))
 
     def env(self, nvml_json: Path, log: Path) -> dict[str, str]:
         env = dict(os.environ)
         env.update(LD_LIBRARY_PATH=str(self.directory), GPUSLURM_NVML_REPLAY=str(nvml_json),
                    GPUSLURM_NVML_REPLAY_LOG=str(log))
         env.pop("GPUSLURM_CAPTURE", None)
+        if self.asan:
+            env.update(LD_PRELOAD=self.asan, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
         return env
 
 

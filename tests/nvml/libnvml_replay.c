@@ -108,6 +108,7 @@ static int attach_instances(struct nvmlDevice_st *g, struct nvmlDevice_st *d) {
     int p, k;
     for (p = 0; p < g->nprofiles && strcmp(g->gi_profiles[p].name, gi_name) != 0; p++) {}
     if (p == g->nprofiles) {
+        NEED(p < MAX_MIG, "GPU %d: more than %d MIG profiles", g->index, MAX_MIG);
         struct gi_profile *prof = &g->gi_profiles[p];
         int index = SLICE_PROFILE[d->gi_slices], taken;
         if (strstr(gi_name, "+me") || index < 0) index = 7; /* the *_REV1 and later profiles */

@@ -1,7 +1,7 @@
 """Hostile nvml.json: one field of a full dump (MIG, health, processes, a scenario) replaced by
-anything. The library must refuse it at nvmlInit with a logged reason or serve it; neither it
-nor gpuslurm reading every GPU, sample and health fact through it may crash or raise anything
-but gpuslurm's own errors."""
+anything. The library (built with AddressSanitizer and UBSan, so a memory error aborts) must
+refuse it at nvmlInit with a logged reason or serve it; neither it nor gpuslurm reading every
+GPU, sample and health fact through it may crash or raise anything but gpuslurm's own errors."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ ANY = st.recursive(
 
 
 def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: Path) -> None:
-    node = live_node(scenario_bundle(tmp_path, A100), processes={1: [(1, 100)]}, reserved_mib={1: 300})
+    plain = live_node(scenario_bundle(tmp_path, A100), processes={1: [(1, 100)]}, reserved_mib={1: 300})
+    node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log)
     doc = json.loads(node.nvml_json.read_text())
     paths = _paths(doc)
 
