@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,11 +27,11 @@ BUNDLES = sorted(p for p in BUILTIN.iterdir() if p.is_dir())
 HOST_FIELDS = {"numa_node", "slurm_cores", "os_cpus", "cpu_affinity", "gi_minor", "ci_minor"}
 
 
-def _strip(value: Any) -> Any:
+def _strip(value: Any, fields: set[str] = HOST_FIELDS) -> Any:
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in HOST_FIELDS}
+        return {k: _strip(v, fields) for k, v in value.items() if k not in fields}
     if isinstance(value, list):
-        return [_strip(v) for v in value]
+        return [_strip(v, fields) for v in value]
     return value
 
 
@@ -78,14 +79,29 @@ def _mig(bundle: Path) -> bool:
     return any(g.mig_mode for g in read_bundle(bundle).gpus)
 
 
+BACKEND_WITH_PROC = """
+import json, sys
+from pathlib import Path
+from gpuslurm.hw.nvml import NvmlBackend
+from gpuslurm.hw.nvml_json import node_to_dict
+print(json.dumps(node_to_dict(NvmlBackend(proc_root=Path(sys.argv[1])).read_node())))
+"""
+
+
 @pytest.mark.parametrize("bundle", _params())
-def test_backend_reads_the_bundle(bundle: Path, live_node: MakeLiveNode) -> None:
+def test_backend_reads_the_bundle(bundle: Path, live_node: MakeLiveNode, tmp_path: Path) -> None:
     _loadable(bundle)
     node = live_node(bundle)
-    live = json.loads(node.python(NODE_DUMP))
+    # the bundle's /proc/driver/nvidia-caps/mig-minors as the backend's /proc: MIG minors compared too
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    if (bundle / "mig-minors").exists():
+        shutil.copy(bundle / "mig-minors", proc / "driver" / "nvidia-caps" / "mig-minors")
+    live = json.loads(node.python(BACKEND_WITH_PROC.replace("sys.argv[1]", repr(str(proc)))))
     from gpuslurm.hw.nvml_json import node_to_dict
     ref = node_to_dict(read_bundle(bundle))
-    assert _strip(live["gpus"]) == _strip(ref["gpus"])
+    kept = HOST_FIELDS - {"gi_minor", "ci_minor"}
+    assert _strip(live["gpus"], kept) == _strip(ref["gpus"], kept)
     assert live["driver_version"] == ref["driver_version"]
     assert live["cuda_version"] == ref["cuda_version"]
     if not _mig(bundle):  # NVML does not answer NVLink queries in MIG mode
