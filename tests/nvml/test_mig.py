@@ -106,3 +106,20 @@ def test_a_user_gets_the_plain_name_when_two_profiles_fit(live_node: MakeLiveNod
     bundle = _with_media_profile(tmp_path)
     node = live_node(bundle, privileged=False)
     assert _profiles(node.python(NODE_DUMP))[0][2:] == ["1g.10gb", "1g.10gb"]
+
+
+CC = """
+import json
+from gpuslurm.hw.nvml import compute_capabilities
+print(json.dumps(compute_capabilities()))
+"""
+
+
+def test_compute_capabilities_through_nvml(live_node: MakeLiveNode) -> None:
+    """nvml.json's compute capabilities, served by nvmlDeviceGetCudaComputeCapability; a GPU
+    without one answers NOT_SUPPORTED and is left out (pick falls back to its model table)."""
+    node = live_node(A100)
+    doc = json.loads(node.nvml_json.read_text())
+    doc["gpus"][1]["compute_capability"] = "8.0"
+    node.nvml_json.write_text(json.dumps(doc))
+    assert json.loads(node.python(CC)) == {doc["gpus"][1]["uuid"]: [8, 0]}
