@@ -70,3 +70,37 @@ def test_pynvml_itself_misreads_the_r535_layout(live_node: MakeLiveNode) -> None
     assert [pid for pid, _ in got] != [4242, 4343, 4444]
     node = live_node(L40S, driver_version="590.48.01", processes=PROCS)
     assert json.loads(node.python(PYNVML)) == [[4242, 1000 << 20], [4343, 2000 << 20], [4444, 3000 << 20]]
+
+
+WRONG_LAYOUT = """
+import json
+from gpuslurm.hw import nvml_lib
+# the deliberate mistake: always nvidia-ml-py's 24-byte struct behind _v3
+nvml_lib.NvmlLibrary._processes_abi = lambda self: ("_v3", nvml_lib._ProcessInfo)
+from gpuslurm.hw.nvml_sampler import NvmlSampler
+r = NvmlSampler().read()
+print(json.dumps(sorted([p.gpu_uuid, p.pid, p.mem_mib] for p in r.processes)))
+"""
+
+
+def test_reading_the_wrong_layout_is_caught(live_node: MakeLiveNode) -> None:
+    """The tests above can fail: a backend reading R535's list with the 24-byte stride misreads it."""
+    node = live_node(L40S, driver_version="535.54.03", processes=PROCS)
+    assert json.loads(node.python(WRONG_LAYOUT)) != _want(float)
+
+
+def test_pynvml_itself_finds_no_v3_after_535_98(live_node: MakeLiveNode) -> None:
+    """nvidia-ml-py's unversioned process query is _v3 only: on 535.98 to R549 it raises an
+    exception that is not even an NVMLError (gpuslurm reads _v2 there, and would call it
+    not supported)."""
+    node = live_node(L40S, driver_version="535.161.08", processes=PROCS)
+    probe = node.python("import pynvml as n\nn.nvmlInit()\ntry:\n"
+                        " n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(0))\n"
+                        "except Exception as e:\n print(type(e).__name__, isinstance(e, n.NVMLError))\n")
+    assert probe.strip() == "NVMLLibraryMismatchError False"
+    probe = node.python("from gpuslurm.errors import NotSupported\n"
+                        "from gpuslurm.hw.nvml_lib import NvmlLibrary\n"
+                        "lib = NvmlLibrary()\nh = lib.call('nvmlDeviceGetHandleByIndex', 0)\ntry:\n"
+                        " lib.call('nvmlDeviceGetComputeRunningProcesses', h)\nexcept NotSupported as e:\n"
+                        " print('not supported')\n")
+    assert probe.strip() == "not supported"

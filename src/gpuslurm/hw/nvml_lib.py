@@ -127,6 +127,9 @@ class NvmlLibrary:
             if exc.value in allow:
                 return None
             raise _error(name, exc.value, str(exc), gpu) from None
+        except getattr(nvml, "NVMLLibraryMismatchError", nvml.NVMLError) as exc:
+            # nvidia-ml-py 13's unversioned process queries on a driver without their _v3
+            raise NotSupported(f"NVML {name} is not in this driver: {exc}") from None
 
     def optional(self, name: str, *args: Any, gpu: int | None = None) -> Any:
         """:meth:`call`, with None where the driver does not support it."""
