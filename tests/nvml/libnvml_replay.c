@@ -207,10 +207,24 @@ static int load_procs(const cJSON *list, struct state *st, const char *where) {
         p->pid = (unsigned)pid;
         p->used_mib = used;
         p->sm = (int)sm;
+        int on_gpu = 0;
+        for (int k = 0; k <= n; k++) on_gpu += st->procs[k].gpu == p->gpu;
+        NEED(on_gpu <= MAX_PROCS, "%s: more than %d processes on GPU %d", where, MAX_PROCS, p->gpu);
         n++;
     }
     st->nprocs = n;
     return 0;
+}
+
+/* a second nvmlInit after nvmlShutdown reads the file again */
+static void free_state(void) {
+    for (int k = 0; k < nsteps; k++) { free(steps[k].dev); free(steps[k].procs); }
+    free(steps);
+    free(base.dev);
+    free(base.procs);
+    steps = NULL;
+    nsteps = 0;
+    memset(&base, 0, sizeof base);
 }
 
 static int load_steps(const cJSON *list) {
@@ -218,10 +232,11 @@ static int load_steps(const cJSON *list) {
     char where[48];
     int k = 0;
     NEED(!list || cJSON_IsArray(list), "replay.steps must be a list");
-    nsteps = list ? cJSON_GetArraySize(list) : 0;
-    NEED(nsteps <= MAX_STEPS, "replay.steps: more than %d steps", MAX_STEPS);
-    steps = calloc((size_t)(nsteps ? nsteps : 1), sizeof *steps);
+    int count = list ? cJSON_GetArraySize(list) : 0;
+    NEED(count <= MAX_STEPS, "replay.steps: more than %d steps", MAX_STEPS);
+    steps = calloc((size_t)(count ? count : 1), sizeof *steps);
     NEED(steps, "out of memory");
+    nsteps = count;
     cJSON_ArrayForEach(s, list) {
         struct state *st = &steps[k];
         snprintf(where, sizeof where, "replay.steps[%d]", k);
@@ -396,6 +411,7 @@ static int load(void) {
     char *text;
     cJSON *root, *list, *replay, *rg, *v;
     int pos = 0, rc = -1;
+    free_state();
     NEED(path, "GPUSLURM_NVML_REPLAY is not set");
     f = fopen(path, "rb");
     NEED(f, "cannot open %s", path);

@@ -97,3 +97,22 @@ def test_a_clock_shift_that_is_not_a_number_fails_init(live_node: MakeLiveNode) 
     done = node.run("discover", check=False, extra_env={"GPUSLURM_NVML_REPLAY_CLOCK": "soon"})
     assert done.returncode > 0
     assert "GPUSLURM_NVML_REPLAY_CLOCK=soon is not a number" in node.log.read_text()
+
+
+REINIT = """
+import pynvml as n
+n.nvmlInit()
+first = n.nvmlDeviceGetCount()
+n.nvmlShutdown()
+open({path!r}, "w").write("{{")
+try:
+    n.nvmlInit()
+except n.NVMLError as e:
+    print(first, "refused", e.value)
+"""
+
+
+def test_init_again_after_shutdown_reads_the_file_again(live_node: MakeLiveNode) -> None:
+    node, _ = _good(live_node)
+    assert node.python(REINIT.format(path=str(node.nvml_json))).split() == ["8", "refused", "999"]
+    assert "not valid JSON" in node.log.read_text()
