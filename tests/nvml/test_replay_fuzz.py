@@ -58,7 +58,9 @@ def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: P
     plain = live_node(scenario_bundle(tmp_path, A100), processes={1: [(1, 100)]}, reserved_mib={1: 300})
     node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log)
     doc = json.loads(node.nvml_json.read_text())
-    paths = _paths(doc)
+    # the parts the library reads (the rest of the model is gpuslurm's own, read in Python)
+    paths = [p for p in _paths(doc) if not p or p[0] in ("replay", "gpus", "driver_version", "cuda_version",
+                                                          "format")]
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(path=st.sampled_from(paths), new=ANY)
