@@ -174,5 +174,11 @@ def test_status_json(bundle: Path, live_node: MakeLiveNode) -> None:
 def test_monitor_once(bundle: Path, live_node: MakeLiveNode, tmp_path: Path) -> None:
     _loadable(bundle)
     node = live_node(bundle)
-    done = node.run("monitor", "--once", check=False)
+    done = node.run("monitor", "--once", "--json", "--db", str(tmp_path / "live.db"), check=False)
     assert done.returncode == 0, done.stderr + (node.log.read_text() if node.log.exists() else "")
+    replayed = node.run("monitor", "--once", "--json", "--db", str(tmp_path / "ref.db"),
+                        "--from", str(bundle))
+
+    def devices(text: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in g.items() if k != "ts"} for g in json.loads(text.splitlines()[0])["gpus"]]
+    assert devices(done.stdout) == devices(replayed.stdout)
