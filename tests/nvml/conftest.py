@@ -225,8 +225,8 @@ def scenario_bundle(tmp_path: Path, source: Path) -> Path:
         "at": 0, "gpus": {g0: {"util": 90, "mem_mib": 30000, "power_w": 300, "temp_c": 61}},
         "procs": [{"pid": os.getpid(), "gpu": g0, "mem_mib": 5000, "sm": 80},
                   {"pid": 1, "gpu": g1, "mem_mib": 700}]}
-    if mig is not None:  # no "sm": NVML has no per-process utilisation on a MIG device
-        first["procs"].append({"pid": os.getppid(), "gpu": mig, "mem_mib": 1234})
+    if mig is not None:  # its "sm" is not reported: NVML has none on a GPU in MIG mode
+        first["procs"].append({"pid": os.getppid(), "gpu": mig, "mem_mib": 1234, "sm": 40})
     second: dict[str, Any] = {"at": LATER, "gpus": {g1: {"util": 50, "temp_c": 45}},
                               "procs": [{"pid": 1, "gpu": g1, "mem_mib": 2500, "sm": 55}]}
     if len(gpus) > 2:

@@ -855,7 +855,7 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b,
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     DEV(d);
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
-    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (d->is_mig || d->mig_mode == 1) return NVML_ERROR_NOT_SUPPORTED; /* no utilisation in MIG mode */
     double util = dev_now(now_state(), d)->util;
     u->gpu = util < 0 ? 0 : (unsigned)lround(util);
     u->memory = 0;
@@ -1097,6 +1097,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
                                              unsigned long long last) {
     DEV(d);
     if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->mig_mode == 1) return NVML_ERROR_NOT_SUPPORTED; /* not on MIG-enabled GPUs */
     const struct state *st = now_state();
     /* NVML keeps sampling: the newest sample of a process in the step was taken a moment ago */
     unsigned long long stamp = (unsigned long long)(replay_now() * 1e6) - 1000;

@@ -61,6 +61,10 @@ def test_live_and_replayed_cycles_agree(live_node: MakeLiveNode, tmp_path: Path)
         replayed = json.loads(done.stdout.splitlines()[0])
         assert _devices(live) == _devices(replayed), source.name
         assert _procs(live) == _procs(replayed), source.name
+    # in MIG mode NVML has no utilisation, whole or per process: unknown, not 0 %
+    mig_gpu = next(g.uuid for g in read_bundle(A100).gpus if g.mig_mode)
+    assert [d[2] for d in _devices(live) if d[0] == mig_gpu] == [None] * 5
+    assert [p[4] for p in _procs(live) if p[1] == mig_gpu] == [None]
 
 
 def test_status_live_and_replayed_agree(live_node: MakeLiveNode, tmp_path: Path) -> None:

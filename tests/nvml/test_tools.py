@@ -7,7 +7,8 @@ created once with pip and cached under ``$GPUSLURM_TEST_CACHE`` (default
 
 "Used" memory is NVML's memory info v2 figure (the driver's reservation left out), which all
 three read where the driver has it; processes are compared per physical GPU (a MIG-mode GPU's
-own handle lists its MIG devices' processes, NVML's aggregate view).
+own handle lists its MIG devices' processes, NVML's aggregate view); a GPU in MIG mode has no
+utilisation (NVML: not supported), which all three show as unknown.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from nvitop import Device
 out = []
 for d in Device.all():
     out.append({"uuid": d.uuid(), "name": d.name(), "used": d.memory_used() >> 20,
-                "total": d.memory_total() >> 20, "util": d.gpu_utilization(),
+                "total": d.memory_total() >> 20,
+                "util": d.gpu_utilization() if isinstance(d.gpu_utilization(), int) else None,
                 "procs": sorted([pid, p.gpu_memory() >> 20] for pid, p in d.processes().items())})
 print(json.dumps(out))
 """
@@ -74,7 +76,8 @@ def _gpuslurm(node: LiveNode) -> list[dict[str, Any]]:
     for p in status["processes"]:
         procs[physical[p["gpu"].split(".")[0]]].append([p["pid"], int(p["mem_mib"])])
     return [{"uuid": g["uuid"], "name": g["model"], "used": int(g["mem_used_mib"]),
-             "total": int(g["mem_total_mib"]), "util": int(g["util_pct"]), "procs": sorted(procs[g["uuid"]])}
+             "total": int(g["mem_total_mib"]), "util": None if g["util_pct"] is None else int(g["util_pct"]),
+             "procs": sorted(procs[g["uuid"]])}
             for g in status["gpus"] if "." not in g["label"]]
 
 
