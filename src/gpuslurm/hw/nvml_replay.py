@@ -115,6 +115,11 @@ def _steps(node: Node, scenario: Scenario, start: float) -> list[dict[str, Any]]
     return steps
 
 
-def dump_replay(node: Node, **options: Any) -> str:
-    """:func:`replay_dict` (same options) as the text of an nvml.json."""
-    return json.dumps(replay_dict(node, **options), indent=1) + "\n"
+def dump_replay(node: Node, *, driver_version: str | None = None, privileged: bool = True,
+                processes: Mapping[int, list[tuple[int, int | None]]] | None = None,
+                health: Mapping[str, GpuHealth] | None = None, reserved_mib: Mapping[int, int] | None = None,
+                scenario: Scenario | None = None, start: float = 0.0) -> str:
+    """:func:`replay_dict` as the text of an nvml.json."""
+    return json.dumps(replay_dict(node, driver_version=driver_version, privileged=privileged,
+                                  processes=processes, health=health, reserved_mib=reserved_mib,
+                                  scenario=scenario, start=start), indent=1) + "\n"
