@@ -1,7 +1,7 @@
 """The hooks on a "live" node: prolog and epilog through the real pynvml and the replay library
 give the same answers (exit code, job map, scontrol calls) as replaying the bundle
 (``GPUSLURM_CAPTURE``). slurmd would not pass ``LD_LIBRARY_PATH``, so the hooks are run directly
-(``python -m gpuslurm.hooks``) with the library's environment.
+(``python -m gpuslurm.slurm``) with the library's environment.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Node:
             node = self.make(self.site.bundle)
             del env["GPUSLURM_CAPTURE"]
             env = {**node.lib.env(node.nvml_json, node.log), **env}
-        done = subprocess.run([sys.executable, "-m", "gpuslurm.hooks", name], env=env, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "gpuslurm.slurm", name], env=env, capture_output=True,
                               text=True, timeout=120, check=False, cwd="/")
         self.stderr = done.stderr
         return done.returncode
