@@ -126,12 +126,6 @@ class HealthyFake(fp.FakeNvml):
         gpu = self._gpu("nvmlDeviceGetRemappedRows", handle)
         return (0, 0, int(gpu.get("remap_pending", 0)), 0)
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: fp.Handle) -> int:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
-        if "throttle" not in gpu:
-            raise fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED)
-        return int(gpu["throttle"])
-
     def nvmlDeviceGetComputeRunningProcesses(self, handle: fp.Handle) -> list[Proc]:  # noqa: N802
         return [Proc(pid, 512 * fp.MIB) for pid in self._gpu("x", handle).get("pids", [])]
 
@@ -142,7 +136,7 @@ class HealthyFake(fp.FakeNvml):
 def test_live_reader_on_stand_in_nvml() -> None:
     gpus = fp.dgx_h100()[:3]
     gpus[0].update(temp=91, ecc=2, pids=[1])
-    gpus[1].update(remap_pending=1, throttle=0x4 | 0x80)  # SW power cap (not a fault) + HW power brake
+    gpus[1].update(remap_pending=1)
     gpus[2]["lost"] = True
     fake = HealthyFake(gpus=[dict(g) for g in gpus])
     from gpuslurm.hw.model import Gpu
@@ -154,8 +148,6 @@ def test_live_reader_on_stand_in_nvml() -> None:
     assert got[model[0].uuid].processes == (GpuProcess(1, "root", 512),)  # pid 1 is init, root's
     assert got[model[1].uuid].remap_pending is True
     assert got[model[1].uuid].ecc_uncorrectable is None  # not supported: unknown, not a fault
-    assert got[model[1].uuid].throttle_reasons == ("hw_power_brake_slowdown",)
-    assert got[model[0].uuid].throttle_reasons is None
     assert got[model[2].uuid].lost
     assert [f.check for f in gate_faults(got[model[0].uuid], DEFAULT)] == \
         ["ecc", "temperature", "leftover_processes"]
@@ -172,7 +164,11 @@ def test_live_reader_refuses_a_renumbered_gpu() -> None:
 
 
 def test_hardware_throttling_is_logged_by_default() -> None:
-    [fault] = gate_faults(GpuHealth(U, throttle_reasons=("hw_power_brake_slowdown",)), DEFAULT)
+    from gpuslurm.hw.health import SLOWDOWNS as READER_SLOWDOWNS
+    from gpuslurm.policy.health import SLOWDOWNS
+
+    assert SLOWDOWNS == READER_SLOWDOWNS
+    [fault] = gate_faults(GpuHealth(U, clock_events=("sw_power_cap", "hw_power_brake")), DEFAULT)
     assert (fault.check, fault.action) == ("throttle", "log")
-    assert "hw_power_brake_slowdown" in fault.message
-    assert gate_faults(GpuHealth(U, throttle_reasons=()), DEFAULT) == []
+    assert fault.message == "clocks slowed: hw_power_brake"  # a power cap is policy, not a fault
+    assert gate_faults(GpuHealth(U, clock_events=("gpu_idle", "sw_power_cap")), DEFAULT) == []

@@ -1,4 +1,9 @@
-"""write_capture with a stand-in pynvml and stand-in nvidia-smi / lscpu scripts."""
+"""write_capture with a stand-in pynvml and stand-in nvidia-smi / lscpu scripts.
+
+The stand-in stays here for what only it can express: NVML failing at init or at a call, a GPU
+lost at its handle, and capture run in-process. ``gpuslurm capture`` through the real pynvml
+and the replay library is tested in tests/nvml/test_replay_edges.py (a round trip).
+"""
 
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, NamedTuple
 from gpuslurm.config import HealthConfig
 from gpuslurm.policy.xid import describe, is_fault
 
+# hw.health.SLOWDOWNS, the clock event reasons that mean a fault or its cooling slows the GPU
+# (not policy or idleness); spelled here so the prolog need not load the readers to decide
+SLOWDOWNS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+
 if TYPE_CHECKING:  # the facts' types only: the prolog need not load the readers to decide
     from gpuslurm.hw.health import GpuHealth, GpuProcess
 
@@ -53,9 +57,8 @@ def gate_faults(health: GpuHealth, cfg: HealthConfig) -> list[Fault]:
     if health.temperature_c is not None and health.temperature_c > cfg.temperature.limit_c:
         add("temperature", cfg.temperature.action,
             f"temperature {health.temperature_c} C over limit {cfg.temperature.limit_c} C")
-    if health.throttle_reasons:
-        add("throttle", cfg.throttle.action,
-            "clocks slowed by the hardware: " + ", ".join(health.throttle_reasons))
+    if slowed := [e for e in health.clock_events or () if e in SLOWDOWNS]:
+        add("throttle", cfg.throttle.action, "clocks slowed: " + ", ".join(slowed))
     if left := leftover_processes(health, cfg):
         add("leftover_processes", cfg.leftover_processes.action,
             f"{len(left)} leftover process(es): {_describe(left)}")
