@@ -89,6 +89,14 @@ def test_prolog_takes_the_gpu_out_requeues_the_job_and_the_node_stays_up(
         shown = show("node", node)
         assert "DRAIN" not in _field(shown, "State"), f"{shown}\n{said.stderr}"
         assert "held out by job" in said.stderr, said.stderr
+        job_text = show("job", str(job))
+        why = _field(job_text, "Reason")
+        print(f"requeued job: JobState={_field(job_text, 'JobState')} Reason={why} "
+              f"EligibleTime={_field(job_text, 'EligibleTime')}", file=sys.stderr)
+        assert "held" not in why.lower() and "Hold" not in why  # requeued, not held: not the user's fault
+        if why == "BeginTime":  # 22.05 makes a requeued batch job wait before it is eligible again
+            subprocess.run([SCONTROL, "update", f"JobId={job}", "StartTime=now"], env=c.env, check=True,
+                           timeout=30)
         assert c.wait(job, timeout=90) == "COMPLETED"  # the requeued job ran on another GPU
     finally:
         if job is not None:
