@@ -315,32 +315,11 @@ def decide(node: Node, req: Request, bundle: str | None, allowed: tuple[str, ...
 
 
 def capabilities(bundle: str | None) -> dict[str, tuple[int, int]]:
-    """Compute capability per GPU UUID from NVML, or from a bundle's nvml.json when it has one.
+    """Compute capability per GPU UUID from NVML, or from a bundle's nvml.json when it has one
+    (:func:`gpuslurm.hw.source.load_capabilities`); the rest falls back to the model table."""
+    from gpuslurm.hw.source import load_capabilities
 
-    ``nvml.json`` may carry ``"compute_capability": "9.0"`` per GPU (gpuslurm's dump does not
-    write it yet); what neither source gives falls back to the engine's model table.
-    """
-    if bundle is None:
-        from gpuslurm.hw.nvml import compute_capabilities
-
-        return compute_capabilities()
-    path = os.path.join(bundle, "nvml.json")
-    if not os.path.isfile(path):
-        return {}
-    import json
-
-    from gpuslurm.place.request import parse_cc
-    from gpuslurm.safedir import read_regular
-
-    try:  # the one bounded, FIFO-refusing reader every bundle file goes through
-        doc = json.loads(read_regular(path))
-        out = {}
-        for g in doc.get("gpus", ()) if isinstance(doc, dict) else ():
-            if isinstance(g, dict) and isinstance(g.get("compute_capability"), str) and g.get("uuid"):
-                out[str(g["uuid"])] = parse_cc(g["compute_capability"])
-        return out
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"compute_capability: {exc}", path) from None
+    return load_capabilities(bundle)
 
 
 def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> None:

@@ -115,6 +115,24 @@ def load_node(spec: str | None, *, links: bool = True, cache_dir: str | None = N
         raise HardwareError(f"{exc}; {NO_NVML_HINT}") from exc
 
 
+def load_capabilities(bundle: str | None) -> dict[str, tuple[int, int]]:
+    """Compute capability per GPU UUID: NVML's for the live node (``bundle`` None), else the
+    bundle's ``nvml.json`` entries ({} without the file). What is missing falls back to the model
+    table (:mod:`gpuslurm.hw.capability`); a malformed entry is a CaptureError."""
+    if bundle is None:
+        from gpuslurm.hw.nvml import compute_capabilities
+
+        return compute_capabilities()
+    path = os.path.join(bundle, "nvml.json")
+    if not os.path.isfile(path):
+        return {}
+    from pathlib import Path
+
+    from gpuslurm.hw.nvml_json import read_capabilities
+
+    return read_capabilities(Path(path))
+
+
 def _read_bundle(path: str) -> Node:
     # Imported here: a live read never needs the capture parsers (smi XML, topo, lscpu).
     from pathlib import Path

@@ -1,0 +1,74 @@
+"""Hardware features in a real Slurm: the node line cluster.sh takes from ``gpuslurm node-conf``
+carries ``Features=`` (an emulated DGX H100: h100, gpumem_80g, cc_9.0, nvlink, nvswitch), and jobs
+ask for capabilities with ``--constraint``: a satisfiable one runs, one no node offers is refused
+at submission with Slurm's reason, and one the node offers but is busy with stays PENDING."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from cluster_fixture import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+SCONTROL = "/usr/bin/scontrol"
+SCANCEL = "/usr/bin/scancel"
+
+
+def _node_features(cluster: SlurmCluster) -> set[str]:
+    out = subprocess.run([SCONTROL, "-o", "show", "node"], env=cluster.env, capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    match = re.search(r"\bAvailableFeatures=(\S+)", out)
+    assert match, out
+    return set(match.group(1).split(","))
+
+
+def _reason(cluster: SlurmCluster, jobid: int) -> str:
+    out = subprocess.run([SCONTROL, "-o", "show", "job", str(jobid)], env=cluster.env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    match = re.search(r"\bReason=(\S+)", out)
+    return match.group(1) if match else ""
+
+
+def test_the_node_has_its_hardware_features(slurm_cluster: SlurmCluster) -> None:
+    features = _node_features(slurm_cluster)
+    wanted = {"h100", "gpumem_80g", "gpumem_ge_40g", "gpumem_ge_80g", "cc_9.0", "nvlink", "nvswitch"}
+    assert wanted <= features
+    assert "gpumem_ge_94g" not in features and "mig" not in features
+
+
+@pytest.mark.parametrize("constraint", ["gpumem_80g", "h100&cc_9.0&nvswitch", "gpumem_ge_40g",
+                                        "l40s|gpumem_ge_48g"])
+def test_a_satisfiable_constraint_runs(slurm_cluster: SlurmCluster, constraint: str) -> None:
+    job = slurm_cluster.sbatch(["--gres=gpu:1", f"--constraint={constraint}"], "echo ran\n")
+    assert slurm_cluster.wait(job) == "COMPLETED", slurm_cluster.log_tail()
+    assert "ran" in slurm_cluster.output(job)
+
+
+@pytest.mark.parametrize("constraint", ["gpumem_ge_94g", "l40s", "cc_8.0"])
+def test_a_constraint_no_node_offers_is_refused_at_submission(slurm_cluster: SlurmCluster,
+                                                              constraint: str) -> None:
+    with pytest.raises(RuntimeError, match="Invalid feature specification"):
+        slurm_cluster.sbatch(["--gres=gpu:1", f"--constraint={constraint}"], "true\n")
+
+
+def test_a_satisfiable_constraint_waits_while_the_node_is_busy(slurm_cluster: SlurmCluster) -> None:
+    holder = slurm_cluster.sbatch(["--gres=gpu:8", "--exclusive"], "sleep 30\n")
+    try:
+        deadline = time.monotonic() + 30
+        while slurm_cluster.state(holder) != "RUNNING":
+            assert time.monotonic() < deadline, slurm_cluster.log_tail()
+            time.sleep(0.2)
+        waiter = slurm_cluster.sbatch(["--gres=gpu:1", "--constraint=gpumem_ge_80g"], "echo ran\n")
+        time.sleep(2)
+        assert slurm_cluster.state(waiter) == "PENDING"
+        assert _reason(slurm_cluster, waiter) in ("Resources", "Priority")
+    finally:
+        subprocess.run([SCANCEL, str(holder)], env=slurm_cluster.env, timeout=30, check=False)
+    assert slurm_cluster.wait(waiter, timeout=60) == "COMPLETED", slurm_cluster.log_tail()
