@@ -44,14 +44,16 @@ def test_the_node_has_its_hardware_features(slurm_cluster: SlurmCluster) -> None
 
 
 @pytest.mark.parametrize("constraint", ["gpumem_80g", "h100&cc_9.0&nvswitch", "gpumem_ge_40g",
-                                        "l40s|gpumem_ge_48g"])
+                                        "gpumem_ge_48g", "h100|gpumem_ge_48g"])
 def test_a_satisfiable_constraint_runs(slurm_cluster: SlurmCluster, constraint: str) -> None:
     job = slurm_cluster.sbatch(["--gres=gpu:1", f"--constraint={constraint}"], "echo ran\n")
     assert slurm_cluster.wait(job) == "COMPLETED", slurm_cluster.log_tail()
     assert "ran" in slurm_cluster.output(job)
 
 
-@pytest.mark.parametrize("constraint", ["gpumem_ge_94g", "l40s", "cc_8.0"])
+# The last: an OR naming a feature no node has is refused too (Slurm 22.05), which is why "at
+# least N GiB" is one gpumem_ge_ feature rather than an OR of the memory classes.
+@pytest.mark.parametrize("constraint", ["gpumem_ge_94g", "l40s", "cc_8.0", "l40s|gpumem_ge_48g"])
 def test_a_constraint_no_node_offers_is_refused_at_submission(slurm_cluster: SlurmCluster,
                                                               constraint: str) -> None:
     with pytest.raises(RuntimeError, match="Invalid feature specification"):

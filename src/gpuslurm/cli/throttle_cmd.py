@@ -247,3 +247,40 @@ def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str
         click.echo(f"{verb} {t.user} ({t.mode}) until {_when(t.until)}: {t.reason}")
     if not changed:
         click.echo(f"{len(scan.violations)} violation(s) read; no throttle to add or extend")
+
+
+@throttle.command("auto")
+@click.option("--once", is_flag=True, help="One round (read, decide, apply), then exit: for cron.")
+@click.option("--interval", default="60s", show_default=True, metavar="DUR", help="Time between rounds.")
+@click.option("--backoff", default="5m", show_default=True, metavar="DUR",
+              help="How long the load must stay low before easing; doubles on each flap.")
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing, save no state.")
+@click.option("--state-dir", metavar="DIR",
+              help="Where the limits this set are remembered (default: [paths] state_dir).")
+def auto_cmd(once: bool, interval: str, backoff: str, dry_run: bool, state_dir: str | None) -> None:
+    """Per-user GPU limits (GrpTRES=gres/gpu=N) from the cluster's load, on the controller.
+
+    Load above 70 % limits the users above their fair share to 10 % of the GPUs, above 30 % to
+    50 %; a job over its limit stays PENDING (AssocGrpGRES). Needs AccountingStorageTRES=gres/gpu
+    and AccountingStorageEnforce=limits (docs/throttle.md).
+    """
+    from gpuslurm.policy.admission import AdmissionConfig
+    from gpuslurm.slurm.admission import SlurmAdmission, auto_round, load_state, save_state
+    from gpuslurm.times import parse_duration
+
+    every = parse_duration(interval, "--interval")
+    cfg = AdmissionConfig(backoff_s=parse_duration(backoff, "--backoff"))
+    directory = state_dir or _config().paths.state_dir
+    state = load_state(directory)
+    adm = SlurmAdmission()
+
+    def log(line: str) -> None:
+        click.echo(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} gpuslurm throttle auto: {line}")
+
+    while True:
+        state = auto_round(adm, state, cfg, time.time(), dry_run=dry_run, log=log)
+        if not dry_run:
+            save_state(directory, state)
+        if once:
+            return
+        time.sleep(every)
