@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -74,3 +76,45 @@ def test_a_satisfiable_constraint_waits_while_the_node_is_busy(slurm_cluster: Sl
     finally:
         subprocess.run([SCANCEL, str(holder)], env=slurm_cluster.env, timeout=30, check=False)
     assert slurm_cluster.wait(waiter, timeout=60) == "COMPLETED", slurm_cluster.log_tail()
+
+
+SBATCH = "/usr/bin/sbatch"
+PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "job_submit.lua"
+
+
+@pytest.fixture(scope="module")
+def with_plugin(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """gpuslurm's job_submit.lua beside slurm.conf (JobSubmitPlugins=lua), for this module."""
+    etc = slurm_cluster.conf.parent
+    original = slurm_cluster.conf.read_text()
+    try:
+        (etc / "job_submit.lua").write_text(PLUGIN.read_text())
+        slurm_cluster.conf.write_text(original.replace("\nNodeName=", "\nJobSubmitPlugins=lua\nNodeName=", 1))
+        subprocess.run([SCONTROL, "reconfigure"], env=slurm_cluster.env, timeout=60, check=True)
+        yield slurm_cluster
+    finally:
+        slurm_cluster.conf.write_text(original)
+        subprocess.run([SCONTROL, "reconfigure"], env=slurm_cluster.env, timeout=60, check=False)
+        (etc / "job_submit.lua").unlink(missing_ok=True)
+
+
+def _submit(cluster: SlurmCluster, comment: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SBATCH, "--parsable", "--gres=gpu:1", f"--comment={comment}", "--output=/dev/null",
+                           "--wrap=true"], env=cluster.env, capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+def test_a_memory_request_in_the_comment_becomes_the_constraint(with_plugin: SlurmCluster) -> None:
+    ok = _submit(with_plugin, "train gpuslurm:mem>=40G")
+    assert ok.returncode == 0, ok.stderr
+    assert "gpuslurm: gpuslurm:mem>=40G asks for --constraint=gpumem_ge_40g" in ok.stderr
+    job = int(ok.stdout.strip().split(";")[0])
+    out = subprocess.run([SCONTROL, "-o", "show", "job", str(job)], env=with_plugin.env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    assert re.search(r"\bFeatures=gpumem_ge_40g\b", out), out
+    assert with_plugin.wait(job) == "COMPLETED"
+
+    beyond_the_node = _submit(with_plugin, "gpuslurm:mem>=100G")  # gpumem_ge_128g: no node has it
+    assert beyond_the_node.returncode != 0 and "Invalid feature specification" in beyond_the_node.stderr
+    malformed = _submit(with_plugin, "gpuslurm:mem>=40")
+    assert malformed.returncode != 0 and "malformed GPU memory request" in malformed.stderr, malformed.stderr
