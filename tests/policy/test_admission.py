@@ -119,3 +119,35 @@ def test_invariants(steps: list[tuple[float, dict[str, int]]]) -> None:
         assert state.tier != NO_TIER or state.limits == ()
         assert CFG.backoff_s <= (state.backoff_s or CFG.backoff_s) <= CFG.backoff_max_s
         assert all("load " in c.why and "GPUs" in c.why for c in changes)
+
+
+def test_band_controller_moves_the_tier_limit() -> None:
+    from gpuslurm.policy.admission import band_limit, check_band
+
+    assert [band_limit(4, 8, u, CFG) for u in (None, 0.6, 0.7, 0.8)] == [4, 4, 4, 4]  # in the band
+    assert band_limit(4, 8, 0.3, CFG) == 5  # 1 + 0.5 × (0.6 − 0.3) / 0.6 = 1.25
+    assert band_limit(4, 8, 0.0, CFG) == 6  # 1.5
+    assert band_limit(4, 8, 0.9, CFG) == 3  # 1 − 0.5 × (0.9 − 0.8) / 0.2 = 0.75
+    assert band_limit(4, 8, 1.0, CFG) == 2  # 0.5
+    assert band_limit(1, 8, 1.0, CFG) == 1 and band_limit(8, 8, 0.0, CFG) == 8  # within 1 .. the GPUs
+    assert band_limit(4, 8, 0.0, CFG._replace(gain=0)) == 4
+    check_band(0.6, 0.8)
+    for low, high in ((0.8, 0.6), (-0.1, 0.5), (0.5, 1.1)):
+        try:
+            check_band(low, high)
+        except ValueError:
+            continue
+        raise AssertionError((low, high))
+
+
+def test_utilisation_moves_a_held_limit_and_is_in_the_figures() -> None:
+    usage = {"alice": 3, "bob": 1, "carol": 1}  # 62.5 %: tier 50 % (N 4); fair share 2.7: alice above
+    state = AdmissionState()
+    limits = []
+    for now, util in ((0, 0.7), (60, 0.3), (120, 0.9), (180, None)):
+        state, changes, _ = step(state, load=5 / 8, usage=usage, total_gpus=8, now=now, cfg=CFG,
+                                 utilisation=util)
+        limits.append([(c.user, c.limit) for c in changes])
+        if util is not None and changes:
+            assert f"utilisation {util:.0%}" in changes[0].why
+    assert limits == [[("alice", 4)], [("alice", 5)], [("alice", 3)], [("alice", 4)]]

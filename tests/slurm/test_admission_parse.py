@@ -139,3 +139,28 @@ def test_state_round_trip_and_a_bad_state_is_a_fresh_start(tmp_path: Path) -> No
     (tmp_path / "s" / "admission.json").write_text('{"tier": 1, "limits": [["bad user!", 1]]}')
     assert load_state(str(tmp_path / "s")) == AdmissionState()
     assert load_state(str(tmp_path / "none")) == AdmissionState()
+
+
+def test_without_utilisation_the_tiers_still_act() -> None:
+    class NoPrometheus(Recorded):
+        def read_utilisation(self, now: float) -> float | None:
+            raise InputError("unreachable: Connection refused", source="prometheus:http://prom:9090")
+
+    log: list[str] = []
+    adm = NoPrometheus({"alice": 6, "bob": 1}, {"alice": (None,), "bob": (None,)})
+    state = auto_round(adm, AdmissionState(), CFG, 0, dry_run=False, log=log.append)
+    assert adm.calls == [("alice", 1)] and state.limits == (("alice", 1),)
+    assert log[0] == ("utilisation not read, the band controller waits: prometheus:http://prom:9090: "
+                      "unreachable: Connection refused")
+
+
+def test_utilisation_moves_the_limit_in_a_round() -> None:
+    class Busy(Recorded):
+        def read_utilisation(self, now: float) -> float | None:
+            return 1.0
+
+    log: list[str] = []
+    adm = Busy({"alice": 3, "bob": 1, "carol": 1}, {u: (None,) for u in ("alice", "bob", "carol")})
+    auto_round(adm, AdmissionState(), CFG, 0, dry_run=False, log=log.append)
+    assert adm.calls == [("alice", 2)]  # tier 50 % is 4; at 100 % utilisation the controller halves it
+    assert "utilisation 100%" in log[-1]

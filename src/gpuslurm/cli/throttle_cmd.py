@@ -252,27 +252,40 @@ def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str
 @throttle.command("auto")
 @click.option("--once", is_flag=True, help="One round (read, decide, apply), then exit: for cron.")
 @click.option("--interval", default="60s", show_default=True, metavar="DUR", help="Time between rounds.")
-@click.option("--backoff", default="5m", show_default=True, metavar="DUR",
-              help="How long the load must stay low before easing; doubles on each flap.")
+@click.option("--backoff", metavar="DUR",
+              help="How long the load must stay low before easing; doubles on each flap "
+                   "(default: [throttle.auto] backoff_s, 5 min).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing, save no state.")
 @click.option("--state-dir", metavar="DIR",
               help="Where the limits this set are remembered (default: [paths] state_dir).")
-def auto_cmd(once: bool, interval: str, backoff: str, dry_run: bool, state_dir: str | None) -> None:
+def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, state_dir: str | None) -> None:
     """Per-user GPU limits (GrpTRES=gres/gpu=N) from the cluster's load, on the controller.
 
     Load above 70 % limits the users above their fair share to 10 % of the GPUs, above 30 % to
     50 %; a job over its limit stays PENDING (AssocGrpGRES). Needs AccountingStorageTRES=gres/gpu
     and AccountingStorageEnforce=limits (docs/throttle.md).
     """
-    from gpuslurm.policy.admission import AdmissionConfig
+    from gpuslurm.errors import InputError
+    from gpuslurm.policy.admission import AdmissionConfig, check_band
     from gpuslurm.slurm.admission import SlurmAdmission, auto_round, load_state, save_state
     from gpuslurm.times import parse_duration
 
+    config = _config()
+    auto = config.throttle.auto
+    try:
+        check_band(auto.band_low, auto.band_high)
+    except ValueError as exc:
+        raise InputError(str(exc), source="[throttle.auto] band_low, band_high") from None
     every = parse_duration(interval, "--interval")
-    cfg = AdmissionConfig(backoff_s=parse_duration(backoff, "--backoff"))
-    directory = state_dir or _config().paths.state_dir
+    base = parse_duration(backoff, "--backoff") if backoff is not None else auto.backoff_s
+    cfg = AdmissionConfig(backoff_s=base, backoff_max_s=max(base, auto.backoff_max_s),
+                          exempt=frozenset(auto.exempt_users), band=(auto.band_low, auto.band_high),
+                          gain=auto.band_gain)
+    directory = state_dir or config.paths.state_dir
     state = load_state(directory)
-    adm = SlurmAdmission()
+    p = config.paths
+    adm = SlurmAdmission(squeue=p.squeue, scontrol=p.scontrol, sacctmgr=p.sacctmgr,
+                         utilisation_source=auto.utilisation_source)
 
     def log(line: str) -> None:
         click.echo(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} gpuslurm throttle auto: {line}")

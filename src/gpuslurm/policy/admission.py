@@ -13,7 +13,12 @@ the actuator is a per-user association limit, ``GrpTRES=gres/gpu=N``: a job over
 - tightening is immediate; easing (to a lighter tier, or none) waits until the load has stayed
   below the current tier's threshold for the back-off, which doubles (up to ``backoff_max_s``)
   each time the load rises again within one back-off of an easing (a flap) and returns to
-  ``backoff_s`` once an easing has held that long.
+  ``backoff_s`` once an easing has held that long;
+- with the GPUs' utilisation U (0..1, the node monitors' mean), a proportional controller holds
+  U in the band (60-80 %) by moving the tier's N (:func:`band_limit`): below the band the
+  cluster has work to spare and N rises by ``gain`` × (low − U) / low; above it N falls by
+  ``gain`` × (U − high) / (1 − high); N stays within 1 and the cluster's GPUs. Without a
+  utilisation (None) or with gain 0 the tiers act alone.
 
 :func:`step` is the whole decision: the state in, the new state and the changes out, each with
 the figures that caused it. What limits exist in Slurm, and which were set by someone else, is
@@ -37,6 +42,27 @@ class AdmissionConfig(NamedTuple):
     backoff_s: float = 300.0
     backoff_max_s: float = 3600.0
     exempt: frozenset[str] = frozenset({"root"})  # never limited
+    band: tuple[float, float] = (0.6, 0.8)  # the utilisation band held
+    gain: float = 0.5  # 0: no band controller
+
+
+def check_band(low: float, high: float) -> None:
+    """ValueError unless 0 <= low <= high <= 1."""
+    if not 0 <= low <= high <= 1:
+        raise ValueError(f"the utilisation band must be 0 <= low <= high <= 1, not {low}..{high}")
+
+
+def band_limit(limit: int, total_gpus: int, utilisation: float | None, cfg: AdmissionConfig) -> int:
+    """The tier's ``limit`` moved to hold ``utilisation`` in ``cfg.band`` (see the module doc)."""
+    if utilisation is None or cfg.gain == 0:
+        return limit
+    low, high = cfg.band
+    factor = 1.0
+    if utilisation < low:
+        factor = 1 + cfg.gain * (low - utilisation) / low
+    elif utilisation > high and high < 1:
+        factor = 1 - cfg.gain * (utilisation - high) / (1 - high)
+    return min(max(total_gpus, 1), max(1, round(limit * factor)))
 
 
 class AdmissionState(NamedTuple):
@@ -74,8 +100,10 @@ def tier_limit(tier: int, total_gpus: int, tiers: tuple[tuple[float, float], ...
 
 
 def step(state: AdmissionState, *, load: float, usage: Mapping[str, int], total_gpus: int, now: float,
-         cfg: AdmissionConfig) -> tuple[AdmissionState, tuple[Change, ...], tuple[str, ...]]:
-    """One reading: ``load`` (allocated share, 0..1), ``usage`` (user → GPUs held now).
+         cfg: AdmissionConfig, utilisation: float | None = None,
+         ) -> tuple[AdmissionState, tuple[Change, ...], tuple[str, ...]]:
+    """One reading: ``load`` (allocated share, 0..1), ``usage`` (user → GPUs held now),
+    ``utilisation`` (the GPUs' mean utilisation, 0..1, or None when not read).
 
     Returns the new state, the limit changes to make, and log lines for tier changes.
     """
@@ -86,7 +114,8 @@ def step(state: AdmissionState, *, load: float, usage: Mapping[str, int], total_
     target = tier_for(load, cfg.tiers)
     tier, low_since = state.tier, state.low_since
     notes: list[str] = []
-    figures = f"load {load:.0%} of {total_gpus} GPUs"
+    figures = f"load {load:.0%} of {total_gpus} GPUs" + (
+        "" if utilisation is None else f", utilisation {utilisation:.0%}")
     if target > tier:
         if eased_at is not None:  # rising again within one back-off of an easing: a flap
             backoff = min(backoff * 2, cfg.backoff_max_s)
@@ -104,6 +133,8 @@ def step(state: AdmissionState, *, load: float, usage: Mapping[str, int], total_
     else:
         low_since = None
     limit = tier_limit(tier, total_gpus, cfg.tiers)
+    if limit is not None:
+        limit = band_limit(limit, total_gpus, utilisation, cfg)
     held = dict(state.limits)
     fair = total_gpus / max(1, sum(1 for n in usage.values() if n > 0))
     wanted: dict[str, int] = {}

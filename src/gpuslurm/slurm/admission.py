@@ -8,6 +8,9 @@
   Slurm enforces them only with ``AccountingStorageTRES=gres/gpu`` and
   ``AccountingStorageEnforce=limits`` (docs/throttle.md).
 
+- utilisation (for the band controller): the node monitors' exporters through Prometheus,
+  ``avg(avg_over_time(gpuslurm_gpu_utilization_ratio[5m]))``, every GPU of the cluster.
+
 The parsers are pure; the commands go through :mod:`gpuslurm.runner`.
 """
 
@@ -27,6 +30,7 @@ from gpuslurm.slurm.squeue import SqueueJob, gpu_indices, parse_squeue_json
 _GRES_ITEM = re.compile(r"^gpu(?::[^:(]*)?:(\d{1,6})(?:\(.*\))?$")
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(-?\d{1,9})(?:,|$)")
 _NODE_GRES = re.compile(r"(?:^| )Gres=(\S*)")
+UTILISATION_METRIC = "gpuslurm_gpu_utilization_ratio"
 
 
 def node_gpu_count(gres: str) -> int:
@@ -92,9 +96,14 @@ class SlurmAdmission:
 
     def __init__(self, *, squeue: str = "/usr/bin/squeue", scontrol: str = "/usr/bin/scontrol",
                  sacctmgr: str = "/usr/bin/sacctmgr", timeout: float = 30.0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, utilisation_source: str = "") -> None:
         self.squeue, self.scontrol, self.sacctmgr = squeue, scontrol, sacctmgr
         self.timeout, self.env = timeout, env
+        self.utilisation_source: str | None = None
+        if utilisation_source:
+            from gpuslurm.report.prometheus import parse_source
+
+            self.utilisation_source = parse_source(utilisation_source)
 
     def read_load(self) -> tuple[int, dict[str, int]]:
         """(GPUs configured, user → GPUs held)."""
@@ -106,6 +115,24 @@ class SlurmAdmission:
         result = run_command([self.sacctmgr, "-nP", "show", "assoc", "format=User,GrpTRES"],
                              timeout=self.timeout, env=self.env)
         return parse_gpu_limits(result.stdout)
+
+    def read_utilisation(self, now: float) -> float | None:
+        """The GPUs' mean utilisation over the last 5 minutes (0..1), or None without a source."""
+        if self.utilisation_source is None:
+            return None
+        from gpuslurm.report.prometheus import PrometheusClient
+
+        client = PrometheusClient(self.utilisation_source, timeout_s=self.timeout)
+        items = client.instant(f"avg(avg_over_time({UTILISATION_METRIC}[5m]))", now)
+        value = items[0].get("value") if items else None
+        try:
+            util = float(value[1]) if isinstance(value, list) and len(value) == 2 else None
+        except (TypeError, ValueError):
+            util = None
+        if util is None or not 0 <= util <= 1:
+            raise InputError(f"no utilisation in Prometheus ({UTILISATION_METRIC}): are the node "
+                             "monitors scraped?", source=f"prometheus:{self.utilisation_source}")
+        return util
 
     def set_limit(self, user: str, limit: int | None) -> None:
         """``GrpTRES=gres/gpu=limit`` on every association of ``user`` (None lifts it)."""
@@ -154,7 +181,13 @@ def auto_round(adm: SlurmAdmission, state: AdmissionState, cfg: AdmissionConfig,
     """
     total, usage = adm.read_load()
     load = sum(usage.values()) / total if total else 0.0
-    new, changes, notes = step(state, load=load, usage=usage, total_gpus=total, now=now, cfg=cfg)
+    try:
+        utilisation = adm.read_utilisation(now)
+    except GpuslurmError as exc:  # the tiers still work on allocation alone
+        log(f"utilisation not read, the band controller waits: {exc}")
+        utilisation = None
+    new, changes, notes = step(state, load=load, usage=usage, total_gpus=total, now=now, cfg=cfg,
+                               utilisation=utilisation)
     for note in notes:
         log(note)
     if not changes:
