@@ -265,7 +265,7 @@ def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, stat
     50 %; a job over its limit stays PENDING (AssocGrpGRES). Needs AccountingStorageTRES=gres/gpu
     and AccountingStorageEnforce=limits (docs/throttle.md).
     """
-    from gpuslurm.errors import InputError
+    from gpuslurm.errors import GpuslurmError, InputError
     from gpuslurm.policy.admission import AdmissionConfig, check_band
     from gpuslurm.slurm.admission import SlurmAdmission, auto_round, load_state, save_state
     from gpuslurm.times import parse_duration
@@ -284,16 +284,24 @@ def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, stat
     directory = state_dir or config.paths.state_dir
     state = load_state(directory)
     p = config.paths
-    adm = SlurmAdmission(squeue=p.squeue, scontrol=p.scontrol, sacctmgr=p.sacctmgr,
-                         utilisation_source=auto.utilisation_source)
+    try:
+        adm = SlurmAdmission(squeue=p.squeue, scontrol=p.scontrol, sacctmgr=p.sacctmgr,
+                             utilisation_source=auto.utilisation_source)
+    except InputError as exc:  # parse_source names "--source"; here it is a config key
+        raise InputError(exc.message, source="[throttle.auto] utilisation_source") from None
 
     def log(line: str) -> None:
         click.echo(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} gpuslurm throttle auto: {line}")
 
     while True:
-        state = auto_round(adm, state, cfg, time.time(), dry_run=dry_run, log=log)
-        if not dry_run:
-            save_state(directory, state)
+        try:
+            state = auto_round(adm, state, cfg, time.time(), dry_run=dry_run, log=log)
+            if not dry_run:
+                save_state(directory, state)
+        except GpuslurmError as exc:
+            if once:
+                raise
+            log(f"round failed, next in {every:.0f}s: {exc}")  # slurmctld restarting: keep going
         if once:
             return
         time.sleep(every)

@@ -30,6 +30,9 @@ def expand_hostlist(expr: str, limit: int = MAX_NAMES) -> tuple[str, ...]:
             names.extend(NodeSet(item))
         except NodeSetException as exc:
             raise ValueError(f"bad list {item!r}: {exc}") from None
+        except AssertionError as exc:  # ClusterShell asserts on what the count above cannot see:
+            # digits after a bracket group ("cap[21-22]999…") form a second range of its own
+            raise ValueError(f"bad list {item[:80]!r}: {exc or 'refused by ClusterShell'}") from None
     return tuple(names)
 
 
