@@ -23,6 +23,7 @@ pid file the user can write.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -134,7 +135,7 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
     try:
         if _exists(base, job_id):  # left by a run of the same job id that was never stopped
             _kill_now(_daemon_processes(uid, dirs.pipe), uid)
-            _remove(base, job_id)
+            _remove_or_set_aside(base, job_id, dirs.job)
         try:
             os.mkdir(job_id, 0o755, dir_fd=base)
         except OSError as exc:  # a full or read-only /run: the node's problem, not a bug
@@ -496,15 +497,94 @@ def _exists(base: int, name: str) -> bool:
     return True
 
 
-def _remove(base: int, name: str) -> None:
-    """Remove ``name`` under ``base`` and everything in it; symlinks inside are removed, never followed."""
-    import shutil
+def _remove_or_set_aside(base: int, name: str, path: str) -> None:
+    """Remove ``name`` under ``base``; when its user's files will not go (still growing), rename
+    it out of the way (``.stale-<name>-<ns>``, left for the admin) so the job starts anew."""
+    try:
+        _remove(base, name)
+    except OSError as exc:
+        try:
+            os.rename(name, f".stale-{name}-{time.time_ns()}", src_dir_fd=base, dst_dir_fd=base)
+        except OSError as again:  # a full or read-only /run: the node's problem, not a bug
+            raise HardwareError(f"{path}: cannot remove the old MPS directory ({exc.strerror or exc}) "
+                                f"nor set it aside: {again.strerror}") from None
 
+
+def _remove(base: int, name: str) -> None:
+    """Remove ``name`` under ``base`` and everything in it; symlinks inside are removed, never followed.
+
+    Below ``pipe/`` and ``log/`` the tree is the job's user's: deeper than any recursion or
+    descriptor limit (``shutil.rmtree`` recursed: RecursionError), and still growing while a
+    process of theirs elsewhere adds to it. So no recursion: each directory met is emptied by
+    moving its entries up into the top one (two descriptors open at a time), and the work is
+    bounded (:data:`MAX_REMOVE_STEPS`). Every failure is an OSError.
+    """
     try:
         st = os.lstat(name, dir_fd=base)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=base)
-    else:
+    if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=base)
+        return
+    top = os.open(name, DIR_FLAGS, dir_fd=base)
+    try:
+        steps = 0
+        while entries := os.listdir(top):
+            for entry in entries:
+                steps += 1
+                if steps > MAX_REMOVE_STEPS:
+                    raise OSError(errno.ENOTEMPTY, f"more than {MAX_REMOVE_STEPS} entries, or still growing")
+                steps += _flatten(top, entry)
+    finally:
+        os.close(top)
+    os.rmdir(name, dir_fd=base)
+
+
+MAX_REMOVE_STEPS = 200_000  # a daemon's directories hold a handful of pipes and logs
+
+
+def _flatten(top: int, entry: str) -> int:
+    """Remove ``entry`` of ``top`` if it is not a directory, else move its entries up into ``top``
+    and remove it once empty (a race leaves it for the next listing); the steps taken."""
+    try:
+        if not stat.S_ISDIR(os.lstat(entry, dir_fd=top).st_mode):
+            os.unlink(entry, dir_fd=top)
+            return 0
+        sub = os.open(entry, DIR_FLAGS, dir_fd=top)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return 0  # replaced meanwhile: seen again at the next listing
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:  # a directory swapped for a symlink: the same
+            raise
+        return 0
+    moved = 0
+    try:
+        for child in os.listdir(sub):
+            moved += 1
+            for _ in range(8):  # a name the user planted in the top directory: take the next
+                try:
+                    os.rename(child, f".gpuslurm-rm-{os.getpid()}-{_next_serial()}", src_dir_fd=sub,
+                              dst_dir_fd=top)
+                    break
+                except FileNotFoundError:  # gone meanwhile
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                        raise
+            else:
+                raise OSError(errno.EEXIST, "no free name to move an entry to")
+    finally:
+        os.close(sub)
+    try:
+        os.rmdir(entry, dir_fd=top)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            raise
+    return moved
+
+
+_serial = iter(range(1 << 62))
+
+
+def _next_serial() -> int:
+    return next(_serial)
