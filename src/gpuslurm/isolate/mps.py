@@ -24,11 +24,12 @@ pid file the user can write.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CommandError, HardwareError, InputError
@@ -514,10 +515,11 @@ def _remove(base: int, name: str) -> None:
     """Remove ``name`` under ``base`` and everything in it; symlinks inside are removed, never followed.
 
     Below ``pipe/`` and ``log/`` the tree is the job's user's: deeper than any recursion or
-    descriptor limit (``shutil.rmtree`` recursed: RecursionError), and still growing while a
-    process of theirs elsewhere adds to it. So no recursion: each directory met is emptied by
-    moving its entries up into the top one (two descriptors open at a time), and the work is
-    bounded (:data:`MAX_REMOVE_STEPS`). Every failure is an OSError.
+    descriptor limit (``shutil.rmtree`` recursed: RecursionError), wider than memory should hold,
+    and still growing while a process of theirs elsewhere adds to it. So no recursion and no whole
+    listing: each directory met is emptied by moving its entries up into the top one (two
+    descriptors open at a time), and every entry seen counts against :data:`MAX_REMOVE_STEPS`.
+    Every failure is an OSError.
     """
     try:
         st = os.lstat(name, dir_fd=base)
@@ -528,13 +530,14 @@ def _remove(base: int, name: str) -> None:
         return
     top = os.open(name, DIR_FLAGS, dir_fd=base)
     try:
-        steps = 0
-        while entries := os.listdir(top):
-            for entry in entries:
-                steps += 1
-                if steps > MAX_REMOVE_STEPS:
-                    raise OSError(errno.ENOTEMPTY, f"more than {MAX_REMOVE_STEPS} entries, or still growing")
-                steps += _flatten(top, entry)
+        budget = [MAX_REMOVE_STEPS]
+        while True:
+            seen = False
+            for entry in _entries(top, budget):
+                seen = True
+                _flatten(top, entry, budget)
+            if not seen:
+                break
     finally:
         os.close(top)
     os.rmdir(name, dir_fd=base)
@@ -543,27 +546,35 @@ def _remove(base: int, name: str) -> None:
 MAX_REMOVE_STEPS = 200_000  # a daemon's directories hold a handful of pipes and logs
 
 
-def _flatten(top: int, entry: str) -> int:
+def _entries(fd: int, budget: list[int]) -> Iterator[str]:
+    """The names in the directory ``fd``, one at a time, each counted against ``budget``."""
+    with os.scandir(fd) as found:
+        for item in found:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise OSError(errno.ENOTEMPTY, f"more than {MAX_REMOVE_STEPS} entries, or still growing")
+            yield item.name
+
+
+def _flatten(top: int, entry: str, budget: list[int]) -> None:
     """Remove ``entry`` of ``top`` if it is not a directory, else move its entries up into ``top``
-    and remove it once empty (a race leaves it for the next listing); the steps taken."""
+    and remove it once empty (a race leaves it for the next pass)."""
     try:
         if not stat.S_ISDIR(os.lstat(entry, dir_fd=top).st_mode):
             os.unlink(entry, dir_fd=top)
-            return 0
+            return
         sub = os.open(entry, DIR_FLAGS, dir_fd=top)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return 0  # replaced meanwhile: seen again at the next listing
+        return  # replaced meanwhile: seen again at the next pass
     except OSError as exc:
         if exc.errno != errno.ELOOP:  # a directory swapped for a symlink: the same
             raise
-        return 0
-    moved = 0
+        return
     try:
-        for child in os.listdir(sub):
-            moved += 1
+        for child in _entries(sub, budget):
             for _ in range(8):  # a name the user planted in the top directory: take the next
                 try:
-                    os.rename(child, f".gpuslurm-rm-{os.getpid()}-{_next_serial()}", src_dir_fd=sub,
+                    os.rename(child, f".gpuslurm-rm-{os.getpid()}-{next(_SERIAL)}", src_dir_fd=sub,
                               dst_dir_fd=top)
                     break
                 except FileNotFoundError:  # gone meanwhile
@@ -580,11 +591,6 @@ def _flatten(top: int, entry: str) -> int:
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
             raise
-    return moved
 
 
-_serial = iter(range(1 << 62))
-
-
-def _next_serial() -> int:
-    return next(_serial)
+_SERIAL = itertools.count()
