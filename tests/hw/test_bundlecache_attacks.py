@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -86,3 +87,12 @@ def test_a_symlink_the_user_plants_is_not_followed_by_root(site: Path) -> None:
     truth = _pick(_user_env(site / "nowhere"), bundle)
     assert _pick(_user_env(home), bundle) == truth
     assert secret.read_text() == "root's\n" and not (site / CACHE_FILE).exists()
+
+
+def test_a_fifo_at_the_cache_file_never_blocks_pick(site: Path) -> None:
+    cache = site / "root-cache" / "gpuslurm"
+    cache.mkdir(parents=True, mode=0o700)
+    os.mkfifo(cache / CACHE_FILE, 0o600)
+    env = {**_user_env(site / "nowhere"), "XDG_CACHE_HOME": str(site / "root-cache")}
+    assert _pick(env, site / "bundle") == _pick(_user_env(site / "nowhere"), site / "bundle")
+    assert stat.S_ISFIFO(os.lstat(cache / CACHE_FILE).st_mode)  # refused, never replaced blindly
