@@ -108,7 +108,7 @@ def mps() -> Iterator[Mps]:
     finally:
         for pid in processes_with(str(root)):  # a failed test must not leave daemons behind
             os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=False)  # deep trees too
 
 
 def mode_owner(path: str | Path) -> tuple[int, int, int]:
@@ -541,3 +541,78 @@ def test_the_daemon_starts_inside_the_jobs_devices_cgroup(mps: Mps) -> None:
     finally:
         gpus.close()
         assert remove_v1("/sys/fs/cgroup", job)
+
+
+# nobody's own script: a directory tree in their pipe directory deeper than any recursion or
+# descriptor limit (a job can make one there while it runs: the directory is theirs)
+DEEP_TREE = """
+import os, sys
+os.chdir(sys.argv[1])
+for _ in range(int(sys.argv[2])):
+    os.mkdir("d")
+    os.chdir("d")
+    open("f", "w").close()
+    os.symlink("/etc/shadow", "s")
+"""
+
+
+def _grow_tree(pipe_dir: str, depth: int = 3000) -> None:
+    subprocess.run([SYSTEM_PYTHON, "-c", DEEP_TREE, pipe_dir, str(depth)], user=NOBODY, group=NOGROUP,
+                   extra_groups=[], check=True, timeout=120, cwd="/")
+
+
+def test_a_deep_tree_the_user_makes_never_breaks_stop_or_a_restart(mps: Mps) -> None:
+    """Python's rmtree recursed into the user's tree: the epilog's stop ended in RecursionError and
+    left the directory, and the next start of the same job id (the user requeues their own job)
+    raised it out of the prolog, exit 70, which drains the node."""
+    daemon = mps.start(job="43")
+    _grow_tree(daemon.pipe_dir)
+    done = mps.stop(job="43")  # the epilog
+    assert done is not None and not done.errors, done
+    assert not os.path.exists(os.path.join(mps.run_dir, "mps", "43"))
+    assert os.path.exists("/etc/shadow")
+
+    daemon = mps.start(job="44")
+    _grow_tree(daemon.pipe_dir)
+    # the epilog never ran (or failed): the same job id starts again over the stale directory
+    again = mps.start(job="44")
+    assert again.pid is not None and again.pid != daemon.pid and not live(daemon.pid)
+    assert os.listdir(again.pipe_dir) != ["d"]
+    done = mps.stop(job="44")
+    assert done is not None and not done.errors, done
+
+
+def test_the_prolog_over_a_users_stale_tree_never_fails_the_node(mps: Mps) -> None:
+    """The same through the hooks: the epilog exits 0 and removes the tree; a start over a stale
+    tree of the same job id exits 0 with the job's daemon started, not exit 70."""
+    site = hook_site(mps)
+    env = job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps")
+    assert run_prolog(env, quiet("prolog")) == 0
+    _grow_tree(str(Path(mps.run_dir) / "mps" / JOB / "pipe"))
+    log = quiet("prolog")
+    assert run_prolog(env, log) == 0, log.lines  # requeued: the same job id, the epilog never ran
+    assert not any("internal error" in line for line in log.lines), log.lines
+    assert any("MPS (comment) daemon pid" in line for line in log.lines), log.lines
+    _grow_tree(str(Path(mps.run_dir) / "mps" / JOB / "pipe"))
+    log = quiet("epilog")
+    assert run_epilog(env, log) == 0, log.lines
+    assert not any("cannot" in line for line in log.lines), log.lines
+    assert os.listdir(Path(mps.run_dir) / "mps") == [] and not site.scontrol_log.exists()
+
+
+def test_a_tree_that_will_not_go_is_set_aside_and_the_job_starts(mps: Mps,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree the user's other processes keep growing outlasts any bound: the start sets it aside
+    (for the admin) instead of failing; the epilog reports it and exits 0."""
+    import gpuslurm.isolate.mps as mps_module
+
+    daemon = mps.start(job="45")
+    _grow_tree(daemon.pipe_dir, depth=50)
+    monkeypatch.setattr(mps_module, "MAX_REMOVE_STEPS", 20)
+    again = mps.start(job="45")
+    assert again.pid is not None and not live(daemon.pid)
+    assert len([n for n in os.listdir(os.path.join(mps.run_dir, "mps")) if n.startswith(".stale-45-")]) == 1
+    _grow_tree(again.pipe_dir, depth=50)
+    done = mps.stop(job="45")
+    assert done is not None and done.errors and "cannot remove" in done.errors[0]
+    assert not live(again.pid)

@@ -75,3 +75,24 @@ def test_more_than_any_gpu_has_is_refused_with_the_largest_class(tmp_path: Path)
 def test_other_comments_pass_untouched(tmp_path: Path) -> None:
     for comment in ("", "gpuslurm:mps", "mem>=40G", "gpuslurm:memory>=40G"):
         assert _submit(tmp_path, comment)[:2] == ("0", None), comment
+
+
+@pytest.mark.parametrize("comment", [
+    "gpuslurm:mem>=" + "9" * 5000 + "G", "gpuslurm:mem>=%d%s%%G", "gpuslurm:mem>=40G\0x",
+    "gpuslurm:mem>= " * 20000, "gpuslurm:mem>=(.-)*G", "gpuslurm:mem>=[^%]G",
+    "gpuslurm:mem>=1.99999999999G", "gpuslurm:mem>=nan", "gpuslurm:mem>=infG",
+    "gpuslurm:mem>=0x10G", "gpuslurm:mem>=\xff\xfeG",
+])
+def test_hostile_comments_are_refused_in_one_line(tmp_path: Path, comment: str) -> None:
+    """Lua pattern specials, ``%`` formats, NUL, huge numbers, many request words: refused with one
+    message (never a Lua error, which would pass the job unchecked)."""
+    rc, features, user = _submit(tmp_path, comment, "%s%s")
+    assert (rc, features) == ("-1", "%s%s")
+    assert len(user) == 1 and user[0].startswith("gpuslurm: malformed GPU memory request"), user
+    assert len(user[0]) < 300
+
+
+@pytest.mark.parametrize("features", ["%s%n", "a" * 100_000, "h100&", "!gpumem_ge_8g"])
+def test_a_request_beside_any_plain_constraint_is_anded(tmp_path: Path, features: str) -> None:
+    rc, got, user = _submit(tmp_path, "gpuslurm:mem>=40G " * 1000, features)
+    assert (rc, got) == ("0", features + "&gpumem_ge_40g") and len(user) == 1

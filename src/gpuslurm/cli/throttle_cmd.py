@@ -282,7 +282,7 @@ def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, stat
                           exempt=frozenset(auto.exempt_users), band=(auto.band_low, auto.band_high),
                           gain=auto.band_gain)
     directory = state_dir or config.paths.state_dir
-    state = load_state(directory)
+    state = load_state(directory, cfg.tiers)
     p = config.paths
     try:
         adm = SlurmAdmission(squeue=p.squeue, scontrol=p.scontrol, sacctmgr=p.sacctmgr,

@@ -21,11 +21,12 @@ import re
 from collections.abc import Callable, Iterable
 
 from gpuslurm.errors import GpuslurmError, InputError
-from gpuslurm.policy.admission import AdmissionConfig, AdmissionState, step
+from gpuslurm.policy.admission import NO_TIER, TIERS, AdmissionConfig, AdmissionState, step
 from gpuslurm.policy.throttle import check_user
 from gpuslurm.runner import run_command
 from gpuslurm.safedir import read_private_file, write_private_file
 from gpuslurm.slurm.squeue import SqueueJob, gpu_indices, parse_squeue_json
+from gpuslurm.times import in_range
 
 _GRES_ITEM = re.compile(r"^gpu(?::[^:(]*)?:(\d{1,6})(?:\(.*\))?$")
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(-?\d{1,9})(?:,|$)")
@@ -145,25 +146,55 @@ class SlurmAdmission:
 
 STATE_FILE = "admission.json"
 MAX_STATE_BYTES = 1 << 20
+MAX_LIMIT = 1 << 24  # GPUs per user: far above any cluster
 
 
-def load_state(directory: str) -> AdmissionState:
+def load_state(directory: str, tiers: tuple[tuple[float, float], ...] = TIERS) -> AdmissionState:
     """The state a previous round saved in ``directory`` (root's, private), or a fresh one.
 
     The file is reached and checked like every root path (:mod:`gpuslurm.safedir`); a missing or
     malformed one is a fresh start, which forgets the limits this set (they are then left alone,
-    never lifted: docs/throttle.md).
+    never lifted: docs/throttle.md). Malformed includes any value :func:`save_state` never writes:
+    a tier that is not one of ``tiers``, a time or back-off that is not finite and in range (a NaN
+    would hold a limit forever), a limit that is not a whole number of GPUs.
     """
     data = read_private_file(directory, STATE_FILE, MAX_STATE_BYTES)
     if data is None:
         return AdmissionState()
     try:
         doc = json.loads(data)
-        limits = tuple((check_user(str(u)), int(n)) for u, n in doc["limits"])
-        opt = [None if doc[k] is None else float(doc[k]) for k in ("low_since", "backoff_s", "eased_at")]
-        return AdmissionState(int(doc["tier"]), opt[0], opt[1], opt[2], limits)
-    except (ValueError, TypeError, KeyError, InputError):
+        tier = doc["tier"]
+        if type(tier) is not int or not NO_TIER <= tier < len(tiers):
+            raise ValueError(f"not a tier: {tier!r}")
+        limits = tuple((check_user(_text(u)), _gpus(n)) for u, n in doc["limits"])
+        low_since, eased_at = (_opt_time(doc[k]) for k in ("low_since", "eased_at"))
+        backoff = _opt_time(doc["backoff_s"])
+        if backoff is not None and backoff <= 0:
+            raise ValueError(f"not a back-off: {backoff!r}")
+        return AdmissionState(tier, low_since, backoff, eased_at, limits)
+    except (ValueError, TypeError, KeyError, InputError, RecursionError):
         return AdmissionState()
+
+
+def _text(value: object) -> str:
+    if type(value) is not str:
+        raise TypeError(f"not a user name: {value!r}")
+    return value
+
+
+def _gpus(value: object) -> int:
+    if type(value) is not int or not 0 < value <= MAX_LIMIT:
+        raise ValueError(f"not a GPU limit: {value!r}")
+    return value
+
+
+def _opt_time(value: object) -> float | None:
+    """None, or a number of seconds in the range of :mod:`gpuslurm.times` (never NaN or infinite)."""
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not in_range(value):
+        raise ValueError(f"not a time: {value!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def save_state(directory: str, state: AdmissionState) -> None:
