@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gpuslurm.errors import CommandError, GpuslurmError, InputError, one_line
 
 if TYPE_CHECKING:
+    from gpuslurm.config import Config
     from gpuslurm.hw.identity import NodeIdentity
+    from gpuslurm.state.job import HookJob
+    from gpuslurm.state.scheduler import Scheduler
 
 EXIT_UNHEALTHY = 1  # a health fault drained the node
 EXIT_INTERNAL = 70
@@ -73,16 +76,22 @@ class HookLog:
                 pass
 
 
-def node_name(environ: Mapping[str, str]) -> str:
-    """The Slurm name of this node: ``SLURMD_NODENAME``, else the short host name."""
-    return environ.get("SLURMD_NODENAME", "").strip() or os.uname().nodename.split(".")[0]
+def scheduler_label(job: HookJob) -> str:
+    """The job's scheduler as people write it: Slurm, PBS."""
+    return {"slurm": "Slurm", "pbs": "PBS"}.get(job.scheduler, job.scheduler)
 
 
 def run_prolog(environ: Mapping[str, str], log: HookLog | None = None) -> int:
-    """Run the prolog; the exit code for Slurm (0 ok, 1 drained for a fault, else an error's code)."""
+    """Slurm's prolog; the exit code for Slurm (0 ok, 1 drained for a fault, else an error's code)."""
     log = log or HookLog("prolog")
     try:
-        return _prolog(environ, log)
+        from gpuslurm.hooks.cache import load_hook_config
+        from gpuslurm.slurm.hookenv import HookEnv, hook_job
+
+        job = hook_job(HookEnv.from_environ(environ), environ)
+        log.job_id = job.job_id
+        cfg = load_hook_config(environ, log.warning)
+        return prolog_job(job, cfg, slurm_actions(cfg), log, environ.get("GPUSLURM_CAPTURE") or None)
     except GpuslurmError as exc:
         log.error(str(exc))
         return exc.exit_code
@@ -91,39 +100,55 @@ def run_prolog(environ: Mapping[str, str], log: HookLog | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
-    from gpuslurm.hooks.cache import load_hook_config
-    from gpuslurm.slurm.hookenv import HookEnv
+def slurm_actions(cfg: Any) -> Scheduler:
+    """Slurm's drain, refuse and AdminComment, as the neutral steps call them."""
+    from gpuslurm.slurm.adapter import SlurmScheduler
 
-    env = HookEnv.from_environ(environ)
-    job_id, uid, user = env.require_job()
-    log.job_id = job_id
-    cfg = load_hook_config(environ, log.warning)
-    spec = environ.get("GPUSLURM_CAPTURE") or None
-    if env.job_gpus is None and env.step_gpus is None:
-        from gpuslurm.isolate.devices import isolate_job, wanted
+    return SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
+                          timeout=cfg.hooks.command_timeout_s)
+
+
+def prolog_job(job: HookJob, cfg: Config, scheduler: Scheduler, log: HookLog, spec: str | None, *,
+               node: NodeIdentity | None = None, isolate: bool | None = None,
+               gated: bool = False) -> int:
+    """The neutral prolog steps for ``job`` (see the module docstring); its exit code.
+
+    ``scheduler`` drains the node and refuses the job in its scheduler's way; ``spec`` names a
+    replayed bundle (None: NVML); ``node`` is the node's identities when the caller has them;
+    ``isolate`` overrides ``[cgroup] devices`` (None: :func:`gpuslurm.isolate.devices.wanted`);
+    ``gated`` says the caller has already checked the health of the job's GPUs.
+    Errors other than a health fault or a job fault are raised (the caller fails closed).
+    """
+    log.job_id = job.job_id
+    if isolate is None:
+        from gpuslurm.isolate.devices import wanted
+
+        isolate = wanted(cfg)
+    if job.gpus is None:
+        from gpuslurm.isolate.devices import isolate_job
 
         # a job without GPUs here: nothing to check or map, but every GPU is denied to it
-        if wanted(cfg):
-            _log_isolation(log, isolate_job(cfg, job_id, uid, (), _node(spec, cfg, log)))
+        if isolate:
+            _log_isolation(log, isolate_job(cfg, job.job_id, job.uid, (), node or _node(spec, cfg, log)))
         return 0
 
-    from gpuslurm.slurm.hookenv import resolve_job_gpus
+    from gpuslurm.state.job import resolve_devices
     from gpuslurm.state.jobmap import job_map, write_map
 
-    node = _node(spec, cfg, log)
-    devices = resolve_job_gpus(env, node)
+    node = node or _node(spec, cfg, log)
+    devices = resolve_devices(job.gpus, node)
     if not devices:
         from gpuslurm.isolate.devices import isolate_job
 
-        _log_isolation(log, isolate_job(cfg, job_id, uid, (), node))
+        if isolate:
+            _log_isolation(log, isolate_job(cfg, job.job_id, job.uid, (), node))
         return 0
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
 
     from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
 
     faults = []
-    if gate_enabled(cfg.health):
+    if gate_enabled(cfg.health) and not gated:
         from gpuslurm.hw.health import read_health
 
         health = read_health(gpus, spec)
@@ -135,36 +160,35 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
                     f"(action {fault.action})")
     drains = [f for f in faults if f.action == "drain"]
     if drains:
-        from gpuslurm.slurm.scontrol import drain_node
-
         reason = drain_reason(drains, labels)
-        name = node_name(environ)
         try:
-            drain_node(name, reason, scontrol=cfg.paths.scontrol, timeout=cfg.hooks.command_timeout_s)
-            log.error(f"drained {name}: {reason}")
-        except CommandError as exc:  # Slurm drains the node itself when the prolog fails
-            log.error(f"could not drain {name} ({exc}); failing so that Slurm drains it: {reason}")
+            scheduler.drain_node(job.node_name, reason)
+            log.error(f"drained {job.node_name}: {reason}")
+        except CommandError as exc:  # the scheduler takes the node out itself when the prolog fails
+            log.error(f"could not drain {job.node_name} ({exc}); failing so that "
+                      f"{scheduler_label(job)} drains it: {reason}")
         from gpuslurm.hooks.epilog import record_refusal
 
-        record_refusal(environ, job_id, uid, user, time.time(),
+        record_refusal(job, time.time(),
                        [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
                          "parent_uuid": d.gpu.uuid if d.mig is not None else None} for d in devices],
                        faults, cfg, log)
         return EXIT_UNHEALTHY
     from gpuslurm.isolate.devices import isolate_job
 
-    _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
+    if isolate:
+        _log_isolation(log, isolate_job(cfg, job.job_id, job.uid, devices, node))  # fails closed: raises
     try:
-        mps = _start_mps(environ, cfg, job_id, uid, [d.uuid for d in devices], log)
+        mps = _start_mps(job, cfg, [d.uuid for d in devices], log, isolate)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
-        return _refuse_job(cfg, job_id, str(exc), log)
+        return _refuse_job(scheduler, job.job_id, str(exc), log)
     try:  # every step after MPS started: a failure stops the daemon again
-        account = environ.get("SLURM_JOB_ACCOUNT", "").strip() or None  # for --by account reports
-        path = write_map(job_map(job_id, user, uid, devices, account=account), cfg.paths.jobs_dir)
+        path = write_map(job_map(job.job_id, job.user, job.uid, devices, account=job.account),
+                         cfg.paths.jobs_dir)
         log.info(f"{len(devices)} device(s) {','.join(d.uuid for d in devices)} mapped in {path}")
     except BaseException:
         if mps:
-            _stop_mps_after_failure(cfg, job_id, log)
+            _stop_mps_after_failure(cfg, job.job_id, log)
         raise
     return 0
 
@@ -176,18 +200,17 @@ def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
     return node_identity(spec, cfg.paths.run_dir, log.warning)
 
 
-def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuids: list[str],
-               log: HookLog) -> bool:
+def _start_mps(job: HookJob, cfg: Any, uuids: list[str], log: HookLog, isolated: bool) -> bool:
     """Start the job's MPS daemon if it asked for one (True).
 
     What the job's user controls raises JobFaultError (a malformed request, a daemon that fails to
     start as the user, e.g. at their process limit); what the admin controls (the MPS control
     program, the run directory) raises its own error, failing closed."""
-    from gpuslurm.isolate.mps_request import job_gid, mps_request
+    from gpuslurm.isolate.mps_request import job_mps_request, user_gid
 
     try:  # what the job asked for (--comment, --constraint) and who it runs as
-        request = mps_request(environ, cfg.mps)
-        gid = job_gid(environ, uid) if request is not None else 0
+        request = job_mps_request(job.mps_share, job.comment, job.features, cfg.mps)
+        gid = user_gid(job.uid, job.gid) if request is not None else 0
     except InputError as exc:
         raise JobFaultError(f"bad MPS request: {exc}") from exc
     if request is None:
@@ -197,26 +220,23 @@ def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuid
     from gpuslurm.isolate.mps import start_mps
 
     try:
-        daemon = start_mps(job_id, uid, gid, uuids, request, run_dir=cfg.paths.run_dir,
+        daemon = start_mps(job.job_id, job.uid, gid, uuids, request, run_dir=cfg.paths.run_dir,
                            mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
                            pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
-                           cgroup_procs=_job_devices_procs(cfg, job_id))
+                           cgroup_procs=_job_devices_procs(cfg, job.job_id) if isolated else None)
     except CommandError as exc:  # runs as the user: their process limit, their environment
         raise JobFaultError(f"the job's MPS daemon did not start: {exc}") from exc
-    log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
+    log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {job.uid}, "
              f"{request.active_thread_percentage}% threads, pipe {daemon.pipe_dir}")
     return True
 
 
-def _refuse_job(cfg: Any, job_id: str, why: str, log: HookLog) -> int:
-    """Fail the job for ``why`` without draining the node: 0 when Slurm took it out, else an error
-    code (the job must not start: Slurm then drains the node, the one way left to stop it)."""
-    from gpuslurm.slurm.scontrol import refuse_job
-
+def _refuse_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> int:
+    """Fail the job for ``why`` without draining the node: 0 when the scheduler took it out, else an
+    error code (the job must not start: the scheduler then drains the node, the one way left)."""
     reason = f"gpuslurm refused this job: {why}"
     try:
-        done = refuse_job(job_id, reason, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
-                          timeout=cfg.hooks.command_timeout_s)
+        done = scheduler.refuse_job(job_id, reason)
     except CommandError as exc:
         log.error(f"{reason}; and could not requeue or cancel it ({exc}): failing the prolog")
         return exc.exit_code
@@ -229,9 +249,9 @@ def _job_devices_procs(cfg: Any, job_id: str) -> str | None:
     daemon to start in; None when gpuslurm does not isolate here or uses v2."""
     import os
 
-    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir, wanted
+    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
 
-    if not wanted(cfg) or cgroup_version(cfg.paths.cgroup_root) != 1:
+    if cgroup_version(cfg.paths.cgroup_root) != 1:
         return None
     procs = os.path.join(v1_job_dir(cfg.paths.cgroup_root, job_id), "cgroup.procs")
     return procs if os.path.exists(procs) else None

@@ -27,10 +27,13 @@ exits ``EXIT_NOT_ISOLATED``; slurmstepd then logs "TaskProlog failed" and the ta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TextIO
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TextIO
 
 from gpuslurm.hooks.prolog import HookLog
+
+if TYPE_CHECKING:
+    from gpuslurm.state.job import JobDevice
 
 EXIT_NOT_ISOLATED = 3  # the task could not join its devices cgroup: Slurm refuses the task
 
@@ -38,7 +41,6 @@ EXIT_NOT_ISOLATED = 3  # the task could not join its devices cgroup: Slurm refus
 def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
     """The ``export`` lines for this task (none for a task without GPUs)."""
     from gpuslurm.hw.source import load_node
-    from gpuslurm.ranges import format_ranges
     from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
 
     env = HookEnv.from_environ(environ)
@@ -47,28 +49,43 @@ def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
     devices = resolve_job_gpus(env, load_node(environ.get("GPUSLURM_CAPTURE") or None, links=False))
     if not devices:
         return []
+    from gpuslurm.config import load_config
+
+    local = environ.get("SLURM_LOCALID", "0").strip()
+    values = task_values(devices, int(local) if local.isascii() and local.isdigit() else 0,
+                         run_dir=load_config(environ=environ).paths.run_dir, job_id=env.job_id,
+                         set_visible=not environ.get("CUDA_VISIBLE_DEVICES", "").strip(),
+                         set_order=not environ.get("CUDA_DEVICE_ORDER", "").strip())
+    # Slurm takes the value to the end of the line: a newline would smuggle in another command.
+    return [f"export {name}={value}" for name, value in values
+            if value.isprintable() and "\n" not in value]
+
+
+def task_values(devices: Sequence[JobDevice], local: int, *, run_dir: str, job_id: str | None,
+                set_visible: bool = True, set_order: bool = True,
+                uid: int | None = None) -> list[tuple[str, str]]:
+    """The variables a task of a job holding ``devices`` gets (see the module docstring), whatever
+    the scheduler: the task is the job's ``local``-th on this node; ``set_visible``/``set_order``
+    say whether CUDA_VISIBLE_DEVICES/CUDA_DEVICE_ORDER are to be set; ``uid`` owns the MPS pipe
+    directory (default: the caller, the job's user)."""
+    from gpuslurm.isolate.mps_request import mps_exports
+    from gpuslurm.ranges import format_ranges
+
     uuids = ",".join(d.uuid for d in devices)
     values: list[tuple[str, str]] = []
-    if not environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+    if set_visible:
         values.append(("CUDA_VISIBLE_DEVICES", uuids))
-    if not environ.get("CUDA_DEVICE_ORDER", "").strip():
+    if set_order:
         values.append(("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
     values.append(("GPUSLURM_GPU_UUIDS", uuids))
-    local = environ.get("SLURM_LOCALID", "0").strip()
-    k = int(local) % len(devices) if local.isascii() and local.isdigit() else 0
+    k = local % len(devices)
     mine = devices[k]
     values += [("GPUSLURM_LOCAL_GPU", str(k)), ("GPUSLURM_GPU_UUID", mine.uuid)]
     if mine.gpu.numa_node is not None:
         values.append(("GPUSLURM_NUMA_NODE", str(mine.gpu.numa_node)))
     if mine.gpu.cpu_affinity:
         values.append(("GPUSLURM_GPU_CPUS", format_ranges(mine.gpu.cpu_affinity)))
-    from gpuslurm.config import load_config
-    from gpuslurm.isolate.mps_request import mps_exports
-
-    values += mps_exports(load_config(environ=environ).paths.run_dir, env.job_id)
-    # Slurm takes the value to the end of the line: a newline would smuggle in another command.
-    return [f"export {name}={value}" for name, value in values
-            if value.isprintable() and "\n" not in value]
+    return values + mps_exports(run_dir, job_id, uid)
 
 
 def run_task_prolog(environ: Mapping[str, str], out: TextIO, log: HookLog | None = None) -> int:

@@ -53,12 +53,23 @@ class MpsDirs(NamedTuple):
 
 
 def mps_request(environ: Mapping[str, str], cfg: MpsConfig) -> MpsRequest | None:
-    """Whether the job whose prolog environment this is asked for MPS, and by which trigger."""
+    """Whether the job whose Slurm prolog environment this is asked for MPS, and by which trigger."""
+    return job_mps_request(environ.get(GRES_VAR), environ.get("SLURM_JOB_COMMENT"),
+                           environ.get("SLURM_JOB_CONSTRAINTS"), cfg)
+
+
+def job_mps_request(share: str | None, comment: str | None, constraints: str | None,
+                    cfg: MpsConfig) -> MpsRequest | None:
+    """Whether a job asked for MPS: its scheduler's share (``gres``), its comment, its features.
+
+    The scheduler-neutral form of :func:`mps_request` (a :class:`gpuslurm.state.job.HookJob`'s
+    ``mps_share``, ``comment`` and ``features``); error messages name Slurm's variables.
+    """
     if "gres" in cfg.triggers:
-        raw = environ.get(GRES_VAR, "").strip()
+        raw = (share or "").strip()
         if raw:
             return MpsRequest("gres", parse_percentage(raw))
-    comment = environ.get("SLURM_JOB_COMMENT", "")
+    comment = comment or ""
     if "comment" in cfg.triggers and cfg.comment_token:
         token = cfg.comment_token
         for word in sorted(comment_words(comment)):
@@ -66,7 +77,7 @@ def mps_request(environ: Mapping[str, str], cfg: MpsConfig) -> MpsRequest | None
                 return MpsRequest("comment", cfg.active_thread_percentage)
             if word.startswith(token + "="):  # the job's own share: <token>=<1-100>
                 return MpsRequest("comment", parse_percentage(word[len(token) + 1:], "SLURM_JOB_COMMENT"))
-    constraints = environ.get("SLURM_JOB_CONSTRAINTS", "")
+    constraints = constraints or ""
     if "feature" in cfg.triggers and cfg.feature and cfg.feature in constraint_features(constraints):
         return MpsRequest("feature", cfg.active_thread_percentage)
     return None
@@ -122,25 +133,28 @@ def job_gid(environ: Mapping[str, str], uid: int) -> int:
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
             raise InputError(f"not a numeric gid: {raw!r}", source="SLURM_JOB_GID")
         return check_id(int(raw), "SLURM_JOB_GID")
+    return user_gid(uid)
+
+
+def user_gid(uid: int, gid: int | None = None) -> int:
+    """``gid`` (a job's primary group as its scheduler gave it) when known, else the primary
+    group of ``uid`` in the password database; InputError for impossible ids."""
+    check_id(uid, "job uid")
+    if gid is not None:
+        return check_id(gid, "job gid")
     import pwd
 
     try:
         return pwd.getpwuid(uid).pw_gid
     except KeyError:
-        raise InputError(f"is not set and uid {uid} has no passwd entry",
-                         source="SLURM_JOB_GID") from None
+        raise InputError(f"uid {uid} has no passwd entry", source="job gid") from None
 
 
 def check_job_id(job_id: str) -> str:
-    """``job_id`` if it is ``<digits>`` or ``<digits>_<digits>``: it becomes a directory name."""
-    main, sep, task = job_id.partition("_")
-    if not (_digits(main) and (not sep or _digits(task))):
-        raise InputError(f"not a Slurm job id: {job_id!r}", source="job id")
-    return job_id
+    """``job_id`` if it is a Slurm or PBS job id (:mod:`gpuslurm.jobid`): it becomes a directory name."""
+    from gpuslurm.jobid import check_job_id as check
 
-
-def _digits(text: str) -> bool:
-    return 0 < len(text) <= 10 and text.isascii() and text.isdigit()
+    return check(job_id)
 
 
 def mps_exports(run_dir: str, job_id: str | None, uid: int | None = None) -> list[tuple[str, str]]:

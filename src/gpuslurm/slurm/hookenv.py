@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.state.job import GpuClaim, JobDevice, is_uuid, node_devices, resolve_devices
+from gpuslurm.state.job import GpuClaim, HookJob, JobDevice, is_uuid, node_devices, resolve_devices
 
 if TYPE_CHECKING:  # both kinds of node, never loaded here: see gpuslurm.hw.identity
     from gpuslurm.hw.identity import AnyNode
@@ -84,6 +84,32 @@ class HookEnv(NamedTuple):
                 raise InputError("is not set: not running as a Slurm job hook?", source=name)
         assert self.job_id is not None and self.uid is not None and self.user is not None
         return self.job_id, self.uid, self.user
+
+
+def hook_job(env: HookEnv, environ: Mapping[str, str]) -> HookJob:
+    """The neutral job of a Slurm prolog or epilog (InputError naming what is missing).
+
+    A malformed ``SLURM_JOB_GID`` (Slurm writes it, not the user) counts as absent: the user's
+    primary group is looked up when it is needed (the MPS daemon).
+    """
+    import os
+
+    job_id, uid, user = env.require_job()
+
+    def text(name: str) -> str | None:
+        return environ.get(name, "").strip() or None
+
+    gid_text = text("SLURM_JOB_GID")
+    gid = int(gid_text) if gid_text and gid_text.isascii() and gid_text.isdigit() \
+        and len(gid_text) <= 10 else None
+    start_text = text("SLURM_JOB_START_TIME")
+    return HookJob(
+        scheduler="slurm", job_id=job_id, uid=uid, user=user,
+        node_name=env.node_name or os.uname().nodename.split(".")[0],
+        gpus=gpu_claim(env), gid=gid, account=text("SLURM_JOB_ACCOUNT"),
+        start=float(start_text) if start_text and start_text.isdigit() else None,
+        comment=environ.get("SLURM_JOB_COMMENT"), features=environ.get("SLURM_JOB_CONSTRAINTS"),
+        mps_share=environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
 
 
 def gres_devices(node: AnyNode) -> tuple[JobDevice, ...]:
