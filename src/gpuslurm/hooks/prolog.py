@@ -26,7 +26,7 @@ from gpuslurm.errors import CommandError, GpuslurmError, InputError, one_line
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
-    from gpuslurm.hw.identity import NodeIdentity
+    from gpuslurm.hw.identity import AnyNode, NodeIdentity
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.scheduler import Scheduler
 
@@ -109,7 +109,7 @@ def slurm_actions(cfg: Any) -> Scheduler:
 
 
 def prolog_job(job: HookJob, cfg: Config, scheduler: Scheduler, log: HookLog, spec: str | None, *,
-               node: NodeIdentity | None = None, isolate: bool | None = None,
+               node: AnyNode | None = None, isolate: bool | None = None,
                gated: bool = False) -> int:
     """The neutral prolog steps for ``job`` (see the module docstring); its exit code.
 
