@@ -176,3 +176,24 @@ def test_the_best_connected_free_pair_is_chosen_on_a_natural_vnode(tmp_path: Pat
     assert site.mapped("1.pbshost") == [by_index[0]]  # lowest index among equals
     site.begin("2.pbshost", "(pbshost:ncpus=1:ngpus=2)")
     assert sorted(site.mapped("2.pbshost")) == sorted([by_index[2], by_index[3]])  # NODE, not SYS
+
+
+def test_the_replayed_node_with_its_links_is_read_once_then_cached(dgx: Site,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuslurm.hooks.cache import placement_node
+    from gpuslurm.hw import source
+
+    first = placement_node(str(dgx.bundle), str(dgx.root / "run"))
+    assert (dgx.root / "run" / "cache" / "node-placement.json").stat().st_mode & 0o777 == 0o600
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the bundle was parsed again")
+
+    monkeypatch.setattr(source, "load_node", refuse)
+    again = placement_node(str(dgx.bundle), str(dgx.root / "run"))
+    assert again == first and again.links is not None
+    assert dgx.begin("20.pbshost", "(pbshost[0]:ncpus=1:ngpus=2)")[1] == {"format": 1, "accept": True}
+    # a changed bundle file is a new key: parsed again
+    (dgx.bundle / "hostname").write_text("other\n")
+    with pytest.raises(AssertionError, match="parsed again"):
+        placement_node(str(dgx.bundle), str(dgx.root / "run"))

@@ -13,6 +13,9 @@ config is parsed, so its directory comes from the ``run_dir = "..."`` line of ``
 there is one (the default run_dir otherwise); it is only written when the parse confirms that
 run_dir, so a config that spells run_dir another way is simply parsed every time.
 
+``node-placement.json``: the same for the whole replayed node with its link matrix and CPUs
+(:func:`placement_node`), which PBS's execjob_begin ranks GPU sets by; same key, same rules.
+
 ``node-identity.json``: a replayed node's identities come from parsing its capture bundle
 (nvidia-smi XML, lscpu, ...) into the model, which costs a prolog several times its own work.
 The file is valid while the bundle directory holds the same files: its real path and, for every
@@ -38,11 +41,13 @@ from gpuslurm.errors import GpuslurmError
 if TYPE_CHECKING:
     from gpuslurm.config import Config
     from gpuslurm.hw.identity import NodeIdentity
+    from gpuslurm.hw.model import Node
 
 Warn = Callable[[str], None]
 CACHE_DIR = "cache"
 CONFIG_FILE = "config.json"
 NODE_FILE = "node-identity.json"
+PLACEMENT_FILE = "node-placement.json"
 FORMAT = 1
 MAX_BYTES = 1 << 20
 NOT_KEYED = frozenset({"health.json"})  # read by the health check itself on every run
@@ -116,6 +121,32 @@ def node_identity(spec: str | None, run_dir: str, warn: Warn | None = None) -> N
     from gpuslurm.hw.identity import to_json
 
     _store(directory, NODE_FILE, {"key": key, "node": to_json(node)}, warn)
+    return node
+
+
+def placement_node(spec: str | None, run_dir: str, warn: Warn | None = None) -> Node:
+    """The whole node ``spec`` names, link matrix and CPUs included (what the placement engine
+    ranks GPU sets by), cached like :func:`node_identity` when replayed; live, NVML every time."""
+    from gpuslurm.hw.source import bundle_path, load_node
+
+    bundle = bundle_path(spec)
+    if bundle is None:
+        return load_node(spec)
+    from gpuslurm.hw.nvml_json import node_from_dict, node_to_dict
+
+    directory = os.path.join(run_dir, CACHE_DIR)
+    try:
+        key = bundle_key(bundle)
+    except OSError:
+        return load_node(spec)
+    cached = _load(directory, PLACEMENT_FILE, warn)
+    if isinstance(cached, dict) and cached.get("key") == key:
+        try:
+            return node_from_dict(cached["node"], str(cached.get("source") or bundle))
+        except (GpuslurmError, KeyError):
+            pass  # not what this version writes: read the bundle and write it anew
+    node = load_node(spec)
+    _store(directory, PLACEMENT_FILE, {"key": key, "source": node.source, "node": node_to_dict(node)}, warn)
     return node
 
 

@@ -19,15 +19,17 @@ reader then takes that fact from the other files.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Cpu, Gpu, MigDevice, Node, link_from_text
 from gpuslurm.ranges import MAX_CPUS, MAX_GPUS
 from gpuslurm.safedir import read_regular_text
 
-__all__ = ["dump_node", "link_from_text", "load_partial", "node_to_dict"]
+if TYPE_CHECKING:  # annotations only: the hooks that read a cached node do without pathlib
+    from pathlib import Path
+
+__all__ = ["dump_node", "link_from_text", "load_partial", "node_from_dict", "node_to_dict"]
 
 FORMAT = "gpuslurm-nvml"
 VERSION = 1
@@ -62,6 +64,20 @@ def node_to_dict(node: Node) -> dict[str, Any]:
 
 def dump_node(node: Node) -> str:
     return json.dumps(node_to_dict(node), indent=1) + "\n"
+
+
+def node_from_dict(raw: Any, source: str) -> Node:
+    """The Node a :func:`node_to_dict` document describes, every value checked (CaptureError
+    naming ``source`` and the field); used for the hooks' cache of a replayed node."""
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != VERSION:
+        raise CaptureError("not a gpuslurm node document of this version", source)
+    try:
+        fields = _partial(raw)
+    except _FieldError as exc:
+        raise CaptureError(str(exc), source) from None
+    if "hostname" not in fields or "gpus" not in fields:
+        raise CaptureError("hostname and gpus are missing", source)
+    return Node(**fields, source=str(raw.get("source") or source))
 
 
 def load_partial(path: Path) -> dict[str, Any]:

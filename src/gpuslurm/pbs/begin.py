@@ -162,11 +162,11 @@ def run_begin(job: HookJob, shares: tuple[tuple[str, int], ...], cfg: Config, sp
 
     if not shares:  # no GPUs here: the prolog still denies it every GPU
         return prolog_job(job, cfg, actions, log, spec, isolate=isolate)
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hooks.cache import placement_node
     from gpuslurm.state.job import GpuClaim
     from gpuslurm.state.jobmap import lock_maps
 
-    node = load_node(spec)  # with links: the placement ranks sets by them
+    node = placement_node(spec, cfg.paths.run_dir, log.warning)  # links: the placement ranks sets by them
     wants = vnode_shares(node, job.node_name, shares)
     try:
         check_counts(wants)
