@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_hooks import clean_venv, p90  # noqa: E402  (the sibling script's helpers)
+from bench_hooks import clean_venv, p90  # the sibling script's helpers
 
 TARGET = 3.0
 ENTRY = "from gpuslurm.pbs.entry import run; run()"
@@ -95,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for _ in range(args.runs):
             job += 1
             times["floor"].append(timed(floor_cmd, dict(os.environ)))
-            times["begin"].append(timed(hook["execjob_begin"], env, request("execjob_begin", job, args.ngpus)))
+            begin = request("execjob_begin", job, args.ngpus)
+            times["begin"].append(timed(hook["execjob_begin"], env, begin))
             times["end"].append(timed(hook["execjob_end"], env, request("execjob_end", job, args.ngpus)))
             if args.pbs_python:
                 pbs_python.append(timed([args.pbs_python, str(noop)], dict(os.environ)))
@@ -105,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"bundle {args.bundle}, exec_vnode=(pbshost[0]:ncpus=4:ngpus={args.ngpus}), {args.runs} runs, "
           f"{python}")
-    print(f"  python -c pass         median {med['floor'] * 1000:7.1f} ms  p90 {p90(times['floor']) * 1000:7.1f} ms")
+    print(f"  python -c pass         median {med['floor'] * 1000:7.1f} ms  "
+          f"p90 {p90(times['floor']) * 1000:7.1f} ms")
     for key, label in (("begin", "gpuslurm execjob_begin"), ("end", "gpuslurm execjob_end  ")):
         print(f"  {label} median {med[key] * 1000:7.1f} ms  p90 {p90(times[key]) * 1000:7.1f} ms"
               f"  ratio {med[key] / med['floor']:.2f}")

@@ -42,7 +42,7 @@ DEFAULT_TIMEOUT = 20.0
 PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class HookFailure(Exception):
+class NoAnswerError(Exception):
     """gpuslurm could not answer; the message says why, in one line."""
 
 
@@ -59,33 +59,33 @@ def one_line(text, limit=500):
 
 
 def read_config():
-    """The hook's config (see the top of this file); HookFailure when it is missing or broken."""
+    """The hook's config (see the top of this file); NoAnswerError when it is missing or broken."""
     path = getattr(pbs, "hook_config_filename", None)
     if not path:
-        raise HookFailure("no hook config: import one with `gpuslurm install --pbs`")
+        raise NoAnswerError("no hook config: import one with `gpuslurm install --pbs`")
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_CONFIG + 1)
     except (IOError, OSError) as exc:
-        raise HookFailure("cannot read the hook config %s: %s" % (path, exc))
+        raise NoAnswerError("cannot read the hook config %s: %s" % (path, exc)) from None
     if len(raw) > MAX_CONFIG:
-        raise HookFailure("the hook config is larger than %d bytes" % MAX_CONFIG)
+        raise NoAnswerError("the hook config is larger than %d bytes" % MAX_CONFIG)
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise HookFailure("the hook config is not JSON: %s" % one_line(exc))
+        raise NoAnswerError("the hook config is not JSON: %s" % one_line(exc)) from None
     if not isinstance(doc, dict):
-        raise HookFailure("the hook config must be a JSON object")
+        raise NoAnswerError("the hook config must be a JSON object")
     python = doc.get("python")
     if not isinstance(python, str) or not os.path.isabs(python):
-        raise HookFailure("the hook config's python must be an absolute path, not %r" % (python,))
+        raise NoAnswerError("the hook config's python must be an absolute path, not %r" % (python,))
     for key in ("config", "capture"):
         value = doc.get(key, "")
         if not isinstance(value, str) or (value and not os.path.isabs(value)):
-            raise HookFailure("the hook config's %s must be an absolute path or empty" % key)
+            raise NoAnswerError("the hook config's %s must be an absolute path or empty" % key)
     timeout = doc.get("timeout", DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
-        raise HookFailure("the hook config's timeout must be a number of seconds")
+        raise NoAnswerError("the hook config's timeout must be a number of seconds")
     return doc
 
 
@@ -105,7 +105,7 @@ def cgroups_hook_enabled():
     if not home:
         return False
     try:
-        with open(os.path.join(home, "mom_priv", "hooks", "pbs_cgroups.HK"), "r") as handle:
+        with open(os.path.join(home, "mom_priv", "hooks", "pbs_cgroups.HK")) as handle:
             lines = handle.read(MAX_CONFIG).splitlines()
     except (IOError, OSError):
         return False
@@ -124,7 +124,7 @@ def make_request(event, name):
         req["job_id"] = text(job.id)
         req["euser"] = text(job.euser)
         req["exec_vnode"] = text(job.exec_vnode)
-        req["exec_host"] = text(job.exec_host)
+        req["exec_host"] = text(job.exec_host) or text(getattr(job, "exec_host2", None))  # mom: only 2
         req["pbs_cgroups"] = cgroups_hook_enabled()
         if name == "execjob_launch":
             req["pid"] = os.getppid()  # pbs_mom's child that becomes the task runs this hook
@@ -134,7 +134,7 @@ def make_request(event, name):
 
 
 def run_gpuslurm(config, name, request):
-    """gpuslurm's answer (a dict) and its log lines; HookFailure when it has none."""
+    """gpuslurm's answer (a dict) and its log lines; NoAnswerError when it has none."""
     env = {"PATH": PATH, "LANG": "C.UTF-8"}
     if config.get("config"):
         env["GPUSLURM_CONFIG"] = config["config"]
@@ -147,7 +147,7 @@ def run_gpuslurm(config, name, request):
                                 stderr=subprocess.PIPE, env=env, cwd="/", close_fds=True,
                                 start_new_session=True)
     except (IOError, OSError) as exc:
-        raise HookFailure("cannot run %s: %s" % (config["python"], exc))
+        raise NoAnswerError("cannot run %s: %s" % (config["python"], exc)) from None
     try:
         out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -156,24 +156,25 @@ def run_gpuslurm(config, name, request):
         except OSError:
             pass
         proc.communicate()
-        raise HookFailure("gpuslurm did not answer within %gs (killed)" % timeout)
+        raise NoAnswerError("gpuslurm did not answer within %gs (killed)" % timeout) from None
     lines = [one_line(line) for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
     if proc.returncode != 0:
         why = lines[-1] if lines else "no message"
-        raise HookFailure("gpuslurm failed (exit %s): %s" % (proc.returncode, why), lines[:-1])
+        raise NoAnswerError("gpuslurm failed (exit %s): %s" % (proc.returncode, why), lines[:-1])
     if len(out) > MAX_ANSWER:
-        raise HookFailure("gpuslurm's answer is larger than %d bytes" % MAX_ANSWER, lines)
+        raise NoAnswerError("gpuslurm's answer is larger than %d bytes" % MAX_ANSWER, lines)
     try:
         answer = json.loads(out.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise HookFailure("gpuslurm's answer is not JSON: %s" % one_line(exc), lines)
+        raise NoAnswerError("gpuslurm's answer is not JSON: %s" % one_line(exc), lines) from None
     if not isinstance(answer, dict) or answer.get("format") != FORMAT:
-        raise HookFailure("gpuslurm's answer is not format %d" % FORMAT, lines)
+        raise NoAnswerError("gpuslurm's answer is not format %d" % FORMAT, lines)
     return answer, lines
 
 
 def offline(event, vnode, comment):
-    """Take ``vnode`` offline with ``comment``: through the event, else with pbsnodes -o -C."""
+    """Take ``vnode`` offline with ``comment``: through the event, else with qmgr (which needs this
+    host's root to be a PBS manager; pbsnodes -o names hosts, not vnodes like HOST[n])."""
     try:
         vnodes = event.vnode_list
         if vnode not in vnodes:
@@ -183,15 +184,17 @@ def offline(event, vnode, comment):
         log("vnode %s offline: %s" % (vnode, comment), error=True)
         return
     except Exception as exc:
-        log("cannot take vnode %s offline through the event (%s): trying pbsnodes" % (vnode, exc),
+        log("cannot take vnode %s offline through the event (%s): trying qmgr" % (vnode, exc),
             error=True)
-    pbsnodes = os.path.join(pbs.pbs_conf.get("PBS_EXEC", "/opt/pbs"), "bin", "pbsnodes")
+    qmgr = os.path.join(pbs.pbs_conf.get("PBS_EXEC", "/opt/pbs"), "bin", "qmgr")
+    quoted = comment.replace('"', "'")
     try:
-        subprocess.run([pbsnodes, "-o", "-C", comment, vnode], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=10, check=True)
-        log("vnode %s offline (pbsnodes): %s" % (vnode, comment), error=True)
+        subprocess.run([qmgr, "-c", 'set node %s state += offline, comment = "%s"' % (vnode, quoted)],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=10, check=True)
+        log("vnode %s offline (qmgr): %s" % (vnode, comment), error=True)
     except Exception as exc:
-        log("cannot take vnode %s offline with pbsnodes either: %s" % (vnode, one_line(exc)), error=True)
+        log("cannot take vnode %s offline with qmgr either: %s" % (vnode, one_line(exc)), error=True)
 
 
 def set_resources(event, vnode, resources):
@@ -235,7 +238,7 @@ def main():
     try:
         config = read_config()
         answer, lines = run_gpuslurm(config, name, make_request(event, name))
-    except HookFailure as exc:
+    except NoAnswerError as exc:
         for line in (exc.args[1] if len(exc.args) > 1 else [])[-MAX_LOG_LINES:]:
             log(line)
         message = "gpuslurm %s: %s" % (name, exc.args[0])

@@ -33,7 +33,8 @@ class Job:
     id = "12.pbshost"
     euser = "root"
     exec_vnode = "(pbshost[0]:ncpus=4:ngpus=2)"
-    exec_host = "pbshost/0*4"
+    exec_host = None  # what pbs_mom gives its hooks: exec_host2 only
+    exec_host2 = "pbshost:15002/0*4"
 
 
 class Event:
@@ -148,7 +149,7 @@ def test_the_request_names_the_job_and_the_answer_is_applied(tmp_path: Path) -> 
     request = json.loads((tmp_path / "request.json").read_text())
     assert request == {"format": 1, "event": "execjob_launch", "hostname": "pbshost",
                        "vnodes": ["pbshost[0]"], "job_id": "12.pbshost", "euser": "root",
-                       "exec_vnode": "(pbshost[0]:ncpus=4:ngpus=2)", "exec_host": "pbshost/0*4",
+                       "exec_vnode": "(pbshost[0]:ncpus=4:ngpus=2)", "exec_host": "pbshost:15002/0*4",
                        "pbs_cgroups": False, "pid": os.getppid()}  # launch: the hook's parent
 
 
@@ -184,3 +185,28 @@ def test_gpuslurm_runs_with_a_minimal_environment_and_absolute_paths(tmp_path: P
     assert (tmp_path / "cwd").read_text().strip() == "/"
     assert (tmp_path / "args").read_text().split() == ["-I", "-c", "from", "gpuslurm.pbs.entry", "import",
                                                        "run;", "run()", "execjob_end"]
+
+
+class StubbornVnode(Vnode):
+    """A vnode whose state the event refuses to change."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "state" and value is not None:
+            raise ValueError("read-only here")
+        super().__setattr__(name, value)
+
+
+def test_offline_falls_back_to_qmgr_when_the_event_refuses(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    qmgr = tmp_path / "noexec" / "bin" / "qmgr"
+    qmgr.parent.mkdir(parents=True)
+    qmgr.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path}/qmgr-args\n")
+    qmgr.chmod(0o755)
+    monkeypatch.setattr(sys.modules[__name__], "Vnode", StubbornVnode)
+    answer = {"format": 1, "accept": False, "message": "no",
+              "offline": {"pbshost[0]": 'gpuslurm: GPU index 0 (/dev/nvidia0, GPU-x): "Xid" 79'}}
+    event, _ = run_hook(tmp_path, "execjob_begin", answering(tmp_path, answer))
+    assert event.outcome == "reject"
+    assert (tmp_path / "qmgr-args").read_text().splitlines() == [
+        "-c", "set node pbshost[0] state += offline, comment = \"gpuslurm: GPU index 0 (/dev/nvidia0, "
+        "GPU-x): 'Xid' 79\""]

@@ -276,8 +276,8 @@ def test_a_gpu_fault_takes_its_vnode_offline_and_the_job_does_not_run_there(hook
 def _online(cluster: PbsCluster, vnode: str, timeout: float = 60) -> None:
     """Put ``vnode`` back online without a comment (a job refused there may still offline it once)."""
     deadline = time.monotonic() + timeout
-    while True:
-        cluster.run(PBSNODES, "-r", vnode, check=False)
+    while True:  # pbsnodes -r names hosts, not vnodes ("Unknown node"): qmgr does
+        cluster.run(QMGR, "-c", f"set node {vnode} state -= offline", check=False)
         cluster.run(QMGR, "-c", f"unset node {vnode} comment", check=False)
         if _vnodes(cluster.run(PBSNODES, "-av", check=False)).get(vnode, {}).get("state") == "free":
             return
