@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from gpuslurm.samples import Allocation
-
 if TYPE_CHECKING:
     from gpuslurm.hw.model import Node
+    from gpuslurm.samples import Allocation
 
 
 class SlurmScheduler:
@@ -29,6 +28,7 @@ class SlurmScheduler:
         return os.access(self.squeue, os.X_OK)
 
     def node_allocations(self, node_name: str, node: Node) -> tuple[Allocation, ...]:
+        from gpuslurm.samples import Allocation  # here: the hooks drain through this class too
         from gpuslurm.slurm.squeue import node_allocations
 
         found = node_allocations(self.squeue, node_name, node, timeout=self.timeout)
