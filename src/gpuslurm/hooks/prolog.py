@@ -2,6 +2,9 @@
 
 Steps: read the hook environment and the config; find the job's GPUs (none: nothing to do);
 check each GPU's health; drain the node and fail if a fault says ``drain``; write the job map.
+:func:`run_prolog` is Slurm's entry (its environment becomes a neutral
+:class:`gpuslurm.state.job.HookJob`, its scontrol a Scheduler); :func:`prolog_job` is the steps
+themselves, which PBS's execjob_begin runs too (:mod:`gpuslurm.pbs.begin`).
 
 Failure policy. The prolog is a gate, so it fails closed: a health fault with action ``drain``
 drains the node with a reason naming the GPU and the fault and exits 1; anything that stops it
