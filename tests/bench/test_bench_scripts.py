@@ -6,6 +6,7 @@ Nothing here looks at how long anything took: the scripts print figures for peop
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,17 @@ def test_bench_hooks_stops_on_a_failing_hook() -> None:
 def test_bench_hooks_rejects_zero_runs() -> None:
     run = script("bench_hooks", "--runs", "0")
     assert run.returncode == 2 and "--runs must be at least 1" in run.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the job map and its directories are root's")
+def test_bench_pbs_begin_tiny_run() -> None:
+    run = script("bench_pbs_begin", "--runs", "2", "--ngpus", "2")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("bundle dgx-h100, exec_vnode=(pbshost[0]:ncpus=4:ngpus=2), 2 runs")
+    assert [line.split(" median ")[0].strip() for line in lines[1:4]] == [
+        "python -c pass", "gpuslurm execjob_begin", "gpuslurm execjob_end"]
+    assert lines[-1].startswith("target execjob_begin <= 3 x floor: ")
 
 
 # --- bench_numa_affinity: pure parts ----------------------------------------------------------

@@ -14,9 +14,14 @@ def _warn(message: str) -> None:
 
 
 @click.command()
-@click.option("--slurm-etc", required=True, type=click.Path(path_type=Path), metavar="DIR",
+@click.option("--slurm-etc", type=click.Path(path_type=Path), metavar="DIR",
               help="Slurm's configuration directory (where slurm.conf is); the cgroup.conf snippet "
-                   f"goes there as {CGROUP_SNIPPET_NAME}.")
+                   f"goes there as {CGROUP_SNIPPET_NAME}. Required unless --pbs.")
+@click.option("--pbs", is_flag=True,
+              help="Install into PBS instead: import gpuslurm's hooks with qmgr (on the PBS server "
+                   "host, as a PBS manager); see docs/pbs.md.")
+@click.option("--qmgr", "qmgr", metavar="PATH", default="",
+              help="With --pbs: the qmgr to run (default: $PBS_EXEC/bin/qmgr from pbs.conf).")
 @click.option("--prefix", type=click.Path(path_type=Path), default=DEFAULT_PREFIX, show_default=True,
               metavar="DIR", help="Where the hook executables and the install manifest go.")
 @click.option("--python", "python", metavar="PATH", default="",
@@ -30,9 +35,10 @@ def _warn(message: str) -> None:
 @click.option("--mps", is_flag=True, help="Print GresTypes=gpu,mps (not on MIG nodes before Slurm 23.02.7).")
 @click.option("--dry-run", is_flag=True, help="Show what would change (with diffs); change nothing.")
 @click.option("--force", is_flag=True, help="Overwrite files an admin edited since the last install.")
-def install(slurm_etc: Path, prefix: Path, python: str, config: str, capture: str, mps: bool,
-            dry_run: bool, force: bool) -> None:
-    """Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they need.
+def install(slurm_etc: Path | None, pbs: bool, qmgr: str, prefix: Path, python: str, config: str,
+            capture: str, mps: bool, dry_run: bool, force: bool) -> None:
+    """Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they need
+    (--pbs: import gpuslurm's PBS hooks with qmgr instead).
 
     Safe to run again: unchanged files are left alone, and a file edited since gpuslurm wrote it
     is refused unless --force.
@@ -40,6 +46,13 @@ def install(slurm_etc: Path, prefix: Path, python: str, config: str, capture: st
     from gpuslurm import install as lib
     from gpuslurm.config import load_config
 
+    if pbs:
+        if slurm_etc is not None:
+            raise click.UsageError("--pbs installs into PBS: leave out --slurm-etc")
+        install_pbs(qmgr, python, config, capture, dry_run)
+        return
+    if slurm_etc is None:
+        raise click.UsageError("Missing option '--slurm-etc' (or give --pbs)")
     plan = lib.plan_install(slurm_etc, prefix, python, force, config, capture)
     # job_submit.lua reads gpuslurm-throttle beside itself, or the configured throttle file
     for throttle_file in dict.fromkeys((plan.slurm_etc / "gpuslurm-throttle",
@@ -77,3 +90,47 @@ def install(slurm_etc: Path, prefix: Path, python: str, config: str, capture: st
         if blocked is not None:
             _warn(f"{blocked} is not reachable by other users, so the TaskProlog (which runs as "
                   f"the job's user) cannot start {path}")
+
+
+def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool) -> None:
+    """Import every hook of :data:`gpuslurm.pbs.install.HOOK_FILES` into PBS (see that module)."""
+    import os
+    import sys
+
+    from gpuslurm import install as lib
+    from gpuslurm.config import load_config
+    from gpuslurm.errors import InputError
+    from gpuslurm.pbs import install as pbs
+
+    run = pbs.qmgr_runner(qmgr or pbs.default_qmgr())
+    python = python or os.path.abspath(sys.executable)
+    if not os.path.isabs(python) or "\n" in python:
+        raise InputError("the interpreter must be an absolute path", python)
+    lib.check_interpreter(python)
+    here = str(Path(lib.__file__).resolve().parent)
+    there = lib.probe_interpreter(python)
+    if there != here:
+        _warn(f"the hooks will run the gpuslurm in {there}, not this one ({here})")
+    if config:
+        lib.check_config_path(config)
+        load_config(config)  # a config that does not hold would fail every hook: refuse it now
+    if capture:
+        if not os.path.isabs(capture) or "\n" in capture or not os.path.isdir(capture):
+            raise InputError("--replay must name an existing directory by its absolute path", capture)
+        lib.check_trusted_dir(Path(capture), "a capture bundle")
+    would = "would " if dry_run else ""
+    steps = pbs.plan_resources(run)
+    for name in pbs.HOOK_FILES:
+        state = pbs.read_state(run, name)
+        steps += pbs.plan_hook(name, state, pbs.hook_script(name),
+                               pbs.hook_config(name, python, config, capture))
+    for step in steps:
+        click.echo(f"{would}{step.says}: {pbs.shown(step)}")
+    if not steps:
+        names = ", ".join(pbs.HOOK_FILES)
+        click.echo(f"nothing to change: PBS has hook(s) {names} as wanted")
+    elif not dry_run:
+        pbs.apply_steps(run, steps)
+    click.echo("# the scheduler places ngpus only when sched_config's resources line names it "
+               '(resources: "ncpus, mem, arch, host, vnode, aoe, eoe, ngpus"); then kill -HUP '
+               "pbs_sched. Each pbs_mom publishes its NUMA vnodes when it starts or is HUPed.")

@@ -24,7 +24,8 @@ class NumaVnode:
     gpu_minors: tuple[int, ...]
 
 
-def _gpu_numa(gpu: Gpu, cpu_numa: dict[int, int | None]) -> int | None:
+def gpu_numa(gpu: Gpu, cpu_numa: dict[int, int | None]) -> int | None:
+    """The NUMA node a GPU's vnode is: its own, else the one node its CPU affinity lies in."""
     if gpu.numa_node is not None:
         return gpu.numa_node
     nodes = {cpu_numa.get(cpu) for cpu in gpu.cpu_affinity} - {None}
@@ -41,7 +42,7 @@ def plan_vnodes(node: Node) -> tuple[NumaVnode, ...]:
         by_numa[cpu.numa_node if cpu.numa_node is not None else 0].append(cpu.os_id)
     gpus: dict[int, list[int]] = defaultdict(list)
     for gpu in node.gpus:
-        numa = _gpu_numa(gpu, cpu_numa)
+        numa = gpu_numa(gpu, cpu_numa)
         if numa is None or numa not in by_numa:
             raise InputError(f"GPU {gpu.uuid} ({gpu.device_file}): its NUMA node is unknown in the capture")
         gpus[numa].append(gpu.minor)

@@ -13,6 +13,9 @@ config is parsed, so its directory comes from the ``run_dir = "..."`` line of ``
 there is one (the default run_dir otherwise); it is only written when the parse confirms that
 run_dir, so a config that spells run_dir another way is simply parsed every time.
 
+``node-placement.json``: the same for the whole replayed node with its link matrix and CPUs
+(:func:`placement_node`), which PBS's execjob_begin ranks GPU sets by; same key, same rules.
+
 ``node-identity.json``: a replayed node's identities come from parsing its capture bundle
 (nvidia-smi XML, lscpu, ...) into the model, which costs a prolog several times its own work.
 The file is valid while the bundle directory holds the same files: its real path and, for every
@@ -30,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuslurm import __version__
 from gpuslurm.errors import GpuslurmError
@@ -38,11 +41,14 @@ from gpuslurm.errors import GpuslurmError
 if TYPE_CHECKING:
     from gpuslurm.config import Config
     from gpuslurm.hw.identity import NodeIdentity
+    from gpuslurm.hw.model import Node
 
 Warn = Callable[[str], None]
+_N = TypeVar("_N")
 CACHE_DIR = "cache"
 CONFIG_FILE = "config.json"
 NODE_FILE = "node-identity.json"
+PLACEMENT_FILE = "node-placement.json"
 FORMAT = 1
 MAX_BYTES = 1 << 20
 NOT_KEYED = frozenset({"health.json"})  # read by the health check itself on every run
@@ -95,27 +101,52 @@ def run_dir_hint(text: str) -> str:
 
 def node_identity(spec: str | None, run_dir: str, warn: Warn | None = None) -> NodeIdentity:
     """The GPUs of the node ``spec`` names (see ``gpuslurm.hw.source``), cached when replayed."""
-    from gpuslurm.hw.identity import from_json
+    from gpuslurm.hw.identity import from_json, to_json
+
+    return _replayed(spec, run_dir, warn, NODE_FILE, lambda: _read_node(spec), to_json,
+                     lambda doc: from_json(doc))
+
+
+def placement_node(spec: str | None, run_dir: str, warn: Warn | None = None) -> Node:
+    """The whole node ``spec`` names, link matrix and CPUs included (what the placement engine
+    ranks GPU sets by), cached like :func:`node_identity` when replayed; live, NVML every time."""
+    from gpuslurm.hw.source import load_node
+
+    def dump(node: Node) -> dict[str, Any]:
+        from gpuslurm.hw.nvml_json import node_to_dict
+
+        return {"source": node.source, **node_to_dict(node)}
+
+    def load(doc: Any) -> Node:
+        from gpuslurm.hw.nvml_json import node_from_dict
+
+        return node_from_dict(doc, str(doc.get("source") or "node cache"))
+
+    return _replayed(spec, run_dir, warn, PLACEMENT_FILE, lambda: load_node(spec), dump, load)
+
+
+def _replayed(spec: str | None, run_dir: str, warn: Warn | None, name: str, read: Callable[[], _N],
+              dump: Callable[[_N], Any], load: Callable[[Any], _N]) -> _N:
+    """``read()`` the node, through the cache file ``name`` when ``spec`` names a bundle (keyed by
+    :func:`bundle_key`; a cached document ``load`` refuses is read and written anew)."""
     from gpuslurm.hw.source import bundle_path
 
     bundle = bundle_path(spec)
     if bundle is None:
-        return _read_node(spec)
+        return read()
     directory = os.path.join(run_dir, CACHE_DIR)
     try:
         key = bundle_key(bundle)
     except OSError:  # unreadable: the bundle reader says what is wrong with it
-        return _read_node(spec)
-    cached = _load(directory, NODE_FILE, warn)
+        return read()
+    cached = _load(directory, name, warn)
     if isinstance(cached, dict) and cached.get("key") == key:
         try:
-            return from_json(cached["node"])
-        except (ValueError, TypeError, KeyError):
+            return load(cached["node"])
+        except (GpuslurmError, ValueError, TypeError, KeyError, AttributeError):
             pass  # not what this version writes: read the bundle and write it anew
-    node = _read_node(spec)
-    from gpuslurm.hw.identity import to_json
-
-    _store(directory, NODE_FILE, {"key": key, "node": to_json(node)}, warn)
+    node = read()
+    _store(directory, name, {"key": key, "node": dump(node)}, warn)
     return node
 
 

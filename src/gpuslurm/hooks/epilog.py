@@ -126,7 +126,8 @@ def _bookkeeping(job: HookJob, scheduler: Scheduler, start: float | None, now: f
     if cfg.epilog.summary:
         refused = [] if mapped else _prolog_faults(job_id, cfg, log)
         summary = {"version": SUMMARY_VERSION, "job_id": job_id, "user": job.user, "uid": job.uid,
-                   "node": job.node_name, "start": start, "end": now, "gpus": gpus,
+                   "node": job.node_name, "scheduler": job.scheduler, "start": start, "end": now,
+                   "gpus": gpus,
                    "monitor": "ok" if stats else "no monitor data",
                    "leftovers": list(release.leftovers),
                    "faults": [*refused, *(f._asdict() for f in release.faults)],
@@ -379,7 +380,7 @@ def record_refusal(job: HookJob, now: float, gpus: list[dict[str, Any]], faults:
     if not cfg.epilog.summary:
         return
     summary = {"version": SUMMARY_VERSION, "job_id": job.job_id, "user": job.user, "uid": job.uid,
-               "node": job.node_name, "start": None, "end": now, "gpus": gpus,
+               "node": job.node_name, "scheduler": job.scheduler, "start": None, "end": now, "gpus": gpus,
                "refused_by": "prolog", "monitor": "no monitor data", "leftovers": [],
                "faults": [f._asdict() for f in faults]}
     try:

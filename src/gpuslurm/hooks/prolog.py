@@ -30,7 +30,7 @@ from gpuslurm.hooks.log import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, JobFaultE
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
-    from gpuslurm.hw.identity import NodeIdentity
+    from gpuslurm.hw.identity import AnyNode, NodeIdentity
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.scheduler import Scheduler
 
@@ -38,35 +38,45 @@ __all__ = ["EXIT_INTERNAL", "EXIT_UNHEALTHY", "HookLog", "JobFaultError", "job_s
 
 
 def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
-              spec: str | None = None) -> int:
+              spec: str | None = None, *, node: AnyNode | None = None, isolate: bool | None = None,
+              gated: bool = False) -> int:
     """Run the job-start step for ``job`` on this node (``spec``: a replayed capture bundle, else
     NVML); 0 when the job may run (or was refused without harm to the node), 1 when a health
     fault drained the node. Raises GpuslurmError when it cannot decide (see the module docstring).
+
+    ``node`` is the node's identities when the adapter has them already; ``isolate`` overrides
+    ``[cgroup] devices`` (None: :func:`gpuslurm.isolate.devices.wanted`); ``gated`` says the
+    adapter has checked the health of the job's GPUs itself (PBS, before choosing them).
     """
     job_id, uid, user = job.job_id, job.uid, job.user
     log.job_id = job_id
+    if isolate is None:
+        from gpuslurm.isolate.devices import wanted
+
+        isolate = wanted(cfg)
     from gpuslurm.state.out_of_service import HOLDER_COMMENT
 
     if uid == 0 and job.comment == HOLDER_COMMENT:  # root's holder of a GPU out of service
         log.info("a holder of a GPU out of service (gpuslurm gpu list): no gate, no map")
         return 0
     if job.gpus is None:
-        from gpuslurm.isolate.devices import isolate_job, wanted
+        from gpuslurm.isolate.devices import isolate_job
 
         # a job without GPUs here: nothing to check or map, but every GPU is denied to it
-        if wanted(cfg):
-            _log_isolation(log, isolate_job(cfg, job_id, uid, (), _node(spec, cfg, log)))
+        if isolate:
+            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node or _node(spec, cfg, log)))
         return 0
 
     from gpuslurm.state.job import resolve_devices
     from gpuslurm.state.jobmap import job_map, write_map
 
-    node = _node(spec, cfg, log)
+    node = node or _node(spec, cfg, log)
     devices = resolve_devices(job.gpus, node)
     if not devices:
         from gpuslurm.isolate.devices import isolate_job
 
-        _log_isolation(log, isolate_job(cfg, job_id, uid, (), node))
+        if isolate:
+            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node))
         return 0
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
 
@@ -81,7 +91,7 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         return _requeue_job(scheduler, job_id, why, log)
 
     faults = []
-    if gate_enabled(cfg.health):
+    if gate_enabled(cfg.health) and not gated:
         from gpuslurm.hw.health import read_health
 
         health = read_health(gpus, spec)
@@ -113,11 +123,12 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
                          "parent_uuid": d.gpu.uuid if d.mig is not None else None} for d in devices],
                        faults, cfg, log)
         return EXIT_UNHEALTHY
-    from gpuslurm.isolate.devices import isolate_job
+    if isolate:
+        from gpuslurm.isolate.devices import isolate_job
 
-    _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
+        _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
     try:
-        mps = _start_mps(job, cfg, [d.uuid for d in devices], log)
+        mps = _start_mps(job, cfg, [d.uuid for d in devices], log, isolate)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
         return _refuse_job(scheduler, job_id, str(exc), log)
     try:  # every step after MPS started: a failure stops the daemon again
@@ -137,7 +148,7 @@ def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
     return node_identity(spec, cfg.paths.run_dir, log.warning)
 
 
-def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog) -> bool:
+def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog, isolated: bool) -> bool:
     """Start the job's MPS daemon if it asked for one (True).
 
     What the job's user controls raises JobFaultError (a malformed request, a daemon that fails to
@@ -161,7 +172,7 @@ def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog) -> boo
         daemon = start_mps(job_id, uid, gid, uuids, request, run_dir=cfg.paths.run_dir,
                            mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
                            pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
-                           cgroup_procs=_job_devices_procs(cfg, job_id))
+                           cgroup_procs=_job_devices_procs(cfg, job_id) if isolated else None)
     except CommandError as exc:  # runs as the user: their process limit, their environment
         raise JobFaultError(f"the job's MPS daemon did not start: {exc}") from exc
     log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
@@ -169,7 +180,7 @@ def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog) -> boo
     return True
 
 
-def _take_out(faults: list[Any], node: NodeIdentity, store: Any, scheduler: Scheduler, name: str,
+def _take_out(faults: list[Any], node: AnyNode, store: Any, scheduler: Scheduler, name: str,
               log: HookLog) -> str | None:
     """``[health.*] action = "gpu_out"``: record the faulty GPUs out of service and drain the node
     for new jobs with the graceful path's reason (the monitor, or ``health --act``, rewrites
@@ -230,9 +241,9 @@ def _job_devices_procs(cfg: Any, job_id: str) -> str | None:
     daemon to start in; None when gpuslurm does not isolate here or uses v2."""
     import os
 
-    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir, wanted
+    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
 
-    if not wanted(cfg) or cgroup_version(cfg.paths.cgroup_root) != 1:
+    if cgroup_version(cfg.paths.cgroup_root) != 1:
         return None
     procs = os.path.join(v1_job_dir(cfg.paths.cgroup_root, job_id), "cgroup.procs")
     return procs if os.path.exists(procs) else None

@@ -31,13 +31,13 @@ exits ``EXIT_NOT_ISOLATED``; slurmstepd then logs "TaskProlog failed" and the ta
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from gpuslurm.hooks.log import HookLog
 
 if TYPE_CHECKING:
-    from gpuslurm.state.job import GpuClaim
+    from gpuslurm.state.job import GpuClaim, JobDevice
 
 EXIT_NOT_ISOLATED = 3  # the task could not join its devices cgroup: the scheduler refuses the task
 
@@ -54,31 +54,47 @@ def task_exports(claim: GpuClaim | None, job_id: str | None, *, local_id: str = 
     if claim is None:
         return []
     from gpuslurm.hw.source import load_node
-    from gpuslurm.ranges import format_ranges
     from gpuslurm.state.job import resolve_devices
 
     devices = resolve_devices(claim, load_node(spec, links=False))
     if not devices:
         return []
+    pairs = task_values(devices, _local(local_id), run_dir=run_dir, job_id=job_id,
+                        set_visible=not keep_cuda_visible_devices, set_order=not keep_device_order)
+    return [(name, value) for name, value in pairs if value.isprintable() and "\n" not in value]
+
+
+def task_values(devices: Sequence[JobDevice], local: int, *, run_dir: str, job_id: str | None,
+                set_visible: bool = True, set_order: bool = True,
+                uid: int | None = None) -> list[tuple[str, str]]:
+    """The variables a task of a job holding ``devices`` gets (see the module docstring), whatever
+    the scheduler: the task is the job's ``local``-th on this node; ``set_visible``/``set_order``
+    say whether CUDA_VISIBLE_DEVICES/CUDA_DEVICE_ORDER are to be set; ``uid`` owns the MPS pipe
+    directory (default: the caller, the job's user)."""
+    from gpuslurm.isolate.mps_request import mps_exports
+    from gpuslurm.ranges import format_ranges
+
     uuids = ",".join(d.uuid for d in devices)
     values: list[tuple[str, str]] = []
-    if not keep_cuda_visible_devices:
+    if set_visible:
         values.append(("CUDA_VISIBLE_DEVICES", uuids))
-    if not keep_device_order:
+    if set_order:
         values.append(("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
     values.append(("GPUSLURM_GPU_UUIDS", uuids))
-    local = local_id.strip()
-    k = int(local) % len(devices) if local.isascii() and local.isdigit() and len(local) < 8 else 0
+    k = local % len(devices)
     mine = devices[k]
     values += [("GPUSLURM_LOCAL_GPU", str(k)), ("GPUSLURM_GPU_UUID", mine.uuid)]
     if mine.gpu.numa_node is not None:
         values.append(("GPUSLURM_NUMA_NODE", str(mine.gpu.numa_node)))
     if mine.gpu.cpu_affinity:
         values.append(("GPUSLURM_GPU_CPUS", format_ranges(mine.gpu.cpu_affinity)))
-    from gpuslurm.isolate.mps_request import mps_exports
+    return values + mps_exports(run_dir, job_id, uid)
 
-    values += mps_exports(run_dir, job_id)
-    return [(name, value) for name, value in values if value.isprintable() and "\n" not in value]
+
+def _local(text: str) -> int:
+    """The task's rank on the node from its text (Slurm's SLURM_LOCALID); 0 when not a number."""
+    local = text.strip()
+    return int(local) if local.isascii() and local.isdigit() and len(local) < 8 else 0
 
 
 def task_start(join: Callable[[], object], lines: Callable[[], list[str]], out: TextIO,

@@ -24,15 +24,18 @@ capture writes NVML's where it answers, and :func:`read_capabilities` reads it f
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Cpu, Gpu, MigDevice, Node, link_from_text
 from gpuslurm.ranges import MAX_CPUS, MAX_GPUS
 from gpuslurm.safedir import read_regular_text
 
-__all__ = ["dump_node", "link_from_text", "load_partial", "node_to_dict", "read_capabilities"]
+if TYPE_CHECKING:  # annotations only: the hooks that read a cached node do without pathlib
+    from pathlib import Path
+
+__all__ = ["dump_node", "link_from_text", "load_partial", "node_from_dict", "node_to_dict",
+           "read_capabilities"]
 
 FORMAT = "gpuslurm-nvml"
 VERSION = 1
@@ -92,6 +95,20 @@ def read_capabilities(path: Path) -> dict[str, tuple[int, int]]:
                                f"\"9.0\" on a GPU with a uuid, not {_show(text)}", path)
         out[uuid] = (int(major), int(minor))
     return out
+
+
+def node_from_dict(raw: Any, source: str) -> Node:
+    """The Node a :func:`node_to_dict` document describes, every value checked (CaptureError
+    naming ``source`` and the field); used for the hooks' cache of a replayed node."""
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != VERSION:
+        raise CaptureError("not a gpuslurm node document of this version", source)
+    try:
+        fields = _partial(raw)
+    except _FieldError as exc:
+        raise CaptureError(str(exc), source) from None
+    if "hostname" not in fields or "gpus" not in fields:
+        raise CaptureError("hostname and gpus are missing", source)
+    return Node(**fields, source=str(raw.get("source") or source))
 
 
 def load_partial(path: Path) -> dict[str, Any]:

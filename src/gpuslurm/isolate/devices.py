@@ -125,9 +125,11 @@ def denied_devices(node: AnyNode, given: Sequence[JobDevice], caps_major: int | 
 
 
 def _job_name(job_id: str) -> str:
-    main, sep, task = job_id.partition("_")
-    if not (main.isascii() and main.isdigit() and (not sep or (task.isascii() and task.isdigit()))):
-        raise ValueError(f"not a Slurm job id: {job_id!r}")
+    """``job_<id>`` for a Slurm or a PBS job id (``job_123``, ``job_45.pbshost``)."""
+    from gpuslurm.jobid import valid_job_id
+
+    if not valid_job_id(job_id):
+        raise ValueError(f"not a Slurm job id (nor a PBS one): {job_id!r}")
     return f"job_{job_id}"
 
 
@@ -298,14 +300,13 @@ def wanted(cfg: Config) -> bool:
 
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
-                node: AnyNode | None = None, spec: str | None = None) -> str | None:
-    """The prolog's step: limit the job to ``given``; a line for the log, or None if not ours.
+                node: AnyNode | None = None, spec: str | None = None) -> str:
+    """The prolog's step: limit the job to ``given``; a line for the log. The caller has decided
+    that gpuslurm isolates here (:func:`wanted` for Slurm; the PBS adapter decides for PBS).
 
     Any failure raises a GpuslurmError, so that the prolog fails and the job does not start
     with every GPU open.
     """
-    if not wanted(cfg):
-        return None
     from gpuslurm.errors import HardwareError
 
     if node is None:

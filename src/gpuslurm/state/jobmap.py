@@ -151,6 +151,22 @@ def remove_map(job_id: str, base: str = DEFAULT_JOBS_DIR) -> bool:
         os.close(dfd)
 
 
+def lock_maps(base: str = DEFAULT_JOBS_DIR) -> int:
+    """Hold an exclusive lock on ``base`` (made if missing) until the returned descriptor is
+    closed: a hook that chooses GPUs by what the maps leave free (PBS's execjob_begin) holds it
+    from reading the maps to writing its own, so two jobs starting at once never pick one GPU."""
+    import fcntl
+
+    dfd = _open_dir(base, create=True)
+    assert dfd is not None
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(dfd)
+        raise
+    return dfd
+
+
 def list_job_ids(base: str = DEFAULT_JOBS_DIR) -> tuple[str, ...]:
     """Job ids with a map, in numeric order; other names in the directory are ignored."""
     dfd = _open_dir(base, create=False)

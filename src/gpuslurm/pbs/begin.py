@@ -1,0 +1,203 @@
+"""execjob_begin: choose the job's physical GPUs (PBS counts ``ngpus``; it assigns none), then run
+the neutral prolog steps on them.
+
+Where the GPUs may come from. PBS gives a job ``ngpus`` on vnodes (``exec_vnode``). On a vnode
+gpuslurm made (``HOST[n]``, one per NUMA node: exechost_startup or ``gpuslurm pbs-conf``) the job's
+GPUs are chosen among that NUMA node's GPUs, so they sit beside the CPUs PBS gave it there; on any
+other vnode (the natural vnode, a site's own layout) among all the host's GPUs. When PBS splits a
+chunk across vnodes of one host (``(h[0]:ngpus=1+h[1]:ngpus=1)``), each vnode's count is chosen on
+its own NUMA node: PBS accounts the GPUs per vnode, so taking two from one would leave the next
+job on the other vnode one GPU short.
+
+Which. The placement engine (:mod:`gpuslurm.place.engine`, as ``gpuslurm pick``) among the
+candidates that are healthy and not named by another job's map under the jobs directory: the
+strongest weakest link first (NVLink pairs before PCIe), then fewest NUMA nodes, most NVLinks,
+lowest index. The jobs directory is locked from reading the maps until this job's map is written,
+so two jobs starting at once never take one GPU.
+
+Failure policy (the hook turns every non-accepting answer into a rejected begin; PBS then puts
+the job back in the queue and the scheduler places it again):
+
+* a health fault with action ``drain`` on a GPU of the job's vnodes: that vnode goes offline with
+  a comment naming the GPU, its device file and the fault; the job is refused here;
+* more GPUs asked on a vnode than its NUMA node has, or fewer free than asked (GPUs held by maps of
+  jobs PBS no longer runs here): the job is refused with a message naming the vnode, the GPUs and
+  the jobs holding them; nothing is written;
+* anything else (a broken config, an unreadable node, a cgroup that cannot be made) raises, and
+  the hook refuses the job: it fails closed, like the Slurm prolog.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
+    from gpuslurm.hooks.log import HookLog
+    from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.pbs.answer import HookAnswer, PbsHookActions
+    from gpuslurm.policy.health import Fault
+    from gpuslurm.state.job import HookJob
+
+
+class VnodeGpus(NamedTuple):
+    """One vnode's share of the job: how many GPUs, and the GPUs they may be chosen from."""
+
+    vnode: str
+    ngpus: int
+    numa_node: int | None  # None: the vnode is not one of gpuslurm's NUMA vnodes
+    candidates: tuple[Gpu, ...]
+
+
+class JobRefusedError(Exception):
+    """The job cannot start here for a reason its owner and the admin should read."""
+
+
+def vnode_numa(vnode: str, hostname: str) -> int | None:
+    """n for gpuslurm's NUMA vnode ``HOST[n]`` of this host; None for any other vnode."""
+    if vnode.startswith(hostname + "[") and vnode.endswith("]"):
+        n = vnode[len(hostname) + 1:-1]
+        if n.isascii() and n.isdigit() and len(n) <= 4:
+            return int(n)
+    return None
+
+
+def vnode_shares(node: Node, hostname: str, shares: tuple[tuple[str, int], ...]) -> list[VnodeGpus]:
+    """Each vnode's count with its candidate GPUs (whole GPUs not in MIG mode)."""
+    from gpuslurm.gres.pbs_vnodes import gpu_numa
+
+    cpu_numa = {cpu.os_id: cpu.numa_node for cpu in node.cpus}
+    whole = [g for g in node.gpus if not (g.mig_mode and g.mig_devices)]
+    out = []
+    for vnode, ngpus in shares:
+        numa = vnode_numa(vnode, hostname)
+        cands = tuple(g for g in whole if numa is None or gpu_numa(g, cpu_numa) == numa)
+        out.append(VnodeGpus(vnode, ngpus, numa, cands))
+    return out
+
+
+def check_counts(wants: list[VnodeGpus]) -> None:
+    """JobRefusedError when a vnode is asked for more GPUs than it holds at all."""
+    for w in wants:
+        if w.ngpus > len(w.candidates):
+            where = f"NUMA node {w.numa_node}" if w.numa_node is not None else "this host"
+            have = ", ".join(f"index {g.index} ({g.device_file})" for g in w.candidates) or "none"
+            raise JobRefusedError(
+                f"the job asks for {w.ngpus} GPU(s) on vnode {w.vnode}, but {where} has "
+                f"{len(w.candidates)} ({have}): its resources_available.ngpus is wrong "
+                f"(gpuslurm's exechost_startup or `gpuslurm pbs-conf` set it from the node)")
+
+
+def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: HookLog,
+                   answer: HookAnswer) -> list[Fault]:
+    """Check the health of every candidate; take each vnode holding a ``drain`` fault offline.
+
+    Returns the drain faults (empty: every candidate may be given)."""
+    from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
+
+    if not gate_enabled(cfg.health):
+        return []
+    from gpuslurm.hw.health import read_health
+
+    gpus = list({g.uuid: g for w in wants for g in w.candidates}.values())
+    health = read_health(gpus, spec)
+    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in gpus}
+    drains = []
+    for w in wants:
+        faults = [f for g in w.candidates for f in gate_faults(health[g.uuid], cfg.health)]
+        for f in faults:
+            log.warning(f"GPU {labels[f.uuid]} on vnode {w.vnode}: {f.check}: {f.message} "
+                        f"(action {f.action})")
+        bad = [f for f in faults if f.action == "drain"]
+        if bad:
+            answer.take_offline(w.vnode, drain_reason(bad, labels))
+            drains += bad
+    return drains
+
+
+def held_gpus(jobs_dir: str, job_id: str) -> dict[str, str]:
+    """Physical GPU UUID (lower case) → the other job whose map holds it."""
+    from gpuslurm.state.jobmap import list_maps
+
+    held = {}
+    for jmap in list_maps(jobs_dir):
+        if jmap.job_id == job_id:  # this job's own map, from a begin PBS ran before a requeue
+            continue
+        for d in jmap.devices:
+            held[(d.parent_uuid or d.uuid).lower()] = jmap.job_id
+    return held
+
+
+def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str]) -> list[tuple[str, tuple[Gpu, ...]]]:
+    """The GPUs of each vnode's share, best-connected first; JobRefusedError when too few are free."""
+    from gpuslurm.place.engine import place
+    from gpuslurm.place.request import Request
+
+    taken: set[str] = set()
+    chosen = []
+    for w in wants:
+        free = [g for g in w.candidates if g.uuid.lower() not in held and g.uuid.lower() not in taken]
+        if len(free) < w.ngpus:
+            busy = sorted({held[g.uuid.lower()] for g in w.candidates if g.uuid.lower() in held})
+            raise JobRefusedError(
+                f"vnode {w.vnode} has {len(free)} free GPU(s) of {len(w.candidates)}, the job asks for "
+                f"{w.ngpus}; the others are held by the map(s) of job(s) {', '.join(busy) or 'none'} "
+                f"(a map of a job PBS no longer runs here is stale: remove it from the jobs directory)")
+        placement = place(node, Request(w.ngpus), allowed=[g.uuid for g in free])
+        if placement.chosen is None:  # cannot happen for whole, healthy GPUs; said plainly if it does
+            raise JobRefusedError(f"no set of {w.ngpus} GPU(s) on vnode {w.vnode} satisfies the placement")
+        gpus = tuple(d.gpu for d in placement.chosen.devices)
+        taken.update(g.uuid.lower() for g in gpus)
+        chosen.append((w.vnode, gpus))
+    return chosen
+
+
+def run_begin(job: HookJob, shares: tuple[tuple[str, int], ...], cfg: Config, spec: str | None,
+              log: HookLog, answer: HookAnswer, actions: PbsHookActions, isolate: bool) -> int:
+    """Choose the job's GPUs on this host and run the neutral prolog on them; the prolog's exit code
+    (the caller rejects the job on anything but 0 or an answer already refusing it)."""
+    from gpuslurm.hooks.prolog import job_start
+
+    if not shares:  # no GPUs here: the prolog still denies it every GPU
+        return job_start(job, actions, cfg, log, spec, isolate=isolate)
+    from gpuslurm.hooks.cache import placement_node
+    from gpuslurm.state.job import GpuClaim
+    from gpuslurm.state.jobmap import lock_maps
+
+    node = placement_node(spec, cfg.paths.run_dir, log.warning)  # links: the placement ranks sets by them
+    wants = vnode_shares(node, job.node_name, shares)
+    try:
+        check_counts(wants)
+        drains = health_offline(wants, cfg, spec, log, answer)
+        if drains:
+            _record_refusal(job, wants, drains, cfg, log)
+            raise JobRefusedError(f"a GPU of vnode(s) {', '.join(answer.offline)} is unhealthy, taken "
+                                  f"offline: {'; '.join(answer.offline.values())}")
+        lock = lock_maps(cfg.paths.jobs_dir)
+        try:
+            chosen = choose(node, wants, held_gpus(cfg.paths.jobs_dir, job.job_id))
+            uuids = tuple(g.uuid for _, gpus in chosen for g in gpus)
+            for vnode, gpus in chosen:
+                log.info(f"vnode {vnode}: GPU(s) " + ", ".join(f"index {g.index} ({g.device_file}, "
+                                                              f"{g.uuid})" for g in gpus))
+            job = job._replace(gpus=GpuClaim(uuids=uuids, source="execjob_begin's choice"))
+            return job_start(job, actions, cfg, log, spec, node=node, isolate=isolate, gated=True)
+        finally:
+            os.close(lock)
+    except JobRefusedError as exc:
+        answer.reject(f"gpuslurm: {exc}")
+        log.error(f"refused: {exc}")
+        return 0
+
+
+def _record_refusal(job: HookJob, wants: list[VnodeGpus], drains: list[Fault], cfg: Config,
+                    log: HookLog) -> None:
+    from gpuslurm.hooks.epilog import record_refusal
+
+    bad = {f.uuid for f in drains}
+    gpus = [{"uuid": g.uuid, "minor": g.minor, "gres_index": None, "parent_uuid": None}
+            for w in wants for g in w.candidates if g.uuid in bad]
+    record_refusal(job, time.time(), gpus, drains, cfg, log)
+

@@ -1,0 +1,243 @@
+"""The PBS hook's gpuslurm side: ``python -I -c 'from gpuslurm.pbs.entry import run; run()' EVENT``.
+
+``plugins/pbs/gpuslurm_hook.py`` runs this with the event's JSON on stdin
+(:mod:`gpuslurm.pbs.request`) and applies the JSON answer printed on stdout
+(:mod:`gpuslurm.pbs.answer`). Each event builds a neutral :class:`gpuslurm.state.job.HookJob` and
+runs the same steps the Slurm hooks run:
+
+* ``exechost_startup``: the node's vnodes, one per NUMA node with its CPUs, memory and GPUs
+  (:func:`gpuslurm.gres.pbs_vnodes.plan_vnodes`, the layout ``gpuslurm pbs-conf`` prints);
+* ``execjob_begin``: chooses the job's GPUs and runs the prolog (:mod:`gpuslurm.pbs.begin`);
+* ``execjob_launch``: the task's environment from the job map (``CUDA_VISIBLE_DEVICES`` as UUIDs,
+  ``CUDA_DEVICE_ORDER``, the gpuslurm hints, MPS), and the task joins the job's devices cgroup;
+* ``execjob_attach``: a process attached to the job (``pbs_attach``) joins that cgroup;
+* ``execjob_end``: the epilog (leftovers, release check, map removal, summary).
+
+Exit codes: 0 with an answer on stdout (which may refuse the event); 2 bad input (the request,
+the config); 3 the node could not be read; 4 a command failed; 70 a bug. Anything but 0 prints one
+line on stderr (after the log lines, which go there too). What the hook does with a failure
+depends on the event (docs/pbs.md): execjob_begin, execjob_launch and execjob_attach fail closed,
+exechost_startup and execjob_end only log.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, BinaryIO, NoReturn, TextIO
+
+from gpuslurm.errors import GpuslurmError, HardwareError, InputError
+
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
+    from gpuslurm.hooks.log import HookLog
+    from gpuslurm.pbs.answer import HookAnswer
+    from gpuslurm.pbs.request import PbsRequest
+    from gpuslurm.state.job import HookJob
+
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+CODE = "from gpuslurm.pbs.entry import run; run()"  # what the hook runs with -I
+
+
+def main(argv: Sequence[str] | None = None, stdin: BinaryIO | None = None, stdout: TextIO | None = None,
+         stderr: TextIO | None = None) -> int:
+    """Answer the event ``argv[0]`` names (default ``sys.argv[1:]``); the exit code."""
+    from gpuslurm.hooks.log import HookLog
+    from gpuslurm.pbs.request import EVENTS
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    err = stderr if stderr is not None else sys.stderr
+    if len(args) != 1 or args[0] not in EVENTS:
+        print(f"usage: python -I -c '{CODE}' {{{','.join(EVENTS)}}} < request.json "
+              "(run by gpuslurm's PBS hook)", file=err)
+        return EXIT_USAGE
+    event = args[0]
+    log = HookLog(f"pbs {event}", stream=err)
+    try:
+        answer = answer_event(event, stdin if stdin is not None else sys.stdin.buffer, log)
+    except GpuslurmError as exc:
+        log.error(str(exc))
+        return exc.exit_code
+    except Exception as exc:  # a bug: one line; the hook fails closed where it must
+        log.error(f"internal error: {type(exc).__name__}: {exc}")
+        return EXIT_INTERNAL
+    out = stdout if stdout is not None else sys.stdout
+    out.write(answer.to_json() + "\n")
+    out.flush()
+    return 0
+
+
+def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
+    """Read the request, run the event's steps; the answer (GpuslurmError when it cannot)."""
+    from gpuslurm.hooks.cache import load_hook_config
+    from gpuslurm.pbs.answer import HookAnswer
+    from gpuslurm.pbs.request import read_request
+
+    req = read_request(stdin, event)
+    log.job_id = req.job_id
+    cfg = load_hook_config(os.environ, log.warning)
+    spec = os.environ.get("GPUSLURM_CAPTURE") or None
+    answer = HookAnswer()
+    if event == "exechost_startup":
+        _startup(req, spec, answer)
+    elif event == "execjob_begin":
+        _begin(req, cfg, spec, log, answer)
+    elif event == "execjob_launch":
+        _launch(req, cfg, spec, log, answer)
+    elif event == "execjob_attach":
+        _join(req, cfg, log)
+    else:
+        _end(req, cfg, spec, log, answer)
+    return answer
+
+
+def _startup(req: PbsRequest, spec: str | None, answer: HookAnswer) -> None:
+    from gpuslurm.gres.pbs_vnodes import plan_vnodes
+    from gpuslurm.hw.source import load_node
+
+    host = req.hostname
+    answer.vnodes[host] = {"ncpus": 0, "mem": "0kb", "ngpus": 0}  # as pbs-conf: it all goes to NUMA vnodes
+    for vnode in plan_vnodes(load_node(spec, links=False)):
+        answer.vnodes[f"{host}[{vnode.numa_node}]"] = {
+            "ncpus": len(vnode.cpus), "mem": f"{vnode.memory_mib}mb", "ngpus": len(vnode.gpu_minors)}
+
+
+def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
+    from gpuslurm.pbs.answer import PbsHookActions
+    from gpuslurm.pbs.begin import run_begin
+    from gpuslurm.pbs.request import local_shares
+
+    job = _job(req, cfg, strict=True)
+    shares = local_shares(req)
+    isolate = pbs_isolates(cfg, req, log)
+    actions = PbsHookActions(answer, tuple(s.vnode for s in shares))
+    rc = run_begin(job, tuple(shares), cfg, spec, log, answer, actions, isolate)
+    if rc != 0:  # a health fault the prolog found (and drained for), or its own refusal
+        answer.reject(f"gpuslurm: the job cannot start on {req.hostname} (prolog exit {rc}; "
+                      f"see pbs_mom's log)")
+
+
+def _launch(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
+    from gpuslurm.pbs.request import local_shares
+    from gpuslurm.state.jobmap import read_map
+
+    job_id, _ = req.require_job()
+    jmap = read_map(job_id, cfg.paths.jobs_dir)
+    if jmap is None:
+        if local_shares(req):
+            raise InputError(f"job {job_id} has GPUs on {req.hostname} but no map: its execjob_begin "
+                             "did not choose them (was the hook enabled after the job started?)",
+                             source=cfg.paths.jobs_dir)
+        answer.env["CUDA_VISIBLE_DEVICES"] = ""  # no GPUs here: CUDA sees none
+    else:
+        from gpuslurm.hooks.cache import node_identity
+        from gpuslurm.hooks.taskprolog import task_values
+        from gpuslurm.state.job import GpuClaim, resolve_devices
+
+        node = node_identity(spec, cfg.paths.run_dir, log.warning)
+        devices = resolve_devices(GpuClaim(uuids=jmap.uuids, source="the job map"), node)
+        answer.env.update(task_values(devices, 0, run_dir=cfg.paths.run_dir, job_id=job_id,
+                                      uid=jmap.uid))
+    _join(req, cfg, log)
+
+
+def _join(req: PbsRequest, cfg: Config, log: HookLog) -> None:
+    """Move the task (or the attached process) into the job's devices cgroup, when it has one."""
+    from gpuslurm.isolate.devices import cgroup_version, join_v1
+
+    job_id, _ = req.require_job()
+    root = cfg.paths.cgroup_root
+    if cgroup_version(root) != 1:
+        return
+    if req.pid is None:
+        raise InputError(f"pid is missing for {req.event}", source="PBS hook request")
+    path = join_v1(root, job_id, req.pid)  # HardwareError when it fails: the task must not run
+    if path is not None:
+        log.info(f"process {req.pid} joined {path}")
+
+
+def _end(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
+    from gpuslurm.hooks.epilog import job_end
+    from gpuslurm.pbs.answer import PbsHookActions
+    from gpuslurm.pbs.request import local_shares
+
+    job = _job(req, cfg, strict=False)
+    actions = PbsHookActions(answer, tuple(s.vnode for s in local_shares(req)))
+    job_end(job, actions, cfg, log, spec, time.time())
+
+
+def _job(req: PbsRequest, cfg: Config, *, strict: bool) -> HookJob:
+    """The neutral job. A user unknown on this host is an error when ``strict`` (execjob_begin);
+    otherwise (execjob_end) the uid the job's map recorded serves."""
+    import pwd
+
+    from gpuslurm.state.job import HookJob
+
+    job_id, user = req.require_job()
+    try:
+        entry = pwd.getpwnam(user)
+        uid, gid = entry.pw_uid, entry.pw_gid
+    except KeyError:
+        if strict:
+            raise InputError(f"user {user} of job {job_id} is unknown on {req.hostname}",
+                             source="PBS hook request") from None
+        from gpuslurm.state.jobmap import read_map
+
+        jmap = read_map(job_id, cfg.paths.jobs_dir)
+        if jmap is None:
+            raise InputError(f"user {user} of job {job_id} is unknown on {req.hostname}, and the job "
+                             "has no map here", source="PBS hook request") from None
+        uid, gid = jmap.uid, None
+    return HookJob(scheduler="pbs", job_id=job_id, uid=uid, user=user, node_name=req.hostname, gid=gid)
+
+
+def pbs_isolates(cfg: Config, req: PbsRequest, log: HookLog) -> bool:
+    """Whether gpuslurm makes the job's devices cgroup (``[cgroup] devices``, read for PBS).
+
+    PBS jobs get no per-job cgroup unless PBS's cgroups hook makes one, so gpuslurm makes its own
+    on cgroup v1 (``<root>/devices/gpuslurm/job_<id>``, joined by the tasks in execjob_launch).
+    ``auto``: when PBS's cgroups hook is not enabled here and the host has a v1 devices hierarchy.
+    ``always``: the same, and an error where it cannot (cgroup v2, or PBS's cgroups hook enabled:
+    a v1 process is in one devices cgroup, and two hooks would fight over it). ``never``: no.
+    """
+    from gpuslurm.isolate.devices import cgroup_version
+
+    mode = cfg.cgroup.devices
+    if mode == "never":
+        return False
+    version = cgroup_version(cfg.paths.cgroup_root)
+    if mode == "always":
+        if req.pbs_cgroups:
+            raise InputError('[cgroup] devices = "always", but PBS\'s cgroups hook is enabled on this '
+                             'host and confines the job\'s devices itself: use "auto" or "never"',
+                             source=cfg.source or "config")
+        if version != 1:
+            raise HardwareError(f"{cfg.paths.cgroup_root}: [cgroup] devices = \"always\", but gpuslurm "
+                                "makes PBS jobs' devices cgroups on cgroup v1 only; enable PBS's "
+                                "cgroups hook (devices subsystem) for v2 hosts")
+        return True
+    if req.pbs_cgroups:
+        log.info("PBS's cgroups hook is enabled here: it confines the job's devices, gpuslurm does not")
+        return False
+    if version != 1:
+        log.info("no cgroup v1 devices hierarchy: gpuslurm does not confine PBS jobs' devices here "
+                 "(PBS's cgroups hook can, on cgroup v2)")
+        return False
+    return True
+
+
+def run() -> NoReturn:
+    """:func:`main` on ``sys.argv``, then leave as :func:`gpuslurm.hooks.entry.run` does."""
+    code = main()
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

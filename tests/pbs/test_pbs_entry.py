@@ -1,0 +1,199 @@
+"""gpuslurm's side of the PBS hook, in-process (gpuslurm.pbs.entry.main): no PBS needed.
+
+Each test replays a copy of a built-in bundle (so that it can write health.json beside it) with a
+config of its own under tmp_path; the GPU choice, the job map, the answer and the failure policy
+are checked as the hook would receive them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslurm.gres.pbs_vnodes import plan_vnodes
+from gpuslurm.hw.source import BUILTIN_DIR, load_node
+from gpuslurm.pbs.entry import main
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the job map and its directories are root's")
+
+
+class Site:
+    def __init__(self, root: Path, bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root = root
+        self.bundle = root / bundle
+        shutil.copytree(BUILTIN_DIR / bundle, self.bundle)
+        self.config = root / "gpuslurm.toml"
+        self.config.write_text(f'[paths]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
+                               f'cgroup_root = "{root}/no-cgroup"\n')
+        monkeypatch.setenv("GPUSLURM_CONFIG", str(self.config))
+        monkeypatch.setenv("GPUSLURM_CAPTURE", str(self.bundle))
+        self.node = load_node(str(self.bundle))
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "run" / "jobs"
+
+    def call(self, event: str, **doc: Any) -> tuple[int, dict[str, Any] | None, list[str]]:
+        request = {"format": 1, "event": event, "hostname": "pbshost", **doc}
+        out, err = io.StringIO(), io.StringIO()
+        rc = main([event], io.BytesIO(json.dumps(request).encode()), out, err)
+        return rc, json.loads(out.getvalue()) if out.getvalue() else None, err.getvalue().splitlines()
+
+    def begin(self, job: str, exec_vnode: str, user: str = "root") -> tuple[int, dict[str, Any] | None,
+                                                                             list[str]]:
+        return self.call("execjob_begin", job_id=job, euser=user, exec_vnode=exec_vnode,
+                         exec_host="pbshost/0*4")
+
+    def mapped(self, job: str) -> list[str]:
+        return [g["uuid"] for g in json.loads((self.jobs / f"{job}.json").read_text())["gpus"]]
+
+    def numa(self, uuid: str) -> int | None:
+        return next(g.numa_node for g in self.node.gpus if g.uuid == uuid)
+
+
+@pytest.fixture
+def dgx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Site:
+    return Site(tmp_path, "dgx-h100", monkeypatch)
+
+
+def test_startup_publishes_one_vnode_per_numa_node(dgx: Site) -> None:
+    rc, answer, _ = dgx.call("exechost_startup", vnodes=["pbshost"])
+    assert rc == 0 and answer is not None and answer["accept"] is True
+    want = {"pbshost": {"ncpus": 0, "mem": "0kb", "ngpus": 0}}
+    for v in plan_vnodes(dgx.node):
+        want[f"pbshost[{v.numa_node}]"] = {"ncpus": len(v.cpus), "mem": f"{v.memory_mib}mb",
+                                          "ngpus": len(v.gpu_minors)}
+    assert answer["vnodes"] == want
+
+
+def test_begin_chooses_numa_local_gpus_and_a_second_job_gets_others(dgx: Site) -> None:
+    rc, answer, lines = dgx.begin("1.pbshost", "(pbshost[1]:ncpus=4:ngpus=2)")
+    assert (rc, answer) == (0, {"format": 1, "accept": True}), lines
+    first = dgx.mapped("1.pbshost")
+    assert len(first) == 2 and {dgx.numa(u) for u in first} == {1}
+    rc, answer, _ = dgx.begin("2.pbshost", "(pbshost[1]:ncpus=4:ngpus=2)")
+    second = dgx.mapped("2.pbshost")
+    assert rc == 0 and {dgx.numa(u) for u in second} == {1} and not set(first) & set(second)
+    # vnode 1 is full now: a third job is refused, naming the jobs whose maps hold its GPUs
+    rc, answer, _ = dgx.begin("3.pbshost", "(pbshost[1]:ncpus=1:ngpus=1)")
+    assert rc == 0 and answer is not None and answer["accept"] is False
+    assert "1.pbshost, 2.pbshost" in answer["message"] and not (dgx.jobs / "3.pbshost.json").exists()
+    # the end frees them
+    rc, answer, lines = dgx.call("execjob_end", job_id="1.pbshost", euser="root",
+                                 exec_vnode="(pbshost[1]:ncpus=4:ngpus=2)")
+    assert rc == 0 and answer == {"format": 1, "accept": True}, lines
+    assert not (dgx.jobs / "1.pbshost.json").exists()
+    summary = json.loads((dgx.root / "state" / "jobs" / "1.pbshost-summary.json").read_text())
+    assert summary["scheduler"] == "pbs" and [g["uuid"] for g in summary["gpus"]] == first
+    assert dgx.begin("3.pbshost", "(pbshost[1]:ncpus=1:ngpus=1)")[1] == {"format": 1, "accept": True}
+
+
+def test_a_chunk_split_across_numa_vnodes_takes_each_vnodes_share_on_its_own_node(dgx: Site) -> None:
+    rc, answer, _ = dgx.begin("5.pbshost", "(pbshost[0]:ncpus=2:ngpus=1+pbshost[1]:ncpus=2:ngpus=3)")
+    assert rc == 0 and answer is not None and answer["accept"]
+    got = [dgx.numa(u) for u in dgx.mapped("5.pbshost")]
+    assert sorted(got) == [0, 1, 1, 1]
+
+
+def test_more_gpus_than_the_vnode_has_is_refused_with_the_reason_and_nothing_written(dgx: Site) -> None:
+    rc, answer, _ = dgx.begin("6.pbshost", "(pbshost[0]:ncpus=1:ngpus=5)")
+    assert rc == 0 and answer is not None and answer["accept"] is False
+    assert "asks for 5 GPU(s) on vnode pbshost[0], but NUMA node 0 has 4" in answer["message"]
+    assert not dgx.jobs.exists() or not list(dgx.jobs.iterdir())
+
+
+def test_a_drain_fault_takes_the_vnode_offline_naming_gpu_and_device_file(dgx: Site) -> None:
+    bad = next(g for g in dgx.node.gpus if g.index == 2)
+    (dgx.bundle / "health.json").write_text(json.dumps({bad.uuid: {"xid": [79]}}))
+    rc, answer, _ = dgx.begin("7.pbshost", "(pbshost[0]:ncpus=1:ngpus=1)")
+    assert rc == 0 and answer is not None and answer["accept"] is False
+    comment = answer["offline"]["pbshost[0]"]
+    assert f"index 2 (/dev/nvidia{bad.minor}, {bad.uuid})" in comment and "Xid 79" in comment
+    assert "pbshost[0]" in answer["message"]
+    assert not (dgx.jobs / "7.pbshost.json").exists()
+    summary = json.loads((dgx.root / "state" / "jobs" / "7.pbshost-summary.json").read_text())
+    assert summary["refused_by"] == "prolog" and summary["faults"][0]["check"] == "xid"
+    # the other NUMA node's vnode is healthy: a job there starts
+    assert dgx.begin("8.pbshost", "(pbshost[1]:ncpus=1:ngpus=1)")[1] == {"format": 1, "accept": True}
+
+
+def test_launch_sets_the_environment_from_the_map(dgx: Site) -> None:
+    dgx.begin("9.pbshost", "(pbshost[0]:ncpus=4:ngpus=2)")
+    uuids = dgx.mapped("9.pbshost")
+    rc, answer, _ = dgx.call("execjob_launch", job_id="9.pbshost", euser="root", pid=os.getpid(),
+                             exec_vnode="(pbshost[0]:ncpus=4:ngpus=2)")
+    assert rc == 0 and answer is not None
+    env = answer["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids) == env["GPUSLURM_GPU_UUIDS"]
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["GPUSLURM_NUMA_NODE"] == "0"
+
+
+def test_launch_without_a_map_fails_for_a_gpu_job_and_hides_gpus_from_others(dgx: Site) -> None:
+    rc, answer, lines = dgx.call("execjob_launch", job_id="10.pbshost", euser="root", pid=os.getpid(),
+                                 exec_vnode="(pbshost[0]:ncpus=4:ngpus=2)")
+    assert rc == 2 and answer is None and "no map" in lines[-1]
+    rc, answer, _ = dgx.call("execjob_launch", job_id="10.pbshost", euser="root", pid=os.getpid(),
+                             exec_vnode="(pbshost[0]:ncpus=4)")
+    assert rc == 0 and answer is not None and answer["env"] == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_the_end_is_bookkeeping_a_broken_health_file_only_logs(dgx: Site) -> None:
+    dgx.begin("11.pbshost", "(pbshost[0]:ncpus=4:ngpus=2)")
+    (dgx.bundle / "health.json").write_text("{not json")
+    rc, answer, lines = dgx.call("execjob_end", job_id="11.pbshost", euser="root",
+                                 exec_vnode="(pbshost[0]:ncpus=4:ngpus=2)")
+    assert rc == 0 and answer == {"format": 1, "accept": True}
+    assert any("cannot read GPU health" in line for line in lines)
+    assert not (dgx.jobs / "11.pbshost.json").exists()
+    # ... while a begin with it fails closed: exit 2 and one line, which the hook turns into a reject
+    rc, answer, lines = dgx.begin("12.pbshost", "(pbshost[0]:ncpus=4:ngpus=2)")
+    assert rc == 2 and answer is None and "health.json" in lines[-1]
+
+
+def test_an_unknown_user_is_refused_at_begin(dgx: Site) -> None:
+    rc, answer, lines = dgx.begin("13.pbshost", "(pbshost[0]:ncpus=1:ngpus=1)", user="no-such-user-x")
+    assert rc == 2 and answer is None and "unknown" in lines[-1]
+
+
+def test_a_broken_config_is_exit_2_and_one_line(dgx: Site) -> None:
+    dgx.config.write_text("[paths\n")
+    rc, answer, lines = dgx.begin("14.pbshost", "(pbshost[0]:ncpus=1:ngpus=1)")
+    assert rc == 2 and answer is None and len(lines) == 1 and str(dgx.config) in lines[0]
+
+
+def test_the_best_connected_free_pair_is_chosen_on_a_natural_vnode(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # l40s-4x: GPUs 0-1 share a PCIe switch (PIX), 2-3 a NUMA node (NODE), across is SYS.
+    site = Site(tmp_path, "l40s-4x", monkeypatch)
+    by_index = {g.index: g.uuid for g in site.node.gpus}
+    assert site.begin("1.pbshost", "(pbshost:ncpus=1:ngpus=1)")[1] == {"format": 1, "accept": True}
+    assert site.mapped("1.pbshost") == [by_index[0]]  # lowest index among equals
+    site.begin("2.pbshost", "(pbshost:ncpus=1:ngpus=2)")
+    assert sorted(site.mapped("2.pbshost")) == sorted([by_index[2], by_index[3]])  # NODE, not SYS
+
+
+def test_the_replayed_node_with_its_links_is_read_once_then_cached(dgx: Site,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuslurm.hooks.cache import placement_node
+    from gpuslurm.hw import source
+
+    first = placement_node(str(dgx.bundle), str(dgx.root / "run"))
+    assert (dgx.root / "run" / "cache" / "node-placement.json").stat().st_mode & 0o777 == 0o600
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the bundle was parsed again")
+
+    monkeypatch.setattr(source, "load_node", refuse)
+    again = placement_node(str(dgx.bundle), str(dgx.root / "run"))
+    assert again == first and again.links is not None
+    assert dgx.begin("20.pbshost", "(pbshost[0]:ncpus=1:ngpus=2)")[1] == {"format": 1, "accept": True}
+    # a changed bundle file is a new key: parsed again
+    (dgx.bundle / "hostname").write_text("other\n")
+    with pytest.raises(AssertionError, match="parsed again"):
+        placement_node(str(dgx.bundle), str(dgx.root / "run"))

@@ -1,0 +1,315 @@
+"""gpuslurm's PBS hook in the real OpenPBS test cluster, as a real user.
+
+The module fixture installs the hook into the running server with ``gpuslurm install --pbs`` (a
+copy of the bundle it replays, a config of its own, a cgroup v1 devices hierarchy mounted where
+pbs_mom's namespace sees it when the host has one), takes away the NUMA vnodes ``cluster.sh up``
+inserted from a vnode file and restarts pbs_mom, so the vnodes the tests see are the ones the
+hook's exechost_startup published. At the end it deletes the hook and puts the vnode file back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_pbs_cluster import BUNDLE, _vnodes
+
+from gpuslurm.gres.pbs_vnodes import plan_vnodes
+from gpuslurm.hw.source import bundle_path, load_node
+from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster
+
+pytestmark = pytest.mark.pbs
+
+QMGR = str(PREFIX / "bin" / "qmgr")
+PBSNODES = str(PREFIX / "bin" / "pbsnodes")
+HOST = "pbshost"
+V1_DEVICES = Path("/sys/fs/cgroup/devices/devices.deny")
+
+
+@dataclass
+class Hooked:
+    cluster: PbsCluster
+    bundle: Path
+    config: Path
+    cgroup: Path | None  # the devices hierarchy's mount, when the host has cgroup v1
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.cluster.state_dir / "gs-run" / "jobs"
+
+    @property
+    def summaries(self) -> Path:
+        return self.cluster.state_dir / "gs-state" / "jobs"
+
+    @property
+    def out(self) -> Path:  # the jobs write here as they run (PBS copies stdout only at the end)
+        return self.cluster.state_dir / "jobs"
+
+    def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = ["/bin/bash", str(Path(__file__).resolve().parents[2] / "pbs-cluster" / "cluster.sh"), "exec",
+                sys.executable, "-m", "gpuslurm", "install", "--pbs", "--config", str(self.config),
+                "--replay", str(self.bundle), *extra]
+        return subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True, timeout=300,
+                              check=False)
+
+    def mom_log(self) -> str:
+        logs = sorted((self.cluster.state_dir / "home" / "mom_logs").iterdir())
+        return "".join(p.read_text(errors="replace") for p in logs[-2:])
+
+    def vnodes(self) -> dict[str, dict[str, str]]:
+        return _vnodes(self.cluster.run(PBSNODES, "-av"))
+
+    def state(self, jobid: str) -> str:
+        match = re.search(r"^\s*job_state = (\S+)", self.cluster.job(jobid), re.M)
+        return match.group(1) if match else "?"
+
+    def wait_state(self, jobid: str, states: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while (state := self.state(jobid)) not in states:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {jobid} is {state}, not {states}:\n{self.cluster.job(jobid)}")
+            time.sleep(0.5)
+        return state
+
+
+def _restart_mom(cluster: PbsCluster) -> None:
+    """Stop pbs_mom and start it again in a fresh `ip netns exec` (so it sees mounts made since)."""
+    lock = cluster.state_dir / "home" / "mom_priv" / "mom.lock"
+    pid = int(lock.read_text().split()[0])
+    os.kill(pid, 15)
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.1)
+    cluster.run(str(PREFIX / "sbin" / "pbs_mom"))
+
+
+def _wait_vnodes(cluster: PbsCluster, names: list[str], timeout: float = 90) -> dict[str, dict[str, str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = _vnodes(cluster.run(PBSNODES, "-av", check=False))
+        if all(nodes.get(n, {}).get("state") == "free" for n in names):
+            return nodes
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"vnodes {names} not free after {timeout}s: {nodes}")
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def hooked(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
+    state = pbs_cluster.state_dir
+    node = load_node(BUNDLE)
+    numa = [f"{HOST}[{v.numa_node}]" for v in plan_vnodes(node)]
+    bundle = state / "bundle"
+    source = bundle_path(BUNDLE)
+    assert source is not None
+    shutil.copytree(source, bundle)
+    cgroup = None
+    if V1_DEVICES.exists():
+        cgroup = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-cgroup-", dir=STATE_PARENT))
+        (cgroup / "devices").mkdir()
+        subprocess.run(["mount", "-t", "cgroup", "-o", "devices", "gpuslurm-pbs-test",
+                        str(cgroup / "devices")], check=True, timeout=30)
+    config = state / "gpuslurm.toml"
+    config.write_text(f'[paths]\nrun_dir = "{state}/gs-run"\nstate_dir = "{state}/gs-state"\n'
+                      f'cgroup_root = "{cgroup or state / "no-cgroup"}"\n')
+    config.chmod(0o644)
+    hooked = Hooked(pbs_cluster, bundle, config, cgroup)
+    try:
+        installed = hooked.install()
+        assert installed.returncode == 0, installed.stderr
+        # From now on the NUMA vnodes are the hook's: forget those the vnode file made.
+        pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "remove", "gpuslurm-numa")
+        for name in numa:
+            pbs_cluster.run(QMGR, "-c", f"delete node {name}")
+        _restart_mom(pbs_cluster)
+        _wait_vnodes(pbs_cluster, numa)
+        yield hooked
+    finally:
+        pbs_cluster.run(QMGR, "-c", "delete hook gpuslurm", check=False)
+        pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "insert", "gpuslurm-numa",
+                        str(state / "vnodes"), check=False)
+        try:
+            _restart_mom(pbs_cluster)
+            _wait_vnodes(pbs_cluster, numa)
+        finally:
+            if cgroup is not None:
+                subprocess.run(["umount", str(cgroup / "devices")], check=False, timeout=30)
+                shutil.rmtree(cgroup, ignore_errors=True)
+
+
+def test_install_again_changes_nothing_and_mends_what_drifted(hooked: Hooked) -> None:
+    again = hooked.install()
+    assert again.returncode == 0 and "nothing to change: PBS has hook(s) gpuslurm as wanted" in again.stdout
+    hooked.cluster.run(QMGR, "-c", "set hook gpuslurm alarm = 7")
+    dry = hooked.install("--dry-run")
+    assert "would set hook gpuslurm alarm = 30" in dry.stdout, dry.stdout + dry.stderr
+    assert "alarm = 7" in hooked.cluster.run(QMGR, "-c", "list hook gpuslurm")
+    mended = hooked.install()
+    assert "set hook gpuslurm alarm = 30" in mended.stdout and "would" not in mended.stdout
+    assert "alarm = 30" in hooked.cluster.run(QMGR, "-c", "list hook gpuslurm")
+
+
+def test_exechost_startup_publishes_cpus_memory_and_gpus_per_numa_vnode(hooked: Hooked) -> None:
+    nodes = hooked.vnodes()
+    assert nodes[HOST]["resources_available.ngpus"] == "0"
+    for vnode in plan_vnodes(load_node(str(hooked.bundle))):
+        attrs = nodes[f"{HOST}[{vnode.numa_node}]"]
+        assert attrs["resources_available.ngpus"] == str(len(vnode.gpu_minors))
+        assert attrs["resources_available.ncpus"] == str(len(vnode.cpus))
+        assert attrs["resources_available.mem"] == f"{vnode.memory_mib}mb"
+    assert "gpuslurm hook: exechost_startup answered" in hooked.mom_log()
+
+
+JOB = """\
+out={out}/$PBS_JOBID
+echo "CVD=$CUDA_VISIBLE_DEVICES" > $out.tmp
+echo "ORDER=$CUDA_DEVICE_ORDER" >> $out.tmp
+for dev in /dev/nvidia[0-9]*; do
+    err=$( (exec 3<"$dev") 2>&1 ) && echo "$dev opened" >> $out.tmp || echo "$dev ${{err##*: }}" >> $out.tmp
+done
+mv $out.tmp $out
+while [ ! -e {out}/release-$PBS_JOBID ]; do sleep 0.2; done
+"""
+
+
+def _job_report(hooked: Hooked, jobid: str, timeout: float = 60) -> dict[str, str]:
+    path = hooked.out / jobid
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {jobid} wrote nothing:\n{hooked.cluster.job(jobid)}")
+        time.sleep(0.3)
+    report = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("/dev/"):
+            dev, _, what = line.partition(" ")
+            report[dev] = what
+        else:
+            key, _, value = line.partition("=")
+            report[key] = value
+    return report
+
+
+def _exec_vnode_numa(status: str) -> int:
+    match = re.search(r"^\s*exec_vnode = \(pbshost\[(\d+)\]:[^+)]*\)$", status, re.M)
+    assert match, status
+    return int(match.group(1))
+
+
+def test_two_users_jobs_get_their_own_numa_local_gpus_mapped_while_they_run(hooked: Hooked) -> None:
+    node = load_node(str(hooked.bundle))
+    by_uuid = {g.uuid: g for g in node.gpus}
+    script = JOB.format(out=hooked.out)
+    jobs = [hooked.cluster.qsub(["-l", "select=1:ncpus=4:ngpus=2"], script) for _ in range(2)]
+    reports = {j: _job_report(hooked, j) for j in jobs}
+    seen: set[str] = set()
+    for jobid, report in reports.items():
+        uuids = report["CVD"].split(",")
+        assert len(uuids) == 2 and all(u.startswith("GPU-") for u in uuids), report
+        assert report["ORDER"] == "PCI_BUS_ID"
+        # NUMA-local: the GPUs are the NUMA node's whose vnode PBS gave the chunk
+        numa = _exec_vnode_numa(hooked.cluster.job(jobid))
+        assert {by_uuid[u].numa_node for u in uuids} == {numa}
+        # the map names them while the job runs, and no other job has them
+        jmap = json.loads((hooked.jobs_dir / f"{jobid}.json").read_text())
+        assert [g["uuid"] for g in jmap["gpus"]] == uuids and jmap["user"] == hooked.cluster.user
+        assert not seen & set(uuids)
+        seen |= set(uuids)
+        if hooked.cgroup is not None:  # confined to its GPUs: the others are EPERM
+            mine = {by_uuid[u].device_file for u in uuids}
+            for gpu in node.gpus:
+                what = report[gpu.device_file]
+                if gpu.device_file in mine:
+                    assert what != "Operation not permitted", report  # ENXIO: a fake device, no driver
+                else:
+                    assert what == "Operation not permitted", report
+    for jobid in jobs:
+        (hooked.out / f"release-{jobid}").touch()
+    for jobid in jobs:
+        status = hooked.cluster.wait(jobid)
+        assert re.search(r"^\s*Exit_status = 0$", status, re.M), status
+        assert not (hooked.jobs_dir / f"{jobid}.json").exists()
+        summary = json.loads((hooked.summaries / f"{jobid}-summary.json").read_text())
+        assert summary["scheduler"] == "pbs" and [g["uuid"] for g in summary["gpus"]] == \
+            reports[jobid]["CVD"].split(",")
+
+
+def test_a_gpu_fault_takes_its_vnode_offline_and_the_job_does_not_run_there(hooked: Hooked) -> None:
+    node = load_node(str(hooked.bundle))
+    bad = next(g for g in sorted(node.gpus, key=lambda g: g.index) if g.numa_node == 0)
+    health = hooked.bundle / "health.json"
+    health.write_text(json.dumps({bad.uuid: {"xid": [79]}}))
+    vnode = f"{HOST}[0]"
+    try:
+        pinned = hooked.cluster.qsub(["-l", f"select=1:vnode={vnode}:ncpus=1:ngpus=1"], "true\n")
+        deadline = time.monotonic() + 60
+        while hooked.vnodes()[vnode]["state"] != "offline":
+            assert time.monotonic() < deadline, hooked.vnodes()[vnode]
+            time.sleep(0.5)
+        comment = hooked.vnodes()[vnode]["comment"]
+        assert bad.uuid in comment and bad.device_file in comment and "Xid 79" in comment, comment
+        time.sleep(3)  # a scheduling cycle or two: the job must not have run on the offline vnode
+        assert hooked.state(pinned) in ("Q", "H"), hooked.cluster.job(pinned)
+        assert "Exit_status" not in hooked.cluster.job(pinned)
+        assert "execjob_begin request rejected by 'gpuslurm'" in hooked.mom_log()
+        # the other NUMA vnode keeps running jobs
+        other = hooked.cluster.qsub(["-l", "select=1:ncpus=1:ngpus=1"], "echo $CUDA_VISIBLE_DEVICES\n")
+        status = hooked.cluster.wait(other)
+        assert _exec_vnode_numa(status) == 1 and re.search(r"^\s*Exit_status = 0$", status, re.M), status
+        hooked.cluster.run(str(PREFIX / "bin" / "qdel"), "-W", "force", pinned, check=False)
+    finally:
+        health.unlink(missing_ok=True)
+        _online(hooked.cluster, vnode)
+
+
+def _online(cluster: PbsCluster, vnode: str, timeout: float = 60) -> None:
+    """Put ``vnode`` back online without a comment (a job refused there may still offline it once)."""
+    deadline = time.monotonic() + timeout
+    while True:  # pbsnodes -r names hosts, not vnodes ("Unknown node"): qmgr does
+        cluster.run(QMGR, "-c", f"set node {vnode} state -= offline", check=False)
+        cluster.run(QMGR, "-c", f"unset node {vnode} comment", check=False)
+        if _vnodes(cluster.run(PBSNODES, "-av", check=False)).get(vnode, {}).get("state") == "free":
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{vnode} did not come back online")
+        time.sleep(1)
+
+
+def test_gpuslurm_failing_refuses_begin_but_never_an_end(hooked: Hooked) -> None:
+    health = hooked.bundle / "health.json"
+    script = JOB.format(out=hooked.out)
+    # a job already running when health.json breaks: its end still cleans up
+    running = hooked.cluster.qsub(["-l", "select=1:ncpus=1:ngpus=1"], script)
+    _job_report(hooked, running)
+    health.write_text("{not json")
+    try:
+        (hooked.out / f"release-{running}").touch()
+        status = hooked.cluster.wait(running)
+        assert re.search(r"^\s*Exit_status = 0$", status, re.M), status
+        assert not (hooked.jobs_dir / f"{running}.json").exists()
+        # a new job cannot start while gpuslurm cannot check its GPUs: each begin is refused
+        refused = hooked.cluster.qsub(["-l", "select=1:ncpus=1:ngpus=1"], "true\n")
+        deadline = time.monotonic() + 60
+        while not re.search(r"gpuslurm execjob_begin: gpuslurm failed \(exit 2\): gpuslurm pbs execjob_begin "
+                            rf"job {re.escape(refused)}: .*health\.json", hooked.mom_log()):
+            assert time.monotonic() < deadline, hooked.mom_log()[-3000:]
+            time.sleep(0.5)
+        assert "Exit_status" not in hooked.cluster.job(refused)
+        assert not (hooked.jobs_dir / f"{refused}.json").exists()
+    finally:
+        health.unlink(missing_ok=True)
+    # mended: PBS runs it
+    hooked.cluster.run(str(PREFIX / "bin" / "qrls"), refused, check=False)
+    status = hooked.cluster.wait(refused, timeout=120)
+    assert re.search(r"^\s*Exit_status = 0$", status, re.M), status
