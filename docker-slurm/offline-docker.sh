@@ -5,6 +5,7 @@
 #
 #   offline-docker.sh start   start dockerd (if its socket does not answer); prints the socket
 #   offline-docker.sh stop    stop the dockerd this script started (by its pid file)
+#   offline-docker.sh status  exit 0 when a dockerd answers on the socket
 #   offline-docker.sh base    print the base image's name, making it first if the engine lacks it
 #
 # Environment:
@@ -116,7 +117,8 @@ cmd_base() {
 
 case ${1:-} in
     start) cmd_start ;;
+    status) answers ;;
     stop) cmd_stop ;;
     base) cmd_base ;;
-    *) die "usage: offline-docker.sh start | stop | base" ;;
+    *) die "usage: offline-docker.sh start | stop | status | base" ;;
 esac
