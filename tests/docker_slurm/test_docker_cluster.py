@@ -5,7 +5,9 @@ baked into the hooks), ``cluster.sh up`` with the installed Prolog/Epilog/TaskPr
 then ``sbatch --gres=gpu:1``. The job must get one GPU from Slurm, the prolog's job map must name
 that GPU's UUID, the devices cgroup must let the job open only that GPU's fake device file (ENXIO:
 allowed, no driver; EPERM: refused), and the epilog must have removed the map and written the
-summary. Fixtures: tests/docker_fixture.py.
+summary. Three set-ups: Slurm isolates (ConstrainDevices=yes), gpuslurm's prolog isolates
+(ConstrainDevices=no, ``cgroup.devices = "auto"``), and a control where nothing isolates, in which
+every GPU must open. Fixtures: tests/docker_fixture.py.
 """
 
 from __future__ import annotations
@@ -46,25 +48,35 @@ EOF
 """
 
 
+CONFIG = (f'[paths]\nrun_dir = "{RUN_DIR}"\nstate_dir = "{STATE_DIR}"\nscontrol = "/usr/bin/scontrol"\n'
+          f'slurm_cgroup_conf = "{CLUSTER_DIR}/etc/cgroup.conf"\n[hooks]\ncommand_timeout_s = 20\n')
+
+
 @pytest.fixture(scope="module")
 def hooked_node(docker_node: DockerNode) -> Iterator[DockerNode]:
-    """gpuslurm's hooks installed in the container and its cluster up with them."""
-    config = (f'[paths]\nrun_dir = "{RUN_DIR}"\nstate_dir = "{STATE_DIR}"\nscontrol = "/usr/bin/scontrol"\n'
-              f'slurm_cgroup_conf = "{CLUSTER_DIR}/etc/cgroup.conf"\n[hooks]\ncommand_timeout_s = 20\n')
+    """gpuslurm's hooks installed in the container (``gpuslurm install``, config and bundle baked in)."""
     extra = (f"Prolog={HOOKS}/gpuslurm-prolog\nEpilog={HOOKS}/gpuslurm-epilog\n"
              f"TaskProlog={HOOKS}/gpuslurm-task-prolog\n")
     docker_node.sh(
-        f"set -e; mkdir -p {ETC}/slurm-etc; cat > {ETC}/gpuslurm.toml <<'EOF'\n{config}EOF\n"
+        f"set -e; mkdir -p {ETC}/slurm-etc; cat > {ETC}/gpuslurm.toml <<'EOF'\n{CONFIG}EOF\n"
         f"cat > {ETC}/extra.conf <<'EOF'\n{extra}EOF\n"
         "cp -r \"$(/opt/gpuslurm/bin/python -c "
         "'from gpuslurm.hw.source import BUILTIN_DIR; print(BUILTIN_DIR)')"
         f"/dgx-h100\" {ETC}/bundle\n"
         f"{GPUSLURM} install --slurm-etc {ETC}/slurm-etc --prefix {HOOKS} --config {ETC}/gpuslurm.toml "
         f"--replay {ETC}/bundle")
-    started = time.monotonic()
-    docker_node.run([CLUSTER_SH, "up"], env={"GPUSLURM_CLUSTER_EXTRA_CONF": f"{ETC}/extra.conf"})
-    print(f"cluster.sh up in the container: {time.monotonic() - started:.1f} s")
     yield docker_node
+
+
+def _cluster_up(node: DockerNode, constrain_devices: str, gpuslurm_devices: str) -> None:
+    """``cluster.sh down`` then ``up`` with the hooks in slurm.conf, Slurm's ConstrainDevices and
+    gpuslurm's ``cgroup.devices`` mode as given (the hooks read the config at every job)."""
+    node.run([CLUSTER_SH, "down"])
+    node.sh(f"cat > {ETC}/gpuslurm.toml <<'EOF'\n{CONFIG}[cgroup]\ndevices = \"{gpuslurm_devices}\"\nEOF\n")
+    started = time.monotonic()
+    node.run([CLUSTER_SH, "up"], env={"GPUSLURM_CLUSTER_EXTRA_CONF": f"{ETC}/extra.conf",
+                                      "GPUSLURM_CLUSTER_CONSTRAIN_DEVICES": constrain_devices})
+    print(f"cluster.sh up in the container: {time.monotonic() - started:.1f} s")
 
 
 def _wait(node: DockerNode, jobid: int, timeout: float = 60) -> str:
@@ -88,7 +100,14 @@ def test_image_is_built_on_the_debootstrap_base(cluster_image: BuiltImage, docke
     assert docker_node.sh("slurmd -V").strip().startswith("slurm-wlm 22.05")
 
 
-def test_gpu_job_gets_its_gpu_through_the_installed_hooks(hooked_node: DockerNode) -> None:
+@pytest.mark.parametrize(("constrain_devices", "gpuslurm_devices", "isolated"), [
+    ("yes", "auto", True),    # Slurm's devices cgroup isolates (gpuslurm's auto mode leaves it to Slurm)
+    ("no", "auto", True),     # gpuslurm's prolog isolates, in the host's cgroup tree, from the container
+    ("no", "never", False),   # control: nothing isolates, every GPU opens (ENXIO): the check can fail
+], ids=["slurm-isolates", "gpuslurm-isolates", "control-nothing-isolates"])
+def test_gpu_job_gets_its_gpu_through_the_installed_hooks(hooked_node: DockerNode, constrain_devices: str,
+                                                         gpuslurm_devices: str, isolated: bool) -> None:
+    _cluster_up(hooked_node, constrain_devices, gpuslurm_devices)
     uuids = [gpu.uuid for gpu in load_node(str(BUILTIN_DIR / "dgx-h100")).gpus]
     # The fake devices were passed in from the host, not made in the container by cluster.sh.
     assert {f"/dev/nvidia{n}" for n in range(8)} <= set(hooked_node.devices)
@@ -111,9 +130,9 @@ def test_gpu_job_gets_its_gpu_through_the_installed_hooks(hooked_node: DockerNod
     env = dict(re.findall(r"^ENV (\w+)=(.*)$", out, re.M))
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
     assert env["GPUSLURM_GPU_UUID"] == uuids[index]
-    # dgx-h100: minor == index. Slurm's devices cgroup allows the job's GPU only.
+    # dgx-h100: minor == index. Isolated: the job's GPU only (ENXIO: allowed, no driver; EPERM: refused).
     opened = dict(re.findall(r"^OPEN (\d) (\S+)$", out, re.M))
-    assert opened == {str(n): ("ENXIO" if n == index else "EPERM") for n in range(8)}, out
+    assert opened == {str(n): ("ENXIO" if n == index or not isolated else "EPERM") for n in range(8)}, out
 
     # The epilog ran: the map is gone, the summary names the same GPU.
     summary_path = f"{STATE_DIR}/jobs/{jobid}-summary.json"
