@@ -32,6 +32,7 @@ class Rule(NamedTuple):
     lo: float | None = None
     hi: float | None = None
     abspath: bool = False
+    optional: bool = False  # with abspath: "" is allowed and means "not set"
     mapping: bool = False  # a table of free names → ``item`` values, kept as sorted (name, value) pairs
 
 
@@ -92,6 +93,7 @@ class PathsConfig(NamedTuple):
     sendmail: str = "/usr/sbin/sendmail"  # [act] alerts by mail (run as `sendmail -t -oi`)
     scancel: str = "/usr/bin/scancel"  # [act.idle] scancel
     sacctmgr: str = "/usr/bin/sacctmgr"  # epilog.admin_comment of a finished job, in slurmdbd
+    nvml_library: str = ""  # "": libnvidia-ml.so.1 found by the dynamic loader (hw/nvml_lib.py)
 
     @property
     def jobs_dir(self) -> str:
@@ -260,6 +262,7 @@ RULES: dict[str, Rule] = {
     "health.memory_released.max_used_mib": Rule(lo=0),
     "health.leftover_processes.ignore_users": Rule(item=str),
     **{f"paths.{name}": Rule(abspath=True) for name in PathsConfig._fields},
+    "paths.nvml_library": Rule(abspath=True, optional=True),
     "mps.triggers": Rule(item=str, choices=MPS_TRIGGERS),
     "mps.active_thread_percentage": Rule(lo=1, hi=100),
     "mps.pinned_memory_limit_mib": Rule(lo=0),
@@ -426,7 +429,7 @@ def _scalar(kind: type, rule: Rule, value: Any, label: str, source: str) -> Any:
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
         _fail(f"{label} must be {bounds}, not {value!r}", source)
-    if rule.abspath and not value.startswith("/"):
+    if rule.abspath and not value.startswith("/") and not (rule.optional and value == ""):
         _fail(f"{label} must be an absolute path, not {value!r}", source)
     return value
 
