@@ -104,6 +104,7 @@ class PathsConfig(NamedTuple):
     sendmail: str = "/usr/sbin/sendmail"  # [act] alerts by mail (run as `sendmail -t -oi`)
     scancel: str = "/usr/bin/scancel"  # [act.idle] scancel
     sacctmgr: str = "/usr/bin/sacctmgr"  # epilog.admin_comment of a finished job, in slurmdbd
+    nvml_library: str = ""  # "": libnvidia-ml.so.1 found by the dynamic loader (hw/nvml_lib.py)
 
     @property
     def jobs_dir(self) -> str:
@@ -294,6 +295,7 @@ RULES: dict[str, Rule] = {
     "gpu_out.job_on_gpu": Rule(choices=("leave", "notify", "requeue")),
     "gpu_out.holder_mem_mib": Rule(lo=1, hi=1 << 20),
     "gpu_out.sbatch": Rule(abspath=True),
+    "paths.nvml_library": Rule(abspath=True, empty_ok=True),
     "mps.triggers": Rule(item=str, choices=MPS_TRIGGERS),
     "mps.active_thread_percentage": Rule(lo=1, hi=100),
     "mps.pinned_memory_limit_mib": Rule(lo=0),

@@ -50,14 +50,16 @@ SANITIZE = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 
 
 def _build(gcc: str, include: Path, out: Path, hidden: frozenset[str] = frozenset(),
-           sanitize: bool = False) -> Path:
-    """Compile into ``out``; symbols in ``hidden`` are left out of the dynamic symbol table."""
+           sanitize: bool = False, baked: str | None = None) -> Path:
+    """Compile into ``out``; symbols in ``hidden`` are left out of the dynamic symbol table;
+    ``baked``: the nvml.json served when ``GPUSLURM_NVML_REPLAY`` is not set."""
     out.mkdir(parents=True, exist_ok=True)
     script = out / "symbols.map"
     exported = [s for s in exported_symbols() if s not in hidden]
     script.write_text("{\n  global:\n" + "".join(f"    {s};\n" for s in exported) + "  local: *;\n};\n")
     cmd = [gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-fPIC", "-shared",
            *(SANITIZE if sanitize else []),
+           *([f'-DGPUSLURM_NVML_REPLAY_PATH="{baked}"'] if baked else []),
            f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson", "-lm",
            "-Wl,-soname,libnvidia-ml.so.1", f"-Wl,--version-script={script}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
@@ -73,18 +75,28 @@ class ReplayLib:
     include: Path = Path()
     hidden: frozenset[str] = frozenset()
     asan: str | None = None  # the libasan to preload: a build with AddressSanitizer and UBSan
+    baked: str | None = None  # the nvml.json served without GPUSLURM_NVML_REPLAY (checked as root's)
 
-    def _variant(self, hidden: frozenset[str], asan: str | None) -> ReplayLib:
-        tag = hashlib.sha256((",".join(sorted(hidden)) + f"|{bool(asan)}").encode()).hexdigest()[:12]
+    def _variant(self, hidden: frozenset[str], asan: str | None, baked: str | None = None) -> ReplayLib:
+        key = ",".join(sorted(hidden)) + f"|{bool(asan)}|{baked or ''}"
+        tag = hashlib.sha256(key.encode()).hexdigest()[:12]
         out = self.directory.parent / f"{self.directory.name.split('-v-')[0]}-v-{tag}"
         if not (out / "libnvidia-ml.so.1").exists():
-            _build(self.gcc, self.include, out, hidden, sanitize=asan is not None)
-        return ReplayLib(out, self.gcc, self.include, hidden, asan)
+            _build(self.gcc, self.include, out, hidden, sanitize=asan is not None, baked=baked)
+        return ReplayLib(out, self.gcc, self.include, hidden, asan, baked)
 
     def without(self, *symbols: str) -> ReplayLib:
         """This library lacking ``symbols`` as well (pynvml: FUNCTION_NOT_FOUND); built once."""
         hidden = self.hidden | frozenset(symbols)
-        return self if hidden == self.hidden else self._variant(hidden, self.asan)
+        return self if hidden == self.hidden else self._variant(hidden, self.asan, self.baked)
+
+    def serving(self, nvml_json: Path) -> ReplayLib:
+        """This library with ``nvml_json``'s path baked in: it serves that file to a process given
+        no environment (a hook run by slurmd), after checking it as root's file (no symlink, root's
+        or ours, not writable by others, nor any directory on the way)."""
+        path = str(nvml_json)
+        assert nvml_json.is_absolute() and not set('"\\\n') & set(path), path  # a C string literal
+        return self._variant(self.hidden, self.asan, path)
 
     def sanitized(self) -> ReplayLib:
         """This library built with AddressSanitizer and UBSan (a memory error aborts the process)."""
@@ -92,7 +104,7 @@ class ReplayLib:
                                check=False).stdout.strip()
         if not found or not Path(found).is_file():
             _unavailable("gcc's libasan is not installed")
-        return self if self.asan else self._variant(self.hidden, str(Path(found).resolve()))
+        return self if self.asan else self._variant(self.hidden, str(Path(found).resolve()), self.baked)
 
     def env(self, nvml_json: Path, log: Path) -> dict[str, str]:
         env = dict(os.environ)

@@ -9,6 +9,9 @@
 #include <string.h>
 #include <math.h>
 #include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 #define MAX_GPUS 64
 #define MAX_MIG 8
@@ -404,6 +407,53 @@ static int load_gpu(const cJSON *j, const cJSON *r, int pos) {
     return 0;
 }
 
+/* The nvml.json baked in at build time (-DGPUSLURM_NVML_REPLAY_PATH="..."), for processes that get
+ * no GPUSLURM_NVML_REPLAY: the hooks slurmd runs. Root reads it, so it is checked as gpuslurm's
+ * safedir checks a root path: each component opened below its parent without following symlinks,
+ * every directory root's or ours and not writable by others (an ancestor may be sticky, as /tmp),
+ * the file a regular file, root's or ours, not writable by group or others. */
+#ifdef GPUSLURM_NVML_REPLAY_PATH
+static int checked_owner(const struct stat *st, const char *what, const char *path, int sticky_ok) {
+    if (st->st_uid != 0 && st->st_uid != geteuid()) { say("%s: %s owned by uid %u", path, what, (unsigned)st->st_uid); return -1; }
+    if ((st->st_mode & 022) && !(sticky_ok && (st->st_mode & S_ISVTX))) {
+        say("%s: %s writable by group or others (mode %04o)", path, what, (unsigned)(st->st_mode & 07777));
+        return -1;
+    }
+    return 0;
+}
+
+static FILE *open_baked(const char *path) {
+    char copy[4096], *parts[256], *save = NULL;
+    struct stat st;
+    int fd, child, n = 0, i;
+    if (path[0] != '/' || strlen(path) >= sizeof copy) { say("%s: not an absolute path", path); return NULL; }
+    strcpy(copy, path);
+    for (char *p = strtok_r(copy, "/", &save); p; p = strtok_r(NULL, "/", &save)) {
+        if (n == 256) { say("%s: too deep", path); return NULL; }
+        parts[n++] = p;
+    }
+    if (n == 0) { say("%s: not a file", path); return NULL; }
+    fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) || checked_owner(&st, "directory", path, n > 1)) goto fail;
+    for (i = 0; i < n; i++) {
+        int file = i == n - 1;
+        child = openat(fd, parts[i], (file ? O_NONBLOCK : O_DIRECTORY) | O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        close(fd);
+        fd = child;
+        if (fd < 0) { say("%s: cannot open %s (missing, or a symlink)", path, parts[i]); return NULL; }
+        if (fstat(fd, &st)) goto fail;
+        if (file && !S_ISREG(st.st_mode)) { say("%s: not a regular file", path); goto fail; }
+        /* a sticky ancestor (/tmp) is fine: others cannot rename our entries; the file's own
+         * directory and the file never get that exception */
+        if (checked_owner(&st, file ? "the file" : "a directory", path, i < n - 2)) goto fail;
+    }
+    return fdopen(fd, "rb");
+fail:
+    if (fd >= 0) close(fd);
+    return NULL;
+}
+#endif
+
 static int load(void) {
     const char *path = getenv("GPUSLURM_NVML_REPLAY");
     FILE *f;
@@ -412,9 +462,18 @@ static int load(void) {
     cJSON *root, *list, *replay, *rg, *v;
     int pos = 0, rc = -1;
     free_state();
-    NEED(path, "GPUSLURM_NVML_REPLAY is not set");
-    f = fopen(path, "rb");
-    NEED(f, "cannot open %s", path);
+#ifdef GPUSLURM_NVML_REPLAY_PATH
+    if (!path) {
+        path = GPUSLURM_NVML_REPLAY_PATH;
+        f = open_baked(path);
+        NEED(f, "cannot serve %s (baked in at build time)", path);
+    } else
+#endif
+    {
+        NEED(path, "GPUSLURM_NVML_REPLAY is not set");
+        f = fopen(path, "rb");
+        NEED(f, "cannot open %s", path);
+    }
     if (fseek(f, 0, SEEK_END) || (size = ftell(f)) < 0 || size > (16 << 20) || fseek(f, 0, SEEK_SET)) {
         fclose(f);
         NEED(0, "%s: unreadable or larger than 16 MiB", path);

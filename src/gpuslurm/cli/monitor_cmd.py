@@ -47,6 +47,10 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
     from gpuslurm.watch.build import build_monitor
 
     cfg = load_config()
+    if cfg.paths.nvml_library:
+        from gpuslurm.hw.nvml_lib import use_library
+
+        use_library(cfg.paths.nvml_library)
     mc = cfg.monitor
     path = db or mc.db or default_path(cfg.paths.state_dir)
     if not os.path.isabs(path):

@@ -39,6 +39,10 @@ def _open(source: str | None, db: str | None) -> Any:
     from gpuslurm.watch.live import LiveView
 
     cfg = load_config()
+    if cfg.paths.nvml_library:
+        from gpuslurm.hw.nvml_lib import use_library
+
+        use_library(cfg.paths.nvml_library)
     slurm = SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol,
                            timeout=cfg.monitor.command_timeout_s)
     return LiveView(cfg, source, db, scheduler=slurm if slurm.can_list_jobs() else None)

@@ -54,6 +54,10 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec:
     now = time.time() if now is None else now
     job_id, uid = job.job_id, job.uid
     log.job_id = job_id
+    if spec is None and cfg.paths.nvml_library:  # slurmd gives hooks no LD_LIBRARY_PATH
+        from gpuslurm.hw.nvml_lib import use_library
+
+        use_library(cfg.paths.nvml_library)
     jobs_dir = cfg.paths.jobs_dir
     try:
         jmap = read_map(job_id, jobs_dir)

@@ -50,6 +50,10 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
     """
     job_id, uid, user = job.job_id, job.uid, job.user
     log.job_id = job_id
+    if spec is None and cfg.paths.nvml_library:  # slurmd gives hooks no LD_LIBRARY_PATH
+        from gpuslurm.hw.nvml_lib import use_library
+
+        use_library(cfg.paths.nvml_library)
     if isolate is None:
         from gpuslurm.isolate.devices import wanted
 

@@ -4,7 +4,9 @@
 and offers one call helper that keeps the three outcomes apart: NOT_SUPPORTED (and a function
 this driver or nvidia-ml-py lacks) raises :class:`NotSupported`, GPU_IS_LOST raises
 :class:`GpuLost` naming the GPU, and any other NVML error a :class:`HardwareError` naming the call
-and the GPU. Importing this module never touches the driver. Readers of nodes
+and the GPU. Importing this module never touches the driver. :func:`use_library` names the NVML
+library to load by path (``[paths] nvml_library``) for processes that get no ``LD_LIBRARY_PATH``,
+such as the hooks slurmd runs. Readers of nodes
 (:mod:`gpuslurm.hw.nvml`), samples (:mod:`gpuslurm.hw.nvml_sampler`) and health
 (:mod:`gpuslurm.hw.health`) call it; none of them sees ``pynvml``.
 """
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import os
+import stat
 import threading
 from typing import Any, NamedTuple
 
-from gpuslurm.errors import HardwareError, NotSupported
+from gpuslurm.errors import HardwareError, InputError, NotSupported
 
 # Return codes and enums from nvml.h; they are part of NVML's stable ABI.
 NVML_SUCCESS = 0
@@ -33,6 +37,7 @@ NVML_DEVICE_MIG_ENABLE = 1
 NVML_FEATURE_ENABLED = 1
 NVML_TEMPERATURE_GPU = 0
 MIB = 1024 * 1024
+SONAME = "libnvidia-ml.so.1"  # the name nvidia-ml-py loads
 NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory under WDDM
 
 
@@ -92,7 +97,11 @@ class NvmlLibrary:
         """The initialised NVML module (initialising it on the first call)."""
         with self._lock:
             if self._nvml is None:
-                module = self._module if self._module is not None else _import_pynvml()
+                module = self._module
+                if module is None:
+                    module = _import_pynvml()
+                    if _library_path:
+                        _preload(_library_path)
                 try:
                     module.nvmlInit()
                 except module.NVMLError as exc:
@@ -221,6 +230,84 @@ class NvmlLibrary:
             else:
                 self._process_abi = ("_v2", _ProcessInfo)
         return self._process_abi
+
+
+# -- which NVML library: by name (the dynamic loader's search), or the one the config names -----
+
+_library_path = ""
+_preloaded: ctypes.CDLL | None = None  # kept: the loaded NVML stays for the process's life
+
+
+class NvmlLibraryError(InputError):
+    """``[paths] nvml_library`` names a file root must not load, or one that is not NVML."""
+
+
+def use_library(path: str) -> None:
+    """Load NVML from ``path`` (absolute; "" = by name) when it is first initialised.
+
+    One NVML per process, as nvidia-ml-py keeps one: a process-wide choice, made by whoever read
+    the config (the hooks, the monitor) before any reader initialises NVML.
+    """
+    global _library_path
+    _library_path = path
+
+
+def _preload(path: str) -> None:
+    """Load ``path`` so that nvidia-ml-py's ``CDLL("libnvidia-ml.so.1")`` gets this object.
+
+    The dynamic loader answers a dlopen by name with an object already loaded whose soname is
+    that name, so nvidia-ml-py is left as it is (no handle of its set from outside). The path is
+    checked like every path root uses (safedir: no symlinks, every directory and the file root's
+    or ours and not writable by others), the file is opened once and loaded through that
+    descriptor (no swap between check and load), and a dlopen by name that must not load
+    anything confirms the soname before NVML is initialised.
+    """
+    global _preloaded
+    if _preloaded is not None:
+        return
+    from gpuslurm.safedir import open_dir, why_refused
+
+    where = "[paths] nvml_library"
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        raise NvmlLibraryError(f"{where} must be an absolute, normalised path", source=path)
+    directory, name = os.path.split(path)
+    try:
+        dfd = open_dir(directory, error=NvmlLibraryError)
+    except NvmlLibraryError as exc:
+        raise NvmlLibraryError(f"{where}: {exc.message}", source=exc.source) from None
+    if dfd is None:
+        raise NvmlLibraryError(f"{where}: no such directory", source=directory)
+    try:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError as exc:
+            raise NvmlLibraryError(f"{where}: refusing to load: {why_refused(dfd, name, exc)}",
+                                   source=path) from None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NvmlLibraryError(f"{where}: refusing to load: not a regular file", source=path)
+        if st.st_uid not in (0, os.geteuid()):
+            raise NvmlLibraryError(f"{where}: refusing to load: owned by uid {st.st_uid}", source=path)
+        if st.st_mode & 0o022:
+            raise NvmlLibraryError(f"{where}: refusing to load: writable by group or others "
+                                   f"(mode {stat.S_IMODE(st.st_mode):04o})", source=path)
+        try:
+            lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
+        except OSError as exc:
+            raise NvmlLibraryError(f"{where}: cannot load: {exc}", source=path) from None
+    finally:
+        os.close(fd)
+    try:
+        by_name = ctypes.CDLL(SONAME, mode=os.RTLD_NOLOAD)
+    except OSError:
+        by_name = None
+    if by_name is None or by_name._handle != lib._handle:
+        raise NvmlLibraryError(f"{where}: not loaded under the name {SONAME} (its soname differs, or "
+                               f"another {SONAME} was loaded first)", source=path)
+    _preloaded = lib
 
 
 def _bytes(value: Any) -> int | None:

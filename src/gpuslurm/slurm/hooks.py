@@ -62,11 +62,16 @@ def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
     claim = gpu_claim(env)
     if claim is None:
         return []
+    spec = environ.get("GPUSLURM_CAPTURE") or None
+    cfg = load_config(environ=environ)
+    if spec is None and cfg.paths.nvml_library:
+        from gpuslurm.hw.nvml_lib import use_library
+
+        use_library(cfg.paths.nvml_library)
     pairs = task_exports(claim, env.job_id, local_id=environ.get("SLURM_LOCALID", "0"),
                          keep_cuda_visible_devices=bool(environ.get("CUDA_VISIBLE_DEVICES", "").strip()),
                          keep_device_order=bool(environ.get("CUDA_DEVICE_ORDER", "").strip()),
-                         spec=environ.get("GPUSLURM_CAPTURE") or None,
-                         run_dir=load_config(environ=environ).paths.run_dir)
+                         spec=spec, run_dir=cfg.paths.run_dir)
     return [f"export {name}={value}" for name, value in pairs]
 
 
