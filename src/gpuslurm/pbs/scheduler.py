@@ -22,13 +22,14 @@ from gpuslurm.samples import Allocation
 if TYPE_CHECKING:
     from gpuslurm.hw.model import Node
 
-MAX_COMMENT = 1000  # PBS keeps longer strings, but pbsnodes -l and qstat -f are read by people
+MAX_COMMENT = 1000  # a job's comment: PBS keeps longer strings, but qstat -f is read by people
+MAX_NODE_COMMENT = 79  # pbsnodes -C keeps 79 characters (snprintf(Comment, 80, ...) in pbsnodes.c)
 
 
-def clean_comment(text: str) -> str:
-    """``text`` as one printable line of at most MAX_COMMENT characters (a node's or job's comment)."""
+def clean_comment(text: str, limit: int = MAX_COMMENT) -> str:
+    """``text`` as one printable line of at most ``limit`` characters (a node's or job's comment)."""
     line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return line if len(line) <= MAX_COMMENT else line[: MAX_COMMENT - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def check_pbs_job_id(job_id: str) -> str:
@@ -127,8 +128,9 @@ class PbsScheduler:
         return jmap.uuids if jmap is not None else None
 
     def drain_node(self, node_name: str, reason: str) -> None:
-        """``pbsnodes -o -C REASON NODE``: the host and all its vnodes offline, running jobs kept."""
-        run_command([self.pbsnodes, "-o", "-C", clean_comment(reason),
+        """``pbsnodes -o -C REASON NODE``: the host and all its vnodes offline, running jobs kept;
+        pbsnodes keeps 79 characters of a comment, so a longer reason is cut to that with "..."."""
+        run_command([self.pbsnodes, "-o", "-C", clean_comment(reason, MAX_NODE_COMMENT),
                      check_node_name(node_name, source="node name")], timeout=self.timeout)
 
     def resume_node(self, node_name: str) -> None:
@@ -143,18 +145,24 @@ class PbsScheduler:
         The hold comes first: a job requeued before its hold would be run again at once.
         """
         check_pbs_job_id(job_id)
-        self.set_admin_comment(job_id, reason, check=False)  # best effort: the hold matters
         try:
             run_command([self.qhold, "-h", "u", job_id], timeout=self.timeout)
             run_command([self.qrerun, job_id], timeout=self.timeout)
-            return "held and requeued"
+            done = "held and requeued"
         except CommandError:
             run_command([self.qdel, job_id], timeout=self.timeout)
             return "deleted"
+        # after the hold, whose own comment ("Job held by ...") it replaces; best effort
+        self.set_admin_comment(job_id, reason, check=False)
+        return done
 
     def set_admin_comment(self, job_id: str, text: str, *, check: bool = True) -> None:
         """The job's ``comment`` (``qalter -W comment=TEXT``): PBS has no AdminComment; this is the
         job attribute only managers and the scheduler set, shown by ``qstat -f`` and kept in the
-        job's history. The scheduler writes it when it runs the job, not while the job runs."""
-        run_command([self.qalter, "-W", f"comment={clean_comment(text)}", check_pbs_job_id(job_id)],
+        job's history. The scheduler writes it when it runs the job, not while the job runs.
+
+        qalter splits ``-W`` values at commas and ``=`` unless double-quoted, and a quoted value
+        ends at the next double quote: the text is quoted, its own double quotes made single."""
+        value = clean_comment(text).replace('"', "'")
+        run_command([self.qalter, "-W", f'comment="{value}"', check_pbs_job_id(job_id)],
                     timeout=self.timeout, check=check)
