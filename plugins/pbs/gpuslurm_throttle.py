@@ -102,9 +102,11 @@ def _decide(e, cfg):
     if throttle is None:
         return "pass", "", None
     gpus = t.job_gpus(select, ngpus)
-    priority = job.Priority
-    decision = t.decide(throttle, gpus, priority=int(priority) if priority is not None else None,
-                        contact=str(cfg.get("contact") or ""))
+    priority = None
+    if throttle.mode == "priority" and job.Priority is not None:
+        text = str(job.Priority).strip()  # a pbs.priority value, which int() does not take
+        priority = int(text) if text.lstrip("-").isdigit() and len(text) < 8 else None
+    decision = t.decide(throttle, gpus, priority=priority, contact=str(cfg.get("contact") or ""))
     if decision.action == "priority" and e.type != pbs.QUEUEJOB:
         return "pass", "", None  # Priority is set once, at submission
     return decision.action, decision.message, decision.priority

@@ -226,6 +226,8 @@ def test_set_admin_comment_on_a_running_job(pbs_cluster: PbsCluster, pbs_bin: Pa
         text = "gpuslurm: 2 GPUs, used 37%, idle 1.2 GPU-h; peak 40 GiB = ok, \"quoted\""
         _scheduler(pbs_bin).set_admin_comment(job, text)
         assert str(_state(pbs_cluster, job)["comment"]).strip() == text.replace('"', "'")
+        _scheduler(pbs_bin).set_admin_comment(job, "gpuslurm: plain words")  # no quoting needed
+        assert _state(pbs_cluster, job)["comment"] == "gpuslurm: plain words"
         jobs = parse_qstat_json(pbs_cluster.run(str(PREFIX / "bin" / "qstat"), "-f", "-F", "json", job))
         assert [j.job_id for j in jobs] == [job]
     finally:

@@ -161,8 +161,11 @@ class PbsScheduler:
         job attribute only managers and the scheduler set, shown by ``qstat -f`` and kept in the
         job's history. The scheduler writes it when it runs the job, not while the job runs.
 
-        qalter splits ``-W`` values at commas and ``=`` unless double-quoted, and a quoted value
-        ends at the next double quote: the text is quoted, its own double quotes made single."""
+        qalter splits ``-W`` values at commas and ``=`` unless quoted, and a quoted value ends at
+        the next double quote (which becomes a trailing space): such a text is quoted, its own
+        double quotes made single."""
         value = clean_comment(text).replace('"', "'")
-        run_command([self.qalter, "-W", f'comment="{value}"', check_pbs_job_id(job_id)],
+        if any(c in value for c in ",=") or value[:1] == "'":
+            value = f'"{value}"'
+        run_command([self.qalter, "-W", f"comment={value}", check_pbs_job_id(job_id)],
                     timeout=self.timeout, check=check)
