@@ -134,3 +134,13 @@ def test_a_queue_default_is_caught_at_runjob(pbs_cluster: PbsCluster, throttle_f
             _qdel(pbs_cluster, job)
     finally:
         _qmgr(pbs_cluster, "delete queue gpuq", check=False)
+
+
+def test_priority_lowers_the_jobs_priority(pbs_cluster: PbsCluster, throttle_file: Path) -> None:
+    _throttle(throttle_file, "priority", 100)
+    job = _passes(pbs_cluster, ["-p", "20", "-l", "select=1:ncpus=1:ngpus=1"])
+    try:
+        doc = json.loads(pbs_cluster.run(str(PREFIX / "bin" / "qstat"), "-f", "-F", "json", job))
+        assert doc["Jobs"][job]["Priority"] == -80
+    finally:
+        _qdel(pbs_cluster, job)
