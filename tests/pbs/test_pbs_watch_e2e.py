@@ -20,26 +20,12 @@ from gpuslurm.hw.source import load_node
 from gpuslurm.pbs.qstat import parse_pbsnodes_json, parse_qstat_json
 from gpuslurm.pbs.scheduler import PbsScheduler
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
-from pbs_fixture import PBS_DIR, PREFIX, PbsCluster
+from pbs_fixture import PREFIX, PbsCluster
 
 pytestmark = pytest.mark.pbs
 
 BUNDLE = os.environ.get("GPUSLURM_BUNDLE", "dgx-h100")
-COMMANDS = ("qstat", "pbsnodes", "qalter", "qhold", "qrerun", "qdel", "qmgr")
-
-
-@pytest.fixture(scope="module")
-def pbs_bin(pbs_cluster: PbsCluster) -> Path:
-    """Wrappers that run each PBS command inside the cluster's namespace, as gpuslurm's [paths]."""
-    out = pbs_cluster.state_dir / "gpuslurm-bin"
-    out.mkdir(exist_ok=True)
-    for name in COMMANDS:
-        wrapper = out / name
-        wrapper.write_text(f"#!/bin/sh\nexport GPUSLURM_PBS_DIR={pbs_cluster.state_dir} "
-                           f"PBS_CONF_FILE={pbs_cluster.env['PBS_CONF_FILE']}\n"
-                           f'exec /bin/bash {PBS_DIR / "cluster.sh"} exec {PREFIX / "bin" / name} "$@"\n')
-        wrapper.chmod(0o755)
-    return out
+COMMANDS = ("qstat", "pbsnodes", "qalter", "qhold", "qrerun", "qdel", "qmgr")  # conftest.py wraps these
 
 
 def _scheduler(pbs_bin: Path, jobs_dir: Path | None = None) -> PbsScheduler:
