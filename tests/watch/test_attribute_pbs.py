@@ -3,6 +3,7 @@ without PBS's cgroups hook, a job's session (qstat's session_id) or its owner's 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -92,19 +93,35 @@ def test_without_cgroups_the_job_shells_session_names_the_job(tmp_path: Path) ->
     assert calls == [1.0]  # asked once, before the lookups, although no cgroup named the job
 
 
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as another user / as root")
+
+
+@ROOT_ONLY
 def test_a_process_that_left_the_session_goes_to_its_owners_one_job(tmp_path: Path) -> None:
-    proc = _own_session()
+    proc = subprocess.Popen(["/bin/sleep", "120"], start_new_session=True, user=65534, group=65534)
     try:
-        mine = Allocation("13.pbshost", "root", 0, (GPU_A,), 1.0, source="qstat")
+        mine = Allocation("13.pbshost", "nobody", 65534, (GPU_A,), 1.0, source="qstat")
         att = Attributor(jobs_dir=str(tmp_path / "none"), squeue=lambda: (mine,), sessions=dict)
         samples, _, _ = att.attribute(time.time(), [ProcessReading(proc.pid, GPU_A)])
-        assert samples[0].job_id == "13.pbshost"  # root's one job on this node
+        assert samples[0].job_id == "13.pbshost"  # its owner's one job on this node
         two = (mine, mine._replace(job_id="14.pbshost"))
         att = Attributor(jobs_dir=str(tmp_path / "none"), squeue=lambda: two, sessions=dict)
         samples, _, _ = att.attribute(time.time(), [ProcessReading(proc.pid, GPU_A)])
         assert samples[0].job_id is None  # two jobs: no guess
     finally:
         stop(proc)
+
+
+@ROOT_ONLY
+def test_roots_processes_are_never_guessed_into_a_job(tmp_path: Path) -> None:
+    proc = _own_session()  # the test runs as root
+    try:
+        roots = Allocation("16.pbshost", "root", 0, (GPU_A,), 1.0, source="qstat")
+        att = Attributor(jobs_dir=str(tmp_path / "none"), squeue=lambda: (roots,), sessions=dict)
+        samples, _, _ = att.attribute(time.time(), [ProcessReading(proc.pid, GPU_A)])
+    finally:
+        stop(proc)
+    assert samples[0].uid == 0 and samples[0].job_id is None
 
 
 def test_slurm_attribution_makes_no_owner_guess(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ for jobs seen in a cgroup without a map (a node where the prolog is not installe
 PBS puts a job's processes in a cgroup only with its cgroups hook (``/pbs_jobs.service/jobid/<id>``,
 read by :func:`parse_cgroup`). Without it, given ``sessions`` (the PBS adapter's session id → job
 map from qstat's ``session_id``), a process outside every job cgroup belongs to the job whose shell
-leads its session; failing that, to its owner's one job on this node when the owner has exactly
-one (maps and qstat together). A process that left its job's session (``setsid``) of a user with
+leads its session; failing that, to its owner's one job on this node when the owner (not root) has
+exactly one (maps and qstat together). A process that left its job's session (``setsid``) of a user with
 two jobs here stays unattributed.
 
 :func:`parse_cgroup` is pure. :class:`Attributor` keeps, per PID and start time, what it read
@@ -199,13 +199,14 @@ class Attributor:
 
 
 def _by_owner(samples: list[ProcSample], allocations: Sequence[Allocation]) -> list[ProcSample]:
-    """Samples in no job given to their owner's one job on this node, when the owner has one."""
+    """Samples in no job given to their owner's one job on this node, when the owner has one; root's
+    processes (daemons, monitoring) are never guessed into a job."""
     jobs: dict[int, set[str]] = {}
     for a in allocations:
         jobs.setdefault(a.uid, set()).add(a.job_id)
     out = []
     for s in samples:
-        if s.job_id is None and s.uid is not None and s.uid >= 0 and len(jobs.get(s.uid, ())) == 1:
+        if s.job_id is None and s.uid is not None and s.uid > 0 and len(jobs.get(s.uid, ())) == 1:
             s = s._replace(job_id=next(iter(jobs[s.uid])))
         out.append(s)
     return out
