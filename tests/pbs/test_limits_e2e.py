@@ -15,8 +15,11 @@ pytestmark = pytest.mark.pbs
 
 
 def _states(cluster: PbsCluster, *jobs: str) -> dict[str, tuple[str, str]]:
-    doc = json.loads(cluster.run(str(PREFIX / "bin" / "qstat"), "-x", "-f", "-F", "json", *jobs))
-    return {j: (v["job_state"], str(v.get("comment", ""))) for j, v in doc["Jobs"].items()}
+    out = {}
+    for job in jobs:  # one qstat per job: with several ids, -F json printed only the first one's
+        doc = json.loads(cluster.run(str(PREFIX / "bin" / "qstat"), "-x", "-f", "-F", "json", job))
+        out.update({j: (v["job_state"], str(v.get("comment", ""))) for j, v in doc["Jobs"].items()})
+    return out
 
 
 def test_a_users_gpu_limit_keeps_the_second_job_queued(pbs_cluster: PbsCluster, pbs_bin: Path) -> None:
