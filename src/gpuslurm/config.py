@@ -105,6 +105,13 @@ class PathsConfig(NamedTuple):
     scancel: str = "/usr/bin/scancel"  # [act.idle] scancel
     sacctmgr: str = "/usr/bin/sacctmgr"  # epilog.admin_comment of a finished job, in slurmdbd
     nvml_library: str = ""  # "": libnvidia-ml.so.1 found by the dynamic loader (hw/nvml_lib.py)
+    qstat: str = "/opt/pbs/bin/qstat"  # PBS: the jobs on this node (monitor, status)
+    pbsnodes: str = "/opt/pbs/bin/pbsnodes"  # PBS: offline / clear a node with a comment
+    qmgr: str = "/opt/pbs/bin/qmgr"  # PBS: hooks, max_run_res.ngpus
+    qhold: str = "/opt/pbs/bin/qhold"  # PBS: refuse a job (hold, then requeue)
+    qrerun: str = "/opt/pbs/bin/qrerun"
+    qdel: str = "/opt/pbs/bin/qdel"  # PBS: refuse a job that cannot be requeued
+    qalter: str = "/opt/pbs/bin/qalter"
 
     @property
     def jobs_dir(self) -> str:
@@ -265,6 +272,13 @@ class ActConfig(NamedTuple):
     share: ActShare = ActShare()
 
 
+SCHEDULER_KINDS = ("auto", "slurm", "pbs")
+
+
+class SchedulerConfig(NamedTuple):
+    kind: str = "auto"  # auto: PBS when paths.qstat runs and squeue does not, else Slurm
+
+
 class Config(NamedTuple):
     """The whole configuration; every section has defaults."""
 
@@ -279,6 +293,7 @@ class Config(NamedTuple):
     detect: DetectConfig = DetectConfig()
     throttle: ThrottleConfig = ThrottleConfig()
     act: ActConfig = ActConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
     source: str | None = None  # the file read; None when all defaults
 
 
@@ -300,6 +315,7 @@ RULES: dict[str, Rule] = {
     "mps.active_thread_percentage": Rule(lo=1, hi=100),
     "mps.pinned_memory_limit_mib": Rule(lo=0),
     "cgroup.devices": Rule(choices=CGROUP_MODES),
+    "scheduler.kind": Rule(choices=SCHEDULER_KINDS),
     "epilog.kill_grace_s": Rule(lo=0, hi=600),
     "hooks.command_timeout_s": Rule(lo=0.1, hi=600),
     "monitor.interval_s": Rule(lo=0.05, hi=3600),

@@ -26,6 +26,7 @@ from test_pbs_cluster import BUNDLE, _vnodes
 
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
 from gpuslurm.hw.source import bundle_path, load_node
+from gpuslurm.pbs.install import HOOK_FILES
 from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster
 
 pytestmark = pytest.mark.pbs
@@ -136,7 +137,8 @@ def hooked(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
         _wait_vnodes(pbs_cluster, numa)
         yield hooked
     finally:
-        pbs_cluster.run(QMGR, "-c", "delete hook gpuslurm", check=False)
+        for name in HOOK_FILES:  # every hook install --pbs made
+            pbs_cluster.run(QMGR, "-c", f"delete hook {name}", check=False)
         pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "insert", "gpuslurm-numa",
                         str(state / "vnodes"), check=False)
         try:
@@ -150,7 +152,8 @@ def hooked(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
 
 def test_install_again_changes_nothing_and_mends_what_drifted(hooked: Hooked) -> None:
     again = hooked.install()
-    assert again.returncode == 0 and "nothing to change: PBS has hook(s) gpuslurm as wanted" in again.stdout
+    assert again.returncode == 0
+    assert "nothing to change: PBS has hook(s) gpuslurm, gpuslurm_throttle as wanted" in again.stdout
     hooked.cluster.run(QMGR, "-c", "set hook gpuslurm alarm = 7")
     dry = hooked.install("--dry-run")
     assert "would set hook gpuslurm alarm = 30" in dry.stdout, dry.stdout + dry.stderr

@@ -17,9 +17,15 @@ from gpuslurm.hw.procfs import ProcessFacts, ProcessProblem, parse_stat, read_id
 def test_parse_stat_takes_the_name_up_to_the_last_parenthesis() -> None:
     fields = ["S"] + ["1"] * 18 + ["4242"] + ["0"] * 20
     ident = parse_stat(f"9 (evil) (name)) {' '.join(fields)}\n".encode())
-    assert ident == procfs.ProcIdentity("evil) (name)", 4242)
+    assert ident == procfs.ProcIdentity("evil) (name)", 4242, 1)
     with pytest.raises(ValueError):
         parse_stat(b"no parenthesis here")
+
+
+def test_the_session_is_read_from_stat() -> None:
+    ident = read_identity(os.getpid())
+    assert not isinstance(ident, ProcessProblem)
+    assert ident.session == os.getsid(0)
 
 
 def test_a_live_process_is_read_whole() -> None:

@@ -111,9 +111,10 @@ def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool
     there = lib.probe_interpreter(python)
     if there != here:
         _warn(f"the hooks will run the gpuslurm in {there}, not this one ({here})")
+    cfg = None
     if config:
         lib.check_config_path(config)
-        load_config(config)  # a config that does not hold would fail every hook: refuse it now
+        cfg = load_config(config)  # a config that does not hold would fail every hook: refuse it now
     if capture:
         if not os.path.isabs(capture) or "\n" in capture or not os.path.isdir(capture):
             raise InputError("--replay must name an existing directory by its absolute path", capture)
@@ -122,8 +123,11 @@ def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool
     steps = pbs.plan_resources(run)
     for name in pbs.HOOK_FILES:
         state = pbs.read_state(run, name)
+        settings = cfg.throttle if cfg is not None else load_config().throttle
         steps += pbs.plan_hook(name, state, pbs.hook_script(name),
-                               pbs.hook_config(name, python, config, capture))
+                               pbs.hook_config(name, python, config, capture,
+                                               package_dir=os.path.dirname(there),
+                                               throttle_file=settings.file, contact=settings.contact))
     for step in steps:
         click.echo(f"{would}{step.says}: {pbs.shown(step)}")
     if not steps:

@@ -37,7 +37,7 @@ def _positive_float(ctx: click.Context, param: click.Parameter, value: float | N
 @from_option
 def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, source: str | None,
             prometheus_port: int | None, prometheus_addr: str) -> None:
-    """Sample every GPU and GPU process, attribute them to Slurm jobs, detect hogs, store it all."""
+    """Sample every GPU and GPU process, attribute them to Slurm or PBS jobs, detect hogs, store it all."""
     import threading
 
     from gpuslurm.config import load_config
@@ -93,15 +93,10 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
 
 
 def _scheduler(cfg: Any) -> Any:
-    """Slurm, when squeue is there to list the jobs without a prolog map."""
-    from gpuslurm.slurm.adapter import SlurmScheduler
+    """Slurm or PBS (``[scheduler] kind``), when its command is there to list the jobs."""
+    from gpuslurm.cli.schedulers import build_scheduler
 
-    slurm = SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol,
-                           timeout=cfg.monitor.command_timeout_s, gpu_out=cfg.gpu_out)
-    if not slurm.can_list_jobs():
-        _warn(f"{cfg.paths.squeue} is missing: jobs without a prolog map stay unattributed to GPUs")
-        return None
-    return slurm
+    return build_scheduler(cfg, _warn)
 
 
 def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:

@@ -34,8 +34,8 @@ _db_option = click.option("--db", metavar="PATH",
 
 
 def _open(source: str | None, db: str | None) -> Any:
+    from gpuslurm.cli.schedulers import build_scheduler
     from gpuslurm.config import load_config
-    from gpuslurm.slurm.adapter import SlurmScheduler
     from gpuslurm.watch.live import LiveView
 
     cfg = load_config()
@@ -43,9 +43,7 @@ def _open(source: str | None, db: str | None) -> Any:
         from gpuslurm.hw.nvml_lib import use_library
 
         use_library(cfg.paths.nvml_library)
-    slurm = SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol,
-                           timeout=cfg.monitor.command_timeout_s)
-    return LiveView(cfg, source, db, scheduler=slurm if slurm.can_list_jobs() else None)
+    return LiveView(cfg, source, db, scheduler=build_scheduler(cfg))
 
 
 @click.command("status")

@@ -26,6 +26,7 @@ class ProcessFacts(NamedTuple):
     start_ticks: int  # field 22 of /proc/PID/stat: with the PID, names one process for its lifetime
     uid: int  # real uid
     cgroup: str
+    session: int = -1  # field 6 of /proc/PID/stat: PBS without cgroups finds a job's processes by it
 
 
 class ProcessProblem(NamedTuple):
@@ -39,6 +40,7 @@ class ProcessProblem(NamedTuple):
 class ProcIdentity(NamedTuple):
     comm: str
     start_ticks: int
+    session: int = -1
 
 
 def _read(path: str) -> bytes:
@@ -63,8 +65,9 @@ def parse_stat(data: bytes) -> ProcIdentity:
     open_at = data.index(b"(")
     close_at = data.rindex(b")")
     fields = data[close_at + 2:].split()
-    # after the name: state is field 3, starttime field 22, so index 22 - 3 = 19
-    return ProcIdentity(data[open_at + 1:close_at].decode("utf-8", "replace"), int(fields[19]))
+    # after the name: state is field 3, session field 6, starttime field 22, so indices 3 and 19
+    name = data[open_at + 1:close_at].decode("utf-8", "replace")
+    return ProcIdentity(name, int(fields[19]), int(fields[3]))
 
 
 def parse_status_uid(data: bytes) -> int:
@@ -119,7 +122,7 @@ def read_process(pid: int, proc_root: str = PROC_ROOT,
         return again
     if again.start_ticks != first.start_ticks:
         return ProcessProblem(pid, "pid-gone", "the process exited and its PID was reused")
-    return ProcessFacts(pid, again.comm, again.start_ticks, uid, cgroup)
+    return ProcessFacts(pid, again.comm, again.start_ticks, uid, cgroup, again.session)
 
 
 _boot: dict[str, float] = {}

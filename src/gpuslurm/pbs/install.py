@@ -40,11 +40,13 @@ class HookFile(NamedTuple):
     alarm: int  # seconds; PBS rejects the event (and kills the hook) when it is reached
 
 
-# The PBS hooks of gpuslurm; a throttle hook for queuejob/runjob is one more row.
+# The PBS hooks of gpuslurm: the job hooks at every pbs_mom, the throttle at pbs_server.
 HOOK_FILES: dict[str, HookFile] = {
     "gpuslurm": HookFile("gpuslurm_hook.py",
                          ("exechost_startup", "execjob_begin", "execjob_launch", "execjob_attach",
                           "execjob_end"), order=100, alarm=30),
+    "gpuslurm_throttle": HookFile("gpuslurm_throttle.py", ("queuejob", "modifyjob", "movejob", "runjob"),
+                                  order=100, alarm=10),
 }
 
 
@@ -81,11 +83,19 @@ def hook_script(name: str) -> bytes:
     raise InputError("PBS hook file not found (broken installation?)", f"plugins/pbs/{row.file}")
 
 
-def hook_config(name: str, python: str, config: str = "", capture: str = "") -> bytes:
-    """The JSON config imported beside hook ``name``."""
+def hook_config(name: str, python: str, config: str = "", capture: str = "", *,
+                package_dir: str = "", throttle_file: str = "", contact: str = "") -> bytes:
+    """The JSON config imported beside hook ``name``. The job hooks run gpuslurm with ``python``;
+    the throttle hook imports it in pbs_server's own interpreter from ``package_dir`` (the
+    directory holding the gpuslurm package ``python`` runs) and reads ``throttle_file``."""
     row = HOOK_FILES[name]
-    doc = {"python": python, "config": config, "capture": capture,
-           "timeout": max(1, row.alarm - TIMEOUT_MARGIN_S)}
+    doc: dict[str, object]
+    if name == "gpuslurm_throttle":
+        doc = {"python_path": [package_dir] if package_dir else [], "throttle_file": throttle_file,
+               "contact": contact}
+    else:
+        doc = {"python": python, "config": config, "capture": capture,
+               "timeout": max(1, row.alarm - TIMEOUT_MARGIN_S)}
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 

@@ -28,6 +28,8 @@ VIOLATION_VERSION = 1
 # '#' or newline, which would break the throttle file's lines.
 _USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,254}")
 FUTURE_SLACK_S = 86400  # a violation "last seen" later than this after now is not believed
+MAX_LINE = 4096  # a throttle file line longer than this is junk (job_submit.lua's rule too)
+MAX_DIGITS = 12  # until, value, created: TIME_MAX has 12 digits (the plugin's rule too)
 
 
 class Throttle(NamedTuple):
@@ -281,3 +283,62 @@ def _time(doc: Mapping[str, Any], key: str) -> float:
     if not times.in_range(number):
         raise ValueError(f"{key!r} {value!r:.40} outside {times.RANGE_TEXT}")
     return number
+
+
+# --- the throttle file's lines (format: gpuslurm.slurm.throttle; read by job_submit.lua and the
+# PBS throttle hook alike) ----------------------------------------------------------------------
+
+class ThrottleFile(NamedTuple):
+    """What a throttle file holds: its throttles (expired ones included) and its junk lines."""
+
+    throttles: tuple[Throttle, ...]
+    junk: tuple[tuple[int, str, str], ...] = ()  # (line number, text, why)
+    exists: bool = True
+    doubtful: tuple[str, ...] = ()  # users named by a junk line: none of their lines counts
+
+
+def parse_throttle_file(text: str) -> ThrottleFile:
+    """Parse the file's text with the plugin's rules; bad lines go to ``junk``, never raise.
+
+    Every doubt lets the job through, as in the plugin: a junk line whose first field names a
+    user makes that user ``doubtful``, and none of their lines counts.
+    """
+    throttles: list[Throttle] = []
+    junk: list[tuple[int, str, str]] = []
+    doubtful: set[str] = set()
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if not line.strip() or line.startswith("#"):
+            continue
+        t, why = _parse_line(line) if len(line.encode(errors="surrogateescape")) <= MAX_LINE \
+            else (None, f"longer than {MAX_LINE} bytes")
+        if t is None:
+            junk.append((number, line[:200], why))
+            user = line[:256].split("\t", 1)[0]
+            if ("\t" in line[:256] and user and len(user.encode(errors="surrogateescape")) < 256
+                    and not any(c in " \n\r\f\v" for c in user)):
+                doubtful.add(user)
+        else:
+            throttles.append(t)
+    kept = tuple(t for t in throttles if t.user not in doubtful)
+    return ThrottleFile(kept, tuple(junk), doubtful=tuple(sorted(doubtful)))
+
+
+def _parse_line(line: str) -> tuple[Throttle | None, str]:
+    fields = line.split("\t")
+    if len(fields) != 7:
+        return None, f"{len(fields)} tab-separated fields, not 7"
+    user, until, mode, value, created, contact, reason = fields
+    # the plugin's Lua pattern: no ASCII whitespace anywhere ("#" first would be a comment)
+    if not user or any(c in " \t\n\r\f\v" for c in user):
+        return None, "not a user name"
+    if mode not in MODES:
+        return None, "unknown mode"
+    if not all(f.isdigit() and f.isascii() and len(f) <= MAX_DIGITS for f in (until, value, created)):
+        return None, f"until, value and created must be at most {MAX_DIGITS} digits"
+    v = int(value)
+    if (mode == "cap" and v < 1) or (mode == "priority" and v < 1):
+        return None, f"a {mode} of 0"
+    if not (times.in_range(int(until)) and times.in_range(int(created))):
+        return None, f"a time outside {times.RANGE_TEXT}"
+    return Throttle(user, int(until), mode, v, int(created), contact, reason), ""

@@ -1,7 +1,14 @@
-"""Which Slurm job a cgroup path names: the monitor's attribution and the epilog's leftovers read it.
+"""Which Slurm or PBS job a cgroup path names: the monitor's attribution and the epilog's leftovers
+read it.
 
-Pure text parsing of ``/proc/PID/cgroup`` lines and cgroup paths (v1 and v2, with and without
-``slurm_<node>`` prefixes); nothing here touches the system.
+Pure text parsing of ``/proc/PID/cgroup`` lines and cgroup paths; nothing here touches the system.
+
+- Slurm: v1 ``/slurm[_<node>]/uid_<uid>/job_<id>/step_<step>``, v2
+  ``/system.slice/[<node>_]slurmstepd.scope/job_<id>/step_<step>``.
+- PBS (OpenPBS's cgroups hook, ``src/hooks/cgroups/pbs_cgroups.PY``): ``/<prefix>.service/jobid/<id>``
+  in each v1 controller (and the unified v2 tree of PBS Professional 2022+), ``<prefix>`` being the
+  hook's ``cgroup_prefix`` (default ``pbs_jobs``); PBS Pro before 19 used ``/pbspro/<id>``. The id
+  is a full PBS id (``123.server``, ``123[4].server``).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from gpuslurm.jobid import valid_job_id
 
 
 class CgroupJob(NamedTuple):
-    """A Slurm job named by a cgroup path."""
+    """A Slurm or PBS job named by a cgroup path."""
 
     job_id: str
     step: str | None = None  # "0", "batch", "extern", "interactive", …
@@ -21,11 +28,15 @@ class CgroupJob(NamedTuple):
 
 
 def parse_cgroup_path(path: str) -> CgroupJob | None:
-    """The job a single cgroup path names, or None when it is not inside a Slurm job."""
+    """The job a single cgroup path names, or None when it is not inside a Slurm or PBS job."""
     parts = path.split("/")
     for i, part in enumerate(parts):
         if part == "user.slice" or part.startswith("user@"):
-            return None  # systemd lets users make cgroups here: no Slurm job lives below
+            return None  # systemd lets users make cgroups here: no scheduler's job lives below
+        if (part.endswith(".service") and len(part) > 8 and parts[i + 1:i + 2] == ["jobid"]) \
+                or part == "pbspro":
+            rest = parts[i + 2:] if part != "pbspro" else parts[i + 1:]
+            return _pbs_job(rest)
         if part == "slurm" or part.startswith("slurm_"):
             node = part[6:] or None
             rest = parts[i + 1:]
@@ -53,6 +64,12 @@ def _job(rest: list[str], uid: int | None, node: str | None) -> CgroupJob | None
         return None
     step = rest[1][5:] if len(rest) > 1 and rest[1].startswith("step_") else None
     return CgroupJob(job_id, step or None, uid, node)
+
+
+def _pbs_job(rest: list[str]) -> CgroupJob | None:
+    if not rest or "." not in rest[0] or not valid_job_id(rest[0]):
+        return None
+    return CgroupJob(rest[0])
 
 
 def parse_cgroup(text: str) -> CgroupJob | None:

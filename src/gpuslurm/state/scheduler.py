@@ -1,7 +1,8 @@
 """What the neutral core asks of a scheduler, as a small interface the adapters implement.
 
 watch/, report/ and the live view never import a scheduler's commands: the CLI builds an adapter
-(:class:`gpuslurm.slurm.adapter.SlurmScheduler`; PBS's later) and passes it in. A test passes a
+(:class:`gpuslurm.slurm.adapter.SlurmScheduler`, :class:`gpuslurm.pbs.scheduler.PbsScheduler`; see
+:mod:`gpuslurm.cli.schedulers`) and passes it in. A test passes a
 stand-in.
 """
 

@@ -7,6 +7,13 @@ processes (and, with ``pam_slurm_adopt``, a user's ssh sessions) into
 job maps are the truth about which GPUs a job holds; ``squeue --json`` stands in, rate-limited,
 for jobs seen in a cgroup without a map (a node where the prolog is not installed).
 
+PBS puts a job's processes in a cgroup only with its cgroups hook (``/pbs_jobs.service/jobid/<id>``,
+read by :func:`parse_cgroup`). Without it, given ``sessions`` (the PBS adapter's session id → job
+map from qstat's ``session_id``), a process outside every job cgroup belongs to the job whose shell
+leads its session; failing that, to its owner's one job on this node when the owner (not root) has
+exactly one (maps and qstat together). A process that left its job's session (``setsid``) of a user with
+two jobs here stays unattributed.
+
 :func:`parse_cgroup` is pure. :class:`Attributor` keeps, per PID and start time, what it read
 about a process, so a steady process costs one read of its stat file per cycle; the cgroup and
 owner are read again every ``refresh_s`` seconds.
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from gpuslurm.errors import GpuslurmError
@@ -50,8 +57,10 @@ class Attributor:
 
     def __init__(self, *, jobs_dir: str, proc_root: str = procfs.PROC_ROOT,
                  squeue: Callable[[], Sequence[Allocation]] | None = None,
-                 squeue_interval_s: float = 60.0, refresh_s: float = 60.0) -> None:
+                 squeue_interval_s: float = 60.0, refresh_s: float = 60.0,
+                 sessions: Callable[[], Mapping[int, str]] | None = None) -> None:
         self.jobs_dir = jobs_dir
+        self._sessions = sessions
         self.proc_root = proc_root
         self._squeue = squeue
         self._squeue_interval = squeue_interval_s
@@ -136,7 +145,10 @@ class Attributor:
             self._known.pop(pid, None)
             return facts.kind
         job = parse_cgroup(facts.cgroup)
-        known = _Known(facts.start_ticks, facts.uid, job.job_id if job else None,
+        job_id = job.job_id if job else None
+        if job_id is None and self._sessions is not None and facts.session > 0:
+            job_id = self._sessions().get(facts.session)
+        known = _Known(facts.start_ticks, facts.uid, job_id,
                        procfs.start_time(facts.start_ticks, self.proc_root), now)
         self._known[pid] = known
         return facts.comm, known
@@ -151,6 +163,8 @@ class Attributor:
         problems: list[ScanProblem] = []
         maps, map_problems = self._job_maps(now)
         problems.extend(map_problems)
+        if self._sessions is not None and readings:
+            self._from_squeue(now, {""}, problems)  # sessions first: the lookups below use them
         looked: dict[int, tuple[str, _Known] | str] = {}
         samples: list[ProcSample] = []
         for r in readings:
@@ -179,4 +193,20 @@ class Attributor:
         maps = tuple(a._replace(account=extra[a.job_id].account) if a.account is None and a.job_id in extra
                      else a for a in maps)
         allocations = maps + tuple(a for j, a in sorted(extra.items()) if j not in mapped)
+        if self._sessions is not None:
+            samples = _by_owner(samples, allocations)
         return tuple(samples), allocations, tuple(problems)
+
+
+def _by_owner(samples: list[ProcSample], allocations: Sequence[Allocation]) -> list[ProcSample]:
+    """Samples in no job given to their owner's one job on this node, when the owner has one; root's
+    processes (daemons, monitoring) are never guessed into a job."""
+    jobs: dict[int, set[str]] = {}
+    for a in allocations:
+        jobs.setdefault(a.uid, set()).add(a.job_id)
+    out = []
+    for s in samples:
+        if s.job_id is None and s.uid is not None and s.uid > 0 and len(jobs.get(s.uid, ())) == 1:
+            s = s._replace(job_id=next(iter(jobs[s.uid])))
+        out.append(s)
+    return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuslurm.policy.detect import Detector, resume
@@ -34,17 +34,25 @@ def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_d
     if isinstance(detector, Detector) and isinstance(store, Store):
         resume_detector(detector, store, clock())
     squeue: Callable[[], tuple[Allocation, ...]] | None = None
+    sessions: Callable[[], Mapping[int, str]] | None = None
     if scheduler is not None and node is not None:
         sched, known = scheduler, node
 
         def squeue() -> tuple[Allocation, ...]:
             return sched.node_allocations(node_name, known)
 
+        if isinstance(getattr(sched, "sessions", None), dict):  # PBS: session ids of its jobs' shells
+            def sessions() -> Mapping[int, str]:
+                found: Mapping[int, str] = getattr(sched, "sessions", {})
+                return found
+
+    extra: dict[str, Any] = {} if sessions is None else {"sessions": sessions}
     if proc_root is None:
-        attributor = attributor_type(jobs_dir=jobs_dir, squeue=squeue, squeue_interval_s=squeue_interval_s)
+        attributor = attributor_type(jobs_dir=jobs_dir, squeue=squeue, squeue_interval_s=squeue_interval_s,
+                                     **extra)
     else:
         attributor = attributor_type(jobs_dir=jobs_dir, proc_root=proc_root, squeue=squeue,
-                                     squeue_interval_s=squeue_interval_s)
+                                     squeue_interval_s=squeue_interval_s, **extra)
     return Monitor(sampler, attributor, store, node_name, clock=clock, **parts)
 
 

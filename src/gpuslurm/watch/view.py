@@ -180,7 +180,7 @@ def _severity_rank(severity: str) -> int:
 
 
 def _job_key(job_id: str) -> tuple[int, str]:
-    head = job_id.partition("_")[0]
+    head = job_id.partition("_")[0].partition(".")[0].partition("[")[0]  # Slurm 12_3, PBS 12[3].server
     return (int(head) if head.isdigit() else -1, job_id)
 
 
