@@ -434,11 +434,21 @@ def exec_command(node: Node, placement: Placement, command: Sequence[str], err: 
     env["GPUSLURM_CPUS"] = format_ranges(chosen or allowed)
     err.flush()
     sys.stdout.flush()
+    import signal
+
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec: CMD
+    # would then see `yes | head -1` fail with EPIPE instead of ending quietly. subprocess
+    # restores both for its children; exec must do it by hand.
+    restored = [getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n)]
+    for sig in restored:
+        signal.signal(sig, signal.SIG_DFL)
     try:
         # exec, not a subprocess: pick becomes CMD (same pid, so Slurm's and PBS's accounting,
         # signals and cgroup follow), which is what `pick -- CMD` promises; no shell is involved.
         os.execvpe(command[0], list(command), env)  # noqa: S606
     except OSError as exc:
+        for sig in restored:  # still gpuslurm: a closed stderr must not kill it silently
+            signal.signal(sig, signal.SIG_IGN)
         raise InputError(f"cannot run: {exc.strerror}", command[0]) from None
 
 
@@ -492,10 +502,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``gpuslurm pick``: errors become one line on stderr and their exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return run_pick(args, sys.stdout, sys.stderr)
-    except HelpRequested:
-        print(USAGE)
-        return 0
+        try:
+            return run_pick(args, sys.stdout, sys.stderr)
+        except HelpRequested:
+            print(USAGE)
+            return 0
     except KeyboardInterrupt:
         sys.stderr.write("gpuslurm pick: interrupted\n")
         return EXIT_INTERRUPTED
@@ -503,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"gpuslurm pick: {exc}\n")
         return exc.exit_code
     except BrokenPipeError:
-        return 0
+        raise  # gpuslurm.cli.fast.quiet_on_closed_pipe: no message, and no failing flush at exit
     except Exception as exc:  # a bug: one line, as cli.main says it
         if os.environ.get("GPUSLURM_DEBUG"):
             raise
