@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 EXIT_UNSATISFIED = 5  # nothing on the node satisfies the request now
 EXIT_WAIT_TIMEOUT = 6  # --wait gave up after --timeout
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+MAX_WAIT_S = 366 * 86400.0  # --timeout and --poll
 WAIT_MAX_UTIL = 10.0  # --wait: a GPU is free when no one else's process is on it and util <= this
 FORMATS = ("env", "json", "explain")
 
@@ -462,18 +463,14 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
     env = os.environ if environ is None else environ
     poll = timeout = None
     if args.wait:
-        from gpuslurm.place.request import parse_duration
+        from gpuslurm.times import parse_duration
 
-        def duration(option: str, text: str | None, default: float | None) -> float | None:
-            try:
-                return default if text is None else parse_duration(text)
-            except ValueError as exc:
-                raise InputError(str(exc), option) from None
-
-        poll = duration("--poll", args.poll, 5.0)
-        timeout = duration("--timeout", args.timeout, None)
-        if poll is None or poll <= 0:
-            raise InputError("must be more than 0", "--poll")
+        # the one duration parser (units as every other option; more than 0), bounded by what
+        # time.sleep() takes: it overflows near 2**63 ns, and a year is plenty
+        poll = 5.0 if args.poll is None else \
+            parse_duration(args.poll, "--poll", max_s=MAX_WAIT_S, max_words="366 days")
+        timeout = None if args.timeout is None else \
+            parse_duration(args.timeout, "--timeout", max_s=MAX_WAIT_S, max_words="366 days")
     bundle = resolve_source(args.source)
     node = load_node(args.source)
     allowed = job_candidates(node, env)
