@@ -12,6 +12,9 @@ A bucket's mean utilisation holds for the time its samples cover: samples × the
 (the median gap between the newest raw samples, else a minute over the most samples a minute row
 holds), at most the bucket. That fraction is :attr:`GpuSeries.cover`; the rest of the bucket (the
 monitor not yet started, stopped, restarting) is unmeasured, not busy nor idle.
+
+A window edge inside a rolled-up minute moves out to that minute's edge (:func:`minute_edges`):
+the report's period is then what its data covers, for samples, processes and jobs alike.
 """
 
 from __future__ import annotations
@@ -76,8 +79,30 @@ def stored_period(store: Store) -> tuple[float, float] | None:
     return (float(min(lows)), float(max(highs))) if lows else None
 
 
+def minute_edges(store: Store, since: float, until: float) -> tuple[float, float]:
+    """``[since, until)`` widened to whole minutes where an edge falls inside a rolled-up minute.
+
+    A minute row holds the whole minute's samples and cannot be cut; taking it whole while jobs
+    and processes were cut at the exact edge would count use outside the window against no
+    allocation (a job seen only in the minute's first seconds vanished while its use stayed).
+    So the window itself moves to the minute's edge, for samples, processes and jobs alike.
+    Raw samples never share a minute with a minute row (rollups cut at whole minutes).
+    """
+    conn = store._conn
+    rolled = ("SELECT 1 FROM gpu_minute WHERE device IN (SELECT id FROM device) AND minute = ? "
+              "LIMIT 1")
+    lo = math.floor(since / 60) * 60
+    if lo < since and conn.execute(rolled, (lo,)).fetchone():
+        since = float(lo)
+    hi = math.floor(until / 60) * 60
+    if hi < until and conn.execute(rolled, (hi,)).fetchone():
+        until = float(hi + 60)
+    return since, until
+
+
 def _load(store: Store, path: str, since: float, until: float, step_s: float) -> ReportData:
     conn = store._conn
+    since, until = minute_edges(store, since, until)
     start = bucket_start(since, step_s)
     n = bucket_count(start, until, step_s)
     minute_lo = math.floor(since / 60) * 60
