@@ -3,7 +3,7 @@
 
 The hooks run the way slurmd runs the installed executables: the prolog/ and epilog/ templates
 rendered by `gpuslurm install` (``/bin/sh`` exec'ing ``python -I -c`` with the hooks' own entry
-point, ``gpuslurm.hooks.entry``), with no PATH and a job environment (SLURM_JOB_ID, SLURM_JOB_UID,
+point, ``gpuslurm.slurm.entry``), with no PATH and a job environment (SLURM_JOB_ID, SLURM_JOB_UID,
 SLURM_JOB_USER, SLURM_JOB_GPUS, ...), on the replayed 8-GPU node (GPUSLURM_CAPTURE=dgx-h100). The
 config puts run_dir in a temporary directory on a tmpfs (/dev/shm; /run is one on a real node)
 and state_dir in one on disk, and points slurm_cgroup_conf at a cgroup.conf with ConstrainDevices=yes
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 3.0
 # What the installed hooks run (see prolog/gpuslurm-prolog), for the profiles
-ENTRY = "from gpuslurm.hooks.entry import run; run()"
+ENTRY = "from gpuslurm.slurm.entry import run; run()"
 
 
 def hook_scripts(dest: Path, python: str) -> dict[str, Path]:
@@ -136,7 +136,7 @@ def profile(python: str, hooks: dict[str, Path], config: Path, bundle: str, gpus
     env = job_env(config, bundle, gpus, job_id + 1, "prolog_slurmd")
     # main(), not run(): run() leaves through os._exit, before cProfile writes its file
     script = config.parent / "prolog_main.py"
-    script.write_text("import sys\nfrom gpuslurm.hooks.entry import main\nsys.exit(main())\n")
+    script.write_text("import sys\nfrom gpuslurm.slurm.entry import main\nsys.exit(main())\n")
     subprocess.run([python, "-I", "-m", "cProfile", "-o", str(out), str(script), "prolog"],
                    env=env, capture_output=True, check=True, timeout=120)
     timed([str(hooks["epilog"])], job_env(config, bundle, gpus, job_id + 1, "epilog_slurmd"))

@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 from gpuslurm.config import DetectConfig
-from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.hw.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
 from gpuslurm.policy.detect import Detector
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
+from gpuslurm.state.store import Store
 from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.monitor import Monitor
-from gpuslurm.state.store import Store
 
 CGROUP = Path("/sys/fs/cgroup/freezer/slurm_benchmark/uid_0")
 TARGET_US = 2000

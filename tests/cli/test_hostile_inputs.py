@@ -156,7 +156,8 @@ def test_gres_template_is_read_safely(tmp_path: Path, kind: str) -> None:
 
 def test_the_hooks_never_import_clustershell() -> None:
     """Host lists use ClusterShell; the prolog, run on every job, must not pay for it."""
-    code = ("import sys; from gpuslurm.hooks import entry, prolog, epilog, taskprolog; "
+    code = ("import sys; from gpuslurm.slurm import entry, hooks; "
+            "from gpuslurm.hooks import prolog, epilog, taskprolog; "
             "from gpuslurm.slurm import hookenv; "
             "print(sorted(m for m in sys.modules if m.startswith('ClusterShell')))")
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True,

@@ -39,7 +39,7 @@ SRC = Path(gpuslurm.__file__).resolve().parents[1]
 # The hooks' own entry point, as the installed executables run it: prolog and epilog with this
 # session's interpreter (root runs them), the task prolog with the system one, since the job's
 # user cannot reach an interpreter under /root (the entry needs nothing beyond the stdlib).
-RUN = "from gpuslurm.hooks.entry import run; run()"
+RUN = "from gpuslurm.slurm.entry import run; run()"
 GPUS = 8
 PROBE = f"""
 grep devices /proc/self/cgroup | sed 's/^/CGROUP /'

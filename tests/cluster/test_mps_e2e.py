@@ -41,7 +41,7 @@ NOBODY = 65534
 SRC = Path(gpuslurm.__file__).resolve().parents[1]
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
 # the hooks' own entry point, as the installed executables run it
-RUN = "from gpuslurm.hooks.entry import run; run()"
+RUN = "from gpuslurm.slurm.entry import run; run()"
 
 
 @dataclass

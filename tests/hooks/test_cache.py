@@ -179,7 +179,7 @@ def test_run_dir_hint(text: str, hint: str) -> None:
 
 
 def run_hook(site: HookSite, hook: str, job_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    code = ("import sys; from gpuslurm.hooks.entry import main; rc = main(); "
+    code = ("import sys; from gpuslurm.slurm.entry import main; rc = main(); "
             "print(' '.join(sorted(sys.modules))); sys.exit(rc)")
     env = {**site.environ(job_id), "PYTHONPATH": SRC}
     return subprocess.run([sys.executable, "-c", code, hook, *extra], env=env, capture_output=True,
@@ -215,7 +215,7 @@ def test_entry_point_usage_and_exit_codes(site: HookSite) -> None:
 
 def test_run_exits_with_the_hook_code_and_flushed_output(site: HookSite) -> None:
     env = {**site.environ("15"), "PYTHONPATH": SRC, "SLURM_LOCALID": "1"}
-    code = "from gpuslurm.hooks.entry import run; run()"
+    code = "from gpuslurm.slurm.entry import run; run()"
     task = subprocess.run([sys.executable, "-I", "-c", code, "task-prolog"], env=env, capture_output=True,
                           text=True, timeout=60, check=False, cwd="/")
     # -I ignores PYTHONPATH: only an installed gpuslurm answers; the editable install is one

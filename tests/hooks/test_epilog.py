@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pwd
 import select
 import signal
 import subprocess
@@ -22,10 +23,12 @@ from pathlib import Path
 import pytest
 from hook_helpers import HookSite, make_site
 
-from gpuslurm.hooks.epilog import admin_comment, run_epilog
-from gpuslurm.hooks.leftovers import Target, kill_processes, leftover_verdict, plan_kills
-from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.hooks.epilog import admin_comment
+from gpuslurm.hooks.leftovers import leftover_verdict, plan_kills
+from gpuslurm.hooks.log import HookLog
 from gpuslurm.hw.health import GpuProcess
+from gpuslurm.isolate.kill import Target, kill_processes
+from gpuslurm.slurm.hooks import run_epilog, run_prolog
 from gpuslurm.state.jobmap import job_map, write_map
 from gpuslurm.state.store import GpuStats
 
@@ -257,9 +260,13 @@ def test_pid_reuse_guards(spawn: list[Leftover]) -> None:
     targets, _ = plan_kills([(gpu, GpuProcess(p.pid, "nobody"))], "1234", 1000, {}, (),
                             time.clock_gettime(time.CLOCK_BOOTTIME))
     assert [t.pid for t in targets] == [p.pid]
-    # between identification and the kill, the identity is checked again through the pidfd
+    assert targets[0].uid == pwd.getpwnam("nobody").pw_uid  # the owner seen when it was listed
+    # between identification and the kill, the identity is checked again through the pidfd:
+    # its start time, and its owner (a PID reused by another user's process at the same tick)
     wrong = Target(gpu, p.pid, "nobody", targets[0].start_ticks + 1)
     assert kill_processes([wrong], 0.1) == {p.pid: "gone before it was signalled"}
+    other_owner = targets[0]._replace(uid=0)
+    assert kill_processes([other_owner], 0.1) == {p.pid: "gone before it was signalled"}
     time.sleep(0.1)
     assert not p.exited(timeout=0.1)  # not signalled
     assert kill_processes(targets, 2) == {p.pid: "exited after SIGTERM"}
@@ -313,8 +320,8 @@ def test_summary_and_admin_comment_from_the_store(site: HookSite) -> None:
 
 def test_summary_without_a_store_does_not_load_sqlite(site: HookSite) -> None:
     prolog(site)
-    code = ("import sys, io; from gpuslurm.hooks.epilog import run_epilog; "
-            "from gpuslurm.hooks.prolog import HookLog; import json; "
+    code = ("import sys, io; from gpuslurm.slurm.hooks import run_epilog; "
+            "from gpuslurm.hooks.log import HookLog; import json; "
             "rc = run_epilog(json.loads(sys.argv[1]), HookLog('epilog', io.StringIO(), False)); "
             "print(rc, 'sqlite3' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(site.environ(gpus="0,1"))],
@@ -335,7 +342,7 @@ def test_bad_store_or_failing_scontrol_never_drains(tmp_path: Path) -> None:
     assert run_epilog(site.environ(gpus="0,1"), log) == 0
     assert any("cannot read the monitor store" in line and "not an SQLite database" in line
                for line in log.lines)
-    assert any("cannot set the job's AdminComment" in line for line in log.lines)
+    assert any("cannot set the job's final comment" in line for line in log.lines)
     assert summary(site)["monitor"] == "no monitor data"
     assert (site.root / "state" / "monitor.db").read_bytes() == b"garbage" * 100  # a reader moves nothing
     [call] = site.scontrol_calls()

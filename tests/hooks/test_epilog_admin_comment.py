@@ -7,8 +7,8 @@ from pathlib import Path
 
 from hook_helpers import HookSite, make_site
 
-from gpuslurm.hooks.epilog import run_epilog
-from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.hooks.log import HookLog
+from gpuslurm.slurm.hooks import run_epilog, run_prolog
 
 
 def refusing_site(tmp_path: Path, answer: str) -> HookSite:
@@ -38,7 +38,8 @@ def epilog_lines(site: HookSite) -> list[tuple[int, str]]:
     assert run_prolog(site.environ(gpus="0,1"), HookLog("prolog", io.StringIO(), False)) == 0
     log = LevelLog()
     assert run_epilog(site.environ(gpus="0,1"), log) == 0
-    return [(level, line) for level, line in log.levels if "AdminComment" in line]
+    return [(level, line) for level, line in log.levels
+            if "AdminComment" in line or "final comment" in line]
 
 
 def test_a_finished_job_refusal_is_one_info_line(tmp_path: Path) -> None:
@@ -51,5 +52,5 @@ def test_a_finished_job_refusal_is_one_info_line(tmp_path: Path) -> None:
 
 def test_another_refusal_is_still_an_error(tmp_path: Path) -> None:
     site = refusing_site(tmp_path, "Invalid job id specified")
-    assert epilog_lines(site) == [(3, "gpuslurm epilog job 1234: cannot set the job's AdminComment: "
+    assert epilog_lines(site) == [(3, "gpuslurm epilog job 1234: cannot set the job's final comment: "
                                       "scontrol exited 1: Invalid job id specified")]  # LOG_ERR

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 from hook_helpers import HookSite, make_site
 
-from gpuslurm.hooks.epilog import run_epilog
-from gpuslurm.hooks.prolog import HookLog, run_prolog
-from gpuslurm.hooks.taskprolog import run_task_prolog
+from gpuslurm.hooks.log import HookLog
+from gpuslurm.slurm.hooks import run_epilog, run_prolog, run_task_prolog
 
 RUN = "from gpuslurm.cli.main import main; raise SystemExit(main())"
 

@@ -10,7 +10,8 @@ import pytest
 from hook_helpers import HookSite, make_site
 
 from gpuslurm.errors import InputError
-from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.hooks.log import HookLog
+from gpuslurm.slurm.hooks import run_prolog
 from gpuslurm.state.jobmap import JobMap, MappedDevice, list_maps, read_map, write_map
 from gpuslurm.watch.attribute import Attributor
 

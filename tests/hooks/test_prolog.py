@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from hook_helpers import HookSite, make_site
 
-from gpuslurm.hooks.epilog import run_epilog
-from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.hooks.log import HookLog
+from gpuslurm.slurm.hooks import run_epilog, run_prolog
 from gpuslurm.state.jobmap import job_map, read_map, write_map
 
 

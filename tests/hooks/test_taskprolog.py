@@ -7,8 +7,8 @@ from pathlib import Path
 
 from hook_helpers import make_site
 
-from gpuslurm.hooks.prolog import HookLog
-from gpuslurm.hooks.taskprolog import run_task_prolog, task_prolog_lines
+from gpuslurm.hooks.log import HookLog
+from gpuslurm.slurm.hooks import run_task_prolog, task_prolog_lines
 
 
 def exports(lines: list[str]) -> dict[str, str]:

@@ -21,7 +21,7 @@ from gpuslurm.errors import EXIT_BAD_INPUT, InputError
 
 HOOK_NAMES = ("gpuslurm-prolog", "gpuslurm-epilog", "gpuslurm-task-prolog")
 # What the installed hooks exec: the hooks' own entry point, not the click CLI.
-HOOK_CODE = "'from gpuslurm.hooks.entry import run; run()'"
+HOOK_CODE = "'from gpuslurm.slurm.entry import run; run()'"
 
 
 @pytest.fixture

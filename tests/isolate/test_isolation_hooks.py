@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from cgroup_helpers import NOBODY, PROBE, SYSTEM_PYTHON, as_nobody, make_gpu_files, parse_probe, unavailable
 
-from gpuslurm.hooks.epilog import run_epilog
-from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.hooks.log import HookLog
 from gpuslurm.hooks.taskprolog import EXIT_NOT_ISOLATED
 from gpuslurm.hw.source import BUILTIN_DIR
 from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
+from gpuslurm.slurm.hooks import run_epilog, run_prolog
 
 ROOT = "/sys/fs/cgroup"
 _REASON = unavailable("hook isolation tests") or (
     None if cgroup_version(ROOT) == 1 else "no cgroup v1 devices hierarchy")
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
-TASK_PROLOG = "import sys; from gpuslurm.hooks.taskprolog import run_task_prolog; " \
+TASK_PROLOG = "import sys; from gpuslurm.slurm.hooks import run_task_prolog; " \
               "import os; sys.exit(run_task_prolog(os.environ, sys.stdout))"
 
 

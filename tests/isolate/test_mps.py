@@ -29,9 +29,10 @@ from gpuslurm.isolate.mps_request import (
     job_dirs,
     job_gid,
     mps_exports,
-    mps_request,
     parse_percentage,
 )
+from gpuslurm.isolate.mps_request import mps_request as job_mps_request
+from gpuslurm.slurm.hookenv import hook_job
 
 COMMON = {"SLURMD_NODENAME": "vm", "SLURM_CLUSTER_NAME": "gpuslurm-test", "SLURM_JOB_CPUS_PER_NODE": "2",
           "SLURM_JOB_GID": "0", "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
@@ -47,6 +48,14 @@ FEATURE = {**COMMON, "SLURM_JOB_ID": "3", "CUDA_VISIBLE_DEVICES": "1", "SLURM_JO
            "SLURM_JOB_GPUS": "1"}
 FEATURE_AND = {**FEATURE, "SLURM_JOB_ID": "4", "SLURM_JOB_CONSTRAINTS": "mps&foo"}
 PLAIN_GPU = {**COMMON, "SLURM_JOB_ID": "5", "CUDA_VISIBLE_DEVICES": "6", "SLURM_JOB_GPUS": "6"}
+
+
+def mps_request(env: dict[str, str], cfg: MpsConfig) -> MpsRequest | None:
+    """What the prolog asks for a job whose Slurm hook environment is ``env`` (the Slurm adapter's
+    HookJob, then the neutral request)."""
+    job = hook_job(env)
+    return job_mps_request(job.mps_share, job.comment, job.features, cfg)
+
 
 ALL = MpsConfig(triggers=("gres", "comment", "feature"), active_thread_percentage=30)
 
@@ -136,12 +145,13 @@ def test_job_dirs_and_bad_job_ids() -> None:
 
 
 def test_job_gid_from_slurm_else_passwd() -> None:
-    assert job_gid({"SLURM_JOB_GID": "4242"}, 0) == 4242
-    assert job_gid({}, 0) == 0  # root's passwd entry
+    assert job_gid(hook_job({**PLAIN_GPU, "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
+                             "SLURM_JOB_GID": "4242"}).gid, 0) == 4242
+    assert job_gid(None, 0) == 0  # root's passwd entry
     with pytest.raises(InputError, match="SLURM_JOB_GID"):
-        job_gid({"SLURM_JOB_GID": "wheel"}, 0)
+        hook_job({**PLAIN_GPU, "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root", "SLURM_JOB_GID": "wheel"})
     with pytest.raises(InputError, match="no passwd entry"):
-        job_gid({}, 4_000_000_000)
+        job_gid(None, 4_000_000_000)
 
 
 DAEMON = MpsDaemon("7", 1000, 1000, "/r/mps/7/pipe", "/r/mps/7/log", ("GPU-a",), "comment", 30, 99, 5)

@@ -25,10 +25,10 @@ import pytest
 
 import gpuslurm
 from gpuslurm.errors import CommandError, InputError
-from gpuslurm.hooks.epilog import run_epilog
-from gpuslurm.hooks.prolog import HookLog, run_prolog
+from gpuslurm.hooks.log import HookLog
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 from gpuslurm.isolate.mps import MpsRequest, start_mps, stop_mps
+from gpuslurm.slurm.hooks import run_epilog, run_prolog
 
 NOBODY = 65534
 NOGROUP = 65534
@@ -302,7 +302,7 @@ def quiet(hook: str) -> HookLog:
 
 
 def task_prolog_as_nobody(env: dict[str, str]) -> str:
-    code = ("import os, sys; from gpuslurm.hooks.taskprolog import run_task_prolog; "
+    code = ("import os, sys; from gpuslurm.slurm.hooks import run_task_prolog; "
             "sys.exit(run_task_prolog(dict(os.environ), sys.stdout))")
     result = subprocess.run([SYSTEM_PYTHON, "-c", code], env={**env, "PYTHONPATH": SRC}, user=NOBODY,
                             group=NOGROUP, extra_groups=[], capture_output=True, text=True, timeout=30,
@@ -392,7 +392,7 @@ def test_a_malformed_mps_request_fails_the_job_not_the_node(mps: Mps, comment: s
     assert not (Path(mps.run_dir) / "jobs" / f"{JOB}.json").exists()
     calls = site.scontrol_log.read_text().splitlines()
     assert calls[-1] == f"requeuehold {JOB}", calls
-    assert "bad MPS request" in calls[-2] and "SLURM_JOB_COMMENT" in calls[-2]
+    assert "bad MPS request" in calls[-2] and "the job's comment" in calls[-2]
 
 
 def test_the_jobs_own_share_is_its_active_thread_percentage(mps: Mps) -> None:
@@ -448,11 +448,15 @@ def test_impossible_ids_are_refused_before_anything_starts(mps: Mps, uid: int, g
 
 def test_job_gid_refuses_impossible_ids_from_the_environment() -> None:
     from gpuslurm.isolate.mps_request import job_gid
+    from gpuslurm.slurm.hookenv import hook_job
 
-    for env, uid in (({"SLURM_JOB_GID": "4294967295"}, NOBODY), ({"SLURM_JOB_GID": "9" * 30}, NOBODY),
-                     ({"SLURM_JOB_GID": "100"}, 4294967295)):
+    base = {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_USER": "nobody"}
+    for gid in ("4294967295", "9" * 30, "-1"):
+        with pytest.raises(InputError, match="SLURM_JOB_GID"):
+            hook_job({**base, "SLURM_JOB_GID": gid})
+    for bad_gid, uid in ((4294967295, NOBODY), (2**40, NOBODY), (100, 4294967295)):
         with pytest.raises(InputError):
-            job_gid(env, uid)
+            job_gid(bad_gid, uid)
 
 
 def test_the_runner_refuses_minus_one_and_verifies_the_drop() -> None:

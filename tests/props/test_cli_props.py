@@ -153,7 +153,7 @@ def test_hook_environment(workdir: Path, gpus: str, job: str) -> None:
            "SLURM_JOB_GPUS": f"0-1,{gpus}", "SLURMD_NODENAME": job.strip() or "n1",
            "GPUSLURM_CAPTURE": "l40s-4x", "GPUSLURM_STATE_DIR": str(workdir / "state")}
     clean = {k: v.replace("\x00", "") for k, v in env.items()}
-    proc = subprocess.run([sys.executable, "-c", "from gpuslurm.hooks.entry import run; run()", "prolog"],
+    proc = subprocess.run([sys.executable, "-c", "from gpuslurm.slurm.entry import run; run()", "prolog"],
                           capture_output=True, text=True, timeout=TIME_BOUND_S, check=False,
                           env={**os.environ, **clean, "GPUSLURM_CONFIG": "/nonexistent.toml"})
     assert proc.returncode in DOCUMENTED, (proc.returncode, proc.stderr)

@@ -187,3 +187,12 @@ def test_bases_parse() -> None:
     scenario.parse_scenario(SCENARIO, "s", NODE)
     parse_smi_query_text(SMI_TEXT, "t")
     assert Path(A100).is_dir()
+
+
+@pytest.mark.parametrize("text", [
+    "login[1-2]9999999999999999999999999999999999999999x[3-4]",  # found by the property above
+    "n[0-1]" + "9" * 40, "9" * 19 + "[1-2]",
+])
+def test_digits_beside_a_bracket_never_reach_clustershells_assert(text: str) -> None:
+    with pytest.raises(ValueError, match="digits"):
+        expand_hostlist(text, limit=64)

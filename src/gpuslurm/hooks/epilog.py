@@ -1,6 +1,9 @@
-"""``gpuslurm epilog``: runs as root in slurmd's environment after each job on the node.
+"""The job-end step every scheduler runs as root after a job: release, check, clean up, summarise.
 
-Steps, in this order: (1) the job's GPUs, from its map, else the GPUs Slurm names; (2) stop the
+``job_end`` takes a neutral :class:`gpuslurm.state.job.HookJob` and the scheduler's actions; the
+adapters call it (Slurm's Epilog: :mod:`gpuslurm.slurm.hooks`; PBS's execjob_end).
+
+Steps, in this order: (1) the job's GPUs, from its map, else the GPUs the scheduler names; (2) stop the
 job's MPS daemon; (3) kill what the job left on its GPUs (SIGTERM, ``kill_grace_s``, SIGKILL)
 and check that the GPUs were released (no processes, memory freed); (4) remove the job's cgroup
 device limits; (5) remove the map; (6) bookkeeping: the per-job summary
@@ -30,45 +33,33 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gpuslurm.errors import CommandError, GpuslurmError
-from gpuslurm.hooks.prolog import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, node_name
+from gpuslurm.errors import GpuslurmError
+from gpuslurm.hooks.log import EXIT_UNHEALTHY, HookLog
 
 if TYPE_CHECKING:
-    from gpuslurm.hooks.leftovers import Target
+    from gpuslurm.config import Config
+    from gpuslurm.isolate.kill import Target
+    from gpuslurm.state.job import HookJob
+    from gpuslurm.state.scheduler import Scheduler
 
 SUMMARY_VERSION = 1
 
 
-def run_epilog(environ: Mapping[str, str], log: HookLog | None = None,
-               now: float | None = None) -> int:
-    """Run the epilog; 0 unless a drain was needed and failed (see module docstring)."""
-    log = log or HookLog("epilog")
-    try:
-        return _epilog(environ, log, time.time() if now is None else now)
-    except GpuslurmError as exc:  # no job id, a broken config: nothing safe to do
-        log.error(str(exc))
-        return exc.exit_code
-    except Exception as exc:
-        log.error(f"internal error: {type(exc).__name__}: {exc}")
-        return EXIT_INTERNAL
-
-
-def _epilog(environ: Mapping[str, str], log: HookLog, now: float) -> int:
-    from gpuslurm.hooks.cache import load_hook_config
-    from gpuslurm.slurm.hookenv import HookEnv
+def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec: str | None = None,
+            now: float | None = None) -> int:
+    """Run the job-end step for ``job``; 0 unless a drain was needed and failed (module docstring).
+    Raises GpuslurmError only before it starts (no safe way to proceed)."""
     from gpuslurm.state.jobmap import read_map, remove_map
 
-    env = HookEnv.from_environ(environ)
-    job_id, uid, user = env.require_job()
+    now = time.time() if now is None else now
+    job_id, uid = job.job_id, job.uid
     log.job_id = job_id
-    cfg = load_hook_config(environ, log.warning)
     jobs_dir = cfg.paths.jobs_dir
     try:
         jmap = read_map(job_id, jobs_dir)
     except GpuslurmError as exc:
         log.error(f"cannot read the job map: {exc}")
         jmap = None
-    spec = environ.get("GPUSLURM_CAPTURE") or None
 
     # 1. the job's GPUs
     gpus: list[dict[str, Any]] = []
@@ -77,18 +68,18 @@ def _epilog(environ: Mapping[str, str], log: HookLog, now: float) -> int:
         start = jmap.start
         gpus = [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
                  "parent_uuid": d.parent_uuid} for d in jmap.devices]
-    elif env.job_gpus is not None or env.step_gpus is not None:
-        gpus = _gpus_from_env(env, spec, cfg, log)
+    elif job.gpus is not None:
+        gpus = _gpus_from_claim(job, spec, cfg, log)
 
     # 2. stop the job's MPS daemon (before the kill, so that it shuts down cleanly)
-    mps_faults = _stop_mps(environ, job_id, uid, gpus, cfg, log)
+    mps_faults = _stop_mps(job, gpus, cfg, log)
 
     # 3. kill the job's leftovers, check the GPUs were released; drain on a fault
     release = _release(job_id, uid, gpus, cfg, spec, log)
     rc = 0
     drains = [f for f in [*release.faults, *mps_faults] if f.action == "drain"]
     if drains:
-        rc = _drain(environ, drains, release.labels, cfg, log)
+        rc = _drain(job, scheduler, drains, release.labels, log)
 
     # 4. remove the job's cgroup device limits
     try:  # gpuslurm's own device cgroup (isolate.devices); bookkeeping: logged, never drains
@@ -108,22 +99,21 @@ def _epilog(environ: Mapping[str, str], log: HookLog, now: float) -> int:
 
     # 6. bookkeeping: summary file and AdminComment; a failure here must never drain the node
     try:
-        _bookkeeping(environ, job_id, uid, user, start, now, gpus, release, cfg, log)
+        _bookkeeping(job, scheduler, start, now, gpus, release, cfg, log)
     except Exception as exc:
         log.error(f"internal error writing the job summary: {type(exc).__name__}: {exc}")
     return rc
 
 
-def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, start: float | None,
-                 now: float, gpus: list[dict[str, Any]], release: Release, cfg: Any,
-                 log: HookLog) -> None:
+def _bookkeeping(job: HookJob, scheduler: Scheduler, start: float | None, now: float,
+                 gpus: list[dict[str, Any]], release: Release, cfg: Config, log: HookLog) -> None:
     """The summary file and the AdminComment (failures logged, never fatal)."""
     if not (cfg.epilog.summary or cfg.epilog.admin_comment):
         return
     mapped = start is not None  # the prolog mapped the job; without a map it may have refused it
-    if start is None:  # no map: Slurm (23.02 and later) may still say when the job started
-        raw = environ.get("SLURM_JOB_START_TIME", "")
-        start = float(raw) if raw.isdigit() else None
+    job_id = job.job_id
+    if start is None:  # no map: the scheduler may still say when the job started
+        start = job.start
     stats = _monitor_stats([g["uuid"] for g in gpus], start, now, cfg, log)
     for g in gpus:
         if (s := stats.get(g["uuid"])) is not None:
@@ -131,8 +121,8 @@ def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, s
                      util_max_pct=_round(s.util_max_pct), mem_peak_mib=_round(s.mem_peak_mib))
     if cfg.epilog.summary:
         refused = [] if mapped else _prolog_faults(job_id, cfg, log)
-        summary = {"version": SUMMARY_VERSION, "job_id": job_id, "user": user, "uid": uid,
-                   "node": node_name(environ), "start": start, "end": now, "gpus": gpus,
+        summary = {"version": SUMMARY_VERSION, "job_id": job_id, "user": job.user, "uid": job.uid,
+                   "node": job.node_name, "start": start, "end": now, "gpus": gpus,
                    "monitor": "ok" if stats else "no monitor data",
                    "leftovers": list(release.leftovers),
                    "faults": [*refused, *(f._asdict() for f in release.faults)]}
@@ -144,36 +134,11 @@ def _bookkeeping(environ: Mapping[str, str], job_id: str, uid: int, user: str, s
         except (GpuslurmError, OSError) as exc:
             log.error(f"cannot write the job summary: {exc}")
     if cfg.epilog.admin_comment:
-        from gpuslurm.slurm.scontrol import refused_as_finished, set_admin_comment
-
         text = admin_comment(len(gpus), list(stats.values()), len(release.leftovers))
         try:
-            set_admin_comment(job_id, text, scontrol=cfg.paths.scontrol,
-                              timeout=cfg.hooks.command_timeout_s)
-            log.info(f"AdminComment: {text}")
+            log.info(scheduler.set_final_comment(job_id, text))
         except GpuslurmError as exc:
-            if refused_as_finished(exc):  # Slurm 22.05: the monitor keeps it current while the job runs
-                _accounting_admin_comment(job_id, text, cfg, log)
-            else:
-                log.error(f"cannot set the job's AdminComment: {exc}")
-
-
-def _accounting_admin_comment(job_id: str, text: str, cfg: Any, log: HookLog) -> None:
-    """slurmctld refused (the job finished): write it into slurmdbd's record of the job instead."""
-    from gpuslurm.slurm.scontrol import set_accounting_admin_comment
-
-    stands = "Slurm does not update a finished job: the monitor's last AdminComment stands"
-    if not os.access(cfg.paths.sacctmgr, os.X_OK):
-        log.info(stands)
-        return
-    try:
-        if set_accounting_admin_comment(job_id, text, sacctmgr=cfg.paths.sacctmgr,
-                                        timeout=cfg.hooks.command_timeout_s):
-            log.info(f"AdminComment (in slurmdbd, the job has finished): {text}")
-        else:  # no slurmdbd: slurmctld's copy is all there is
-            log.info(stands)
-    except GpuslurmError as exc:
-        log.error(f"cannot set the finished job's AdminComment in slurmdbd: {exc}")
+            log.error(f"cannot set the job's final comment: {exc}")
 
 
 def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Any,
@@ -216,13 +181,15 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def _gpus_from_env(env: Any, spec: str | None, cfg: Any, log: HookLog) -> list[dict[str, Any]]:
-    """No map (the prolog did not run, or failed): the GPUs Slurm names, if the node can be read."""
+def _gpus_from_claim(job: HookJob, spec: str | None, cfg: Config, log: HookLog) -> list[dict[str, Any]]:
+    """No map (the job-start step did not run, or failed): the GPUs the scheduler names, if the
+    node can be read."""
     from gpuslurm.hooks.cache import node_identity
-    from gpuslurm.slurm.hookenv import resolve_job_gpus
+    from gpuslurm.state.job import resolve_devices
 
+    assert job.gpus is not None
     try:
-        devices = resolve_job_gpus(env, node_identity(spec, cfg.paths.run_dir, log.warning))
+        devices = resolve_devices(job.gpus, node_identity(spec, cfg.paths.run_dir, log.warning))
     except GpuslurmError as exc:
         log.error(f"no job map, and the job's GPUs cannot be resolved: {exc}")
         return []
@@ -270,7 +237,8 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
     leftovers: list[dict[str, Any]] = []
     survivors: dict[str, list[Target]] = {}
     if listed and kill:
-        from gpuslurm.hooks.leftovers import SURVIVED, kill_processes, plan_kills
+        from gpuslurm.hooks.leftovers import plan_kills
+        from gpuslurm.isolate.kill import SURVIVED, kill_processes
 
         targets, skipped = plan_kills(listed, job_id, uid, holders,
                                       cfg.health.leftover_processes.ignore_users, listed_at)
@@ -332,16 +300,16 @@ def _other_holders(job_id: str, jobs_dir: str, log: HookLog) -> dict[str, list[t
     return out
 
 
-def _stop_mps(environ: Mapping[str, str], job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]],
-              cfg: Any, log: HookLog) -> list[Any]:
+def _stop_mps(job: HookJob, gpus: Sequence[Mapping[str, Any]], cfg: Config, log: HookLog) -> list[Any]:
     """Stop the job's MPS daemon if the prolog started one. One that survives SIGKILL is stuck in
     the driver: a ``leftover_processes`` fault, so the node drains before the next job."""
     from gpuslurm.isolate.mps import stop_mps, stuck_report
     from gpuslurm.isolate.mps_request import job_gid
 
+    job_id, uid = job.job_id, job.uid
     try:
         try:
-            gid: int | None = job_gid(environ, uid)
+            gid: int | None = job_gid(job.gid, uid)
         except GpuslurmError:
             gid = None  # needed only when the daemon's own record is unreadable
         done = stop_mps(job_id, run_dir=cfg.paths.run_dir, mps_control=cfg.paths.mps_control,
@@ -367,24 +335,23 @@ def _stop_mps(environ: Mapping[str, str], job_id: str, uid: int, gpus: Sequence[
     return [Fault(stuck[0], "leftover_processes", action, stuck[1])] if action != "off" else []
 
 
-def _drain(environ: Mapping[str, str], drains: list[Any], labels: dict[str, str], cfg: Any,
+def _drain(job: HookJob, scheduler: Scheduler, drains: list[Any], labels: dict[str, str],
            log: HookLog) -> int:
     from gpuslurm.policy.health import drain_reason
-    from gpuslurm.slurm.scontrol import drain_node
 
     reason = drain_reason(drains, labels)
-    name = node_name(environ)
+    name = job.node_name
     try:
-        drain_node(name, reason, scontrol=cfg.paths.scontrol, timeout=cfg.hooks.command_timeout_s)
-    except (CommandError, GpuslurmError) as exc:
-        log.error(f"could not drain {name} ({exc}); failing so that Slurm drains it: {reason}")
+        scheduler.drain_node(name, reason)
+    except GpuslurmError as exc:
+        log.error(f"could not drain {name} ({exc}); failing so that {job.scheduler} drains it: {reason}")
         return EXIT_UNHEALTHY
     log.error(f"drained {name}: {reason}")
     return 0
 
 
-def record_refusal(environ: Mapping[str, str], job_id: str, uid: int, user: str, now: float,
-                   gpus: list[dict[str, Any]], faults: list[Any], cfg: Any, log: HookLog) -> None:
+def record_refusal(job: HookJob, now: float, gpus: list[dict[str, Any]], faults: list[Any],
+                   cfg: Config, log: HookLog) -> None:
     """The summary of a job the prolog refused for health faults: its GPUs and the faults.
 
     The epilog that follows keeps these faults in the summary it writes (bookkeeping: a failure is
@@ -392,12 +359,12 @@ def record_refusal(environ: Mapping[str, str], job_id: str, uid: int, user: str,
     """
     if not cfg.epilog.summary:
         return
-    summary = {"version": SUMMARY_VERSION, "job_id": job_id, "user": user, "uid": uid,
-               "node": node_name(environ), "start": None, "end": now, "gpus": gpus,
+    summary = {"version": SUMMARY_VERSION, "job_id": job.job_id, "user": job.user, "uid": job.uid,
+               "node": job.node_name, "start": None, "end": now, "gpus": gpus,
                "refused_by": "prolog", "monitor": "no monitor data", "leftovers": [],
                "faults": [f._asdict() for f in faults]}
     try:
-        path = write_summary(summary, _summary_dir(cfg), job_id)
+        path = write_summary(summary, _summary_dir(cfg), job.job_id)
         log.info(f"wrote {path}")
     except Exception as exc:
         log.error(f"cannot write the job summary: {exc}")

@@ -15,9 +15,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslurm.isolate.kill import KILL_WAIT_S, SURVIVED, Target, kill_processes
+from gpuslurm.isolate.kill import Target
 
-__all__ = ["KILL_WAIT_S", "SURVIVED", "Target", "kill_processes", "leftover_verdict", "plan_kills"]
 
 def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: int,
                      others: Sequence[tuple[str, int]] | None) -> str | None:
@@ -84,7 +83,8 @@ def plan_kills(listed: Sequence[tuple[str, Any]], job_id: str, job_uid: int,
         why = leftover_verdict(facts.uid, cg.job_id if cg else None, job_id, job_uid,
                                None if holders is None else holders.get(uuid, []))
         if why is None:
-            targets.append(Target(uuid, proc.pid, proc.user, facts.start_ticks))
+            # the owner seen now is checked again once the pidfd pins the process
+            targets.append(Target(uuid, proc.pid, proc.user, facts.start_ticks, uid=facts.uid))
         else:
             skipped[key] = ("other", why)
     return targets, skipped

@@ -1,106 +1,51 @@
-"""``gpuslurm prolog``: runs as root in slurmd's environment before each job on the node.
+"""The job-start step every scheduler runs as root before a job: gate, isolate, MPS, map.
 
-Steps: read the hook environment and the config; find the job's GPUs (none: nothing to do);
-check each GPU's health; drain the node and fail if a fault says ``drain``; write the job map.
+``job_start`` takes a neutral :class:`gpuslurm.state.job.HookJob` and the scheduler's actions (a
+:class:`gpuslurm.state.scheduler.Scheduler`); the adapters call it: Slurm's Prolog
+(:mod:`gpuslurm.slurm.hooks`), PBS's execjob_begin (:mod:`gpuslurm.pbs`).
 
-Failure policy. The prolog is a gate, so it fails closed: a health fault with action ``drain``
-drains the node with a reason naming the GPU and the fault and exits 1; anything that stops it
+Steps: find the job's GPUs (none: deny every GPU where gpuslurm isolates, nothing else to do);
+check each GPU's health; take the node out of service and fail if a fault says ``drain``; limit
+the job's devices; start its MPS daemon if it asked for one; write the job map.
+
+Failure policy. The step is a gate, so it fails closed: a health fault with action ``drain``
+drains the node with a reason naming the GPU and the fault and returns 1; anything that stops it
 from knowing which GPUs the job has or whether they are healthy (a broken config, a bundle or
-``health.json`` that does not parse, a map it cannot write safely) exits with that error's code
-(2, 3 or 4) and Slurm then drains the node with "Prolog error" and requeues the job. Logging is
-the only non-essential step; it never changes the exit code. What the job's user controls
-(a malformed MPS request, an MPS daemon failing as the user) never drains the node: the job is
-held with a reason (``scontrol requeuehold``) and the prolog exits 0 (docs/hooks.md, rule 3).
-Every external command (scontrol) runs with ``[hooks] command_timeout_s``.
+``health.json`` that does not parse, a map it cannot write safely) raises, and the adapter's
+:func:`gpuslurm.hooks.log.guarded` turns that into the error's code (2, 3 or 4), on which Slurm
+drains the node and requeues the job. Logging never changes the exit code. What the job's user
+controls (a malformed MPS request, an MPS daemon failing as the user) never drains the node: the
+scheduler refuses the job with a reason (Slurm: ``scontrol requeuehold``) and the step returns 0
+(docs/hooks.md, rule 3). Every external command runs with ``[hooks] command_timeout_s``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
-from gpuslurm.errors import CommandError, GpuslurmError, InputError, one_line
+from gpuslurm.errors import CommandError, GpuslurmError, InputError
+from gpuslurm.hooks.log import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, JobFaultError
 
 if TYPE_CHECKING:
+    from gpuslurm.config import Config
     from gpuslurm.hw.identity import NodeIdentity
+    from gpuslurm.state.job import HookJob
+    from gpuslurm.state.scheduler import Scheduler
 
-EXIT_UNHEALTHY = 1  # a health fault drained the node
-EXIT_INTERNAL = 70
-
-
-class JobFaultError(Exception):
-    """A failure the job's user caused or controls (its --comment/--constraint, its environment,
-    its own limits): the prolog fails that job and exits 0, so the node stays up."""
+__all__ = ["EXIT_INTERNAL", "EXIT_UNHEALTHY", "HookLog", "JobFaultError", "job_start"]
 
 
-class HookLog:
-    """One-line messages to stderr (slurmd keeps them in its log) and to syslog."""
-
-    def __init__(self, hook: str, stream: TextIO | None = None, use_syslog: bool = True) -> None:
-        self.hook = hook
-        self.stream = stream if stream is not None else sys.stderr
-        self.use_syslog = use_syslog
-        self.job_id: str | None = None
-        self.lines: list[str] = []
-
-    def info(self, message: str) -> None:
-        self._emit(6, message)  # LOG_INFO
-
-    def warning(self, message: str) -> None:
-        self._emit(4, message)  # LOG_WARNING
-
-    def error(self, message: str) -> None:
-        self._emit(3, message)  # LOG_ERR
-
-    def _emit(self, level: int, message: str) -> None:
-        job = f" job {self.job_id}" if self.job_id else ""
-        line = one_line(f"gpuslurm {self.hook}{job}: {message}")
-        self.lines.append(line)
-        try:
-            print(line, file=self.stream, flush=True)
-        except (OSError, ValueError):
-            pass  # a closed stderr must not turn a healthy job into a failed hook
-        if self.use_syslog:
-            try:
-                import syslog
-
-                syslog.openlog("gpuslurm", syslog.LOG_PID, syslog.LOG_DAEMON)
-                syslog.syslog(level, line)
-            except OSError:
-                pass
-
-
-def node_name(environ: Mapping[str, str]) -> str:
-    """The Slurm name of this node: ``SLURMD_NODENAME``, else the short host name."""
-    return environ.get("SLURMD_NODENAME", "").strip() or os.uname().nodename.split(".")[0]
-
-
-def run_prolog(environ: Mapping[str, str], log: HookLog | None = None) -> int:
-    """Run the prolog; the exit code for Slurm (0 ok, 1 drained for a fault, else an error's code)."""
-    log = log or HookLog("prolog")
-    try:
-        return _prolog(environ, log)
-    except GpuslurmError as exc:
-        log.error(str(exc))
-        return exc.exit_code
-    except Exception as exc:  # a bug: fail closed, the job must not start on an unchecked GPU
-        log.error(f"internal error: {type(exc).__name__}: {exc}")
-        return EXIT_INTERNAL
-
-
-def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
-    from gpuslurm.hooks.cache import load_hook_config
-    from gpuslurm.slurm.hookenv import HookEnv
-
-    env = HookEnv.from_environ(environ)
-    job_id, uid, user = env.require_job()
+def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
+              spec: str | None = None) -> int:
+    """Run the job-start step for ``job`` on this node (``spec``: a replayed capture bundle, else
+    NVML); 0 when the job may run (or was refused without harm to the node), 1 when a health
+    fault drained the node. Raises GpuslurmError when it cannot decide (see the module docstring).
+    """
+    job_id, uid, user = job.job_id, job.uid, job.user
     log.job_id = job_id
-    cfg = load_hook_config(environ, log.warning)
-    spec = environ.get("GPUSLURM_CAPTURE") or None
-    if env.job_gpus is None and env.step_gpus is None:
+    if job.gpus is None:
         from gpuslurm.isolate.devices import isolate_job, wanted
 
         # a job without GPUs here: nothing to check or map, but every GPU is denied to it
@@ -108,11 +53,11 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
             _log_isolation(log, isolate_job(cfg, job_id, uid, (), _node(spec, cfg, log)))
         return 0
 
-    from gpuslurm.slurm.hookenv import resolve_job_gpus
+    from gpuslurm.state.job import resolve_devices
     from gpuslurm.state.jobmap import job_map, write_map
 
     node = _node(spec, cfg, log)
-    devices = resolve_job_gpus(env, node)
+    devices = resolve_devices(job.gpus, node)
     if not devices:
         from gpuslurm.isolate.devices import isolate_job
 
@@ -135,18 +80,17 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
                     f"(action {fault.action})")
     drains = [f for f in faults if f.action == "drain"]
     if drains:
-        from gpuslurm.slurm.scontrol import drain_node
-
         reason = drain_reason(drains, labels)
-        name = node_name(environ)
+        name = job.node_name
         try:
-            drain_node(name, reason, scontrol=cfg.paths.scontrol, timeout=cfg.hooks.command_timeout_s)
+            scheduler.drain_node(name, reason)
             log.error(f"drained {name}: {reason}")
-        except CommandError as exc:  # Slurm drains the node itself when the prolog fails
-            log.error(f"could not drain {name} ({exc}); failing so that Slurm drains it: {reason}")
+        except GpuslurmError as exc:  # the scheduler drains the node itself when the step fails
+            log.error(f"could not drain {name} ({exc}); failing so that {job.scheduler} drains it: "
+                      f"{reason}")
         from gpuslurm.hooks.epilog import record_refusal
 
-        record_refusal(environ, job_id, uid, user, time.time(),
+        record_refusal(job, time.time(),
                        [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
                          "parent_uuid": d.gpu.uuid if d.mig is not None else None} for d in devices],
                        faults, cfg, log)
@@ -155,12 +99,11 @@ def _prolog(environ: Mapping[str, str], log: HookLog) -> int:
 
     _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
     try:
-        mps = _start_mps(environ, cfg, job_id, uid, [d.uuid for d in devices], log)
+        mps = _start_mps(job, cfg, [d.uuid for d in devices], log)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
-        return _refuse_job(cfg, job_id, str(exc), log)
+        return _refuse_job(scheduler, job_id, str(exc), log)
     try:  # every step after MPS started: a failure stops the daemon again
-        account = environ.get("SLURM_JOB_ACCOUNT", "").strip() or None  # for --by account reports
-        path = write_map(job_map(job_id, user, uid, devices, account=account), cfg.paths.jobs_dir)
+        path = write_map(job_map(job_id, user, uid, devices, account=job.account), cfg.paths.jobs_dir)
         log.info(f"{len(devices)} device(s) {','.join(d.uuid for d in devices)} mapped in {path}")
     except BaseException:
         if mps:
@@ -176,8 +119,7 @@ def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
     return node_identity(spec, cfg.paths.run_dir, log.warning)
 
 
-def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuids: list[str],
-               log: HookLog) -> bool:
+def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog) -> bool:
     """Start the job's MPS daemon if it asked for one (True).
 
     What the job's user controls raises JobFaultError (a malformed request, a daemon that fails to
@@ -185,9 +127,10 @@ def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuid
     program, the run directory) raises its own error, failing closed."""
     from gpuslurm.isolate.mps_request import job_gid, mps_request
 
+    job_id, uid = job.job_id, job.uid
     try:  # what the job asked for (--comment, --constraint) and who it runs as
-        request = mps_request(environ, cfg.mps)
-        gid = job_gid(environ, uid) if request is not None else 0
+        request = mps_request(job.mps_share, job.comment, job.features, cfg.mps)
+        gid = job_gid(job.gid, uid) if request is not None else 0
     except InputError as exc:
         raise JobFaultError(f"bad MPS request: {exc}") from exc
     if request is None:
@@ -208,16 +151,14 @@ def _start_mps(environ: Mapping[str, str], cfg: Any, job_id: str, uid: int, uuid
     return True
 
 
-def _refuse_job(cfg: Any, job_id: str, why: str, log: HookLog) -> int:
-    """Fail the job for ``why`` without draining the node: 0 when Slurm took it out, else an error
-    code (the job must not start: Slurm then drains the node, the one way left to stop it)."""
-    from gpuslurm.slurm.scontrol import refuse_job
-
+def _refuse_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> int:
+    """Fail the job for ``why`` without draining the node: 0 when the scheduler took it out, else
+    an error code (the job must not start: the scheduler then drains the node, the one way left
+    to stop it)."""
     reason = f"gpuslurm refused this job: {why}"
     try:
-        done = refuse_job(job_id, reason, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
-                          timeout=cfg.hooks.command_timeout_s)
-    except CommandError as exc:
+        done = scheduler.refuse_job(job_id, reason)
+    except GpuslurmError as exc:
         log.error(f"{reason}; and could not requeue or cancel it ({exc}): failing the prolog")
         return exc.exit_code
     log.error(f"{reason} (job {done}; the node stays up)")

@@ -1,4 +1,8 @@
-"""``gpuslurm task-prolog``: runs as the job's user before each task; prints lines Slurm applies.
+"""The task-start step, as the job's user before each task: the environment the task should get.
+
+:func:`task_exports` is neutral (a job's GPU claim in, ``NAME=value`` pairs out);
+:func:`task_start` is the failure policy. Slurm's TaskProlog (:mod:`gpuslurm.slurm.hooks`) prints
+them as lines Slurm applies; PBS's execjob_launch sets them in the task's environment.
 
 Slurm reads ``export NAME=value`` and ``unset NAME`` lines from a TaskProlog's standard output
 and changes the task's environment accordingly. What we print:
@@ -27,67 +31,72 @@ exits ``EXIT_NOT_ISOLATED``; slurmstepd then logs "TaskProlog failed" and the ta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
 
-from gpuslurm.hooks.prolog import HookLog
+from gpuslurm.hooks.log import HookLog
 
-EXIT_NOT_ISOLATED = 3  # the task could not join its devices cgroup: Slurm refuses the task
+if TYPE_CHECKING:
+    from gpuslurm.state.job import GpuClaim
+
+EXIT_NOT_ISOLATED = 3  # the task could not join its devices cgroup: the scheduler refuses the task
 
 
-def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
-    """The ``export`` lines for this task (none for a task without GPUs)."""
+def task_exports(claim: GpuClaim | None, job_id: str | None, *, local_id: str = "0",
+                 keep_cuda_visible_devices: bool = False, keep_device_order: bool = False,
+                 spec: str | None = None, run_dir: str) -> list[tuple[str, str]]:
+    """The ``(name, value)`` pairs for a task of the job (none for a task without GPUs).
+
+    ``local_id`` is the task's rank on the node (Slurm's ``SLURM_LOCALID``; not a number: 0);
+    ``keep_*`` say the task already has its own ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER``.
+    Values that are not one printable line are left out (they would smuggle in another command).
+    """
+    if claim is None:
+        return []
     from gpuslurm.hw.source import load_node
     from gpuslurm.ranges import format_ranges
-    from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
+    from gpuslurm.state.job import resolve_devices
 
-    env = HookEnv.from_environ(environ)
-    if env.job_gpus is None and env.step_gpus is None:
-        return []
-    devices = resolve_job_gpus(env, load_node(environ.get("GPUSLURM_CAPTURE") or None, links=False))
+    devices = resolve_devices(claim, load_node(spec, links=False))
     if not devices:
         return []
     uuids = ",".join(d.uuid for d in devices)
     values: list[tuple[str, str]] = []
-    if not environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+    if not keep_cuda_visible_devices:
         values.append(("CUDA_VISIBLE_DEVICES", uuids))
-    if not environ.get("CUDA_DEVICE_ORDER", "").strip():
+    if not keep_device_order:
         values.append(("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
     values.append(("GPUSLURM_GPU_UUIDS", uuids))
-    local = environ.get("SLURM_LOCALID", "0").strip()
-    k = int(local) % len(devices) if local.isascii() and local.isdigit() else 0
+    local = local_id.strip()
+    k = int(local) % len(devices) if local.isascii() and local.isdigit() and len(local) < 8 else 0
     mine = devices[k]
     values += [("GPUSLURM_LOCAL_GPU", str(k)), ("GPUSLURM_GPU_UUID", mine.uuid)]
     if mine.gpu.numa_node is not None:
         values.append(("GPUSLURM_NUMA_NODE", str(mine.gpu.numa_node)))
     if mine.gpu.cpu_affinity:
         values.append(("GPUSLURM_GPU_CPUS", format_ranges(mine.gpu.cpu_affinity)))
-    from gpuslurm.config import load_config
     from gpuslurm.isolate.mps_request import mps_exports
 
-    values += mps_exports(load_config(environ=environ).paths.run_dir, env.job_id)
-    # Slurm takes the value to the end of the line: a newline would smuggle in another command.
-    return [f"export {name}={value}" for name, value in values
-            if value.isprintable() and "\n" not in value]
+    values += mps_exports(run_dir, job_id)
+    return [(name, value) for name, value in values if value.isprintable() and "\n" not in value]
 
 
-def run_task_prolog(environ: Mapping[str, str], out: TextIO, log: HookLog | None = None) -> int:
-    """Print the lines to ``out``; 0 unless the task could not join its devices cgroup."""
-    log = log or HookLog("task-prolog", use_syslog=False)
+def task_start(join: Callable[[], object], lines: Callable[[], list[str]], out: TextIO,
+               log: HookLog) -> int:
+    """Join the job's device limits (``join``), then write ``lines()`` to ``out``: 0 unless the
+    task could not join (EXIT_NOT_ISOLATED); an error in ``lines`` only costs the task its hints."""
     try:  # isolation first: it is the one step allowed to refuse the task
-        from gpuslurm.isolate.devices import join_job_cgroup
-
-        join_job_cgroup(environ)
+        join()
     except Exception as exc:
         log.error(f"cannot join the job's devices cgroup, refusing to start the task: {exc}")
         return EXIT_NOT_ISOLATED
     try:
-        lines = task_prolog_lines(environ)
+        text = lines()
     except Exception as exc:  # GpuslurmError or a bug alike: the job runs, without our hints
         log.error(f"no GPU hints for this task: {exc}")
         return 0
     try:
-        for line in lines:
+        for line in text:
             out.write(line + "\n")
         out.flush()
     except (OSError, ValueError) as exc:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import stat
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import InputError
@@ -52,22 +51,21 @@ class MpsDirs(NamedTuple):
     log: str  # CUDA_MPS_LOG_DIRECTORY, the user's
 
 
-def mps_request(environ: Mapping[str, str], cfg: MpsConfig) -> MpsRequest | None:
-    """Whether the job whose prolog environment this is asked for MPS, and by which trigger."""
-    if "gres" in cfg.triggers:
-        raw = environ.get(GRES_VAR, "").strip()
-        if raw:
-            return MpsRequest("gres", parse_percentage(raw))
-    comment = environ.get("SLURM_JOB_COMMENT", "")
-    if "comment" in cfg.triggers and cfg.comment_token:
+def mps_request(share: str | None, comment: str | None, features: str | None,
+                cfg: MpsConfig) -> MpsRequest | None:
+    """Whether a job asked for MPS, and by which trigger: ``share`` is the MPS share the scheduler
+    gave it (Slurm's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``), ``comment`` and ``features`` what its
+    user wrote (Slurm's ``--comment`` and ``--constraint``). InputError for a malformed request."""
+    if "gres" in cfg.triggers and share and share.strip():
+        return MpsRequest("gres", parse_percentage(share.strip()))
+    if "comment" in cfg.triggers and cfg.comment_token and comment:
         token = cfg.comment_token
         for word in sorted(comment_words(comment)):
             if word == token:
                 return MpsRequest("comment", cfg.active_thread_percentage)
             if word.startswith(token + "="):  # the job's own share: <token>=<1-100>
-                return MpsRequest("comment", parse_percentage(word[len(token) + 1:], "SLURM_JOB_COMMENT"))
-    constraints = environ.get("SLURM_JOB_CONSTRAINTS", "")
-    if "feature" in cfg.triggers and cfg.feature and cfg.feature in constraint_features(constraints):
+                return MpsRequest("comment", parse_percentage(word[len(token) + 1:], "the job's comment"))
+    if "feature" in cfg.triggers and cfg.feature and cfg.feature in constraint_features(features or ""):
         return MpsRequest("feature", cfg.active_thread_percentage)
     return None
 
@@ -114,21 +112,19 @@ def check_id(value: int, source: str) -> int:
     return value
 
 
-def job_gid(environ: Mapping[str, str], uid: int) -> int:
-    """The job's primary group: ``SLURM_JOB_GID``, else the user's from the password database."""
-    check_id(uid, "SLURM_JOB_UID")
-    raw = environ.get("SLURM_JOB_GID", "").strip()
-    if raw:
-        if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
-            raise InputError(f"not a numeric gid: {raw!r}", source="SLURM_JOB_GID")
-        return check_id(int(raw), "SLURM_JOB_GID")
+def job_gid(gid: int | None, uid: int) -> int:
+    """The job's primary group: ``gid`` as the scheduler gave it, else the user's from the
+    password database; InputError for an impossible id or a uid without a passwd entry."""
+    check_id(uid, "the job's uid")
+    if gid is not None:
+        return check_id(gid, "the job's gid")
     import pwd
 
     try:
         return pwd.getpwuid(uid).pw_gid
     except KeyError:
-        raise InputError(f"is not set and uid {uid} has no passwd entry",
-                         source="SLURM_JOB_GID") from None
+        raise InputError(f"uid {uid} has no passwd entry and the scheduler gave no gid",
+                         source="the job's gid") from None
 
 
 def check_job_id(job_id: str) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from gpuslurm.samples import Allocation
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the hooks build this adapter on every job: keep its imports to os
+    from gpuslurm.config import Config
     from gpuslurm.hw.model import Node
+    from gpuslurm.samples import Allocation
 
 
 class SlurmScheduler:
@@ -18,17 +18,26 @@ class SlurmScheduler:
     name = "slurm"
 
     def __init__(self, *, squeue: str, scontrol: str, timeout: float,
-                 scancel: str = "/usr/bin/scancel") -> None:
+                 scancel: str = "/usr/bin/scancel", sacctmgr: str = "/usr/bin/sacctmgr") -> None:
         self.squeue = squeue
         self.scontrol = scontrol
         self.scancel = scancel
+        self.sacctmgr = sacctmgr
         self.timeout = timeout
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> SlurmScheduler:
+        """The commands ``[paths]`` names, bounded by ``[hooks] command_timeout_s``."""
+        p = cfg.paths
+        return cls(squeue=p.squeue, scontrol=p.scontrol, scancel=p.scancel, sacctmgr=p.sacctmgr,
+                   timeout=cfg.hooks.command_timeout_s)
 
     def can_list_jobs(self) -> bool:
         """Whether squeue is there to run (the monitor falls back to the job maps alone)."""
         return os.access(self.squeue, os.X_OK)
 
     def node_allocations(self, node_name: str, node: Node) -> tuple[Allocation, ...]:
+        from gpuslurm.samples import Allocation
         from gpuslurm.slurm.squeue import node_allocations
 
         found = node_allocations(self.squeue, node_name, node, timeout=self.timeout)
@@ -54,3 +63,26 @@ class SlurmScheduler:
         from gpuslurm.slurm.scontrol import set_admin_comment
 
         set_admin_comment(job_id, text, scontrol=self.scontrol, timeout=self.timeout)
+
+    def set_final_comment(self, job_id: str, text: str) -> str:
+        """The job's AdminComment as it ends; slurmctld refuses a finished job's (22.05), so then
+        its record in slurmdbd, where there is one. What happened, for the log."""
+        from gpuslurm.errors import GpuslurmError
+        from gpuslurm.slurm.scontrol import (
+            refused_as_finished,
+            set_accounting_admin_comment,
+            set_admin_comment,
+        )
+
+        try:
+            set_admin_comment(job_id, text, scontrol=self.scontrol, timeout=self.timeout)
+            return f"AdminComment: {text}"
+        except GpuslurmError as exc:
+            if not refused_as_finished(exc):
+                raise
+        stands = "Slurm does not update a finished job: the monitor's last AdminComment stands"
+        if not os.access(self.sacctmgr, os.X_OK):
+            return stands
+        if set_accounting_admin_comment(job_id, text, sacctmgr=self.sacctmgr, timeout=self.timeout):
+            return f"AdminComment (in slurmdbd, the job has finished): {text}"
+        return stands  # no slurmdbd: slurmctld's copy is all there is

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.state.job import GpuClaim, JobDevice, is_uuid, node_devices, resolve_devices
+from gpuslurm.state.job import GpuClaim, HookJob, JobDevice, is_uuid, node_devices, resolve_devices
 
 if TYPE_CHECKING:  # both kinds of node, never loaded here: see gpuslurm.hw.identity
     from gpuslurm.hw.identity import AnyNode
@@ -86,6 +86,28 @@ class HookEnv(NamedTuple):
         return self.job_id, self.uid, self.user
 
 
+def hook_job(environ: Mapping[str, str]) -> HookJob:
+    """The neutral job the hooks run on, from Slurm's hook environment; InputError naming a
+    variable that is missing or malformed."""
+    env = HookEnv.from_environ(environ)
+    job_id, uid, user = env.require_job()
+    start = environ.get("SLURM_JOB_START_TIME", "").strip()  # 23.02 and later
+    return HookJob(
+        scheduler="slurm", job_id=job_id, uid=uid, user=user, node_name=node_name(environ),
+        gpus=gpu_claim(env), gid=_gid(environ.get("SLURM_JOB_GID", "").strip() or None),
+        account=environ.get("SLURM_JOB_ACCOUNT", "").strip() or None,
+        start=float(start) if start.isascii() and start.isdigit() and len(start) <= 10 else None,
+        comment=env.comment, features=env.constraints,
+        mps_share=environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip() or None)
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    """The Slurm name of this node: ``SLURMD_NODENAME``, else the short host name."""
+    import os
+
+    return environ.get("SLURMD_NODENAME", "").strip() or os.uname().nodename.split(".")[0]
+
+
 def gres_devices(node: AnyNode) -> tuple[JobDevice, ...]:
     """The node's gpu GRES in gres.conf order, so position ``i`` is Slurm's index ``i``."""
     return node_devices(node)
@@ -139,4 +161,12 @@ def _uid(value: str | None) -> int | None:
         raise InputError(f"not a numeric uid: {value!r}", source="SLURM_JOB_UID")
     if len(value) > 10 or int(value) > 2**32 - 2:  # (uid_t)-1 is "unchanged" to setuid
         raise InputError(f"impossible uid: {value!r}", source="SLURM_JOB_UID")
+    return int(value)
+
+
+def _gid(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > 10 or int(value) > 2**32 - 2:
+        raise InputError(f"not a possible gid: {value!r}", source="SLURM_JOB_GID")
     return int(value)

@@ -39,3 +39,8 @@ class Scheduler(Protocol):
     def set_admin_comment(self, job_id: str, text: str) -> None:
         """Attach ``text`` to the running job where admins and accounting see it."""
         ...
+
+    def set_final_comment(self, job_id: str, text: str) -> str:
+        """Attach ``text`` to ``job_id`` as it ends (the epilog's summary line), wherever this
+        scheduler still takes it; what was done, for the log. GpuslurmError when it failed."""
+        ...

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from gpuslurm.ranges import MAX_HOST_NUMBER, MAX_NAMES, range_bounds
 
+MAX_DIGITS = 18  # the longest number in a host or file name
+
 
 def expand_hostlist(expr: str, limit: int = MAX_NAMES) -> tuple[str, ...]:
     """``gpu[01-03],login1`` or ``/dev/nvidia[0-1],/dev/x`` → the names, items in written order."""
@@ -28,8 +30,9 @@ def expand_hostlist(expr: str, limit: int = MAX_NAMES) -> tuple[str, ...]:
 
         try:
             names.extend(NodeSet(item))
-        except NodeSetException as exc:
-            raise ValueError(f"bad list {item!r}: {exc}") from None
+        except (NodeSetException, AssertionError, ValueError, OverflowError) as exc:
+            # ClusterShell checks some of its input with assert (e.g. "range too large")
+            raise ValueError(f"bad list {item!r}: {exc or type(exc).__name__}") from None
     return tuple(names)
 
 
@@ -37,6 +40,9 @@ def _count(item: str, limit: int) -> int:
     """How many names ``item`` expands to, from its bracket groups alone."""
     count = 1
     rest = item
+    digits = max((len(run) for run in "".join(c if c.isdigit() else " " for c in item).split()), default=0)
+    if digits > MAX_DIGITS:  # NodeSet reads digits beside a bracket as one range: 10**40 names
+        raise ValueError(f"a number of more than {MAX_DIGITS} digits in {item!r}")
     while "[" in rest:
         head, _, rest = rest.partition("[")
         body, sep, rest = rest.partition("]")

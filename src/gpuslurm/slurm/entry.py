@@ -1,9 +1,9 @@
-"""The hooks' own entry point: ``python -I -c 'from gpuslurm.hooks.entry import run; run()' prolog``.
+"""Slurm's hooks' entry point: ``python -I -c 'from gpuslurm.slurm.entry import run; run()' prolog``.
 
 The installed executables (``prolog/``, ``epilog/``) start here rather than at ``gpuslurm prolog``:
 the click command line costs as much as everything else the prolog does on a replayed node, and
 ``python -m`` adds ``runpy``. The hooks read everything from the environment and take no options,
-so there is nothing for click to parse. ``gpuslurm prolog`` (and ``python -m gpuslurm.hooks``)
+so there is nothing for click to parse. ``gpuslurm prolog`` (and ``python -m gpuslurm.slurm``)
 run the same functions and return the same exit codes.
 
 :func:`run` also leaves without the interpreter's teardown, which frees every module one by one
@@ -18,9 +18,13 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-# hook name -> the module that runs it (its docstring's first line is the hook's --help)
-HOOKS = {"prolog": "gpuslurm.hooks.prolog", "epilog": "gpuslurm.hooks.epilog",
-         "task-prolog": "gpuslurm.hooks.taskprolog"}
+# hook name -> its --help line
+HOOKS = {"prolog": "gpuslurm prolog: Slurm Prolog, as root before each job: health gate, device "
+                   "isolation, MPS, job map",
+         "epilog": "gpuslurm epilog: Slurm Epilog, as root after each job: leftovers, release check, "
+                   "cleanup, summary",
+         "task-prolog": "gpuslurm task-prolog: Slurm TaskProlog, as the job's user: CUDA and NUMA "
+                        "hints as export lines"}
 EXIT_USAGE = 2  # what click returns for a usage error, so both entry points agree
 
 
@@ -32,18 +36,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_summary(hook))
         return 0
     if hook not in HOOKS or len(args) != 1:
-        print(f"usage: python -m gpuslurm.hooks {{{','.join(HOOKS)}}} (the hooks take no options)",
+        print(f"usage: python -m gpuslurm.slurm {{{','.join(HOOKS)}}} (the hooks take no options)",
               file=sys.stderr)
         return EXIT_USAGE
     if hook == "prolog":
-        from gpuslurm.hooks.prolog import run_prolog
+        from gpuslurm.slurm.hooks import run_prolog
 
         return run_prolog(os.environ)
     if hook == "epilog":
-        from gpuslurm.hooks.epilog import run_epilog
+        from gpuslurm.slurm.hooks import run_epilog
 
         return run_epilog(os.environ)
-    from gpuslurm.hooks.taskprolog import run_task_prolog
+    from gpuslurm.slurm.hooks import run_task_prolog
 
     return run_task_prolog(os.environ, sys.stdout)
 
@@ -63,7 +67,4 @@ def run() -> NoReturn:
 
 
 def _summary(hook: str) -> str:
-    import importlib
-
-    doc = importlib.import_module(HOOKS[hook]).__doc__ or ""
-    return doc.strip().splitlines()[0].replace("``", "")
+    return HOOKS[hook]
