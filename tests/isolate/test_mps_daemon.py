@@ -541,3 +541,51 @@ def test_the_daemon_starts_inside_the_jobs_devices_cgroup(mps: Mps) -> None:
     finally:
         gpus.close()
         assert remove_v1("/sys/fs/cgroup", job)
+
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def _spawn_with_pid(pid: int, tries: int = 50) -> subprocess.Popen[bytes] | None:
+    """A root ``sleep`` given exactly ``pid`` (ns_last_pid = pid - 1 before the fork), or None when
+    another process on the machine took it first every time."""
+    for _ in range(tries):
+        with open(NS_LAST_PID, "w") as fh:
+            fh.write(str(pid - 1))
+        proc = subprocess.Popen(["/bin/sleep", "60"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="needs a writable ns_last_pid")
+def test_a_pid_reused_between_scan_and_signal_is_not_killed() -> None:
+    """As MPS stop does: scan /proc for the job's daemon processes, then signal them. The found
+    process exits and root's next process gets its PID in between (forced here with
+    ns_last_pid). The signal must go to the process the scan found, identified by the start
+    time read *at scan time*, not by one read again at signal time (which would be the new
+    process's own and match it)."""
+    from gpuslurm.isolate import mps as mps_mod
+
+    pipe = tempfile.mkdtemp(prefix="gpuslurm-reuse-")
+    found = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": pipe})
+    newcomer = None
+    try:
+        time.sleep(0.1)
+        targets = mps_mod._daemon_processes(0, pipe)  # what stop found, as stop keeps it
+        assert [getattr(t, "pid", t) for t in targets] == [found.pid]
+        found.kill()
+        found.wait()
+        newcomer = _spawn_with_pid(found.pid)
+        if newcomer is None:
+            pytest.skip("the machine's other processes kept taking the PID")
+        time.sleep(0.05)  # a later start time than the scanned process, whatever the clock tick
+        mps_mod._kill_now(targets, 0)
+        assert newcomer.poll() is None, "a process that reused the scanned PID was killed"
+    finally:
+        if newcomer is not None:
+            newcomer.kill()
+            newcomer.wait()
+        os.rmdir(pipe)
