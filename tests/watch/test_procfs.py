@@ -139,7 +139,8 @@ def test_status_parser_reads_real_files_and_bounds_the_rest() -> None:
     child.wait()
     assert read_status(child.pid) == ProcessProblem(child.pid, "pid-gone", "the process exited")
     fake = b"Name:\tx\nUid:\t7\t7\t7\t7\nState:\tS (sleeping)\nPPid:\t1\n"
-    assert parse_status(fake) == ProcStatus("S", 1, 7)
+    assert parse_status(fake) == ProcStatus(7, "S", 1)
+    assert parse_status(b"Uid:\t0\t0\t0\t0\n") == ProcStatus(0)  # a replayed /proc: running, no parent
     with pytest.raises(ValueError):
         parse_status(b"Name:\tUid: 0\nState:\tR\nPPid:\t1\n")  # a Uid: that is not at a line start
 

@@ -70,9 +70,9 @@ def parse_stat(data: bytes) -> ProcIdentity:
 class ProcStatus(NamedTuple):
     """The lines of ``/proc/PID/status`` gpuslurm reads."""
 
-    state: str  # R, S, D, Z (zombie), X (dead), ...
-    ppid: int
     uid: int  # real uid
+    state: str | None = None  # R, S, D, Z (zombie), X (dead), ...; None: no State line
+    ppid: int | None = None  # None: no PPid line
 
     @property
     def alive(self) -> bool:
@@ -80,28 +80,32 @@ class ProcStatus(NamedTuple):
         return self.state not in ("Z", "X")
 
 
-def _status_field(data: bytes, key: bytes) -> bytes:
+def _status_field(data: bytes, key: bytes) -> bytes | None:
     if data.startswith(key):
         at = 0
     else:
         at = data.find(b"\n" + key) + 1
         if at == 0:
-            raise ValueError(f"no {key.decode()} line")
+            return None
     end = data.find(b"\n", at)
     return data[at + len(key):end if end >= 0 else None]
 
 
 def parse_status(data: bytes) -> ProcStatus:
-    """State, parent and real uid from a ``/proc/PID/status`` text; ValueError if one is missing.
+    """Real uid, state and parent from a ``/proc/PID/status`` text; ValueError without a Uid line.
 
     The one parser of that file (the monitor, process kills, MPS stop). Each key is found at a
     line start; the ``Name:`` line, the process's own choice, cannot hold a newline (the kernel
-    escapes it), so it cannot fake another.
+    escapes it), so it cannot fake another. The kernel always writes State and PPid; a file
+    without them (a replayed /proc) reads as a running process without a known parent.
     """
-    state = _status_field(data, b"State:").split()
-    return ProcStatus(state[0].decode("ascii", "replace") if state else "",
-                      int(_status_field(data, b"PPid:").split()[0]),
-                      int(_status_field(data, b"Uid:").split()[0]))
+    uid = _status_field(data, b"Uid:")
+    if uid is None:
+        raise ValueError("no Uid: line")
+    state = (_status_field(data, b"State:") or b"").split()
+    ppid = _status_field(data, b"PPid:")
+    return ProcStatus(int(uid.split()[0]), state[0].decode("ascii", "replace") if state else None,
+                      None if ppid is None else int(ppid.split()[0]))
 
 
 def read_status(pid: int, proc_root: str = PROC_ROOT) -> ProcStatus | ProcessProblem:

@@ -396,7 +396,7 @@ def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -
         return []
     needle = f"{PIPE_VAR}={pipe_dir}".encode()
     me = os.getpid()
-    candidates: dict[int, tuple[int, int]] = {}  # pid -> (ppid, start ticks), of uid's live processes
+    candidates: dict[int, tuple[int | None, int]] = {}  # pid -> (ppid, start ticks): uid's live ones
     found: set[int] = set()
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
