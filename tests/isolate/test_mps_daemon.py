@@ -589,3 +589,68 @@ def test_a_pid_reused_between_scan_and_signal_is_not_killed() -> None:
             newcomer.kill()
             newcomer.wait()
         os.rmdir(pipe)
+
+
+def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps) -> None:
+    """Slurm's own limits (ConstrainDevices=yes, PrologFlags=Contain): its cgroup/v1 job cgroup
+    is root's, so the daemon's process joins it as root before dropping to the user. Found
+    through the scheduler's layout (state.cgroup), made here as Slurm makes it."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cgroup_helpers import PROBE, make_gpu_files, parse_probe
+
+    from gpuslurm.isolate.devices import cgroup_version, scheduler_devices_procs
+    from gpuslurm.runner import run_command
+    from gpuslurm.state.cgroup import scheduler_devices_dirs
+
+    if cgroup_version("/sys/fs/cgroup") != 1:
+        pytest.skip("no cgroup v1 devices hierarchy here")
+    node = f"fix9test{os.getpid()}"
+    job = str(920_000_000 + os.getpid() % 1_000_000)
+    top = Path("/sys/fs/cgroup/devices") / f"slurm_{node}"
+    chain = [top, top / f"uid_{NOBODY}", top / f"uid_{NOBODY}" / f"job_{job}"]
+    for d in chain:
+        d.mkdir()
+    (chain[-1] / "devices.deny").write_text("c 195:1 rwm")  # the job was given GPU 0 only
+    (chain[-1] / "step_extern").mkdir()
+    chain.append(chain[-1] / "step_extern")
+    gpus = make_gpu_files([0, 1])
+    gpu_dir = next(gpus)
+    try:
+        procs = scheduler_devices_procs("/sys/fs/cgroup", scheduler_devices_dirs("slurm", job, NOBODY, node))
+        assert procs == str(chain[-1] / "cgroup.procs")
+        daemon = start_mps("46", NOBODY, NOGROUP, ("GPU-a",), MpsRequest("comment", 100),
+                           run_dir=mps.run_dir, mps_control=mps.control(), timeout=5.0, cgroup_procs=procs)
+        assert daemon.pid is not None
+        lines = Path(f"/proc/{daemon.pid}/cgroup").read_text().splitlines()
+        devices = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "devices")
+        assert devices == f"/slurm_{node}/uid_{NOBODY}/job_{job}/step_extern", lines
+        out = run_command([SYSTEM_PYTHON, "-c", PROBE, str(gpu_dir / "nvidia0"), str(gpu_dir / "nvidia1")],
+                          user=NOBODY, group=NOGROUP, cgroup_procs=procs, timeout=30).stdout
+        assert parse_probe(out) == {"nvidia0": "ENXIO", "nvidia1": "EPERM"}
+        mps.stop("46")
+    finally:
+        gpus.close()
+        for d in reversed(chain):
+            for _ in range(50):  # the last processes may still be leaving
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def test_a_cgroup_not_roots_is_not_taken_for_the_schedulers() -> None:
+    """A directory chain someone else owns (or that is missing) gives no cgroup to join."""
+    from gpuslurm.isolate.devices import scheduler_devices_procs
+
+    root = Path(tempfile.mkdtemp())
+    try:
+        (root / "devices" / "slurm" / "uid_5" / "job_7" / "step_extern").mkdir(parents=True)
+        (root / "devices" / "slurm" / "uid_5" / "job_7" / "step_extern" / "cgroup.procs").touch()
+        rel = "slurm/uid_5/job_7/step_extern"
+        assert scheduler_devices_procs(str(root), [rel]) == str(root / "devices" / rel / "cgroup.procs")
+        os.chown(root / "devices" / "slurm" / "uid_5", NOBODY, NOGROUP)
+        assert scheduler_devices_procs(str(root), [rel]) is None
+        assert scheduler_devices_procs(str(root), ["slurm/uid_5/job_8/step_extern"]) is None
+    finally:
+        shutil.rmtree(root)

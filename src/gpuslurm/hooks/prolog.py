@@ -143,7 +143,7 @@ def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog) -> boo
         daemon = start_mps(job_id, uid, gid, uuids, request, run_dir=cfg.paths.run_dir,
                            mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
                            pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
-                           cgroup_procs=_job_devices_procs(cfg, job_id))
+                           cgroup_procs=_job_devices_procs(cfg, job))
     except CommandError as exc:  # runs as the user: their process limit, their environment
         raise JobFaultError(f"the job's MPS daemon did not start: {exc}") from exc
     log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
@@ -165,17 +165,24 @@ def _refuse_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> in
     return 0
 
 
-def _job_devices_procs(cfg: Any, job_id: str) -> str | None:
-    """gpuslurm's v1 devices cgroup of the job (made by isolate_job just before), for the MPS
-    daemon to start in; None when gpuslurm does not isolate here or uses v2."""
+def _job_devices_procs(cfg: Any, job: HookJob) -> str | None:
+    """The job's devices cgroup for the MPS daemon to start in (its ``cgroup.procs``): gpuslurm's
+    own (v1, made by isolate_job just before) when gpuslurm isolates here, else the scheduler's
+    (Slurm's ``ConstrainDevices=yes`` with ``PrologFlags=Contain``: the job's extern step). None
+    when neither exists: the daemon then has the node's device access (see docs/security.md)."""
     import os
 
-    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir, wanted
+    from gpuslurm.isolate.devices import cgroup_version, scheduler_devices_procs, v1_job_dir, wanted
+    from gpuslurm.state.cgroup import scheduler_devices_dirs
 
-    if not wanted(cfg) or cgroup_version(cfg.paths.cgroup_root) != 1:
+    root = cfg.paths.cgroup_root
+    if cgroup_version(root) != 1:
         return None
-    procs = os.path.join(v1_job_dir(cfg.paths.cgroup_root, job_id), "cgroup.procs")
-    return procs if os.path.exists(procs) else None
+    if wanted(cfg):
+        procs = os.path.join(v1_job_dir(root, job.job_id), "cgroup.procs")
+        return procs if os.path.exists(procs) else None
+    return scheduler_devices_procs(root, scheduler_devices_dirs(job.scheduler, job.job_id, job.uid,
+                                                                job.node_name))
 
 
 def _stop_mps_after_failure(cfg: Any, job_id: str, log: HookLog) -> None:

@@ -348,6 +348,30 @@ def release_job(cfg: Config, job_id: str) -> str | None:
     return None
 
 
+def scheduler_devices_procs(cgroup_root: str, relative_dirs: Sequence[str]) -> str | None:
+    """The ``cgroup.procs`` of the first of ``relative_dirs`` (below the v1 ``devices`` mount)
+    that exists as a directory chain root owns, no link in it; None when none does (no v1, the
+    scheduler does not constrain devices, or made no job cgroup yet)."""
+    import stat
+
+    top = os.path.join(cgroup_root, "devices")
+    for rel in relative_dirs:
+        path = top
+        for part in rel.split("/"):
+            path = os.path.join(path, part)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                break
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+                break
+        else:
+            procs = os.path.join(path, "cgroup.procs")
+            if os.path.isfile(procs):
+                return procs
+    return None
+
+
 def join_job_cgroup(environ: Mapping[str, str]) -> str | None:
     """The task prolog's step (v1): move the task into its job's devices cgroup, if there is one.
 
