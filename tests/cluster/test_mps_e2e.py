@@ -302,13 +302,14 @@ for path in sys.argv[1:]:
 """
 
 
-def test_with_prolog_contain_the_daemon_runs_inside_slurms_job_devices_cgroup(
-        mps_cluster: MpsCluster) -> None:
-    """Slurm constrains devices here (ConstrainDevices=yes), gpuslurm does not. Without
-    PrologFlags=Contain, Slurm 22.05 has no job cgroup when the prolog runs; with it, the job's
-    extern step exists, and the MPS daemon must start inside it: its /proc/PID/cgroup names the
-    job's devices cgroup, and a process there, as the user, cannot open another GPU's device
-    file (the fake /dev/nvidiaN open with ENXIO where allowed, EPERM where the cgroup refuses)."""
+def test_with_prolog_contain_the_daemon_runs_inside_the_jobs_device_limits(mps_cluster: MpsCluster) -> None:
+    """Slurm constrains devices here (ConstrainDevices=yes), gpuslurm does not. Slurm 22.05 makes
+    the job's cgroups only after the prolog, also with PrologFlags=Contain (slurmd restarted with
+    it: by the time the job runs, Slurm's extern step cgroup exists, but the daemon started
+    before it). So the prolog starts the daemon in a devices cgroup of its own for the daemon
+    (``gpuslurm/mps_<id>``, the job's GPUs only): its /proc/PID/cgroup names it, and a process
+    there, as the user, cannot open another GPU's device file (the fake /dev/nvidiaN open with
+    ENXIO where allowed, EPERM where the cgroup refuses). The job's tasks stay in Slurm's."""
     from gpuslurm.runner import run_command
 
     mc = mps_cluster
@@ -330,7 +331,9 @@ def test_with_prolog_contain_the_daemon_runs_inside_slurms_job_devices_cgroup(
         gpu = int(re.search(r"^GPUS=(\d+)$", out, re.M).group(1))  # type: ignore[union-attr]
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
         devices = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "devices")
-        assert re.fullmatch(rf"/slurm(_\S+)?/uid_{NOBODY}/job_{jobid}/step_extern", devices), lines
+        assert devices == f"/gpuslurm/mps_{jobid}", lines
+        slurms = list(Path("/sys/fs/cgroup/devices").glob(f"slurm*/uid_{NOBODY}/job_{jobid}/step_extern"))
+        assert slurms, "Contain is on: Slurm's extern step cgroup exists once the job runs"
         files = sorted(Path("/dev").glob("nvidia[0-9]*"), key=lambda p: int(p.name[6:]))
         got = run_command(["/usr/bin/python3", "-c", PROBE, *map(str, files)], user=NOBODY, group=NOBODY,
                           cgroup_procs=f"/sys/fs/cgroup/devices{devices}/cgroup.procs", timeout=30).stdout

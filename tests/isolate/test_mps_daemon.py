@@ -654,3 +654,53 @@ def test_a_cgroup_not_roots_is_not_taken_for_the_schedulers() -> None:
         assert scheduler_devices_procs(str(root), ["slurm/uid_5/job_8/step_extern"]) is None
     finally:
         shutil.rmtree(root)
+
+
+def test_where_slurm_constrains_devices_the_prolog_confines_the_daemon_alone(mps: Mps) -> None:
+    """`[cgroup] devices = "auto"` and Slurm's cgroup.conf says ConstrainDevices=yes: gpuslurm
+    leaves the tasks to Slurm, but Slurm 22.05 has no job cgroup while the prolog runs. The
+    daemon starts in ``gpuslurm/mps_<id>`` (the job's GPUs 2 and 3 only; root alone may join),
+    which the task prolog never joins and the epilog removes."""
+    from gpuslurm.isolate.devices import cgroup_version
+
+    if cgroup_version("/sys/fs/cgroup") != 1:
+        pytest.skip("no cgroup v1 devices hierarchy here")
+    site = hook_site(mps)
+    slurm_cgroup = mps.root / "cgroup.conf"
+    slurm_cgroup.write_text("CgroupPlugin=cgroup/v1\nConstrainDevices=yes\n")
+    config = Path(site.env["GPUSLURM_CONFIG"])
+    text = config.read_text().replace('devices = "never"', 'devices = "auto"')
+    config.write_text(text.replace("[paths]\n", f'[paths]\nslurm_cgroup_conf = "{slurm_cgroup}"\n'))
+    env = job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps")
+    cgroup = Path("/sys/fs/cgroup/devices/gpuslurm") / f"mps_{JOB}"
+    log = quiet("prolog")
+    try:
+        assert run_prolog(env, log) == 0, log.lines
+        [pid] = processes_with(mps.run_dir)
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        assert f"devices:/gpuslurm/mps_{JOB}" in [line.split(":", 1)[1] for line in lines], lines
+        assert (cgroup / "cgroup.procs").stat().st_uid == 0  # not the user's to join
+        sys.path.insert(0, str(Path(__file__).parent))
+        from cgroup_helpers import PROBE, make_gpu_files, parse_probe
+
+        from gpuslurm.runner import run_command
+
+        gpus = make_gpu_files(range(8))
+        gpu_dir = next(gpus)
+        try:  # as the user, in the daemon's cgroup: the job's GPUs 2 and 3 (dgx-h100: minor = index)
+            out = run_command([SYSTEM_PYTHON, "-c", PROBE, *(str(gpu_dir / f"nvidia{m}") for m in range(8))],
+                              user=NOBODY, group=NOGROUP, cgroup_procs=str(cgroup / "cgroup.procs"),
+                              timeout=30).stdout
+        finally:
+            gpus.close()
+        assert parse_probe(out) == {f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
+        out = task_prolog_as_nobody(env)
+        assert "CUDA_MPS_PIPE_DIRECTORY" in out  # the task prolog did not move the task there
+        log = quiet("epilog")
+        assert run_epilog(env, log) == 0, log.lines
+        assert not live(pid) and not cgroup.exists()
+    finally:
+        if cgroup.exists():
+            from gpuslurm.isolate.devices import remove_v1
+
+            remove_v1("/sys/fs/cgroup", JOB, kind="mps")

@@ -29,9 +29,11 @@ from gpuslurm.errors import CommandError, GpuslurmError, InputError
 from gpuslurm.hooks.log import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, JobFaultError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gpuslurm.config import Config
     from gpuslurm.hw.identity import NodeIdentity
-    from gpuslurm.state.job import HookJob
+    from gpuslurm.state.job import HookJob, JobDevice
     from gpuslurm.state.scheduler import Scheduler
 
 __all__ = ["EXIT_INTERNAL", "EXIT_UNHEALTHY", "HookLog", "JobFaultError", "job_start"]
@@ -99,7 +101,7 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
 
     _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
     try:
-        mps = _start_mps(job, cfg, [d.uuid for d in devices], log)
+        mps = _start_mps(job, cfg, devices, node, log)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
         return _refuse_job(scheduler, job_id, str(exc), log)
     try:  # every step after MPS started: a failure stops the daemon again
@@ -119,7 +121,8 @@ def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
     return node_identity(spec, cfg.paths.run_dir, log.warning)
 
 
-def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog) -> bool:
+def _start_mps(job: HookJob, cfg: Config, devices: Sequence[JobDevice], node: NodeIdentity,
+               log: HookLog) -> bool:
     """Start the job's MPS daemon if it asked for one (True).
 
     What the job's user controls raises JobFaultError (a malformed request, a daemon that fails to
@@ -140,10 +143,10 @@ def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog) -> boo
     from gpuslurm.isolate.mps import start_mps
 
     try:
-        daemon = start_mps(job_id, uid, gid, uuids, request, run_dir=cfg.paths.run_dir,
+        daemon = start_mps(job_id, uid, gid, [d.uuid for d in devices], request, run_dir=cfg.paths.run_dir,
                            mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
                            pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
-                           cgroup_procs=_job_devices_procs(cfg, job))
+                           cgroup_procs=_job_devices_procs(cfg, job, devices, node))
     except CommandError as exc:  # runs as the user: their process limit, their environment
         raise JobFaultError(f"the job's MPS daemon did not start: {exc}") from exc
     log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
@@ -165,24 +168,34 @@ def _refuse_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> in
     return 0
 
 
-def _job_devices_procs(cfg: Any, job: HookJob) -> str | None:
-    """The job's devices cgroup for the MPS daemon to start in (its ``cgroup.procs``): gpuslurm's
-    own (v1, made by isolate_job just before) when gpuslurm isolates here, else the scheduler's
-    (Slurm's ``ConstrainDevices=yes`` with ``PrologFlags=Contain``: the job's extern step). None
-    when neither exists: the daemon then has the node's device access (see docs/security.md)."""
+def _job_devices_procs(cfg: Any, job: HookJob, devices: Sequence[JobDevice],
+                       node: NodeIdentity) -> str | None:
+    """The devices cgroup the job's MPS daemon starts in (its ``cgroup.procs``), so the daemon and
+    its servers never reach a GPU the job was not given: gpuslurm's own (v1, made by isolate_job
+    just before) when gpuslurm isolates here; else the scheduler's job cgroup if it already
+    exists; else (the scheduler constrains the tasks but has no job cgroup yet: Slurm 22.05, also
+    with ``PrologFlags=Contain``) one for the daemon alone. None with ``[cgroup] devices =
+    "never"`` and on cgroup v2 (not yet)."""
     import os
 
-    from gpuslurm.isolate.devices import cgroup_version, scheduler_devices_procs, v1_job_dir, wanted
+    from gpuslurm.isolate.devices import (
+        cgroup_version,
+        mps_cgroup_v1,
+        scheduler_devices_procs,
+        v1_job_dir,
+        wanted,
+    )
     from gpuslurm.state.cgroup import scheduler_devices_dirs
 
     root = cfg.paths.cgroup_root
-    if cgroup_version(root) != 1:
+    if cfg.cgroup.devices == "never" or cgroup_version(root) != 1:  # "never": no device cgroups of ours
         return None
     if wanted(cfg):
         procs = os.path.join(v1_job_dir(root, job.job_id), "cgroup.procs")
         return procs if os.path.exists(procs) else None
-    return scheduler_devices_procs(root, scheduler_devices_dirs(job.scheduler, job.job_id, job.uid,
-                                                                job.node_name))
+    found = scheduler_devices_procs(root, scheduler_devices_dirs(job.scheduler, job.job_id, job.uid,
+                                                                 job.node_name))
+    return found if found is not None else mps_cgroup_v1(cfg, job.job_id, devices, node)
 
 
 def _stop_mps_after_failure(cfg: Any, job_id: str, log: HookLog) -> None:

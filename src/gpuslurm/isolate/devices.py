@@ -124,11 +124,11 @@ def denied_devices(node: AnyNode, given: Sequence[JobDevice], caps_major: int | 
 # --- cgroup v1 --------------------------------------------------------------------------------
 
 
-def _job_name(job_id: str) -> str:
+def _job_name(job_id: str, kind: str = "job") -> str:
     main, sep, task = job_id.partition("_")
     if not (main.isascii() and main.isdigit() and (not sep or (task.isascii() and task.isdigit()))):
         raise ValueError(f"not a Slurm job id: {job_id!r}")
-    return f"job_{job_id}"
+    return f"{kind}_{job_id}"
 
 
 def cgroup_version(cgroup_root: str) -> int | None:
@@ -140,8 +140,10 @@ def cgroup_version(cgroup_root: str) -> int | None:
     return None
 
 
-def v1_job_dir(cgroup_root: str, job_id: str) -> str:
-    return os.path.join(cgroup_root, "devices", V1_PARENT, _job_name(job_id))
+def v1_job_dir(cgroup_root: str, job_id: str, kind: str = "job") -> str:
+    """``job_<id>``: the job's tasks (the task prolog joins it); ``mps_<id>``: the job's MPS
+    daemon alone, where Slurm constrains the tasks but has no job cgroup yet at prolog time."""
+    return os.path.join(cgroup_root, "devices", V1_PARENT, _job_name(job_id, kind))
 
 
 def _write(path: str, text: str) -> None:
@@ -152,20 +154,22 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
-def setup_v1(cgroup_root: str, job_id: str, uid: int, denied: Sequence[Device]) -> str:
-    """Make the job's devices cgroup with ``denied`` written, joinable by ``uid``; its path.
+def setup_v1(cgroup_root: str, job_id: str, uid: int | None, denied: Sequence[Device],
+             kind: str = "job") -> str:
+    """Make the job's devices cgroup with ``denied`` written, joinable by ``uid`` (None: by root
+    only); its path.
 
     A cgroup left by an earlier run of the same job id is emptied and made afresh.
     """
     from gpuslurm.errors import HardwareError
 
-    path = v1_job_dir(cgroup_root, job_id)
+    path = v1_job_dir(cgroup_root, job_id, kind)
     try:
         try:  # only ours: the devices hierarchy itself must already be mounted
             os.mkdir(os.path.dirname(path), 0o755)
         except FileExistsError:
             pass
-        if os.path.isdir(path) and not remove_v1(cgroup_root, job_id):
+        if os.path.isdir(path) and not remove_v1(cgroup_root, job_id, kind=kind):
             raise HardwareError(f"{path}: left by an earlier job and still busy")
         os.mkdir(path, 0o755)
     except OSError as exc:
@@ -174,7 +178,8 @@ def setup_v1(cgroup_root: str, job_id: str, uid: int, denied: Sequence[Device]) 
         for dev in denied:  # the kernel takes one rule per write
             _write(os.path.join(path, "devices.deny"), dev.v1_rule)
         # Last: until now no process of the job's user could enter it half-configured.
-        os.chown(os.path.join(path, "cgroup.procs"), uid, -1, follow_symlinks=False)
+        if uid is not None:
+            os.chown(os.path.join(path, "cgroup.procs"), uid, -1, follow_symlinks=False)
     except OSError as exc:
         try:
             os.rmdir(path)
@@ -203,12 +208,12 @@ def join_v1(cgroup_root: str, job_id: str, pid: int) -> str | None:
     return path
 
 
-def remove_v1(cgroup_root: str, job_id: str, wait_s: float = 2.0) -> bool:
+def remove_v1(cgroup_root: str, job_id: str, wait_s: float = 2.0, kind: str = "job") -> bool:
     """Kill what is left in the job's devices cgroup and remove it; False if it stays busy.
 
     Killing, not moving out: a process moved to the root cgroup would regain every GPU.
     """
-    path = v1_job_dir(cgroup_root, job_id)
+    path = v1_job_dir(cgroup_root, job_id, kind)
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -335,17 +340,36 @@ def release_job(cfg: Config, job_id: str) -> str | None:
     root = cfg.paths.cgroup_root
     version = cgroup_version(root)
     if version == 1:
-        path = v1_job_dir(root, job_id)
-        if not os.path.isdir(path):
-            return None
-        if not remove_v1(root, job_id):
-            raise HardwareError(f"{path}: processes of the job survive SIGKILL; left in place")
-        return f"removed {path}"
+        done = []
+        for kind in ("job", "mps"):
+            path = v1_job_dir(root, job_id, kind)
+            if not os.path.isdir(path):
+                continue
+            if not remove_v1(root, job_id, kind=kind):
+                raise HardwareError(f"{path}: processes of the job survive SIGKILL; left in place")
+            done.append(path)
+        return f"removed {', '.join(done)}" if done else None
     if version == 2:
         path = v2_job_dir(root, cfg.cgroup.v2_job_parent, job_id)
         if os.path.isdir(path) and remove_v2(root, cfg.cgroup.v2_job_parent, job_id):
             return f"removed {path}"
     return None
+
+
+def mps_cgroup_v1(cfg: Config, job_id: str, given: Sequence[JobDevice], node: AnyNode) -> str:
+    """Make ``mps_<id>``, the job's limits for its MPS daemon alone, and return its
+    ``cgroup.procs`` (only root may join it: the daemon's process does, before dropping to the
+    user). For nodes where Slurm constrains the tasks' devices but, in 22.05, makes no job cgroup
+    before the prolog, not even with ``PrologFlags=Contain``; the task prolog never joins it, so
+    Slurm's per-step limits stay Slurm's. Raises HardwareError (the prolog fails closed)."""
+    from gpuslurm.errors import HardwareError
+
+    caps_major = char_majors(_read_text("/proc/devices") or "").get("nvidia-caps")
+    try:
+        denied = denied_devices(node, given, caps_major)
+    except ValueError as exc:
+        raise HardwareError(str(exc)) from None
+    return os.path.join(setup_v1(cfg.paths.cgroup_root, job_id, None, denied, kind="mps"), "cgroup.procs")
 
 
 def scheduler_devices_procs(cgroup_root: str, relative_dirs: Sequence[str]) -> str | None:
