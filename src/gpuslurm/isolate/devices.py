@@ -20,6 +20,10 @@ prolog runs (as root, a child of slurmd) none of the job's processes exist yet, 
    leaving would need write access to another cgroup's ``cgroup.procs``;
 3. the epilog kills what is left in the cgroup and removes it.
 
+Where Slurm constrains the tasks instead, a job's MPS daemon still gets the same limits, alone,
+in ``<cgroup_root>/devices/gpuslurm/mps_<id>`` (:func:`mps_cgroup_v1`), which only root joins
+and the task prolog never does; the epilog removes it with the job's.
+
 On cgroup v2 the prolog attaches a BPF device program (``gpuslurm.isolate.bpf``) to the job's
 cgroup under slurmd's ``slurmstepd.scope``, creating the directory when Slurm has not yet; Slurm
 later puts the job's steps below it, and the program holds for all of them. No task-prolog step.
