@@ -6,7 +6,8 @@ same node with every GPU cut into 7 MIG devices (56 devices, choose 4, 8, 16, wi
 GPU so the walk must look across GPUs); median and max of many calls (targets 1 ms and 50 ms).
 Process: `gpuslurm pick 4 --from dgx-h100 --format json` through the installed executable (the
 light dispatcher, no click) and `python -m gpuslurm pick ...`, interleaved with the floor
-(`python -c pass`), median of each and the ratio (target 3).
+(`python -c pass`), median of each and the ratio (target 3); with the parsed bundle in the
+caller's cache (a fresh $XDG_CACHE_HOME, warmed by the first, uncounted run) and without one.
 
     python benchmarks/bench_pick.py [--calls 300] [--runs 20]
 """
@@ -14,10 +15,12 @@ light dispatcher, no click) and `python -m gpuslurm pick ...`, interleaved with 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,9 +49,9 @@ def engine(calls: int) -> None:
         for label, states in (("idle", {}), ("loaded", busy)):
             med, worst = timed(lambda n=n, states=states: place(node, Request(n), states), calls)
             print(f"  choose {n} {label:6}: {med:.3f} / {worst:.3f}")
-    gpus = tuple(dataclasses.replace(g, mig_mode=True, mig_devices=tuple(
+    gpus = tuple(g._replace(mig_mode=True, mig_devices=tuple(
         MigDevice(i, i + 1, 0, "1g.10gb", 9856, f"MIG-{g.index}-{i}") for i in range(7))) for g in node.gpus)
-    big = dataclasses.replace(node, gpus=gpus)
+    big = node._replace(gpus=gpus)
     taken = {f"MIG-{g}-{i}": DeviceState(foreign_procs=1) for g in range(8) for i in range(5)}
     print("engine, 8 GPUs x 7 MIG = 56 devices, ms per place() call: median / max")
     for n in (4, 8, 16):
@@ -69,17 +72,24 @@ def whole(runs: int) -> None:
 
     compileall.compile_dir(str(Path(gpuslurm.__file__).parent), quiet=1)
     args = ["pick", "4", "--from", "dgx-h100", "--format", "json"]
+    exe = str(VENV_BIN / "gpuslurm")
     commands = {"floor (python -c pass)": [sys.executable, "-c", "pass"],
-                "gpuslurm pick (executable)": [str(VENV_BIN / "gpuslurm"), *args],
+                "gpuslurm pick (executable)": [exe, *args],
                 "python -m gpuslurm pick": [sys.executable, "-m", "gpuslurm", *args],
-                "load_node alone": [sys.executable, "-c",
-                                    "from gpuslurm.hw.source import load_node; load_node('dgx-h100')"]}
+                "gpuslurm pick, no cache": [exe, *args],
+                "load_node alone (a parse)": [
+                    sys.executable, "-c", "from gpuslurm.hw.source import load_node; load_node('dgx-h100')"]}
+    cache = tempfile.mkdtemp(prefix="bench-pick-")  # the caller's own cache, warmed by the first run
+    env = {**os.environ, "XDG_CACHE_HOME": cache}
+    no_cache = {k: v for k, v in env.items() if k not in ("XDG_CACHE_HOME", "HOME")}
     times: dict[str, list[float]] = {k: [] for k in commands}
     for _ in range(runs + 1):
         for name, cmd in commands.items():
             t = time.perf_counter()
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            run_env = no_cache if "no cache" in name else env
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=run_env)
             times[name].append(time.perf_counter() - t)
+    shutil.rmtree(cache)
     floor = statistics.median(times["floor (python -c pass)"][1:])
     print("whole process, `gpuslurm pick 4 --from dgx-h100 --format json`, wall ms: median (ratio to floor)")
     for name, samples in times.items():

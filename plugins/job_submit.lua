@@ -433,6 +433,70 @@ local function mps_checked(fn, job_desc, ...)
 end
 
 -- ---------------------------------------------------------------------------------------------
+-- A GPU memory request in --comment, "gpuslurm:mem>=40G", becomes the node feature
+-- gpumem_ge_<X>g that `gpuslurm node-conf` writes (docs/features.md): X is the smallest memory
+-- class not below the request, so the feature holds exactly on nodes whose GPUs' class reaches
+-- it. The classes are gpuslurm.gres.features.MEMORY_CLASSES_GIB (a test keeps the two equal).
+-- Sizes are in GB as GPUs are sold (G, GB, GiB; T; M), a unit is required. Returns nil, or why
+-- the request is refused; on success job_desc.features gains the feature (ANDed).
+
+M.MEM_TOKEN = "gpuslurm:mem>="
+M.MEMORY_CLASSES_GIB = { 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 128, 141, 144, 180, 192, 256, 288 }
+local MEM_UNIT_GIB = { g = 1, t = 1024, m = 1 / 1024 }
+
+function M.mem_feature(word)
+    local number, unit = word:sub(#M.MEM_TOKEN + 1):match("^(%d+%.?%d*)([GgTtMm])[Ii]?[Bb]?$")
+    local gib = number and #number <= 12 and tonumber(number) * MEM_UNIT_GIB[unit:lower()]
+    if not gib or gib <= 0 then
+        return nil, string.format("gpuslurm: malformed GPU memory request %q in --comment: write "
+                                  .. "%s40G (GB per GPU, with a unit)", word:sub(1, 80), M.MEM_TOKEN)
+    end
+    for _, c in ipairs(M.MEMORY_CLASSES_GIB) do
+        if c >= gib then return string.format("gpumem_ge_%dg", c) end
+    end
+    local largest = M.MEMORY_CLASSES_GIB[#M.MEMORY_CLASSES_GIB]
+    return nil, string.format("gpuslurm: no GPU has %s of memory (%q in --comment; the largest "
+                              .. "class is %dG)", word:sub(#M.MEM_TOKEN + 1, 40), word:sub(1, 80), largest)
+end
+
+function M.apply_mem_request(job_desc)
+    local comment = job_desc.comment
+    if type(comment) ~= "string" then return nil end
+    for word in comment:gsub("[,;]", " "):gmatch("%S+") do
+        if word:sub(1, #M.MEM_TOKEN) == M.MEM_TOKEN then
+            local feature, why = M.mem_feature(word)
+            if not feature then return why end
+            local have = job_desc.features
+            if type(have) ~= "string" or have == "" then
+                job_desc.features = feature
+            elseif have:find("[|%[%]()*]") then
+                return string.format("gpuslurm: cannot add %s (from %q in --comment) to "
+                                     .. "--constraint=%q: write it into your constraint", feature,
+                                     word:sub(1, 80), have:sub(1, 200))
+            else
+                job_desc.features = have .. "&" .. feature
+            end
+            slurm.log_user("gpuslurm: %s asks for --constraint=%s", word:sub(1, 80), job_desc.features)
+            return nil
+        end
+    end
+    return nil
+end
+
+local function mem_checked(fn, job_desc, ...)
+    local why = M.apply_mem_request(job_desc)
+    if why then
+        slurm.log_user("%s", why)
+        return slurm.ERROR
+    end
+    return fn(job_desc, ...)
+end
+
+local function submit_checked(job_desc, now)
+    return mem_checked(M.submit, job_desc, now)
+end
+
+-- ---------------------------------------------------------------------------------------------
 -- Slurm's entry points: every failure inside passes the job (fail open) and is logged.
 
 local function guarded(fn, ...)
@@ -443,7 +507,7 @@ local function guarded(fn, ...)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-    return guarded(mps_checked, M.submit, job_desc, os.time())
+    return guarded(mps_checked, submit_checked, job_desc, os.time())
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)

@@ -149,9 +149,9 @@ class SlurmCluster:
         return "\n".join(parts)
 
 
-def install_hooks(root: Path, config: Path, bundle: Path) -> Path:
-    """``gpuslurm install --config CONFIG --replay BUNDLE`` as an admin runs it, into a prefix
-    below ``root`` (root's, 0755); that prefix, whose executables slurm.conf then names.
+def install_hooks(root: Path, config: Path, bundle: Path, python: str | None = None) -> Path:
+    """``gpuslurm install --config CONFIG --replay BUNDLE [--python PYTHON]`` as an admin runs it,
+    into a prefix below ``root`` (root's, 0755); that prefix, whose executables slurm.conf then names.
 
     slurmd passes hooks only SLURM_* variables, so the config and the replayed capture reach them
     only because install wrote both paths into the executables.
@@ -160,11 +160,32 @@ def install_hooks(root: Path, config: Path, bundle: Path) -> Path:
     etc = root / "slurm-etc"
     etc.mkdir(exist_ok=True)
     done = subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
-                           "--prefix", str(prefix), "--config", str(config), "--replay", str(bundle)],
+                           "--prefix", str(prefix), "--config", str(config), "--replay", str(bundle),
+                           *(["--python", python] if python else [])],
                           capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"gpuslurm install failed: {done.stderr}")
     return prefix
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def users_python(root: Path) -> str:
+    """An interpreter a job's user can run with this checkout's gpuslurm importable: a venv of the
+    system Python under ``root`` (root's, 0755) whose site-packages names gpuslurm's source.
+
+    The hooks' code path needs only the standard library, and this session's interpreter may live
+    where users cannot reach it (e.g. under /root, 0700): the task prolog runs as the job's user,
+    as on a real node, where admins install gpuslurm where users can run it.
+    """
+    venv = root / "users-venv"
+    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   capture_output=True, timeout=120)
+    [site] = (venv / "lib").glob("python3*/site-packages")
+    src = Path(importlib.util.find_spec("gpuslurm").origin or "").resolve().parents[1]  # type: ignore[union-attr]
+    (site / "gpuslurm-checkout.pth").write_text(f"{src}\n")
+    return str(venv / "bin" / "python")
 
 
 def _gpuslurm_bin(state_dir: Path) -> str:

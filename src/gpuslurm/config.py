@@ -184,6 +184,18 @@ class DetectConfig(NamedTuple):
 THROTTLE_MODES = ("reject", "cap", "priority")
 
 
+class AutoThrottleConfig(NamedTuple):
+    """``gpuslurm throttle auto``: per-user GrpTRES limits from the load (docs/throttle.md)."""
+
+    backoff_s: float = 300.0  # the load stays low this long before a limit eases
+    backoff_max_s: float = 3600.0  # the back-off doubles on each flap, up to this
+    exempt_users: tuple[str, ...] = ("root",)
+    utilisation_source: str = ""  # "": none; "prometheus:URL": the node monitors' exporters
+    band_low: float = 0.6  # the utilisation band the controller holds
+    band_high: float = 0.8
+    band_gain: float = 0.5  # how far a limit moves per unit of relative error
+
+
 class ThrottleConfig(NamedTuple):
     file: str = "/etc/slurm/gpuslurm-throttle"  # read by plugins/job_submit.lua on the controller
     contact: str = ""  # whom a throttled user should ask; "" lets the plugin say "your administrators"
@@ -192,6 +204,7 @@ class ThrottleConfig(NamedTuple):
     sync_kinds: tuple[str, ...] = ("rogue",)
     sync_mode: str = "reject"
     sync_minutes: float = 120.0  # fractions allowed (tests use seconds)
+    auto: AutoThrottleConfig = AutoThrottleConfig()
 
 
 class ActRogue(NamedTuple):
@@ -277,6 +290,12 @@ RULES: dict[str, Rule] = {
     "throttle.sync_kinds": Rule(item=str, choices=("rogue", "idle", "over-share")),
     "throttle.sync_mode": Rule(choices=THROTTLE_MODES),
     "throttle.sync_minutes": Rule(lo=0.1, hi=366 * 24 * 60),
+    "throttle.auto.backoff_s": Rule(lo=1, hi=7 * 86400),
+    "throttle.auto.backoff_max_s": Rule(lo=1, hi=30 * 86400),
+    "throttle.auto.exempt_users": Rule(item=str),
+    "throttle.auto.band_low": Rule(lo=0, hi=1),
+    "throttle.auto.band_high": Rule(lo=0, hi=1),
+    "throttle.auto.band_gain": Rule(lo=0, hi=10),
     "detect.rogue.exempt_users": Rule(item=str),
     "act.log_interval_s": Rule(lo=1, hi=7 * 86400),
     "act.alert_interval_s": Rule(lo=0, hi=30 * 86400),

@@ -15,7 +15,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuslurm.cli.pick_cmd import EXIT_UNSATISFIED, EXIT_WAIT_TIMEOUT, HelpRequested, main, parse_args
+from gpuslurm.cli.pick_cmd import (
+    EXIT_UNSATISFIED,
+    EXIT_WAIT_TIMEOUT,
+    HelpRequested,
+    cache_dir,
+    main,
+    parse_args,
+)
 from gpuslurm.errors import InputError
 from gpuslurm.hw.source import builtin_names, load_node
 from gpuslurm.ranges import format_ranges
@@ -27,9 +34,26 @@ JOB_VARS = ("SLURM_JOB_ID", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPUSLURM_GPU_U
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in JOB_VARS:
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))  # not the tester's own
+
+
+def test_cache_dir_rule() -> None:
+    assert cache_dir({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == "/c/gpuslurm"
+    assert cache_dir({"XDG_CACHE_HOME": "rel", "HOME": "/h"}) == "/h/.cache/gpuslurm"  # XDG: absolute only
+    assert cache_dir({"HOME": "/h"}) == "/h/.cache/gpuslurm"
+    assert cache_dir({"HOME": ""}) is None and cache_dir({}) is None
+
+
+def test_pick_keeps_the_parsed_bundle_in_the_callers_cache(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    first = pick(capsys, "4", "--from", "dgx-h100", "--format", "json")
+    cache = tmp_path / "xdg-cache" / "gpuslurm"
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert (cache / "bundle-node.json").stat().st_mode & 0o777 == 0o600
+    assert pick(capsys, "4", "--from", "dgx-h100", "--format", "json") == first
 
 
 def pick(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -1,10 +1,11 @@
 """gpuslurm's own device isolation in the real test cluster, with Slurm's ConstrainDevices off.
 
 For this module only, the cluster's cgroup.conf says ``ConstrainDevices=no`` (slurmd restarted
-to read it) and slurm.conf gains Prolog=/Epilog=/TaskProlog= wrappers running gpuslurm with
-``/usr/bin/python3`` (the job's user must be able to run the task prolog). Jobs run as nobody,
-so the task prolog's move into the cgroup uses the user's own rights, as in production. Both
-files are restored and slurmd restarted afterwards.
+to read it) and slurm.conf gains Prolog=/Epilog=/TaskProlog= naming the executables ``gpuslurm
+install --config --replay --python`` writes, with an interpreter the job's user can run (the task
+prolog runs as the user, as on a real node: ``cluster_fixture.users_python``). Jobs run as
+nobody, so the task prolog's move into the cgroup uses the user's own rights, as in production.
+Both files are restored and slurmd restarted afterwards.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-import gpuslurm
-from cluster_fixture import CLUSTER_SH
+from cluster_fixture import CLUSTER_SH, install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
 
 if TYPE_CHECKING:
@@ -35,11 +34,6 @@ pytestmark = pytest.mark.slurm
 
 SCONTROL = "/usr/bin/scontrol"
 PYTHON = "/usr/bin/python3"
-SRC = Path(gpuslurm.__file__).resolve().parents[1]
-# The hooks' own entry point, as the installed executables run it: prolog and epilog with this
-# session's interpreter (root runs them), the task prolog with the system one, since the job's
-# user cannot reach an interpreter under /root (the entry needs nothing beyond the stdlib).
-RUN = "from gpuslurm.slurm.entry import run; run()"
 GPUS = 8
 PROBE = f"""
 grep devices /proc/self/cgroup | sed 's/^/CGROUP /'
@@ -79,8 +73,9 @@ class Site:
         return jobid, text
 
     def hook_log(self) -> str:
-        path = self.root / "hooks.log"
-        return path.read_text() if path.exists() else ""
+        """What the hooks wrote to stderr, as slurmd logged it."""
+        path = self.cluster.log_dir / "slurmd.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _alive(pid: int) -> bool:
@@ -115,33 +110,26 @@ def _restart_slurmd(cluster: SlurmCluster) -> None:
                    capture_output=True, timeout=30, check=False)  # after a failed run drained it
 
 
-def _wrapper(path: Path, hook: str, env: dict[str, str], log: Path) -> None:
-    exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
-    run = f"{PYTHON if hook == 'task-prolog' else sys.executable} -c '{RUN}' {hook}"
-    path.write_text(f"#!/bin/sh\n{exports}exec {run} 2>>{log}\n")
-    path.chmod(0o755)
-
-
 @pytest.fixture(scope="module")
 def site(slurm_cluster: SlurmCluster) -> Iterator[Site]:
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is missing: the task prolog runs as nobody with it")
     root = Path(tempfile.mkdtemp(prefix="gpuslurm-isolation-"))
     root.chmod(0o755)
+    python = users_python(root)
+    if not _runs_as_nobody(python):
+        why = f"the job's user (nobody) cannot import gpuslurm with {python}: is the checkout readable?"
+        if os.environ.get("GPUSLURM_REQUIRE_SLURM"):  # CI: a checkout nobody can read is the defect
+            pytest.fail(why)
+        pytest.skip(why)
     (root / "out").mkdir()
     (root / "out").chmod(0o1777)  # the job, as nobody, writes its output there
-    (root / "hooks.log").touch()
-    (root / "hooks.log").chmod(0o666)  # the task prolog, as nobody, logs there too
     shutil.copytree(BUILTIN_DIR / "dgx-h100", root / "bundle")
     s = Site(slurm_cluster, root)
     s.configure("auto")
-    env = {"GPUSLURM_CAPTURE": str(root / "bundle"), "GPUSLURM_CONFIG": str(root / "gpuslurm.toml"),
-           "SLURM_CONF": str(slurm_cluster.conf), "PYTHONPATH": str(SRC)}
-    for hook in ("prolog", "epilog", "task-prolog"):
-        _wrapper(root / f"{hook}.sh", hook, env, root / "hooks.log")
+    prefix = install_hooks(root, root / "gpuslurm.toml", root / "bundle", python)
     cgroup_conf = slurm_cluster.conf.parent / "cgroup.conf"
     original_conf, original_cgroup = slurm_cluster.conf.read_text(), cgroup_conf.read_text()
-    lines = f"Prolog={root}/prolog.sh\nEpilog={root}/epilog.sh\nTaskProlog={root}/task-prolog.sh\n"
+    lines = (f"Prolog={prefix}/gpuslurm-prolog\nEpilog={prefix}/gpuslurm-epilog\n"
+             f"TaskProlog={prefix}/gpuslurm-task-prolog\n")
     slurm_cluster.conf.write_text(original_conf.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
     cgroup_conf.write_text(re.sub(r"(?m)^ConstrainDevices=.*$", "ConstrainDevices=no", original_cgroup))
     try:
@@ -181,3 +169,10 @@ def test_without_gpuslurm_isolation_every_gpu_opens(site: Site) -> None:
     devices = _devices(out)
     assert {devices.get(f"/dev/nvidia{i}") for i in range(GPUS)} == {"ENXIO"}, out
     assert re.search(r"^CGROUP \d+:devices:/$", out, re.M), out
+
+
+def _runs_as_nobody(python: str) -> bool:
+    """Whether nobody can start ``python`` and import gpuslurm with it (as the task prolog does)."""
+    done = subprocess.run(["/usr/sbin/runuser", "-u", "nobody", "--", python, "-I", "-c",
+                           "import gpuslurm.slurm.entry"], capture_output=True, timeout=60, check=False)
+    return done.returncode == 0

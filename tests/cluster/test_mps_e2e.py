@@ -4,8 +4,10 @@ reachable from the job, stopped by the epilog.
 The session cluster has no ``gres/mps`` (that needs another gres.conf and a slurmd restart), so
 jobs ask for MPS with the ``comment`` trigger; the ``gres`` trigger is tested on the prolog
 environment Slurm 22.05 gave a ``--gres=mps:50`` job (tests/isolate/test_mps.py). Like
-test_hooks_e2e, this module adds Prolog=/Epilog=/TaskProlog= to the running cluster and restores
-slurm.conf afterwards. Jobs run as ``nobody`` (``sbatch --uid``), so the daemon's uid is not root's.
+test_hooks_e2e, this module adds Prolog=/Epilog=/TaskProlog= to the running cluster, naming the
+executables ``gpuslurm install`` writes (with an interpreter the job's user can run, for the task
+prolog: ``cluster_fixture.users_python``), and restores slurm.conf afterwards. Jobs run as
+``nobody`` (``sbatch --uid``), so the daemon's uid is not root's.
 The MPS control program is the stand-in tests/fakes/nvidia-cuda-mps-control.
 """
 
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-import gpuslurm
+from cluster_fixture import install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
 
 if TYPE_CHECKING:
@@ -36,12 +38,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slurm
 
 SCONTROL = "/usr/bin/scontrol"
-SYSTEM_PYTHON = "/usr/bin/python3"  # the task prolog runs as nobody, who cannot read pyenv's under /root
 NOBODY = 65534
-SRC = Path(gpuslurm.__file__).resolve().parents[1]
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
-# the hooks' own entry point, as the installed executables run it
-RUN = "from gpuslurm.slurm.entry import run; run()"
 
 
 @dataclass
@@ -74,8 +72,9 @@ class MpsCluster:
         return (self.root / "out" / f"{jobid}.out").read_text()
 
     def hook_log(self) -> str:
-        path = self.root / "hooks.log"
-        return path.read_text() if path.exists() else ""
+        """What the hooks wrote to stderr, as slurmd logged it."""
+        path = self.cluster.log_dir / "slurmd.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _live_with_pipe_under(prefix: str) -> list[int]:
@@ -132,19 +131,10 @@ def mps_cluster(slurm_cluster: SlurmCluster) -> Iterator[MpsCluster]:
         '[mps]\ntriggers = ["gres", "comment"]\nactive_thread_percentage = 60\n'
         "[hooks]\ncommand_timeout_s = 20\n")
     config.chmod(0o644)
-    env = {"GPUSLURM_CAPTURE": str(bundle), "GPUSLURM_CONFIG": str(config),
-           "SLURM_CONF": str(slurm_cluster.conf), "PYTHONPATH": str(SRC)}
-    exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
-    log = root / "hooks.log"
-    log.touch(mode=0o666)
-    log.chmod(0o666)
-    for hook, python, code in (("prolog", sys.executable, RUN), ("epilog", sys.executable, RUN),
-                               ("task-prolog", SYSTEM_PYTHON, RUN)):
-        path = root / f"{hook}.sh"
-        path.write_text(f"#!/bin/sh\n{exports}exec {python} -c '{code}' {hook} 2>>{log}\n")
-        path.chmod(0o755)
+    prefix = install_hooks(root, config, bundle, users_python(root))
     original = slurm_cluster.conf.read_text()
-    lines = f"Prolog={root}/prolog.sh\nEpilog={root}/epilog.sh\nTaskProlog={root}/task-prolog.sh\n"
+    lines = (f"Prolog={prefix}/gpuslurm-prolog\nEpilog={prefix}/gpuslurm-epilog\n"
+             f"TaskProlog={prefix}/gpuslurm-task-prolog\n")
     slurm_cluster.conf.write_text(original.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
     try:
         mc.scontrol("reconfigure")
@@ -206,7 +196,6 @@ def test_mps_job_gets_its_own_daemon_as_its_user_and_the_epilog_stops_it(mps_clu
         time.sleep(0.1)
     assert _live_with_pipe_under(str(pipe)) == []
     assert not pipe.parent.exists()
-    assert "MPS (comment) daemon pid" in mc.hook_log()
 
 
 def test_a_gpu_job_that_did_not_ask_gets_no_daemon(mps_cluster: MpsCluster) -> None:

@@ -1,5 +1,9 @@
 """A stand-in for the ``pynvml`` module (nvidia-ml-py), driven by a description of a node.
 
+Reading nodes, samples and health through NVML is tested with the real pynvml against the replay
+library (tests/nvml). This stand-in stays for what only it can express: call counts and
+arguments, injected errors, a GPU lost at its handle, functions absent from nvidia-ml-py.
+
 It follows nvidia-ml-py 12/13 as installed: ``NVMLError(value)`` maps the value onto a subclass,
 handles are opaque, strings come back as ``str`` (the package decodes them), structures are
 objects with the C field names (``busId`` is ``bytes``), ``nvmlDeviceGetCpuAffinity`` returns an

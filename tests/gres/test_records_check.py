@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from gpuslurm.errors import CaptureError
@@ -85,10 +83,10 @@ def test_node_name_prefix_and_dev_root(dgx: Node) -> None:
 
 
 def test_missing_facts_name_the_file(dgx: Node) -> None:
-    no_cpus = dataclasses.replace(dgx, cpus=())
+    no_cpus = dgx._replace(cpus=())
     with pytest.raises(CaptureError, match=r"lscpu\.csv"):
         plan_gres(no_cpus, GresOptions())
-    no_affinity = dataclasses.replace(dgx, gpus=tuple(dataclasses.replace(g, cpu_affinity=())
+    no_affinity = dgx._replace(gpus=tuple(g._replace(cpu_affinity=())
                                                      for g in dgx.gpus))
     with pytest.raises(CaptureError, match=r"nvidia-smi-topo\.txt"):
         plan_gres(no_affinity, GresOptions())

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from gpuslurm.errors import InputError
@@ -100,7 +98,7 @@ def test_indices_follow_bus_order_not_minors(l40s: Node) -> None:
 
 
 def test_bus_order_even_if_node_lists_gpus_otherwise(l40s: Node) -> None:
-    shuffled = dataclasses.replace(l40s, gpus=tuple(reversed(l40s.gpus)))
+    shuffled = l40s._replace(gpus=tuple(reversed(l40s.gpus)))
     devs = resolve_job_gpus(env(SLURM_JOB_GPUS="0"), shuffled)
     assert devs[0].gpu.bus_id == "00000000:3D:00.0"
 
@@ -169,9 +167,9 @@ def test_legacy_mig_name(mig: Node) -> None:
 
 def test_mig_without_uuid_gets_legacy_name(mig: Node) -> None:
     parent = next(g for g in mig.gpus if g.mig_mode)
-    bare = dataclasses.replace(parent, mig_devices=tuple(dataclasses.replace(m, uuid=None, gi_minor=None)
+    bare = parent._replace(mig_devices=tuple(m._replace(uuid=None, gi_minor=None)
                                                          for m in parent.mig_devices))
-    node = dataclasses.replace(mig, gpus=tuple(bare if g is parent else g for g in mig.gpus))
+    node = mig._replace(gpus=tuple(bare if g is parent else g for g in mig.gpus))
     dev = resolve_job_gpus(env(SLURM_JOB_GPUS="0"), node)[0]
     assert dev.mig is not None
     assert dev.uuid == f"MIG-{parent.uuid}/{dev.mig.gi_id}/{dev.mig.ci_id}"

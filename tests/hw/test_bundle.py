@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import sys
 import types
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,14 +164,14 @@ def _nvml_node(xml_dir: Path, tmp_path: Path) -> Node:
     base = read_bundle(make_bundle(tmp_path / "src", {
         "nvidia-smi-q.xml": xml_dir / "dual_a5000-v13.xml", "nvidia-smi-topo.txt": TOPO_2,
         "lscpu.csv": LSCPU_2S}))
-    return replace(base, hostname="dgx9", memory_mib=1024)
+    return base._replace(hostname="dgx9", memory_mib=1024)
 
 
 def test_nvml_json_is_authoritative(tmp_path: Path, xml_dir: Path) -> None:
     node = _nvml_node(xml_dir, tmp_path)
     # nvml.json says GPU0 is near CPUs 0-3 only; a stale topo file must not override it.
-    gpus = (replace(node.gpus[0], cpu_affinity=(0, 1, 2, 3), numa_node=0), node.gpus[1])
-    node = replace(node, gpus=gpus, links=((Link(LinkKind.SELF), Link(LinkKind.NVLINK, 4)),
+    gpus = (node.gpus[0]._replace(cpu_affinity=(0, 1, 2, 3), numa_node=0), node.gpus[1])
+    node = node._replace(gpus=gpus, links=((Link(LinkKind.SELF), Link(LinkKind.NVLINK, 4)),
                                            (Link(LinkKind.NVLINK, 4), Link(LinkKind.SELF))))
     b = make_bundle(tmp_path / "dir", {"nvml.json": dump_node(node), "nvidia-smi-topo.txt": TOPO_2,
                                        "meminfo": MEMINFO, "hostname": "other"})
@@ -181,7 +180,7 @@ def test_nvml_json_is_authoritative(tmp_path: Path, xml_dir: Path) -> None:
     assert got.gpus[0].cpu_affinity == (0, 1, 2, 3)
     assert got.links is not None and got.links[0][1] == Link(LinkKind.NVLINK, 4)
     assert got.cpus == node.cpus
-    assert replace(got, source="") == replace(node, source="")
+    assert got._replace(source="") == node._replace(source="")
 
 
 def test_nvml_json_partial_fills_from_other_files(tmp_path: Path, xml_dir: Path) -> None:
@@ -195,13 +194,13 @@ def test_nvml_json_partial_fills_from_other_files(tmp_path: Path, xml_dir: Path)
 
 def test_nvml_json_affinity_outside_its_cpus(tmp_path: Path, xml_dir: Path) -> None:
     node = _nvml_node(xml_dir, tmp_path)
-    node = replace(node, cpus=node.cpus[:16])
+    node = node._replace(cpus=node.cpus[:16])
     b = make_bundle(tmp_path / "dir", {"nvml.json": dump_node(node)})
     assert error_of(b).startswith(f"{b / 'nvml.json'}: GPU0 CPU affinity names CPUs 32-47 that nvml.json")
 
 
 def test_nvml_json_links_wrong_size(tmp_path: Path, xml_dir: Path) -> None:
-    node = replace(_nvml_node(xml_dir, tmp_path), links=((Link(LinkKind.SELF),),))
+    node = _nvml_node(xml_dir, tmp_path)._replace(links=((Link(LinkKind.SELF),),))
     b = make_bundle(tmp_path / "dir", {"nvml.json": dump_node(node)})
     assert error_of(b).startswith(f"{b / 'nvml.json'}: \"links\" is not a 2x2 matrix")
 

@@ -1,7 +1,13 @@
-"""write_capture with a stand-in pynvml and stand-in nvidia-smi / lscpu scripts."""
+"""write_capture with a stand-in pynvml and stand-in nvidia-smi / lscpu scripts.
+
+The stand-in stays here for what only it can express: NVML failing at init or at a call, a GPU
+lost at its handle, and capture run in-process. ``gpuslurm capture`` through the real pynvml
+and the replay library is tested in tests/nvml/test_replay_edges.py (a round trip).
+"""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import socket
 from typing import Any
@@ -9,11 +15,11 @@ from typing import Any
 import pytest
 
 from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
-from gpuslurm.errors import HardwareError, InputError
+from gpuslurm.errors import CaptureError, HardwareError, InputError
 from gpuslurm.hw.capture import write_capture
 from gpuslurm.hw.mig_minors import mig_minors_text
 from gpuslurm.hw.nvml import NvmlBackend
-from gpuslurm.hw.nvml_json import load_partial
+from gpuslurm.hw.nvml_json import load_partial, read_capabilities
 
 LSCPU_OUT = "# CPU,Core,Socket,Node\n0,0,0,0\n1,1,0,0\n"
 
@@ -188,3 +194,30 @@ def test_out_dir_that_is_a_file(tmp_path: pathlib.Path, proc: pathlib.Path) -> N
     (tmp_path / "f").write_text("x")
     with pytest.raises(InputError, match="not a directory"):
         write_capture(tmp_path / "f", backend=fake_backend(proc), proc_root=proc)
+
+
+def test_compute_capability_goes_into_nvml_json(tmp_path: pathlib.Path, proc: pathlib.Path) -> None:
+    """NVML's compute capability per GPU (nvidia-smi -q -x has none); a GPU whose driver does not
+    answer has no entry, and pick and node-conf fall back to the model table for it."""
+    gpus = fp.pcie_pair_minor_swapped()
+    gpus[0]["cc"] = (8, 6)
+    out = tmp_path / "b"
+    write_capture(out, backend=fake_backend(proc, gpus=gpus), nvidia_smi="/nonexistent/x",
+                  lscpu="/nonexistent/lscpu", proc_root=proc)
+    assert read_capabilities(out / "nvml.json") == {gpus[0]["uuid"]: (8, 6)}
+    doc = json.loads((out / "nvml.json").read_text())
+    assert doc["gpus"][0]["compute_capability"] == "8.6" and "compute_capability" not in doc["gpus"][1]
+    assert load_partial(out / "nvml.json")["gpus"][0].uuid == gpus[0]["uuid"]  # the reader takes it
+
+
+@pytest.mark.parametrize("value", ["nine", "9", "9.0.1", "x.0", "123.0", 9.0, ["9", "0"], "٩.٠"])
+def test_a_malformed_compute_capability_is_one_capture_error(tmp_path: pathlib.Path, proc: pathlib.Path,
+                                                             value: object) -> None:
+    out = tmp_path / "b"
+    write_capture(out, backend=fake_backend(proc), nvidia_smi="/nonexistent/x", lscpu="/nonexistent/lscpu",
+                  proc_root=proc)
+    doc = json.loads((out / "nvml.json").read_text())
+    doc["gpus"][1]["compute_capability"] = value
+    (out / "nvml.json").write_text(json.dumps(doc))
+    with pytest.raises(CaptureError, match=r"gpus\[1\]\.compute_capability: must be"):
+        read_capabilities(out / "nvml.json")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 from typing import Any
 
@@ -38,7 +37,7 @@ def test_dgx_h100_light_read_skips_every_link_query(tmp_path: pathlib.Path) -> N
     assert len(link_calls(full_fake)) > 8 * 18  # the full read does ask (NVLink state per link)
     assert link_calls(light_fake) == []
     assert light.links is None and full.links is not None
-    assert light == dataclasses.replace(full, links=None)
+    assert light == full._replace(links=None)
     assert [g.numa_node for g in light.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert len(light_fake.calls) * 4 < len(full_fake.calls)
 
@@ -47,7 +46,7 @@ def test_pcie_pair_light_read_skips_common_ancestor(tmp_path: pathlib.Path) -> N
     full_fake, full, light_fake, light = full_and_light(fp.pcie_pair_minor_swapped(), tmp_path)
     assert "nvmlDeviceGetTopologyCommonAncestor" in full_fake.calls
     assert link_calls(light_fake) == []
-    assert light == dataclasses.replace(full, links=None)
+    assert light == full._replace(links=None)
     assert [(g.index, g.minor) for g in light.gpus] == [(0, 1), (1, 0)]  # minor is not the index
 
 
@@ -57,7 +56,7 @@ def test_mig_devices_and_their_minors_are_kept(tmp_path: pathlib.Path) -> None:
     (caps / "mig-minors").write_text(mig_minors_text(1))
     _, full, light_fake, light = full_and_light(fp.h200_mig(), tmp_path)
     assert link_calls(light_fake) == []
-    assert light == dataclasses.replace(full, links=None)
+    assert light == full._replace(links=None)
     migs = light.gpus[0].mig_devices
     assert [m.uuid for m in migs] == [fp.uuid(i, "MIG") for i in (0, 1, 3, 4)]
     assert all(m.gi_minor is not None and m.ci_minor is not None for m in migs)
@@ -82,4 +81,4 @@ def test_load_node_from_a_bundle_drops_links_too() -> None:
     full = load_node("dgx-h100")
     light = load_node("dgx-h100", links=False)
     assert full.links is not None
-    assert light == dataclasses.replace(full, links=None)
+    assert light == full._replace(links=None)

@@ -205,7 +205,7 @@ def test_merge_rejects_disagreeing_listing(real_fixtures: pathlib.Path) -> None:
     _single_line_error(exc, "nvidia-smi-L.txt")
     with pytest.raises(CaptureError, match="MIG devices"):
         merge_listing(report, (dataclasses.replace(listing[0], migs=listing[0].migs[:4]),), "L")
-    real = dataclasses.replace(report.gpus[0], uuid="GPU-513536b6-7d19-9063-b049-1e69664bb298")
+    real = report.gpus[0]._replace(uuid="GPU-513536b6-7d19-9063-b049-1e69664bb298")
     other = dataclasses.replace(listing[0], uuid="GPU-d37e67a5-91dd-3774-a5cb-99096249601a")
     with pytest.raises(CaptureError, match="in nvidia-smi -L"):
         merge_listing(report._replace(gpus=(real,)), (other,), "L")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from gpuslurm.hw.source import load_node
@@ -106,9 +104,9 @@ def test_mig_denies_the_other_instances_caps_and_keeps_the_parent() -> None:
 def test_mig_instance_without_cap_minors_on_a_shared_gpu_is_an_error() -> None:
     node = load_node("a100-mig")
     gpu = next(g for g in node.gpus if g.mig_mode)
-    blind = dataclasses.replace(gpu, mig_devices=(
-        gpu.mig_devices[0], dataclasses.replace(gpu.mig_devices[1], gi_minor=None, ci_minor=None)))
-    node = dataclasses.replace(node, gpus=tuple(blind if g is gpu else g for g in node.gpus))
+    blind = gpu._replace(mig_devices=(
+        gpu.mig_devices[0], gpu.mig_devices[1]._replace(gi_minor=None, ci_minor=None)))
+    node = node._replace(gpus=tuple(blind if g is gpu else g for g in node.gpus))
     mine = next(d for d in gres_devices(node) if d.mig is not None and d.mig.gi_id == 2)
     with pytest.raises(ValueError, match="no capability minors"):
         denied_devices(node, [mine], caps_major=237)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from gpuslurm.errors import InputError
@@ -196,17 +194,17 @@ def test_profile_order_and_media_suffix_do_not_count_as_differences() -> None:
 
 def test_nvml_style_profile_names_match_the_table() -> None:
     gpu = A100.gpus[0]
-    nvml_named = dataclasses.replace(gpu, mig_devices=tuple(
-        dataclasses.replace(m, profile=m.profile.replace("3g.40gb", "3g.39gb")) for m in gpu.mig_devices))
+    nvml_named = gpu._replace(mig_devices=tuple(
+        m._replace(profile=m.profile.replace("3g.40gb", "3g.39gb")) for m in gpu.mig_devices))
     state = gpu_state(nvml_named)
     assert state.profiles == ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
     assert matches(state, resolve('[gpus.0]\nprofiles = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]')[0])
 
 
 def test_split_compute_instances_differ_from_the_default_one() -> None:
-    gpu = dataclasses.replace(A100.gpus[0], mig_devices=(
+    gpu = A100.gpus[0]._replace(mig_devices=(
         MigDevice(0, 1, 0, "1c.3g.40gb", 40192), MigDevice(1, 1, 1, "2c.3g.40gb", 40192)))
-    node = dataclasses.replace(A100, gpus=(gpu, A100.gpus[1]))
+    node = A100._replace(gpus=(gpu, A100.gpus[1]))
     wanted = resolve('[gpus.0]\nprofiles = ["3g.40gb"]', node)
     assert diff_lines(node, wanted) == [
         f'GPU 0 ({GPU0}): is MIG 3g.40gb (GI 1 split into several compute instances), '

@@ -10,14 +10,17 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
 
 from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.health import read_scenario
 from gpuslurm.hw.nvml_replay import dump_replay
+from gpuslurm.hw.scenario import parse_scenario, scenario_path
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "libnvml_replay.c"
@@ -43,14 +46,19 @@ def exported_symbols() -> list[str]:
     return sorted(set(re.findall(r"^(?:nvmlReturn_t|const char \*)\s*(nvml\w+)\(", SOURCE.read_text(), re.M)))
 
 
-def _build(gcc: str, include: Path, out: Path, hidden: frozenset[str] = frozenset()) -> Path:
+SANITIZE = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+
+
+def _build(gcc: str, include: Path, out: Path, hidden: frozenset[str] = frozenset(),
+           sanitize: bool = False) -> Path:
     """Compile into ``out``; symbols in ``hidden`` are left out of the dynamic symbol table."""
     out.mkdir(parents=True, exist_ok=True)
     script = out / "symbols.map"
     exported = [s for s in exported_symbols() if s not in hidden]
     script.write_text("{\n  global:\n" + "".join(f"    {s};\n" for s in exported) + "  local: *;\n};\n")
     cmd = [gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-fPIC", "-shared",
-           f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson",
+           *(SANITIZE if sanitize else []),
+           f"-I{include}", "-o", str(out / "libnvidia-ml.so.1"), str(SOURCE), "-lcjson", "-lm",
            "-Wl,-soname,libnvidia-ml.so.1", f"-Wl,--version-script={script}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     if done.returncode:
@@ -63,21 +71,36 @@ class ReplayLib:
     directory: Path  # holds libnvidia-ml.so.1
     gcc: str = "gcc"
     include: Path = Path()
+    hidden: frozenset[str] = frozenset()
+    asan: str | None = None  # the libasan to preload: a build with AddressSanitizer and UBSan
+
+    def _variant(self, hidden: frozenset[str], asan: str | None) -> ReplayLib:
+        tag = hashlib.sha256((",".join(sorted(hidden)) + f"|{bool(asan)}").encode()).hexdigest()[:12]
+        out = self.directory.parent / f"{self.directory.name.split('-v-')[0]}-v-{tag}"
+        if not (out / "libnvidia-ml.so.1").exists():
+            _build(self.gcc, self.include, out, hidden, sanitize=asan is not None)
+        return ReplayLib(out, self.gcc, self.include, hidden, asan)
 
     def without(self, *symbols: str) -> ReplayLib:
-        """The library as a driver that lacks ``symbols`` (pynvml: FUNCTION_NOT_FOUND)."""
-        hidden = frozenset(symbols)
-        tag = hashlib.sha256(",".join(sorted(hidden)).encode()).hexdigest()[:12]
-        out = self.directory.parent / f"{self.directory.name}-without-{tag}"
-        if not (out / "libnvidia-ml.so.1").exists():
-            _build(self.gcc, self.include, out, hidden)
-        return ReplayLib(out, self.gcc, self.include)
+        """This library lacking ``symbols`` as well (pynvml: FUNCTION_NOT_FOUND); built once."""
+        hidden = self.hidden | frozenset(symbols)
+        return self if hidden == self.hidden else self._variant(hidden, self.asan)
+
+    def sanitized(self) -> ReplayLib:
+        """This library built with AddressSanitizer and UBSan (a memory error aborts the process)."""
+        found = subprocess.run([self.gcc, "-print-file-name=libasan.so"], capture_output=True, text=True,
+                               check=False).stdout.strip()
+        if not found or not Path(found).is_file():
+            _unavailable("gcc's libasan is not installed")
+        return self if self.asan else self._variant(self.hidden, str(Path(found).resolve()))
 
     def env(self, nvml_json: Path, log: Path) -> dict[str, str]:
         env = dict(os.environ)
         env.update(LD_LIBRARY_PATH=str(self.directory), GPUSLURM_NVML_REPLAY=str(nvml_json),
                    GPUSLURM_NVML_REPLAY_LOG=str(log))
         env.pop("GPUSLURM_CAPTURE", None)
+        if self.asan:
+            env.update(LD_PRELOAD=self.asan, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
         return env
 
 
@@ -106,10 +129,11 @@ class LiveNode:
     nvml_json: Path
     log: Path
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, check: bool = True,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([sys.executable, "-m", "gpuslurm.cli.main", *args], capture_output=True,
                               text=True, timeout=120, check=False,
-                              env=self.lib.env(self.nvml_json, self.log))
+                              env={**self.lib.env(self.nvml_json, self.log), **(extra_env or {})})
         if check and done.returncode:
             raise AssertionError(f"gpuslurm {' '.join(args)} exit {done.returncode}:\n{done.stderr}"
                                  f"\nlibrary log: {self.log.read_text() if self.log.exists() else ''}")
@@ -122,13 +146,95 @@ class LiveNode:
         return done.stdout
 
 
+PROCESS_V3 = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
+
+
+def driver_lacks(version: str | None) -> frozenset[str]:
+    """The entry points the library defines that a driver of ``version`` does not export.
+
+    From the history of nvml.h in NVIDIA's nvidia-settings releases (and nvitop's probes of it):
+    R510 added the ``_v3`` process queries; R535 added confidential computing
+    (``nvmlDeviceGetConfComputeMemSizeInfo``) and, until 535.86, wrote a 32-byte struct behind
+    ``_v3``; 535.98 removed the ``_v3`` queries; R550 restored them with the 24-byte struct and
+    added ``nvmlDeviceGetRunningProcessDetailList``. R545 is not modelled: it is taken to be
+    like a late R535. No version: every entry point.
+    """
+    if version is None:
+        return frozenset()
+    major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])
+    lacks: set[str] = set()
+    if major < 550:
+        lacks.add("nvmlDeviceGetRunningProcessDetailList")
+    if major < 535:
+        lacks.add("nvmlDeviceGetConfComputeMemSizeInfo")
+    if major < 510 or (major == 535 and minor >= 98) or 535 < major < 550:
+        lacks.update(PROCESS_V3)
+    if major < 510:
+        lacks.add("nvmlDeviceGetMemoryInfo_v2")
+    return frozenset(lacks)
+
+
+class MakeLiveNode(Protocol):
+    def __call__(self, bundle: Path, *, driver_version: str | None = None, privileged: bool = True,
+                 processes: dict[int, list[tuple[int, int | None]]] | None = None,
+                 reserved_mib: dict[int, int] | None = None) -> LiveNode: ...
+
+
 @pytest.fixture
-def live_node(replay_lib: ReplayLib, tmp_path: Path) -> Callable[[Path], LiveNode]:
-    def make(bundle: Path) -> LiveNode:
+def live_node(replay_lib: ReplayLib, tmp_path: Path) -> MakeLiveNode:
+    """A bundle served by the library built with the symbol set of its driver version.
+
+    The bundle's ``health.json`` and ``scenario.json`` (``$GPUSLURM_SCENARIO`` first, as for
+    ``--from``) are served too, so live and replayed runs see the same node.
+    """
+    def make(bundle: Path, *, driver_version: str | None = None, privileged: bool = True,
+             processes: dict[int, list[tuple[int, int | None]]] | None = None,
+             reserved_mib: dict[int, int] | None = None) -> LiveNode:
+        model = read_bundle(bundle)
+        version = driver_version or model.driver_version
+        health = read_scenario(bundle / "health.json", [g.uuid for g in model.gpus])
+        if processes is None:  # health.json's processes are what NVML lists at the time
+            processes = {g.index: [(p.pid, p.used_mib) for p in health[g.uuid].processes or ()]
+                         for g in model.gpus}
+        scenario, start = None, 0.0
+        found = scenario_path(bundle)
+        if found is not None:
+            scenario = parse_scenario(found.read_text(), str(found), model)
+            start = scenario.start if scenario.start is not None else found.stat().st_mtime
         nvml_json = tmp_path / f"{bundle.name}.nvml.json"
-        nvml_json.write_text(dump_replay(read_bundle(bundle)))
-        return LiveNode(replay_lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log")
+        nvml_json.write_text(dump_replay(model, driver_version=driver_version, privileged=privileged,
+                                         processes=processes, health=health, reserved_mib=reserved_mib,
+                                         scenario=scenario, start=start))
+        lib = replay_lib.without(*driver_lacks(version))
+        return LiveNode(lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log")
     return make
+
+
+LATER = 600  # seconds between the two steps of scenario_bundle's scenario
+
+
+def scenario_bundle(tmp_path: Path, source: Path) -> Path:
+    """A copy of ``source`` with a scenario.json: busy GPUs and processes now, others in ten minutes."""
+    bundle = tmp_path / source.name
+    shutil.copytree(source, bundle)
+    gpus = read_bundle(bundle).gpus
+    plain = [g.uuid for g in gpus if not g.mig_mode]  # in MIG mode processes run on MIG devices
+    g0, g1 = plain[0], plain[1 % len(plain)]
+    mig = next((m.uuid for g in gpus for m in g.mig_devices if m.uuid), None)
+    first: dict[str, Any] = {
+        "at": 0, "gpus": {g0: {"util": 90, "mem_mib": 30000, "power_w": 300, "temp_c": 61}},
+        "procs": [{"pid": os.getpid(), "gpu": g0, "mem_mib": 5000, "sm": 80},
+                  {"pid": 1, "gpu": g1, "mem_mib": 700}]}
+    if mig is not None:  # its "sm" is not reported: NVML has none on a GPU in MIG mode
+        first["procs"].append({"pid": os.getppid(), "gpu": mig, "mem_mib": 1234, "sm": 40})
+    second: dict[str, Any] = {"at": LATER, "gpus": {g1: {"util": 50, "temp_c": 45}},
+                              "procs": [{"pid": 1, "gpu": g1, "mem_mib": 2500, "sm": 55}]}
+    if len(gpus) > 2:
+        second["gpus"][gpus[2].uuid] = {"lost": True}
+    # the first step began 30 s ago, the second begins in ten minutes
+    (bundle / "scenario.json").write_text(json.dumps({"start": time.time() - 30, "steps": [first, second]}))
+    return bundle
+
 
 
 def read_json(text: str) -> object:

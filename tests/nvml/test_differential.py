@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.nvml.conftest import LiveNode
+from tests.nvml.conftest import MakeLiveNode
 
 from gpuslurm.hw.bundle import read_bundle
 
@@ -27,11 +27,11 @@ BUNDLES = sorted(p for p in BUILTIN.iterdir() if p.is_dir())
 HOST_FIELDS = {"numa_node", "slurm_cores", "os_cpus", "cpu_affinity", "gi_minor", "ci_minor"}
 
 
-def _strip(value: Any) -> Any:
+def _strip(value: Any, fields: set[str] = HOST_FIELDS) -> Any:
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in HOST_FIELDS}
+        return {k: _strip(v, fields) for k, v in value.items() if k not in fields}
     if isinstance(value, list):
-        return [_strip(v) for v in value]
+        return [_strip(v, fields) for v in value]
     return value
 
 
@@ -52,22 +52,12 @@ def _real_bundles() -> list[Path]:
     return bundles
 
 
-# Found by these tests: NvmlBackend names a MIG profile from memorySizeMB rounded to GiB, so
-# an A100-80GB's 3g.40gb (40192 MiB) reads live as "3g.39gb" (nvml.mig_profile_name).
-MIG_REASON = "backend derives 3g.39gb for 3g.40gb (H200: 3g.70gb for 3g.71gb)"
-MIG_NAME_BUG = pytest.mark.xfail(strict=True, reason=MIG_REASON)
-
-
 REAL_BUNDLES = _real_bundles()
 
 
-def _params(mig_bug: bool = False) -> list[Any]:
-    params: list[Any] = [pytest.param(p, id=p.name, marks=[MIG_NAME_BUG] if mig_bug and _mig(p) else [])
-                         for p in BUNDLES]
-    for p in REAL_BUNDLES:  # some real MIG profiles are named right by chance (h100-mig): not strict
-        marks = [pytest.mark.xfail(strict=False, reason=MIG_REASON)] if mig_bug and _mig(p) else []
-        params.append(pytest.param(p, id=f"real-{p.name}", marks=marks))
-    return params
+def _params() -> list[Any]:
+    return ([pytest.param(p, id=p.name) for p in BUNDLES]
+            + [pytest.param(p, id=f"real-{p.name}") for p in REAL_BUNDLES])
 
 
 NODE_DUMP = """
@@ -89,22 +79,37 @@ def _mig(bundle: Path) -> bool:
     return any(g.mig_mode for g in read_bundle(bundle).gpus)
 
 
-@pytest.mark.parametrize("bundle", _params(mig_bug=True))
-def test_backend_reads_the_bundle(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+BACKEND_WITH_PROC = """
+import json, sys
+from pathlib import Path
+from gpuslurm.hw.nvml import NvmlBackend
+from gpuslurm.hw.nvml_json import node_to_dict
+print(json.dumps(node_to_dict(NvmlBackend(proc_root=Path(sys.argv[1])).read_node())))
+"""
+
+
+@pytest.mark.parametrize("bundle", _params())
+def test_backend_reads_the_bundle(bundle: Path, live_node: MakeLiveNode, tmp_path: Path) -> None:
     _loadable(bundle)
     node = live_node(bundle)
-    live = json.loads(node.python(NODE_DUMP))
+    # the bundle's /proc/driver/nvidia-caps/mig-minors as the backend's /proc: MIG minors compared too
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    if (bundle / "mig-minors").exists():
+        shutil.copy(bundle / "mig-minors", proc / "driver" / "nvidia-caps" / "mig-minors")
+    live = json.loads(node.python(BACKEND_WITH_PROC.replace("sys.argv[1]", repr(str(proc)))))
     from gpuslurm.hw.nvml_json import node_to_dict
     ref = node_to_dict(read_bundle(bundle))
-    assert _strip(live["gpus"]) == _strip(ref["gpus"])
+    kept = HOST_FIELDS - {"gi_minor", "ci_minor"}
+    assert _strip(live["gpus"], kept) == _strip(ref["gpus"], kept)
     assert live["driver_version"] == ref["driver_version"]
     assert live["cuda_version"] == ref["cuda_version"]
     if not _mig(bundle):  # NVML does not answer NVLink queries in MIG mode
         assert live["links"] == ref["links"]
 
 
-@pytest.mark.parametrize("bundle", _params(mig_bug=True))
-def test_discover_json(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+@pytest.mark.parametrize("bundle", _params())
+def test_discover_json(bundle: Path, live_node: MakeLiveNode) -> None:
     _loadable(bundle)
     node = live_node(bundle)
     live = json.loads(node.run("discover", "--json").stdout)
@@ -118,7 +123,7 @@ def _matrix(text: str, n: int) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("bundle", _params())
-def test_topo_links(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+def test_topo_links(bundle: Path, live_node: MakeLiveNode) -> None:
     _loadable(bundle)
     if _mig(bundle):
         pytest.skip("NVML does not answer NVLink queries in MIG mode; topo -m text does")
@@ -131,14 +136,17 @@ def _gres(text: str) -> list[str]:
     return [re.sub(r" Cores=\S+", "", line) for line in text.splitlines() if line.startswith("Name=")]
 
 
-@pytest.mark.parametrize("bundle", _params(mig_bug=True))
-def test_gres_conf(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+@pytest.mark.parametrize("bundle", _params())
+def test_gres_conf(bundle: Path, live_node: MakeLiveNode) -> None:
     _loadable(bundle)
     node = live_node(bundle)
     done = node.run("gres-conf", check=False)
     if done.returncode and "has no CPU affinity" in done.stderr:
         # The live path keeps only this machine's online CPUs (sysfs is not replayed yet).
         pytest.skip("the bundle's GPU affinity names no CPU online on this machine")
+    if done.returncode and "has no capability minors" in done.stderr:
+        # MIG device files: the live path reads this machine's /proc/driver/nvidia-caps/mig-minors
+        pytest.skip("the MIG devices' minors come from this machine's /proc, which has none")
     assert done.returncode == 0, done.stderr
     replayed = node.run("gres-conf", "--from", str(bundle), check=False)
     if replayed.returncode:
@@ -153,8 +161,8 @@ def test_gres_conf(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
     assert _gres(live) == _gres(ref)
 
 
-@pytest.mark.parametrize("bundle", _params(mig_bug=True))
-def test_status_json(bundle: Path, live_node: Callable[[Path], LiveNode]) -> None:
+@pytest.mark.parametrize("bundle", _params())
+def test_status_json(bundle: Path, live_node: MakeLiveNode) -> None:
     _loadable(bundle)
     node = live_node(bundle)
     live = json.loads(node.run("status", "--json").stdout)
@@ -163,8 +171,14 @@ def test_status_json(bundle: Path, live_node: Callable[[Path], LiveNode]) -> Non
 
 
 @pytest.mark.parametrize("bundle", _params())
-def test_monitor_once(bundle: Path, live_node: Callable[[Path], LiveNode], tmp_path: Path) -> None:
+def test_monitor_once(bundle: Path, live_node: MakeLiveNode, tmp_path: Path) -> None:
     _loadable(bundle)
     node = live_node(bundle)
-    done = node.run("monitor", "--once", check=False)
+    done = node.run("monitor", "--once", "--json", "--db", str(tmp_path / "live.db"), check=False)
     assert done.returncode == 0, done.stderr + (node.log.read_text() if node.log.exists() else "")
+    replayed = node.run("monitor", "--once", "--json", "--db", str(tmp_path / "ref.db"),
+                        "--from", str(bundle))
+
+    def devices(text: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in g.items() if k != "ts"} for g in json.loads(text.splitlines()[0])["gpus"]]
+    assert devices(done.stdout) == devices(replayed.stdout)

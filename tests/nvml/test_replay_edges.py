@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.nvml.conftest import LiveNode
+from tests.nvml.conftest import LiveNode, MakeLiveNode
 from tests.nvml.test_differential import NODE_DUMP
 
 from gpuslurm.hw.bundle import read_bundle
@@ -15,8 +15,10 @@ from gpuslurm.hw.bundle import read_bundle
 DGX = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "dgx-h100"
 
 
-def _good(live_node: Callable[[Path], LiveNode]) -> tuple[LiveNode, dict[str, object]]:
-    node = live_node(DGX)
+def _good(live_node: MakeLiveNode) -> tuple[LiveNode, dict[str, object]]:
+    """The DGX served by the library built with AddressSanitizer and UBSan."""
+    plain = live_node(DGX)
+    node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log)
     return node, json.loads(node.nvml_json.read_text())
 
 
@@ -32,12 +34,32 @@ BAD: list[tuple[str, Callable[[dict], object], str]] = [
     ("index not position", lambda d: {**d, "gpus": [{**d["gpus"][0], "index": 3}, *d["gpus"][1:]]},
      "not its position"),
     ("lists of unequal length", lambda d: {**d, "gpus": d["gpus"][:2]}, "equal length"),
+    ("driver version not a version", lambda d: {**d, "driver_version": "beta"}, "not <major>.<minor>"),
+    ("steps out of order", lambda d: _replay(d, steps=[{"at": 10}, {"at": 5}]), "time order"),
+    ("step without a time", lambda d: _replay(d, steps=[{"devices": []}]), "needs \"at\""),
+    ("process on no GPU", lambda d: _replay(d, processes=[{"gpu": 99, "mig": -1, "pid": 5}]), "process 0"),
+    ("process on a MIG device that is not there",
+     lambda d: _replay(d, processes=[{"gpu": 0, "mig": 3, "pid": 5}]), "has no MIG device 3"),
+    ("health flag not a boolean", lambda d: _health(d, {"lost": 1}), "not true or false"),
+    ("temperature out of range", lambda d: _health(d, {"temperature_c": 1e9}), "health number"),
+    ("half of the row remapping", lambda d: _health(d, {"remap_pending": True}), "go together"),
+    ("privileged not a boolean", lambda d: _replay(d, privileged="yes"), "privileged"),
 ]
+
+
+def _replay(d: dict, **changes: object) -> dict:
+    return {**d, "replay": {**d["replay"], **changes}}
+
+
+def _health(d: dict, facts: dict) -> dict:
+    gpus = [dict(g) for g in d["replay"]["gpus"]]
+    gpus[0]["health"] = facts
+    return _replay(d, gpus=gpus)
 
 
 @pytest.mark.parametrize(("case", "mutate", "message"), BAD, ids=[b[0] for b in BAD])
 def test_bad_input_fails_init_with_a_logged_reason(case: str, mutate: Callable[[dict], object], message: str,
-                                                  live_node: Callable[[Path], LiveNode]) -> None:
+                                                  live_node: MakeLiveNode) -> None:
     node, data = _good(live_node)
     bad = mutate(data)
     node.nvml_json.write_text(bad if isinstance(bad, str) else json.dumps(bad))
@@ -47,7 +69,7 @@ def test_bad_input_fails_init_with_a_logged_reason(case: str, mutate: Callable[[
     assert message in node.log.read_text()
 
 
-def test_missing_file_fails_init(live_node: Callable[[Path], LiveNode]) -> None:
+def test_missing_file_fails_init(live_node: MakeLiveNode) -> None:
     node, _ = _good(live_node)
     node.nvml_json.unlink()
     done = node.run("discover", check=False)
@@ -55,7 +77,7 @@ def test_missing_file_fails_init(live_node: Callable[[Path], LiveNode]) -> None:
     assert "cannot open" in node.log.read_text()
 
 
-def test_capture_round_trip(live_node: Callable[[Path], LiveNode], tmp_path: Path) -> None:
+def test_capture_round_trip(live_node: MakeLiveNode, tmp_path: Path) -> None:
     """``gpuslurm capture`` on the replayed node writes a bundle that reads back as the live model."""
     node = live_node(Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x")
     out = tmp_path / "captured"
@@ -68,3 +90,29 @@ def test_capture_round_trip(live_node: Callable[[Path], LiveNode], tmp_path: Pat
     again = node_to_dict(back)
     assert again["gpus"] == live["gpus"]
     assert again["links"] == live["links"]
+
+
+def test_a_clock_shift_that_is_not_a_number_fails_init(live_node: MakeLiveNode) -> None:
+    node, _ = _good(live_node)
+    done = node.run("discover", check=False, extra_env={"GPUSLURM_NVML_REPLAY_CLOCK": "soon"})
+    assert done.returncode > 0
+    assert "GPUSLURM_NVML_REPLAY_CLOCK=soon is not a number" in node.log.read_text()
+
+
+REINIT = """
+import pynvml as n
+n.nvmlInit()
+first = n.nvmlDeviceGetCount()
+n.nvmlShutdown()
+open({path!r}, "w").write("{{")
+try:
+    n.nvmlInit()
+except n.NVMLError as e:
+    print(first, "refused", e.value)
+"""
+
+
+def test_init_again_after_shutdown_reads_the_file_again(live_node: MakeLiveNode) -> None:
+    node, _ = _good(live_node)
+    assert node.python(REINIT.format(path=str(node.nvml_json))).split() == ["8", "refused", "999"]
+    assert "not valid JSON" in node.log.read_text()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
-from tests.nvml.conftest import LiveNode, exported_symbols
+from tests.nvml.conftest import LiveNode, MakeLiveNode, exported_symbols
 from tests.nvml.test_differential import NODE_DUMP
 
 from gpuslurm.hw.bundle import read_bundle
@@ -21,7 +20,7 @@ def test_the_library_exports_the_versioned_names_pynvml_resolves() -> None:
             "nvmlDeviceGetComputeRunningProcesses_v3"} <= names
 
 
-def test_old_driver_without_cuda_version_v2_falls_back(live_node: Callable[[Path], LiveNode]) -> None:
+def test_old_driver_without_cuda_version_v2_falls_back(live_node: MakeLiveNode) -> None:
     node = live_node(L40S)
     old = LiveNode(node.lib.without("nvmlSystemGetCudaDriverVersion_v2", "nvmlDeviceGetMigMode"),
                    node.bundle, node.nvml_json, node.log)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from pathlib import Path
 
@@ -118,7 +117,7 @@ def test_pcie_tree_pix_pairs_first() -> None:
 
 
 def test_unknown_links_rank_last_but_still_pick() -> None:
-    node = dataclasses.replace(PCIE_TREE, links=None)
+    node = PCIE_TREE._replace(links=None)
     p = place(node, Request(2))
     assert indices(p) == [0, 1] and p.chosen is not None and p.chosen.weakest_link == "N/A"
 
@@ -126,7 +125,7 @@ def test_unknown_links_rank_last_but_still_pick() -> None:
 def test_compute_capability_and_type() -> None:
     assert place(PCIE_TREE, Request(1, min_cc=(9, 0))).chosen is None  # L40S is 8.9
     assert indices(place(PCIE_TREE, Request(1, min_cc=(8, 9)))) == [0]
-    unknown = dataclasses.replace(PCIE_TREE, gpus=tuple(dataclasses.replace(g, name="Mystery GPU")
+    unknown = PCIE_TREE._replace(gpus=tuple(g._replace(name="Mystery GPU")
                                                          for g in PCIE_TREE.gpus))
     p = place(unknown, Request(1, min_cc=(1, 0)))
     assert p.chosen is None and "compute capability unknown" in p.excluded[0].detail
@@ -211,8 +210,8 @@ def nodes_and_states(draw: st.DrawFn, mig: bool = False) -> tuple[Node, dict[str
         for g in node.gpus:
             k = draw(st.integers(0, 3))
             migs = tuple(MigDevice(i, i + 1, 0, "1g.10gb", 9856, f"MIG-{g.index}-{i}") for i in range(k))
-            gpus.append(dataclasses.replace(g, mig_mode=True, mig_devices=migs))
-        node = dataclasses.replace(node, gpus=tuple(gpus))
+            gpus.append(g._replace(mig_mode=True, mig_devices=migs))
+        node = node._replace(gpus=tuple(gpus))
     uuids = [g.uuid for g in node.gpus] + [m.uuid or "" for g in node.gpus for m in g.mig_devices]
     states = {u: DeviceState(util_pct=draw(st.sampled_from([None, 0.0, 30.0, 100.0])),
                              mem_used_mib=draw(st.sampled_from([0.0, 5000.0, 9000.0, 40000.0])),
@@ -272,9 +271,9 @@ def test_sixteen_gpus_exact_and_64_devices_bounded() -> None:
     dgx = load_node("dgx-h100")
     migs = tuple(MigDevice(i, i + 1, 0, "1g.10gb", 9856, f"MIG-{g.index}-{i}") for g in dgx.gpus
                  for i in range(7))
-    gpus: list[Gpu] = [dataclasses.replace(g, mig_mode=True, mig_devices=migs[g.index * 7:(g.index + 1) * 7])
+    gpus: list[Gpu] = [g._replace(mig_mode=True, mig_devices=migs[g.index * 7:(g.index + 1) * 7])
                        for g in dgx.gpus]
-    big = dataclasses.replace(dgx, gpus=tuple(gpus))
+    big = dgx._replace(gpus=tuple(gpus))
     busy = {f"MIG-{g}-{i}": DeviceState(foreign_procs=1) for g in range(8) for i in range(5)}
     p = place(big, Request(8, mig_profile="1g.10gb", exclusive=True), busy)
     assert p.chosen is not None and len(p.chosen.devices) == 8
@@ -303,4 +302,4 @@ def test_engine_brute_force_nvlink_only(ns: tuple[Node, dict[str, DeviceState]],
     # every pair NVLinked, 1 + its drawn count: weakest-link ties, so the NVLink total decides
     nv = tuple(tuple(link if link.kind is LinkKind.SELF else Link(LinkKind.NVLINK, 1 + link.nvlinks)
                      for link in row) for row in node.links or ())
-    check_invariants(dataclasses.replace(node, links=nv), Request(n), states, None)
+    check_invariants(node._replace(links=nv), Request(n), states, None)

@@ -1,4 +1,11 @@
-"""NvmlSampler against a stand-in pynvml that also answers the live-sampling calls."""
+"""NvmlSampler against a stand-in pynvml that also answers the live-sampling calls.
+
+What the replay library serves through the real pynvml is tested there (tests/nvml:
+test_scenario.py reads GPUs, MIG devices, processes and a lost GPU live vs replayed,
+test_processes.py every process-list layout). What stays here only a stand-in can express: the
+timestamps the sampler asks NVML for (``stamps``), how often it asks (``calls``), a sample out
+of range, and calls failing with an injected error or no driver at all.
+"""
 
 from __future__ import annotations
 
@@ -48,16 +55,6 @@ def test_a_lost_gpu_and_a_failing_call_cost_only_their_gpu() -> None:
     nvml.errors["nvmlDeviceGetTemperature"] = fp.NVML_ERROR_UNKNOWN
     r = sampler.read()
     assert r.devices == () and {k for k, _, _ in r.problems} == {"nvml-error"}
-
-
-def test_mig_devices_report_memory_and_their_processes() -> None:
-    gpus = fp.h200_mig()
-    nvml = SamplingNvml(gpus=gpus, activity={0: {"util": 0, "power_mw": 1, "temp": 1,
-                                                  "procs": [(7, 300, 3), (8, 10, None)]}})
-    r = NvmlSampler(nvml).read()
-    assert [d.mig_uuid for d in r.devices] == [None, fp.uuid(0, "MIG"), fp.uuid(1, "MIG"),
-                                              fp.uuid(3, "MIG"), fp.uuid(4, "MIG")]
-    assert r.processes == (ProcessReading(7, fp.uuid(0xC8), fp.uuid(3, "MIG"), 300.0, None),)
 
 
 def test_no_driver_is_an_error_for_the_monitor_to_record() -> None:

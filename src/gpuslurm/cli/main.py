@@ -16,7 +16,14 @@ from typing import Any, TypeVar
 import click
 
 from gpuslurm import __version__
-from gpuslurm.errors import EXIT_BAD_INPUT, CheckMismatchError, GpuslurmError, InputError, one_line
+from gpuslurm.errors import (
+    EXIT_BAD_INPUT,
+    CheckMismatchError,
+    GpuslurmError,
+    HardwareError,
+    InputError,
+    one_line,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpuslurm, not in the input
@@ -181,11 +188,26 @@ def _check(node: Any, opts: Any, existing: Path) -> None:
 @click.option("--node-name", metavar="NAME", help="NodeName to use (default: the captured hostname).")
 @click.option("--template", type=click.Path(path_type=Path), metavar="FILE",
               help="Render with this jinja2 template instead of gres-templates/node.conf.j2.")
-def node_conf(source: str | None, node_name: str | None, template: Path | None) -> None:
-    """Print the slurm.conf NodeName= line (Sockets, CoresPerSocket, ThreadsPerCore, RealMemory, Gres)."""
+@click.option("--feature", "features", multiple=True, metavar="NAME",
+              help="Features of your own for Features= (repeatable, or comma-separated), kept first.")
+def node_conf(source: str | None, node_name: str | None, template: Path | None,
+              features: tuple[str, ...]) -> None:
+    """Print the slurm.conf NodeName= line (Sockets, CoresPerSocket, ThreadsPerCore, RealMemory, Gres,
+    Features from the hardware: model, gpumem_<N>g, cc_X.Y, nvlink, mig; see docs/features.md)."""
+    from gpuslurm.config import load_config
     from gpuslurm.gres.render import render_node_conf
+    from gpuslurm.hw.source import bundle_path, load_capabilities
 
-    click.echo(render_node_conf(_load(source), node_name, template_file=template), nl=False)
+    features = tuple(f for item in features for f in item.split(","))
+    cfg = load_config()
+    if "feature" in cfg.mps.triggers and cfg.mps.feature:  # the MPS trigger needs it on the node
+        features = (*features, cfg.mps.feature)
+    node = _load(source)
+    try:
+        cc = load_capabilities(bundle_path(source))
+    except HardwareError:  # the node was read; a driver without the query leaves the table
+        cc = {}
+    click.echo(render_node_conf(node, node_name, template_file=template, features=features, cc=cc), nl=False)
 
 
 @cli.command("pbs-conf")

@@ -13,11 +13,13 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TextIO
 
 from gpuslurm.errors import EXIT_BAD_INPUT, GpuslurmError, InputError
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: see gpuslurm.tuples
 
 if TYPE_CHECKING:
+    from typing import Any, NoReturn, TextIO
+
     from gpuslurm.hw.model import Node
     from gpuslurm.place.engine import DeviceState, Placement
     from gpuslurm.place.request import Request
@@ -178,7 +180,23 @@ def job_candidates(node: Node, environ: Mapping[str, str]) -> tuple[str, ...] | 
     return tuple(d.uuid for d in resolve_job_gpus(env, node))
 
 
-def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
+def cache_dir(environ: Mapping[str, str]) -> str | None:
+    """Where the caller's own cache of parsed bundles lives (``$XDG_CACHE_HOME/gpuslurm``, else
+    ``$HOME/.cache/gpuslurm``), or None when neither names an absolute directory.
+
+    Only ever used when it is the caller's and private (:mod:`gpuslurm.hw.bundlecache`): a path
+    from the environment cannot make root read or write where a user can.
+    """
+    base = environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        home = environ.get("HOME", "")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "gpuslurm")
+
+
+def live_states(node: Node, bundle: str | None, now: float) -> dict[str, DeviceState]:
     """Per-device load and health, one sample: the scenario (replay) or NVML."""
     from gpuslurm.place.engine import DeviceState
 
@@ -188,9 +206,11 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
             # no scenario (hw.scenario's rule): every device idle, no process; the scenario
             # module and the NVML reading types it needs are not worth loading for that
             return with_window(node, {}, store_path(bundle, os.environ), now)
+        from pathlib import Path
+
         from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
 
-        reading = ScenarioSampler(node, scenario_path(bundle)).read(now)
+        reading = ScenarioSampler(node, scenario_path(Path(bundle))).read(now)
     else:
         from gpuslurm.hw.nvml_sampler import NvmlSampler
 
@@ -222,7 +242,7 @@ def live_states(node: Node, bundle: Any, now: float) -> dict[str, DeviceState]:
 WINDOW_S = 60.0  # the load window read from the monitor's store
 
 
-def store_path(bundle: Any, environ: Mapping[str, str]) -> str | None:
+def store_path(bundle: str | None, environ: Mapping[str, str]) -> str | None:
     """The monitor's store to read the load window from: $GPUSLURM_DB, else (live) the config's."""
     named = environ.get("GPUSLURM_DB", "").strip()
     if named or bundle is not None:
@@ -288,40 +308,19 @@ def check_request(node: Node, req: Request, allowed: tuple[str, ...] | None) -> 
         raise InputError(f"{req.n} {kind} wanted but {where} {total}{extra}")
 
 
-def decide(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | None,
+def decide(node: Node, req: Request, bundle: str | None, allowed: tuple[str, ...] | None,
            cc: dict[str, tuple[int, int]] | None = None) -> Placement:
     from gpuslurm.place.engine import place
 
     return place(node, req, live_states(node, bundle, time.time()), allowed, cc)
 
 
-def capabilities(bundle: Any) -> dict[str, tuple[int, int]]:
-    """Compute capability per GPU UUID from NVML, or from a bundle's nvml.json when it has one.
+def capabilities(bundle: str | None) -> dict[str, tuple[int, int]]:
+    """Compute capability per GPU UUID from NVML, or from a bundle's nvml.json when it has one
+    (:func:`gpuslurm.hw.source.load_capabilities`); the rest falls back to the model table."""
+    from gpuslurm.hw.source import load_capabilities
 
-    ``nvml.json`` may carry ``"compute_capability": "9.0"`` per GPU (gpuslurm's dump does not
-    write it yet); what neither source gives falls back to the engine's model table.
-    """
-    if bundle is None:
-        from gpuslurm.hw.nvml import compute_capabilities
-
-        return compute_capabilities()
-    path = os.path.join(bundle, "nvml.json")
-    if not os.path.isfile(path):
-        return {}
-    import json
-
-    from gpuslurm.place.request import parse_cc
-    from gpuslurm.safedir import read_regular
-
-    try:  # the one bounded, FIFO-refusing reader every bundle file goes through
-        doc = json.loads(read_regular(path))
-        out = {}
-        for g in doc.get("gpus", ()) if isinstance(doc, dict) else ():
-            if isinstance(g, dict) and isinstance(g.get("compute_capability"), str) and g.get("uuid"):
-                out[str(g["uuid"])] = parse_cc(g["compute_capability"])
-        return out
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"compute_capability: {exc}", path) from None
+    return load_capabilities(bundle)
 
 
 def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> None:
@@ -390,7 +389,7 @@ def env_values(node: Node, placement: Placement) -> list[tuple[str, str]]:
             ("GPUSLURM_CPUS", format_ranges(within_allowed(first.gpu.cpu_affinity)))]
 
 
-def wait_for(node: Node, req: Request, bundle: Any, allowed: tuple[str, ...] | None,
+def wait_for(node: Node, req: Request, bundle: str | None, allowed: tuple[str, ...] | None,
              timeout: float | None, poll: float, err: TextIO,
              cc: dict[str, tuple[int, int]] | None = None) -> Placement | None:
     """Poll until a set satisfies ``req``; None on timeout. Progress goes to ``err``."""
@@ -456,7 +455,7 @@ def exec_command(node: Node, placement: Placement, command: Sequence[str], err: 
 def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
              environ: Mapping[str, str] | None = None) -> int:
     """The command; its exit code (or no return when it execs CMD)."""
-    from gpuslurm.hw.source import load_node, resolve_source
+    from gpuslurm.hw.source import bundle_path, load_node
 
     args = parse_args(argv)
     req = build_request(args)
@@ -471,8 +470,8 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
             parse_duration(args.poll, "--poll", max_s=MAX_WAIT_S, max_words="366 days")
         timeout = None if args.timeout is None else \
             parse_duration(args.timeout, "--timeout", max_s=MAX_WAIT_S, max_words="366 days")
-    bundle = resolve_source(args.source)
-    node = load_node(args.source)
+    bundle = bundle_path(args.source)
+    node = load_node(args.source, cache_dir=cache_dir(env))
     allowed = job_candidates(node, env)
     check_request(node, req, allowed)
     cc = capabilities(bundle) if req.min_cc is not None else None

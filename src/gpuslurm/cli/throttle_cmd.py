@@ -247,3 +247,61 @@ def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str
         click.echo(f"{verb} {t.user} ({t.mode}) until {_when(t.until)}: {t.reason}")
     if not changed:
         click.echo(f"{len(scan.violations)} violation(s) read; no throttle to add or extend")
+
+
+@throttle.command("auto")
+@click.option("--once", is_flag=True, help="One round (read, decide, apply), then exit: for cron.")
+@click.option("--interval", default="60s", show_default=True, metavar="DUR", help="Time between rounds.")
+@click.option("--backoff", metavar="DUR",
+              help="How long the load must stay low before easing; doubles on each flap "
+                   "(default: [throttle.auto] backoff_s, 5 min).")
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing, save no state.")
+@click.option("--state-dir", metavar="DIR",
+              help="Where the limits this set are remembered (default: [paths] state_dir).")
+def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, state_dir: str | None) -> None:
+    """Per-user GPU limits (GrpTRES=gres/gpu=N) from the cluster's load, on the controller.
+
+    Load above 70 % limits the users above their fair share to 10 % of the GPUs, above 30 % to
+    50 %; a job over its limit stays PENDING (AssocGrpGRES). Needs AccountingStorageTRES=gres/gpu
+    and AccountingStorageEnforce=limits (docs/throttle.md).
+    """
+    from gpuslurm.errors import GpuslurmError, InputError
+    from gpuslurm.policy.admission import AdmissionConfig, check_band
+    from gpuslurm.slurm.admission import SlurmAdmission, auto_round, load_state, save_state
+    from gpuslurm.times import parse_duration
+
+    config = _config()
+    auto = config.throttle.auto
+    try:
+        check_band(auto.band_low, auto.band_high)
+    except ValueError as exc:
+        raise InputError(str(exc), source="[throttle.auto] band_low, band_high") from None
+    every = parse_duration(interval, "--interval")
+    base = parse_duration(backoff, "--backoff") if backoff is not None else auto.backoff_s
+    cfg = AdmissionConfig(backoff_s=base, backoff_max_s=max(base, auto.backoff_max_s),
+                          exempt=frozenset(auto.exempt_users), band=(auto.band_low, auto.band_high),
+                          gain=auto.band_gain)
+    directory = state_dir or config.paths.state_dir
+    state = load_state(directory)
+    p = config.paths
+    try:
+        adm = SlurmAdmission(squeue=p.squeue, scontrol=p.scontrol, sacctmgr=p.sacctmgr,
+                             utilisation_source=auto.utilisation_source)
+    except InputError as exc:  # parse_source names "--source"; here it is a config key
+        raise InputError(exc.message, source="[throttle.auto] utilisation_source") from None
+
+    def log(line: str) -> None:
+        click.echo(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} gpuslurm throttle auto: {line}")
+
+    while True:
+        try:
+            state = auto_round(adm, state, cfg, time.time(), dry_run=dry_run, log=log)
+            if not dry_run:
+                save_state(directory, state)
+        except GpuslurmError as exc:
+            if once:
+                raise
+            log(f"round failed, next in {every:.0f}s: {exc}")  # slurmctld restarting: keep going
+        if once:
+            return
+        time.sleep(every)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import jinja2
 
 from gpuslurm import __version__
 from gpuslurm.errors import InputError, one_line
+from gpuslurm.gres.features import FEATURE_RE, hardware_features, merge_features
 from gpuslurm.gres.records import GresOptions, GresPlan, plan_gres
 from gpuslurm.hw.model import Node
 from gpuslurm.names import check_node_name
@@ -113,8 +115,15 @@ def gres_summary(plan: GresPlan) -> str:
 
 
 def render_node_conf(node: Node, node_name: str | None = None, opts: GresOptions | None = None,
-                     template_file: Path | None = None) -> str:
+                     template_file: Path | None = None, features: Sequence[str] = (),
+                     cc: Mapping[str, tuple[int, int]] | None = None) -> str:
+    """The slurm.conf NodeName= line; ``Features=`` is ``features`` (the admin's, kept first and
+    as given) merged with the hardware's (:mod:`gpuslurm.gres.features`, ``cc`` from NVML)."""
     opts = opts or GresOptions()
+    for f in features:
+        if not FEATURE_RE.match(f):
+            raise InputError(f"not a Slurm feature name: {f!r} (letters, digits, _ . -)",
+                             "--feature")
     plan = plan_gres(node, opts)
     cmap = plan.core_map
     notes = list(node.warnings)
@@ -131,6 +140,7 @@ def render_node_conf(node: Node, node_name: str | None = None, opts: GresOptions
         "threads_per_core": cmap.threads_per_core,
         "real_memory": node.memory_mib,
         "gres": gres_summary(plan),
+        "features": ",".join(merge_features(features, hardware_features(node, cc))),
         "notes": notes,
     }
     return _render(NODE_TEMPLATE, template_file, context)

@@ -8,7 +8,6 @@ Files the reader does not know are ignored, so a bundle can carry notes or extra
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -166,10 +165,10 @@ def _placement(path: Path, gpus: tuple[Gpu, ...],
     for gpu, r in zip(gpus, rows, strict=True):
         origin = path / NVML_JSON
         if not gpu.cpu_affinity and topo.cpu_affinity[r]:
-            gpu = replace(gpu, cpu_affinity=topo.cpu_affinity[r])
+            gpu = gpu._replace(cpu_affinity=topo.cpu_affinity[r])
             origin = path / TOPO
         if gpu.numa_node is None and topo.numa_node[r] is not None:
-            gpu = replace(gpu, numa_node=topo.numa_node[r])
+            gpu = gpu._replace(numa_node=topo.numa_node[r])
         out.append(gpu)
         origins.append(origin)
     return tuple(out), tuple(origins)
@@ -209,11 +208,10 @@ def _mig_minors(path: Path, gpus: tuple[Gpu, ...], warnings: list[str]) -> tuple
     out = []
     for gpu in gpus:
         migs = tuple(
-            replace(m,
-                    gi_minor=m.gi_minor if m.gi_minor is not None else lookup(gpu, m, None),
-                    ci_minor=m.ci_minor if m.ci_minor is not None else lookup(gpu, m, m.ci_id))
+            m._replace(gi_minor=m.gi_minor if m.gi_minor is not None else lookup(gpu, m, None),
+                       ci_minor=m.ci_minor if m.ci_minor is not None else lookup(gpu, m, m.ci_id))
             for m in gpu.mig_devices)
-        out.append(replace(gpu, mig_devices=migs))
+        out.append(gpu._replace(mig_devices=migs))
     return tuple(out)
 
 

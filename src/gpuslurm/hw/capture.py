@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpuslurm import __version__
 from gpuslurm.errors import CommandError, GpuslurmError, HardwareError, InputError
-from gpuslurm.hw.nvml import NvmlBackend
+from gpuslurm.hw.nvml import NvmlBackend, compute_capabilities
 from gpuslurm.hw.nvml_json import dump_node
 from gpuslurm.runner import run_command, which
 
@@ -151,7 +151,12 @@ def write_capture(out_dir: Path, *, backend: NvmlBackend | None = None, nvidia_s
         node = nvml.read_node(host)
         nvml_gpus = len(node.gpus)
         bundle.log.extend(f"warning nvml.json: {w}" for w in node.warnings)
-        return dump_node(node)
+        try:  # pick --min-cc and node-conf's cc_X.Y read it; nvidia-smi does not print it
+            cc = compute_capabilities(nvml)
+        except HardwareError as exc:
+            cc = {}
+            bundle.log.append(f"warning nvml.json: no compute capabilities: {exc}")
+        return dump_node(node, cc)
 
     if bundle.produce("nvml.json", nvml_json, "NVML") and nvml_gpus == 0:
         bundle.log.append("warning nvml.json: NVML sees no GPUs")

@@ -5,15 +5,17 @@ the bundle's other files, keyed by GPU UUID::
 
     {"GPU-…": {"lost": false, "xid": [79], "temperature_c": 95, "ecc_uncorrectable": 0,
                "retired_pages_pending": false, "remap_pending": false, "remap_failed": false,
-               "memory_used_mib": 0, "processes": [{"pid": 4242, "user": "alice", "used_mib": 900}]}}
+               "memory_used_mib": 0, "processes": [{"pid": 4242, "user": "alice", "used_mib": 900}],
+               "clock_events": ["hw_thermal"]}}
 
 Every key is optional; a GPU or key the file does not mention is unknown, and unknown facts never
 fail a check. No ``health.json`` means nothing is known. An unknown key is an error, so a typo
 cannot silently turn a check off.
 
 Live, NVML gives temperature, volatile uncorrectable ECC, row remapping (or retired pages on
-older GPUs), used memory and the processes on each GPU. Xid errors are not kept by NVML for a
-one-shot query (they arrive as events), so live Xids are left to the monitor.
+older GPUs), used memory, the processes on each GPU and why its clocks are held down
+(``clock_events``, NVML's clock event reasons by name, :data:`CLOCK_EVENTS`). Xid errors are not
+kept by NVML for a one-shot query (they arrive as events), so live Xids are left to the monitor.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_FEATURE_ENABLED = 1
 MIB = 1024 * 1024
+# nvmlClocksEventReason* bits (nvml.h), by the names health.json and status use
+CLOCK_EVENTS = {
+    "gpu_idle": 0x1, "applications_clocks": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+    "sync_boost": 0x10, "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80,
+    "display_clocks": 0x100, "board_limit": 0x200, "reliability": 0x400,
+}
+# the reasons that mean the GPU is slowed by a fault or its cooling, not by policy or idleness
+SLOWDOWNS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 
 
 class GpuProcess(NamedTuple):
@@ -62,6 +72,7 @@ class GpuHealth(NamedTuple):
     remap_failed: bool | None = None
     memory_used_mib: int | None = None
     processes: tuple[GpuProcess, ...] | None = None
+    clock_events: tuple[str, ...] | None = None  # active clock event reasons (CLOCK_EVENTS names)
 
 
 _BOOL_KEYS = ("lost", "retired_pages_pending", "remap_pending", "remap_failed")
@@ -119,6 +130,10 @@ def _entry(uuid: str, value: Any, source: str) -> GpuHealth:
             if not isinstance(item, list):
                 raise CaptureError(f"{where} must be a list of Xid codes", source=source)
             fields[key] = tuple(_int(x, where, source) for x in item)
+        elif key == "clock_events":
+            if not isinstance(item, list) or any(x not in CLOCK_EVENTS for x in item):
+                raise CaptureError(f"{where} must be a list of {', '.join(CLOCK_EVENTS)}", source=source)
+            fields[key] = tuple(sorted(set(item), key=list(CLOCK_EVENTS).index))
         elif key == "processes":
             if not isinstance(item, list):
                 raise CaptureError(f"{where} must be a list of processes", source=source)
@@ -159,6 +174,9 @@ class NvmlHealthReader:
         nvml = NvmlLibrary(module)
         self._call = nvml.call
         self._optional = nvml.optional
+        self._running = nvml.running_processes
+        self._memory = nvml.memory_info
+        self._first = nvml.first
 
     def read(self, gpus: Sequence[AnyGpu]) -> dict[str, GpuHealth]:
         from gpuslurm.hw.nvml_lib import GpuLost
@@ -189,7 +207,15 @@ class NvmlHealthReader:
         else:  # before Ampere: page retirement instead of row remapping
             pending = self._optional("nvmlDeviceGetRetiredPagesPendingStatus", handle, gpu=i)
             retired = None if pending is None else int(pending) == NVML_FEATURE_ENABLED
-        memory = self._optional("nvmlDeviceGetMemoryInfo", handle, gpu=i)
+        try:
+            memory = self._memory(handle, gpu=i)
+        except NotSupported:
+            memory = None
+        try:
+            reasons = self._first(("nvmlDeviceGetCurrentClocksEventReasons",
+                                   "nvmlDeviceGetCurrentClocksThrottleReasons"), handle, gpu=i)
+        except NotSupported:
+            reasons = None
         return GpuHealth(
             gpu.uuid,
             temperature_c=None if temp is None else int(temp),
@@ -197,23 +223,28 @@ class NvmlHealthReader:
             retired_pages_pending=retired, remap_pending=remap_pending, remap_failed=remap_failed,
             memory_used_mib=None if memory is None else int(memory.used) // MIB,
             processes=self._processes(handle, i),
+            clock_events=None if reasons is None else clock_event_names(int(reasons)),
         )
 
     def _processes(self, handle: Any, i: int) -> tuple[GpuProcess, ...] | None:
         seen: dict[int, GpuProcess] = {}
         known = False
-        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        for graphics in (False, True):
             try:
-                procs = self._call(name, handle, gpu=i)
+                procs = self._running(handle, graphics=graphics, gpu=i)
             except NotSupported:
                 continue
             known = True
-            for p in procs or ():
-                pid = int(p.pid)
-                used = getattr(p, "usedGpuMemory", None)
-                seen.setdefault(pid, GpuProcess(pid, process_owner(pid),
-                                                None if used is None else int(used) // MIB))
+            for p in procs:
+                if p.pid not in seen:
+                    seen[p.pid] = GpuProcess(p.pid, process_owner(p.pid),
+                                             None if p.used_bytes is None else p.used_bytes // MIB)
         return tuple(seen.values()) if known else None
+
+
+def clock_event_names(reasons: int) -> tuple[str, ...]:
+    """The names of the clock event reason bits set in ``reasons`` (unknown bits are left out)."""
+    return tuple(name for name, bit in CLOCK_EVENTS.items() if reasons & bit)
 
 
 def process_owner(pid: int, proc_root: str = "/proc") -> str | None:

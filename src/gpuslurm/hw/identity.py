@@ -4,9 +4,9 @@
 prolog use (UUIDs, NVML index, ``/dev/nvidia`` minor, bus id, NUMA node and CPU affinity, MIG
 devices with their capability minors), under the same attribute names as ``Node``, ``Gpu`` and
 ``MigDevice``, so the hook-path functions take either (``AnyNode``, ``AnyGpu``, ``AnyMig``).
-They exist because the model's frozen dataclasses import :mod:`dataclasses`, and with it
-:mod:`inspect`, which alone costs a hook about as long as an interpreter start; a hook that
-finds its node in the cache (:mod:`gpuslurm.hooks.nodecache`) never loads the model.
+They were made when the model's types were dataclasses (whose import alone cost a hook about as
+long as an interpreter start); the model is NamedTuples now, and these remain the hooks' cache
+format (:mod:`gpuslurm.hooks.cache`).
 
 ``identity_of`` converts a full ``Node``; ``to_json``/``from_json`` are the cache's format.
 """

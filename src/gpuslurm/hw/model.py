@@ -2,16 +2,21 @@
 
 Every layer above ``hw`` reads these and nothing else. A GPU is its UUID; its NVML index,
 ``/dev/nvidiaN`` minor number and Slurm GRES index are attributes, never keys.
+
+All are NamedTuples, not dataclasses: :mod:`dataclasses` imports :mod:`inspect`, which alone
+costs about as much as an interpreter start, and this module is on the start-up path of every
+command (``gpuslurm pick`` in front of each job step most of all). Change one with
+``value._replace(field=...)``. Being tuples, two values of different types with equal fields
+compare equal: compare like with like.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
 
 from gpuslurm.hw.devfiles import mig_device_files
+from gpuslurm.tuples import NamedTuple
 
 
 class LinkKind(StrEnum):
@@ -72,11 +77,11 @@ class Cpu(NamedTuple):
 MIG_PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb(?P<suffix>(?:\+[a-z.]+)*)$")
 
 
-@dataclass(frozen=True, slots=True)
-class MigDevice:
+class MigDevice(NamedTuple):
     """One MIG device (a compute instance inside a GPU instance)."""
 
-    index: int  # MIG device index under its parent, as nvidia-smi -L and NVML number them
+    # under its parent, as nvidia-smi -L and NVML number them; shadows tuple.index on purpose
+    index: int  # type: ignore[assignment]
     gi_id: int
     ci_id: int
     profile: str  # e.g. "3g.40gb" or "1c.3g.71gb"; checked against MIG_PROFILE_RE
@@ -99,12 +104,11 @@ class MigDevice:
         return mig_device_files(parent_minor, self.gi_minor, self.ci_minor)
 
 
-@dataclass(frozen=True, slots=True)
-class Gpu:
+class Gpu(NamedTuple):
     """One physical GPU."""
 
     uuid: str
-    index: int  # NVML index = PCI bus order
+    index: int  # type: ignore[assignment]  # NVML index = PCI bus order (shadows tuple.index)
     minor: int  # /dev/nvidia<minor>
     bus_id: str  # normalised "0000:81:00.0" style, domain 8 hex digits as NVML prints it
     name: str  # NVML device name, e.g. "NVIDIA H100 80GB HBM3"
@@ -119,8 +123,7 @@ class Gpu:
         return f"/dev/nvidia{self.minor}"
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(NamedTuple):
     """Everything gpuslurm knows about one node, from NVML or from a capture bundle.
 
     ``links`` is a square matrix in the order of ``gpus`` (index order), or ``None`` when the
@@ -136,7 +139,7 @@ class Node:
     cuda_version: str | None = None
     memory_mib: int | None = None  # host RAM, for slurm.conf RealMemory
     source: str = ""  # where the facts came from, e.g. "replay:/path" or "nvml"
-    warnings: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = ()
 
     def gpu(self, uuid: str) -> Gpu:
         for g in self.gpus:

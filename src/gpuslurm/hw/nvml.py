@@ -16,10 +16,11 @@ Three choices worth knowing:
   switch links reaches every other such GPU, so a pair counts ``min`` of their switch links
   (DGX H100: NV18 everywhere, as ``nvidia-smi topo -m`` prints). Where the driver cannot say a
   remote is a switch, a non-GPU remote reached from two or more GPUs is taken to be one.
-* MIG profile names are rebuilt from the slice counts and memory (``3g.40gb``; ``1c.3g.71gb`` when
-  the compute instance is smaller than its GPU instance), with memory rounded to whole GiB. NVIDIA
-  names some profiles after nominal memory (an H200 ``1g.18gb`` has 16384 MiB); the exact names
-  are in ``nvidia-smi -L``, which :mod:`gpuslurm.hw.capture` saves in the bundle.
+* MIG profile names are NVML's own (``nvmlDeviceGetGpuInstanceProfileInfoV``'s ``name``), with
+  ``<c>c.`` in front when the compute instance is smaller than its GPU instance. NVIDIA names
+  profiles after nominal memory (an A100-80GB's ``3g.40gb`` has 40192 MiB, an H200's ``1g.18gb``
+  16384 MiB), so a name rebuilt from memory is only the last resort, for a driver without the
+  profile table.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from gpuslurm.errors import CaptureError, HardwareError, NotSupported
 from gpuslurm.hw import sysfs
 from gpuslurm.hw.mig_minors import MigKey, parse_mig_minors
 from gpuslurm.hw.model import (
+    MIG_PROFILE_RE,
     SELF_LINK,
     Cpu,
     Gpu,
@@ -47,6 +49,7 @@ from gpuslurm.hw.nvml_lib import (
     MIB,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NO_PERMISSION,
     NVML_ERROR_NOT_FOUND,
     NVML_FEATURE_ENABLED,
     GpuLost,
@@ -66,6 +69,10 @@ TOPOLOGY_LEVELS = {
     40: LinkKind.NODE,  # NODE (CPU)
     50: LinkKind.SYS,  # SYSTEM
 }
+
+
+# A lookup NVML refuses this user or has no entry for: fall back, not a failure.
+_NO_ANSWER = (NVML_ERROR_NO_PERMISSION, NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT)
 
 
 def mig_profile_name(gi_slices: int, ci_slices: int, memory_mib: int) -> str:
@@ -93,6 +100,7 @@ class NvmlBackend:
         self.nvml = NvmlLibrary(module)
         self.sys_root = sys_root
         self.proc_root = proc_root
+        self._profile_cache: dict[int, list[tuple[int, int, int, str]]] = {}
 
     def close(self) -> None:
         """Shut NVML down if this backend started it (also run at interpreter exit)."""
@@ -191,6 +199,7 @@ class NvmlBackend:
     def _with_mig(self, gpu: Gpu, handle: Any, minors: dict[MigKey, int]) -> Gpu:
         i = gpu.index
         devices: list[MigDevice] = []
+        profiles: list[Any] | None = None  # the GPU's GPU-instance profiles, read once
         for slot in range(int(self.nvml.call("nvmlDeviceGetMaxMigDeviceCount", handle, gpu=i))):
             mig = self.nvml.call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot, gpu=i,
                              allow=(NVML_ERROR_NOT_FOUND,))
@@ -202,8 +211,7 @@ class NvmlBackend:
             memory = int(attrs.memorySizeMB)
             devices.append(MigDevice(
                 index=slot, gi_id=gi, ci_id=ci,
-                profile=mig_profile_name(int(attrs.gpuInstanceSliceCount),
-                                         int(attrs.computeInstanceSliceCount), memory),
+                profile=self._mig_profile(handle, i, gi, attrs, profiles),
                 memory_mib=memory,
                 uuid=_text(self.nvml.call("nvmlDeviceGetUUID", mig, gpu=i)),
                 sm_count=int(attrs.multiprocessorCount),
@@ -212,6 +220,54 @@ class NvmlBackend:
             ))
         return Gpu(gpu.uuid, gpu.index, gpu.minor, gpu.bus_id, gpu.name, gpu.memory_mib,
                    gpu.numa_node, gpu.cpu_affinity, gpu.mig_mode, tuple(devices))
+
+    def _mig_profile(self, handle: Any, i: int, gi_id: int, attrs: Any, profiles: list[Any] | None) -> str:
+        """The MIG device's profile name as NVIDIA names it ("3g.40gb", "1c.3g.40gb").
+
+        The GPU instance's profile comes from NVML's profile table: by the instance's profile id
+        when NVML lets this user look the instance up (root), else the one profile with the
+        device's slice count and memory. Without a table (or with two candidates) the name is
+        built from slice counts and memory, which misnames profiles NVIDIA names by nominal
+        memory (an A100-80GB's 3g.40gb has 40192 MiB).
+        """
+        gi_slices, ci_slices = int(attrs.gpuInstanceSliceCount), int(attrs.computeInstanceSliceCount)
+        memory = int(attrs.memorySizeMB)
+        table = self._gi_profiles(handle, i)
+        name = None
+        instance = None
+        if table:
+            instance = self.nvml.call("nvmlDeviceGetGpuInstanceById", handle, gi_id, gpu=i, allow=_NO_ANSWER)
+        if instance is not None:
+            info = self.nvml.call("nvmlGpuInstanceGetInfo", instance, gpu=i, allow=_NO_ANSWER)
+            if info is not None:
+                name = next((n for pid, _, _, n in table if pid == int(info.profileId)), None)
+        if name is None:
+            found = {n for _, slices, mib, n in table if slices == gi_slices and mib == memory}
+            name = found.pop() if len(found) == 1 else None
+        if name is None:
+            return mig_profile_name(gi_slices, ci_slices, memory)
+        return f"{ci_slices}c.{name}" if 0 < ci_slices < gi_slices else name
+
+    def _gi_profiles(self, handle: Any, i: int) -> list[tuple[int, int, int, str]]:
+        """(profile id, slices, MiB, name) of every GPU-instance profile the GPU offers."""
+        if i in self._profile_cache:
+            return self._profile_cache[i]
+        out: list[tuple[int, int, int, str]] = []
+        count = int(getattr(self.nvml.module(), "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))
+        for index in range(count):
+            try:
+                info = self.nvml.call("nvmlDeviceGetGpuInstanceProfileInfo", handle, index, 2, gpu=i,
+                                      allow=_NO_ANSWER)
+            except NotSupported:
+                continue  # a profile this GPU does not offer (or no versioned query at all)
+            if info is None:
+                continue
+            name = _text(info.name)
+            name = name[4:] if name.startswith("MIG ") else name
+            if MIG_PROFILE_RE.match(name):
+                out.append((int(info.id), int(info.sliceCount), int(info.memorySizeMB), name))
+        self._profile_cache[i] = out
+        return out
 
     # -- links ------------------------------------------------------------------------------------
 

@@ -8,12 +8,17 @@ reader then takes that fact from the other files.
      "driver_version": "550.54.15", "cuda_version": "12.4", "memory_mib": 2064384,
      "gpus": [{"uuid": "GPU-…", "index": 0, "minor": 0, "bus_id": "00000000:18:00.0",
                "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "numa_node": 0,
-               "cpu_affinity": [0, 1, …], "mig_mode": false,
+               "cpu_affinity": [0, 1, …], "mig_mode": false, "compute_capability": "9.0",
                "mig_devices": [{"index": 0, "gi_id": 1, "ci_id": 0, "profile": "3g.40gb",
                                 "memory_mib": 40192, "uuid": "MIG-…", "sm_count": 60,
                                 "gi_minor": 12, "ci_minor": 13}]}],
      "links": [["X", "NV18", …], …],
      "cpus": [[os_id, core, socket, numa_node], …]}
+
+``compute_capability`` is not a fact of the model (``nvidia-smi -q -x`` does not carry it): the
+capture writes NVML's where it answers, and :func:`read_capabilities` reads it for ``pick
+--min-cc`` and ``node-conf``'s ``cc_X.Y`` feature; a GPU without one falls back to the model table
+(:mod:`gpuslurm.hw.capability`).
 """
 
 from __future__ import annotations
@@ -27,14 +32,15 @@ from gpuslurm.hw.model import Cpu, Gpu, MigDevice, Node, link_from_text
 from gpuslurm.ranges import MAX_CPUS, MAX_GPUS
 from gpuslurm.safedir import read_regular_text
 
-__all__ = ["dump_node", "link_from_text", "load_partial", "node_to_dict"]
+__all__ = ["dump_node", "link_from_text", "load_partial", "node_to_dict", "read_capabilities"]
 
 FORMAT = "gpuslurm-nvml"
 VERSION = 1
 
 
-def node_to_dict(node: Node) -> dict[str, Any]:
-    return {
+def node_to_dict(node: Node, cc: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
+    """The JSON document; ``cc`` (GPU UUID → compute capability) adds ``compute_capability``."""
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "hostname": node.hostname,
@@ -58,10 +64,34 @@ def node_to_dict(node: Node) -> dict[str, Any]:
         "links": None if node.links is None else [[str(c) for c in row] for row in node.links],
         "cpus": [[c.os_id, c.core, c.socket, c.numa_node] for c in node.cpus],
     }
+    for gpu, item in zip(node.gpus, doc["gpus"], strict=True):
+        if cc and gpu.uuid in cc:
+            item["compute_capability"] = "{}.{}".format(*cc[gpu.uuid])
+    return doc
 
 
-def dump_node(node: Node) -> str:
-    return json.dumps(node_to_dict(node), indent=1) + "\n"
+def dump_node(node: Node, cc: dict[str, tuple[int, int]] | None = None) -> str:
+    return json.dumps(node_to_dict(node, cc), indent=1) + "\n"
+
+
+def read_capabilities(path: Path) -> dict[str, tuple[int, int]]:
+    """GPU UUID → compute capability from ``nvml.json``'s ``"compute_capability": "9.0"`` entries;
+    GPUs without one are left out. A wrong value is a CaptureError naming the GPU, as in
+    :func:`load_partial` (which checks the rest of the file)."""
+    raw = _read(path)
+    out: dict[str, tuple[int, int]] = {}
+    gpus = raw.get("gpus")
+    for i, g in enumerate(gpus if isinstance(gpus, list) else ()):
+        if not isinstance(g, dict) or g.get("compute_capability") is None:
+            continue
+        text, uuid = g["compute_capability"], g.get("uuid")
+        major, dot, minor = text.partition(".") if isinstance(text, str) else ("", "", "")
+        if not (dot and major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit()
+                and len(major) <= 2 and len(minor) <= 2 and isinstance(uuid, str)):
+            raise CaptureError(f"gpus[{i}].compute_capability: must be \"<major>.<minor>\" such as "
+                               f"\"9.0\" on a GPU with a uuid, not {_show(text)}", path)
+        out[uuid] = (int(major), int(minor))
+    return out
 
 
 def load_partial(path: Path) -> dict[str, Any]:
@@ -71,6 +101,15 @@ def load_partial(path: Path) -> dict[str, Any]:
     links (matrix), cpus (tuple[Cpu]). Any wrong type, out-of-range number, ``NaN``/``Infinity``
     or repeated GPU index, minor or UUID is one CaptureError naming the file and the field.
     """
+    raw = _read(path)
+    try:
+        return _partial(raw)
+    except _FieldError as exc:
+        raise CaptureError(str(exc), path) from None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The checked top level of ``nvml.json`` (format and version); CaptureError otherwise."""
     try:
         raw = json.loads(read_regular_text(str(path)), parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
@@ -88,10 +127,7 @@ def load_partial(path: Path) -> dict[str, Any]:
     if raw.get("version") != VERSION:
         raise CaptureError(f"unsupported version {_show(raw.get('version'))} "
                            f"(this gpuslurm reads {VERSION})", path)
-    try:
-        return _partial(raw)
-    except _FieldError as exc:
-        raise CaptureError(str(exc), path) from None
+    return raw
 
 
 def _partial(raw: dict[str, Any]) -> dict[str, Any]:

@@ -12,8 +12,9 @@ and the GPU. Importing this module never touches the driver. Readers of nodes
 from __future__ import annotations
 
 import atexit
+import ctypes
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuslurm.errors import HardwareError, NotSupported
 
@@ -21,7 +22,9 @@ from gpuslurm.errors import HardwareError, NotSupported
 NVML_SUCCESS = 0
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
@@ -30,6 +33,35 @@ NVML_DEVICE_MIG_ENABLE = 1
 NVML_FEATURE_ENABLED = 1
 NVML_TEMPERATURE_GPU = 0
 MIB = 1024 * 1024
+NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory under WDDM
+
+
+class GpuProcessInfo(NamedTuple):
+    """One entry of NVML's process list."""
+
+    pid: int
+    used_bytes: int | None  # None: the driver cannot say
+
+
+class MemoryInfo(NamedTuple):
+    """A device's memory in bytes; ``used`` leaves out the driver's reservation when NVML can."""
+
+    total: int
+    used: int
+    reserved: int | None  # None: a driver without memory info v2 (its "used" includes it)
+
+
+class _ProcessInfo(ctypes.Structure):
+    """``nvmlProcessInfo_t`` as drivers before R535 and from R550 write it (24 bytes)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class _ProcessInfoR535(ctypes.Structure):
+    """The same struct as R535 drivers before 535.98 write it behind ``_v3`` (32 bytes)."""
+
+    _fields_ = [*_ProcessInfo._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
 
 
 class GpuLost(HardwareError):  # noqa: N818 - NVML's own name for the condition
@@ -54,6 +86,7 @@ class NvmlLibrary:
         self._module = module
         self._nvml: Any | None = None
         self._lock = threading.Lock()
+        self._process_abi: tuple[str, type[ctypes.Structure]] | None = None
 
     def module(self) -> Any:
         """The initialised NVML module (initialising it on the first call)."""
@@ -85,21 +118,18 @@ class NvmlLibrary:
     def call(self, name: str, *args: Any, gpu: int | None = None, allow: tuple[int, ...] = ()) -> Any:
         """Call ``name``; codes in ``allow`` give None, NOT_SUPPORTED raises NotSupported."""
         nvml = self.module()
-        where = "" if gpu is None else f" for GPU {gpu}"
         fn = getattr(nvml, name, None)
         if fn is None:
             raise NotSupported(f"NVML {name} is not in this nvidia-ml-py")
         try:
             return fn(*args)
         except nvml.NVMLError as exc:
-            code = exc.value
-            if code in allow:
+            if exc.value in allow:
                 return None
-            if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
-                raise NotSupported(f"NVML {name} is not supported{where}: {exc}") from None
-            if code == NVML_ERROR_GPU_IS_LOST and gpu is not None:
-                raise GpuLost(gpu, name) from None
-            raise HardwareError(f"NVML {name} failed{where}: {exc}") from None
+            raise _error(name, exc.value, str(exc), gpu) from None
+        except getattr(nvml, "NVMLLibraryMismatchError", nvml.NVMLError) as exc:
+            # nvidia-ml-py 13's unversioned process queries on a driver without their _v3
+            raise NotSupported(f"NVML {name} is not in this driver: {exc}") from None
 
     def optional(self, name: str, *args: Any, gpu: int | None = None) -> Any:
         """:meth:`call`, with None where the driver does not support it."""
@@ -120,6 +150,98 @@ class NvmlLibrary:
     def has(self, name: str) -> bool:
         """Whether this nvidia-ml-py offers ``name`` (the driver may still say not supported)."""
         return hasattr(self.module(), name)
+
+    def driver_has(self, symbol: str) -> bool:
+        """Whether the loaded NVML library exports ``symbol`` (nvidia-ml-py's own lookup)."""
+        nvml = self.module()
+        try:
+            nvml._nvmlGetFunctionPointer(symbol)
+        except nvml.NVMLError:
+            return False
+        return True
+
+    def memory_info(self, handle: Any, *, gpu: int | None = None) -> MemoryInfo:
+        """Memory of ``handle``: v2 where the driver has it, since v1's "used" includes the memory
+        the driver reserves for itself (hundreds of MiB on an idle GPU, which the epilog's
+        memory-released check would take for a job's leftovers); nvidia-smi shows v2's figure."""
+        nvml = self.module()
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                m = self.call("nvmlDeviceGetMemoryInfo", handle, version, gpu=gpu)
+                return MemoryInfo(int(m.total), int(m.used), int(m.reserved))
+            except NotSupported:
+                pass  # a driver before R510: v1
+        m = self.call("nvmlDeviceGetMemoryInfo", handle, gpu=gpu)
+        return MemoryInfo(int(m.total), int(m.used), None)
+
+    def running_processes(self, handle: Any, *, graphics: bool = False,
+                          gpu: int | None = None) -> list[GpuProcessInfo]:
+        """The compute (or ``graphics``) processes on ``handle``, read with the driver's layout.
+
+        nvidia-ml-py reads ``_v3`` lists as 24-byte entries, but R535 drivers before 535.98 write
+        32-byte ones there (``usedGpuCcProtectedMemory``, added without a version bump), and
+        535.98 dropped ``_v3`` again. Which layout a driver writes is told by its entry points,
+        as nvitop probes them: ``_v3`` with confidential computing
+        (``nvmlDeviceGetConfComputeMemSizeInfo``) but without the R550 detail list is the
+        32-byte struct; without ``_v3``, ``_v2`` and 24 bytes.
+        """
+        kind = "Graphics" if graphics else "Compute"
+        nvml = self.module()
+        if not hasattr(nvml, "_nvmlGetFunctionPointer"):  # a stand-in module: its own reading
+            return [GpuProcessInfo(int(p.pid), _bytes(getattr(p, "usedGpuMemory", None)))
+                    for p in self.call(f"nvmlDeviceGet{kind}RunningProcesses", handle, gpu=gpu) or ()]
+        suffix, entry = self._processes_abi()
+        name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+        try:
+            fn = nvml._nvmlGetFunctionPointer(name)
+        except nvml.NVMLError as exc:
+            raise _error(name, exc.value, str(exc), gpu) from None
+        count = ctypes.c_uint(0)
+        code = fn(handle, ctypes.byref(count), None)
+        for _ in range(3):  # the list may grow between the calls
+            if code != NVML_ERROR_INSUFFICIENT_SIZE:
+                break
+            count.value = count.value * 2 + 5
+            entries = (entry * count.value)()
+            code = fn(handle, ctypes.byref(count), entries)
+            if code == NVML_SUCCESS:
+                return [GpuProcessInfo(int(e.pid), _bytes(int(e.usedGpuMemory)))
+                        for e in entries[: count.value]]
+        if code == NVML_SUCCESS:
+            return []
+        raise _error(name, code, _error_text(nvml, code), gpu)
+
+    def _processes_abi(self) -> tuple[str, type[ctypes.Structure]]:
+        if self._process_abi is None:
+            if self.driver_has("nvmlDeviceGetComputeRunningProcesses_v3"):
+                wide = (self.driver_has("nvmlDeviceGetConfComputeMemSizeInfo")
+                        and not self.driver_has("nvmlDeviceGetRunningProcessDetailList"))
+                self._process_abi = ("_v3", _ProcessInfoR535 if wide else _ProcessInfo)
+            else:
+                self._process_abi = ("_v2", _ProcessInfo)
+        return self._process_abi
+
+
+def _bytes(value: Any) -> int | None:
+    return None if value is None or int(value) == NVML_VALUE_NOT_AVAILABLE else int(value)
+
+
+def _error_text(nvml: Any, code: int) -> str:
+    try:
+        return str(nvml.NVMLError(code))
+    except Exception:  # a message only: never fail while explaining a failure
+        return f"NVML error {code}"
+
+
+def _error(name: str, code: int, message: str, gpu: int | None) -> HardwareError:
+    """The exception for NVML ``code`` from ``name``: not supported, GPU lost, or a failure."""
+    where = "" if gpu is None else f" for GPU {gpu}"
+    if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+        return NotSupported(f"NVML {name} is not supported{where}: {message}")
+    if code == NVML_ERROR_GPU_IS_LOST and gpu is not None:
+        return GpuLost(gpu, name)
+    return HardwareError(f"NVML {name} failed{where}: {message}")
 
 
 def _import_pynvml() -> Any:

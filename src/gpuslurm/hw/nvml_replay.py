@@ -1,17 +1,23 @@
 """Writes the nvml.json that the test NVML library (tests/nvml/libnvml_replay.c) serves.
 
 It is :func:`gpuslurm.hw.nvml_json.node_to_dict` plus what the C library needs to answer NVML's
-own questions without parsing topology text: per GPU, the NVLinks (remote bus id, or a switch)
-and the PCIe common-ancestor level towards every other GPU. The C side validates every field.
+own questions without parsing topology text or scenarios: per GPU, the NVLinks (remote bus id, or
+a switch), the PCIe common-ancestor level towards every other GPU and the health facts of a
+``health.json``; and the scenario's steps as NVML would report them (what
+:func:`gpuslurm.hw.scenario.readings` gives the replay sampler), at absolute times. The C side
+validates every field.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from gpuslurm.hw.health import CLOCK_EVENTS, GpuHealth
 from gpuslurm.hw.model import LinkKind, Node
 from gpuslurm.hw.nvml_json import node_to_dict
+from gpuslurm.hw.scenario import Scenario, readings
 
 __all__ = ["dump_replay", "replay_dict"]
 
@@ -21,15 +27,26 @@ _LEVELS = {LinkKind.PIX: 10, LinkKind.PXB: 20, LinkKind.PHB: 30, LinkKind.NODE: 
 MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
 
 
-def replay_dict(node: Node, *, driver_major: int | None = None,
-                processes: dict[int, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
+def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bool = True,
+                processes: Mapping[int, list[tuple[int, int | None]]] | None = None,
+                health: Mapping[str, GpuHealth] | None = None, reserved_mib: Mapping[int, int] | None = None,
+                scenario: Scenario | None = None, start: float = 0.0) -> dict[str, Any]:
     """The model as nvml.json with an added ``"replay"`` section for the C library.
 
-    ``processes`` maps a GPU index to its compute processes as (pid, used MiB).
+    ``driver_version`` replaces the node's (the library's struct layouts and entry points follow
+    it); ``privileged=False`` makes GPU/compute-instance lookups answer NO_PERMISSION, as NVML
+    does for a user who is not root; ``processes`` maps a GPU index to the compute processes it
+    has before any scenario step, as (pid, used MiB or None); ``health`` gives each GPU's facts by UUID
+    (:func:`gpuslurm.hw.health.read_scenario`); ``reserved_mib`` the driver's reserved memory
+    per GPU index (memory v1's "used" includes it, v2's does not); ``scenario`` its steps, the
+    first beginning at ``start`` (Unix seconds).
     """
     out = node_to_dict(node)
+    if driver_version is not None:
+        out["driver_version"] = driver_version
     gpus = node.gpus
     links = node.links
+    facts = {k.lower(): v for k, v in (health or {}).items()}
     per_gpu: list[dict[str, Any]] = []
     for a in range(len(gpus)):
         levels: list[int] = []
@@ -48,19 +65,61 @@ def replay_dict(node: Node, *, driver_major: int | None = None,
         for b in range(len(gpus)):
             kind = row[b].kind if b < len(row) else LinkKind.UNKNOWN
             levels.append(_LEVELS.get(kind, 0 if b == a else -1))
-        per_gpu.append({"nvlinks": nvlinks, "topology": levels,
-                        "processes": [{"pid": pid, "used_mib": mib}
-                                      for pid, mib in (processes or {}).get(gpus[a].index, [])]})
-    major = driver_major
-    if major is None and node.driver_version:
-        try:
-            major = int(node.driver_version.split(".")[0])
-        except ValueError:
-            major = None
-    out["replay"] = {"gpus": per_gpu, "driver_major": major}
+        entry: dict[str, Any] = {"nvlinks": nvlinks, "topology": levels}
+        fact = facts.get(gpus[a].uuid.lower())
+        reserved = (reserved_mib or {}).get(gpus[a].index)
+        if fact is not None or reserved is not None:
+            entry["health"] = _health(fact, reserved)
+        per_gpu.append(entry)
+    base = [{"gpu": pos, "mig": -1, "pid": pid, "used_mib": mib}
+            for pos, g in enumerate(gpus) for pid, mib in (processes or {}).get(g.index, [])]
+    out["replay"] = {"gpus": per_gpu, "privileged": privileged, "processes": base,
+                     "steps": _steps(node, scenario, start) if scenario is not None else []}
     return out
 
 
-def dump_replay(node: Node, *, driver_major: int | None = None,
-                processes: dict[int, list[tuple[int, int]]] | None = None) -> str:
-    return json.dumps(replay_dict(node, driver_major=driver_major, processes=processes), indent=1) + "\n"
+def _health(fact: GpuHealth | None, reserved: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {} if reserved is None else {"memory_reserved_mib": reserved}
+    if fact is None:
+        return out
+    out.update(temperature_c=fact.temperature_c, ecc_uncorrectable=fact.ecc_uncorrectable,
+               retired_pages_pending=fact.retired_pages_pending, memory_used_mib=fact.memory_used_mib,
+               lost=fact.lost)
+    if fact.clock_events is not None:
+        out["clock_event_reasons"] = sum(CLOCK_EVENTS[name] for name in set(fact.clock_events))
+    if fact.remap_pending is not None or fact.remap_failed is not None:
+        out.update(remap_pending=bool(fact.remap_pending), remap_failed=bool(fact.remap_failed))
+    return out
+
+
+def _steps(node: Node, scenario: Scenario, start: float) -> list[dict[str, Any]]:
+    where: dict[str, tuple[int, int]] = {}  # GPU or MIG UUID -> (GPU position, MIG slot or -1)
+    for pos, g in enumerate(node.gpus):
+        where[g.uuid] = (pos, -1)
+        for slot, m in enumerate(g.mig_devices):
+            if m.uuid:
+                where[m.uuid] = (pos, slot)
+    steps: list[dict[str, Any]] = []
+    for step in scenario.steps:
+        reading = readings(node, step)
+        lost = {uuid for kind, uuid, _ in reading.problems if kind == "gpu-lost"}
+        devices: list[dict[str, Any]] = [{"gpu": where[uuid][0], "mig": -1, "lost": True}
+                                         for uuid in sorted(lost)]
+        for d in reading.devices:
+            gpu, mig = where[d.mig_uuid or d.gpu_uuid]
+            devices.append({"gpu": gpu, "mig": mig, "util": d.util_pct, "mem_used_mib": d.mem_used_mib,
+                            "power_w": d.power_w, "temp_c": d.temp_c})
+        procs = [{"gpu": where[p.gpu_uuid][0], "mig": where[p.mig_uuid][1] if p.mig_uuid else -1,
+                  "pid": p.pid, "used_mib": p.mem_mib, "sm": p.sm_util_pct} for p in reading.processes]
+        steps.append({"at": start + step.at, "devices": devices, "processes": procs})
+    return steps
+
+
+def dump_replay(node: Node, *, driver_version: str | None = None, privileged: bool = True,
+                processes: Mapping[int, list[tuple[int, int | None]]] | None = None,
+                health: Mapping[str, GpuHealth] | None = None, reserved_mib: Mapping[int, int] | None = None,
+                scenario: Scenario | None = None, start: float = 0.0) -> str:
+    """:func:`replay_dict` as the text of an nvml.json."""
+    return json.dumps(replay_dict(node, driver_version=driver_version, privileged=privileged,
+                                  processes=processes, health=health, reserved_mib=reserved_mib,
+                                  scenario=scenario, start=start), indent=1) + "\n"

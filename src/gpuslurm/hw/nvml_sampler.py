@@ -16,6 +16,7 @@ from gpuslurm.hw.nvml_lib import (
     NVML_SUCCESS,
     NVML_TEMPERATURE_GPU,
     GpuLost,
+    MemoryInfo,
     NvmlLibrary,
 )
 from gpuslurm.hw.nvml_lib import text as _text
@@ -83,6 +84,16 @@ class NvmlSampler:
             self._unsupported.add(key)
             return None
 
+    def _memory(self, dev: _Device, handle: Any) -> MemoryInfo | None:
+        key = ("memory", dev.gpu)
+        if key in self._unsupported:
+            return None
+        try:
+            return self._nvml.memory_info(handle, gpu=dev.gpu)
+        except NotSupported:
+            self._unsupported.add(key)
+            return None
+
     def read(self, now: float = 0.0) -> Reading:
         """Sample every device once; ``now`` stamps the samples (NVML samples the present)."""
         if self._devices is None:
@@ -106,7 +117,7 @@ class NvmlSampler:
     def _read_device(self, dev: _Device, now: float) -> tuple[list[GpuSample], list[ProcessReading]]:
         h = dev.handle
         util = self._opt("nvmlDeviceGetUtilizationRates", dev, h)
-        mem = self._opt("nvmlDeviceGetMemoryInfo", dev, h)
+        mem = self._memory(dev, h)
         power = self._opt("nvmlDeviceGetPowerUsage", dev, h)
         temp = self._opt("nvmlDeviceGetTemperature", dev, h, NVML_TEMPERATURE_GPU)
         out = [GpuSample(
@@ -116,7 +127,7 @@ class NvmlSampler:
         procs: list[ProcessReading] = []
         if dev.migs:
             for mig_uuid, mh in dev.migs:
-                mmem = self._opt("nvmlDeviceGetMemoryInfo", dev, mh)
+                mmem = self._memory(dev, mh)
                 out.append(GpuSample(now, dev.uuid, mig_uuid, None,
                                      None if mmem is None else int(mmem.used) / MIB,
                                      None if mmem is None else int(mmem.total) / MIB))
@@ -128,13 +139,20 @@ class NvmlSampler:
     def _processes(self, dev: _Device, handle: Any, mig_uuid: str | None,
                    sm: dict[int, float]) -> list[ProcessReading]:
         seen: dict[int, ProcessReading] = {}
-        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            for p in self._opt(name, dev, handle) or ():
-                pid = int(p.pid)
-                used = getattr(p, "usedGpuMemory", None)
-                if pid not in seen:
-                    seen[pid] = ProcessReading(pid, dev.uuid, mig_uuid,
-                                               None if used is None else int(used) / MIB, sm.get(pid))
+        for graphics in (False, True):
+            key = ("graphics processes" if graphics else "compute processes", dev.gpu)
+            if key in self._unsupported:
+                continue
+            try:
+                found = self._nvml.running_processes(handle, graphics=graphics, gpu=dev.gpu)
+            except NotSupported:
+                self._unsupported.add(key)
+                continue
+            for p in found:
+                if p.pid not in seen:
+                    seen[p.pid] = ProcessReading(
+                        p.pid, dev.uuid, mig_uuid, None if p.used_bytes is None else p.used_bytes / MIB,
+                        sm.get(p.pid))
         return list(seen.values())
 
     def _sm_util(self, dev: _Device) -> dict[int, float]:

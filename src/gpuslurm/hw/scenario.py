@@ -17,9 +17,11 @@ mention is idle (0 %, its processes' memory), one marked ``lost`` has fallen off
 monitor records that and carries on), and only the processes the step lists exist. ``start``
 (Unix seconds) defaults to the file's modification time, so a test that rewrites the file
 (atomically) makes its first step begin at once. A file with no ``steps`` is a single step.
-``gpu`` may name a MIG device by its UUID. A UUID that is neither a GPU nor a MIG device of the
-bundle is an error naming the file and the entry. The file is re-read when it changes; a broken
-rewrite keeps the previous scenario and is reported as a problem.
+``gpu`` may name a MIG device by its UUID. A GPU in MIG mode reports no utilisation, whole or
+per process, whatever the scenario says: NVML has none for it (nvidia-smi shows N/A). A UUID
+that is neither a GPU nor a MIG device of the bundle is an error naming the file and the entry.
+The file is re-read when it changes; a broken rewrite keeps the previous scenario and is
+reported as a problem.
 """
 
 from __future__ import annotations
@@ -188,6 +190,9 @@ def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
     gpus = step.gpus if step is not None else {}
     lost = {g.uuid for g in node.gpus if step is not None and g.uuid.lower() in step.lost}
     procs = tuple(p for p in (step.procs if step else ()) if p.gpu_uuid not in lost)
+    # NVML has no utilisation, whole or per process, on a GPU in MIG mode (nvidia-smi: N/A)
+    mig_mode = {g.uuid for g in node.gpus if g.mig_mode}
+    procs = tuple(p._replace(sm_util_pct=None) if p.gpu_uuid in mig_mode else p for p in procs)
     used: dict[str, float] = {}
     for p in procs:
         key = (p.mig_uuid or p.gpu_uuid).lower()
@@ -202,7 +207,8 @@ def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
             continue
         st = gpus.get(g.uuid.lower(), _UNSET)
         devices.append(GpuSample(
-            now, g.uuid, None, st.util_pct if st.util_pct is not None else 0.0,
+            now, g.uuid, None,
+            None if g.mig_mode else st.util_pct if st.util_pct is not None else 0.0,
             st.mem_used_mib if st.mem_used_mib is not None else used.get(g.uuid.lower(), 0.0),
             float(g.memory_mib), st.power_w, st.temp_c))
         for m in g.mig_devices if g.mig_mode else ():

@@ -193,9 +193,9 @@ def _merge_gpu(gpu: Gpu, listed: ListedGpu, source: str) -> Gpu:
     if have != sorted(by_index):
         raise CaptureError(f"GPU {gpu.index} has MIG devices {have} in the query but {sorted(by_index)} "
                            f"in nvidia-smi -L", source)
-    migs = tuple(replace(m, profile=by_index[m.index].profile, uuid=by_index[m.index].uuid)
+    migs = tuple(m._replace(profile=by_index[m.index].profile, uuid=by_index[m.index].uuid)
                  for m in gpu.mig_devices)
-    return replace(gpu, mig_devices=migs)
+    return gpu._replace(mig_devices=migs)
 
 
 def merge_listing(report: SmiReport, listing: tuple[ListedGpu, ...], source: str) -> SmiReport:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import replace
 from pyexpat import ErrorString
 from typing import NamedTuple
 
@@ -188,10 +187,10 @@ def dedupe_uuids(gpus: tuple[Gpu, ...], source: str) -> tuple[tuple[Gpu, ...], t
         for mig in gpu.mig_devices:
             if mig.uuid is not None:
                 owner = f"MIG device {mig.index} of GPU {gpu.index} ({gpu.bus_id})"
-                mig = replace(mig, uuid=claim(mig.uuid, owner,
+                mig = mig._replace(uuid=claim(mig.uuid, owner,
                                               synthetic_mig_uuid(gpu.bus_id, mig.gi_id, mig.ci_id)))
             migs.append(mig)
-        out.append(replace(gpu, uuid=uuid, mig_devices=tuple(migs)))
+        out.append(gpu._replace(uuid=uuid, mig_devices=tuple(migs)))
     return tuple(out), tuple(warnings)
 
 

@@ -8,12 +8,13 @@ is read; it is imported only then, so replaying works on machines without a driv
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
 
 from gpuslurm.errors import CaptureError, HardwareError
+from gpuslurm.tuples import TYPE_CHECKING  # typing is not imported on pick's path
 
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Any
 
     from gpuslurm.hw.model import Node
 
@@ -89,29 +90,56 @@ def bundle_label(path: str) -> str:
     return f"builtin:{name}" if parent == os.path.normpath(_builtin_root()) else f"replay:{path}"
 
 
-def load_node(spec: str | None, *, links: bool = True) -> Node:
+def load_node(spec: str | None, *, links: bool = True, cache_dir: str | None = None) -> Node:
     """The node described by ``spec`` (see resolve_source), or the live one from NVML.
 
     ``links=False``: the caller does not use the link matrix, so NVML is not asked for it (most
     of a live read's calls). ``Node.links`` is then None from every source, so code that needs
-    links cannot come to rely on a bundle happening to carry them.
+    links cannot come to rely on a bundle happening to carry them. ``cache_dir``: a bundle's
+    parse is kept there, private to the caller (:mod:`gpuslurm.hw.bundlecache`); never for NVML.
     """
-    path = resolve_source(spec)
+    path = bundle_path(spec)
     if path is not None:
-        # Imported here: a live read never needs the capture parsers (smi XML, topo, lscpu).
-        import dataclasses
+        if cache_dir is None:
+            node = _read_bundle(path)
+        else:
+            from gpuslurm.hw.bundlecache import cached_node
 
-        from gpuslurm.hw.bundle import read_bundle
-
-        node = read_bundle(path)
-        if (label := bundle_label(str(path))).startswith(BUILTIN_PREFIX):  # not a site-packages path
-            node = dataclasses.replace(node, source=label)
-        if not links:
-            node = dataclasses.replace(node, links=None)
-        return node
+            node = cached_node(path, cache_dir, lambda: _read_bundle(path))
+        return node if links else node._replace(links=None)
     from gpuslurm.hw.nvml import read_node  # lazy: replay must work where NVML is absent
 
     try:
         return read_node() if links else read_node(links=False)
     except HardwareError as exc:
         raise HardwareError(f"{exc}; {NO_NVML_HINT}") from exc
+
+
+def load_capabilities(bundle: str | None) -> dict[str, tuple[int, int]]:
+    """Compute capability per GPU UUID: NVML's for the live node (``bundle`` None), else the
+    bundle's ``nvml.json`` entries ({} without the file). What is missing falls back to the model
+    table (:mod:`gpuslurm.hw.capability`); a malformed entry is a CaptureError."""
+    if bundle is None:
+        from gpuslurm.hw.nvml import compute_capabilities
+
+        return compute_capabilities()
+    path = os.path.join(bundle, "nvml.json")
+    if not os.path.isfile(path):
+        return {}
+    from pathlib import Path
+
+    from gpuslurm.hw.nvml_json import read_capabilities
+
+    return read_capabilities(Path(path))
+
+
+def _read_bundle(path: str) -> Node:
+    # Imported here: a live read never needs the capture parsers (smi XML, topo, lscpu).
+    from pathlib import Path
+
+    from gpuslurm.hw.bundle import read_bundle
+
+    node = read_bundle(Path(path))
+    if (label := bundle_label(path)).startswith(BUILTIN_PREFIX):  # not a site-packages path
+        node = node._replace(source=label)
+    return node

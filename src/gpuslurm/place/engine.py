@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
+from gpuslurm.hw.capability import model_cc
 from gpuslurm.hw.model import Gpu, Link, LinkKind, MigDevice, Node
-from gpuslurm.place.capability import model_cc
 from gpuslurm.place.request import Request
+from gpuslurm.tuples import NamedTuple
 
 RUNNERS_UP = 3
 _CLASS_QUALITY = {LinkKind.SYS: 1, LinkKind.NODE: 2, LinkKind.PHB: 3, LinkKind.PXB: 4, LinkKind.PIX: 5}

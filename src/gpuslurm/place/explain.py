@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from gpuslurm.hw.model import Node
 from gpuslurm.place.engine import Device, Exclusion, Placement, Ranked
 from gpuslurm.ranges import format_ranges
+from gpuslurm.tuples import NamedTuple
 
 
 class CpuSet(NamedTuple):

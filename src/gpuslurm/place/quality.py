@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from gpuslurm.hw.model import Gpu, Node
 from gpuslurm.place.engine import Device, weakest_link
 from gpuslurm.topo.cores import LayoutError, core_map
+from gpuslurm.tuples import NamedTuple
 
 
 class Quality(NamedTuple):

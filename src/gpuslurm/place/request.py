@@ -9,11 +9,14 @@ Every parser raises ValueError with a message that names the text; the CLI adds 
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+from gpuslurm.tuples import NamedTuple
+
+# Patterns, compiled on first use by re's own cache: most picks parse none of them, and each
+# compile costs a measurable part of pick's start-up.
+_SIZE_RE = r"(?i)^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$"
 _UNIT_MIB = {"": 1.0, "B": 1 / 2**20, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
-_CC_RE = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\s*$")
+_CC_RE = r"^\s*(\d{1,2})\.(\d{1,2})\s*$"
 
 
 def parse_size_mib(text: str) -> float:
@@ -21,7 +24,7 @@ def parse_size_mib(text: str) -> float:
 
     ``G`` and ``GB`` mean GiB, as nvidia-smi and Slurm's ``--mem`` use them.
     """
-    m = _SIZE_RE.match(text)
+    m = re.match(_SIZE_RE, text)
     if m is None:
         raise ValueError(f"not a size: {text!r} (e.g. 6GiB, 512MiB, 40G)")
     unit = (m.group(2) or "").upper().rstrip("B").rstrip("I")
@@ -32,7 +35,7 @@ def parse_size_mib(text: str) -> float:
 
 def parse_cc(text: str) -> tuple[int, int]:
     """``8.0`` → ``(8, 0)``."""
-    m = _CC_RE.match(text)
+    m = re.match(_CC_RE, text)
     if m is None:
         raise ValueError(f"not a compute capability: {text!r} (e.g. 8.0)")
     return int(m.group(1)), int(m.group(2))

@@ -14,10 +14,10 @@ cores within a socket ordered by their lowest OS CPU.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from gpuslurm.hw.model import Cpu
 from gpuslurm.ranges import format_ranges
+from gpuslurm.tuples import NamedTuple
 
 __all__ = ["CoreMap", "LayoutError", "core_map", "format_ranges"]
 

@@ -102,7 +102,7 @@ class LiveView:
         return found, f"monitor store + {mine}", None
 
     def _faults(self) -> dict[str, list[str]]:
-        from gpuslurm.hw.health import read_health
+        from gpuslurm.hw.health import SLOWDOWNS, read_health
         from gpuslurm.policy.health import gate_faults
 
         try:
@@ -111,11 +111,14 @@ class LiveView:
             return {g.uuid: [f"health unknown: {exc}"] for g in self.node.gpus}
         out: dict[str, list[str]] = {}
         for uuid, h in health.items():
-            found = gate_faults(h._replace(processes=None), self.cfg.health)
+            found = [f.message for f in gate_faults(h._replace(processes=None), self.cfg.health)]
+            # not a gate fault (the GPU works), but what makes it slow is worth seeing
+            if slowed := [e for e in h.clock_events or () if e in SLOWDOWNS]:
+                found.append(f"clocks slowed: {', '.join(slowed)}")
             if h.lost or h.error is not None:
-                out[uuid] = ["lost"] + [f.message for f in found]
+                out[uuid] = ["lost", *found]
             elif found:
-                out[uuid] = [f.message for f in found]
+                out[uuid] = found
         return out
 
 
