@@ -10,6 +10,9 @@ EXIT_CHECK_FAILED = 1  # a check ran and found mismatches (gres-conf --check)
 EXIT_BAD_INPUT = 2  # the user's input (a file, an option) is wrong
 EXIT_HARDWARE = 3  # the hardware or its driver could not be read
 EXIT_EXTERNAL = 4  # an external command failed or timed out
+# The reader of our output went away (`gpuslurm discover | head -1`): no message, and the status
+# a shell reports for a writer SIGPIPE killed (128 + 13), as for `yes | head -1`.
+EXIT_CLOSED_PIPE = 141
 
 
 # Every character str.splitlines() breaks a line at: a message holding one would reach a log (or a

@@ -36,9 +36,9 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
     ``user``/``group`` (numeric ids; root only) run it as that user, with the supplementary
     ``groups`` given (none by default), e.g. a job's MPS daemon as the job's user. Raises
     CommandError when the program is missing, times out, or (with ``check``) exits non-zero.
-    ``cgroup_procs``: a v1 ``cgroup.procs`` file the child writes its own pid into, after the
-    drop and before exec (the job's devices cgroup, whose ``cgroup.procs`` is the user's), so
-    the program never runs outside it.
+    ``cgroup_procs``: a v1 ``cgroup.procs`` file the child writes its own pid into before it
+    drops to the user and execs (the job's devices cgroup: gpuslurm's, or the scheduler's, which
+    only root may join), so the program never runs outside it.
     """
     args = tuple(str(a) for a in argv)
     if not args or not os.path.isabs(args[0]):
@@ -49,7 +49,7 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
         for what, value in (("uid", user), ("gid", gid), *(("group", g) for g in groups or ())):
             if not 0 <= value <= MAX_ID:  # (uid_t)-1 would leave the child root
                 raise CommandError(f"refusing to run {Path(args[0]).name} as impossible {what} {value}", args)
-        verify = _dropped_check(user, gid, groups or (), cgroup_procs)
+        verify = _child_setup(user, gid, groups or (), cgroup_procs)
     elif cgroup_procs is not None:
         raise CommandError("joining a cgroup before exec is only for commands run as a user", args)
     try:
@@ -59,8 +59,7 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
             # a job's name, comment or directory can hold any bytes: never let them crash a reader
             encoding="utf-8", errors="replace",
             start_new_session=True, cwd=cwd,
-            user=user, group=group if group is not None or user is None else user,
-            extra_groups=None if user is None else list(groups or ()),
+            # the drop is the child's own (verify), after it joined cgroup_procs as root
             preexec_fn=verify,
         )
     except subprocess.SubprocessError as exc:  # the child found it was not fully dropped
@@ -86,25 +85,40 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
 MAX_ID = 2**32 - 2  # 2**32 - 1 is (uid_t)-1: "leave unchanged" to setresuid
 
 
-def _dropped_check(uid: int, gid: int, groups: Sequence[int],
-                   cgroup_procs: str | None = None) -> Callable[[], None]:
-    """Run in the child after Popen's setgroups/setregid/setreuid, before exec: abort unless
-    real, effective and saved ids and the supplementary groups are exactly the wanted ones;
-    then join ``cgroup_procs`` (as the user, so only a cgroup the user was given)."""
+def _dropped_check(uid: int, gid: int, groups: Sequence[int]) -> Callable[[], None]:
+    """A check that aborts unless real, effective and saved ids and the supplementary groups are
+    exactly ``uid``, ``gid`` and ``groups`` (the child's last step before exec)."""
     want_groups = sorted(set(groups))
 
     def check() -> None:
         if (os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid)
                 or sorted(set(os.getgroups()) - {gid}) != [g for g in want_groups if g != gid]):
             raise PermissionError("ids after the drop are not the job's")
+
+    return check
+
+
+def _child_setup(uid: int, gid: int, groups: Sequence[int],
+                 cgroup_procs: str | None = None) -> Callable[[], None]:
+    """Run in the child before exec: join ``cgroup_procs`` (still root), drop to ``uid``:``gid``
+    with exactly ``groups`` (setgroups, then gid, then uid: each step needs the privilege the
+    next one drops), then :func:`_dropped_check`."""
+    want_groups = sorted(set(groups))
+    verify = _dropped_check(uid, gid, groups)
+
+    def setup() -> None:
         if cgroup_procs is not None:
             fd = os.open(cgroup_procs, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 os.write(fd, b"0")  # 0: the writing process itself
             finally:
                 os.close(fd)
+        os.setgroups(want_groups)
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        verify()
 
-    return check
+    return setup
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

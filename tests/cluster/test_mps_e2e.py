@@ -256,3 +256,83 @@ def test_an_mps_daemon_failing_as_the_user_holds_the_job_and_leaves_the_node_up(
         _refused_and_node_up(mc, jobid, "MPS daemon did not start")
     finally:
         mc.control.write_text(wrapper)
+
+
+def _restart_slurmd(mc: MpsCluster) -> None:
+    """Restart slurmd through cluster.sh (slurmctld stays): PrologFlags is read when it starts."""
+    cluster = mc.cluster
+    mc.scontrol("reconfigure")
+    pid = int((cluster.state_dir / "run" / "slurmd.pid").read_text().strip())
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists() and "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text():
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+        time.sleep(0.05)
+    env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
+    cluster_sh = Path(__file__).resolve().parents[2] / "docker-slurm" / "cluster.sh"
+    up = subprocess.run(["/bin/bash", str(cluster_sh), "up"], env=env, capture_output=True, text=True,
+                        timeout=120, check=False)
+    assert up.returncode == 0, up.stderr
+    subprocess.run([SCONTROL, "update", f"NodeName={mc.node}", "State=RESUME"], env=cluster.env,
+                   capture_output=True, timeout=30, check=False)
+    _wait_idle(mc, timeout=60)
+
+
+PROBE = """
+import errno, sys
+for path in sys.argv[1:]:
+    try:
+        open(path, "rb").close()
+        print(path, "OK")
+    except OSError as exc:
+        print(path, errno.errorcode.get(exc.errno, exc.errno))
+"""
+
+
+def test_with_prolog_contain_the_daemon_runs_inside_the_jobs_device_limits(mps_cluster: MpsCluster) -> None:
+    """Slurm constrains devices here (ConstrainDevices=yes), gpuslurm does not. Slurm 22.05 makes
+    the job's cgroups only after the prolog, also with PrologFlags=Contain (slurmd restarted with
+    it: by the time the job runs, Slurm's extern step cgroup exists, but the daemon started
+    before it). So the prolog starts the daemon in a devices cgroup of its own for the daemon
+    (``gpuslurm/mps_<id>``, the job's GPUs only): its /proc/PID/cgroup names it, and a process
+    there, as the user, cannot open another GPU's device file (the fake /dev/nvidiaN open with
+    ENXIO where allowed, EPERM where the cgroup refuses). The job's tasks stay in Slurm's."""
+    from gpuslurm.runner import run_command
+
+    mc = mps_cluster
+    conf = mc.cluster.conf
+    before = conf.read_text()
+    conf.write_text(before.replace("\nNodeName=", "\nPrologFlags=Contain\nNodeName=", 1))
+    jobid = None
+    try:
+        _restart_slurmd(mc)
+        script = ('echo "GPUS=$SLURM_JOB_GPUS"\n'
+                  'echo "DAEMON $(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"\nsleep 30\n')
+        jobid = mc.submit(["--gres=gpu:1", "--comment=gpuslurm:mps"], script)
+        deadline = time.monotonic() + 60
+        while "DAEMON " not in (out := (mc.root / "out" / f"{jobid}.out").read_text()
+                                if (mc.root / "out" / f"{jobid}.out").exists() else ""):
+            assert time.monotonic() < deadline, f"{mc.hook_log()}\n{mc.cluster.log_tail()}"
+            time.sleep(0.3)
+        pid = int(re.search(r"^DAEMON (\d+)$", out, re.M).group(1))  # type: ignore[union-attr]
+        gpu = int(re.search(r"^GPUS=(\d+)$", out, re.M).group(1))  # type: ignore[union-attr]
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        devices = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "devices")
+        assert devices == f"/gpuslurm/mps_{jobid}", lines
+        slurms = list(Path("/sys/fs/cgroup/devices").glob(f"slurm*/uid_{NOBODY}/job_{jobid}/step_extern"))
+        assert slurms, "Contain is on: Slurm's extern step cgroup exists once the job runs"
+        files = sorted(Path("/dev").glob("nvidia[0-9]*"), key=lambda p: int(p.name[6:]))
+        got = run_command(["/usr/bin/python3", "-c", PROBE, *map(str, files)], user=NOBODY, group=NOBODY,
+                          cgroup_procs=f"/sys/fs/cgroup/devices{devices}/cgroup.procs", timeout=30).stdout
+        opened = dict(line.split() for line in got.splitlines())
+        assert opened.pop(f"/dev/nvidia{gpu}") == "ENXIO", got  # the job's own GPU (minor = index here)
+        assert set(opened.values()) == {"EPERM"}, got  # every other GPU refused by Slurm's cgroup
+    finally:
+        if jobid is not None:
+            subprocess.run(["/usr/bin/scancel", str(jobid)], env=mc.cluster.env, capture_output=True,
+                           timeout=30, check=False)
+            mc.cluster.wait(jobid, timeout=60)
+        conf.write_text(before)
+        _restart_slurmd(mc)

@@ -84,3 +84,57 @@ def test_placement_reads_real_scontrol_detail(slurm_cluster: SlurmCluster) -> No
         assert row["numa_affine"] in ("yes", "partly", "no"), row
     finally:
         subprocess.run(["/usr/bin/scancel", str(job)], env=slurm_cluster.env, timeout=30, check=False)
+
+
+def test_placement_is_not_fooled_by_a_job_name_holding_scontrol_lines(slurm_cluster: SlurmCluster,
+                                                                     tmp_path: Path) -> None:
+    """As the attacker (nobody): jobs whose names and comment copy scontrol's own layout — the
+    victim's ``JobId=`` with nobody as its user and all 8 GPUs, a job 999999 that does not exist
+    — submitted beside root's real job. Slurm 22.05 keeps the newlines. The live command reads
+    jobs from squeue and each with its own scontrol call: the victim keeps its user, its GPUs
+    and its CPUs, and no job is invented. A recording of the same text leaves the victim out as
+    ambiguous instead of giving it to nobody."""
+    import socket
+    import subprocess
+    import time
+
+    host = socket.gethostname().split(".", 1)[0]
+    victim = slurm_cluster.sbatch(["--gres=gpu:2", "-c", "4", "-J", "victim"], "sleep 60")
+    forged = (f"JobId={victim} JobName=victim\n   UserId=nobody(65534) GroupId=nogroup(65534)\n"
+              f"   JobState=RUNNING\n     Nodes={host} CPU_IDs=0-7 Mem=0 GRES=gpu:8(IDX:0-7)")
+    invented = (f"JobId=999999 JobName=ghost\n   UserId=nobody(65534) GroupId=nogroup(65534)\n"
+                f"   JobState=RUNNING\n     Nodes={host} CPU_IDs=0-1 Mem=0 GRES=gpu:8(IDX:0-7)")
+    attacker = ["--uid=nobody", "--chdir=/", "--output=/dev/null", "--gres=gpu:1"]
+    jobs = [victim,
+            slurm_cluster.sbatch([*attacker, "-J", f"a JobId={victim} UserId=nobody(65534) "
+                                  "JobState=RUNNING"], "sleep 60"),
+            slurm_cluster.sbatch([*attacker, "-J", "b\n" + forged, "--comment", "c\n" + invented],
+                                 "sleep 60")]
+    try:
+        deadline = time.monotonic() + 60
+        while any(slurm_cluster.state(j) != "RUNNING" for j in jobs):
+            assert time.monotonic() < deadline, slurm_cluster.log_tail()
+            time.sleep(0.3)
+        text = subprocess.run(["/usr/bin/scontrol", "show", "-d", "job"], env=slurm_cluster.env,
+                              capture_output=True, text=True, timeout=30, check=True).stdout
+        assert f"\nJobId={victim} JobName=victim\n   UserId=nobody" in text  # the forgery is there
+        proc = subprocess.run([BIN, "placement", "--from", "dgx-h100", "--node", host, "--json"],
+                              env=slurm_cluster.env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        rows = {r["job"]: r for r in json.loads(proc.stdout)["jobs"]}
+        assert set(rows) == {str(j) for j in jobs}, rows  # nothing invented, nothing lost
+        mine = rows[str(victim)]
+        assert mine["user"] == "root" and len(mine["gres_idx"]) == 2, mine
+        assert len(parse_ranges(mine["slurm_cpus"], MAX_CPUS)) == 4, mine
+        assert {rows[str(j)]["user"] for j in jobs[1:]} == {"nobody"}
+        recording = tmp_path / "scontrol.txt"
+        recording.write_text(text)
+        proc = subprocess.run([BIN, "placement", "--from", "dgx-h100", "--node", host, "--json",
+                               "--input", str(recording)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        recorded = {r["job"]: r for r in json.loads(proc.stdout)["jobs"]}
+        assert str(victim) not in recorded and f"job {victim} left out" in proc.stderr
+        assert all(r["user"] != "nobody" or r["job"] != str(victim) for r in recorded.values())
+    finally:
+        subprocess.run(["/usr/bin/scancel", *map(str, jobs)], env=slurm_cluster.env, timeout=30,
+                       check=False)

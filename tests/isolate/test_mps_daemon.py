@@ -616,3 +616,166 @@ def test_a_tree_that_will_not_go_is_set_aside_and_the_job_starts(mps: Mps,
     done = mps.stop(job="45")
     assert done is not None and done.errors and "cannot remove" in done.errors[0]
     assert not live(again.pid)
+
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def _spawn_with_pid(pid: int, tries: int = 50) -> subprocess.Popen[bytes] | None:
+    """A root ``sleep`` given exactly ``pid`` (ns_last_pid = pid - 1 before the fork), or None when
+    another process on the machine took it first every time."""
+    for _ in range(tries):
+        with open(NS_LAST_PID, "w") as fh:
+            fh.write(str(pid - 1))
+        proc = subprocess.Popen(["/bin/sleep", "60"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="needs a writable ns_last_pid")
+def test_a_pid_reused_between_scan_and_signal_is_not_killed() -> None:
+    """As MPS stop does: scan /proc for the job's daemon processes, then signal them. The found
+    process exits and root's next process gets its PID in between (forced here with
+    ns_last_pid). The signal must go to the process the scan found, identified by the start
+    time read *at scan time*, not by one read again at signal time (which would be the new
+    process's own and match it)."""
+    from gpuslurm.isolate import mps as mps_mod
+
+    pipe = tempfile.mkdtemp(prefix="gpuslurm-reuse-")
+    found = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": pipe})
+    newcomer = None
+    try:
+        time.sleep(0.1)
+        targets = mps_mod._daemon_processes(0, pipe)  # what stop found, as stop keeps it
+        assert [getattr(t, "pid", t) for t in targets] == [found.pid]
+        found.kill()
+        found.wait()
+        newcomer = _spawn_with_pid(found.pid)
+        if newcomer is None:
+            pytest.skip("the machine's other processes kept taking the PID")
+        time.sleep(0.05)  # a later start time than the scanned process, whatever the clock tick
+        mps_mod._kill_now(targets, 0)
+        assert newcomer.poll() is None, "a process that reused the scanned PID was killed"
+    finally:
+        if newcomer is not None:
+            newcomer.kill()
+            newcomer.wait()
+        os.rmdir(pipe)
+
+
+def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps) -> None:
+    """Slurm's own limits (ConstrainDevices=yes, PrologFlags=Contain): its cgroup/v1 job cgroup
+    is root's, so the daemon's process joins it as root before dropping to the user. Found
+    through the scheduler's layout (state.cgroup), made here as Slurm makes it."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cgroup_helpers import PROBE, make_gpu_files, parse_probe
+
+    from gpuslurm.isolate.devices import cgroup_version, scheduler_devices_procs
+    from gpuslurm.runner import run_command
+    from gpuslurm.state.cgroup import scheduler_devices_dirs
+
+    if cgroup_version("/sys/fs/cgroup") != 1:
+        pytest.skip("no cgroup v1 devices hierarchy here")
+    node = f"fix9test{os.getpid()}"
+    job = str(920_000_000 + os.getpid() % 1_000_000)
+    top = Path("/sys/fs/cgroup/devices") / f"slurm_{node}"
+    chain = [top, top / f"uid_{NOBODY}", top / f"uid_{NOBODY}" / f"job_{job}"]
+    for d in chain:
+        d.mkdir()
+    (chain[-1] / "devices.deny").write_text("c 195:1 rwm")  # the job was given GPU 0 only
+    (chain[-1] / "step_extern").mkdir()
+    chain.append(chain[-1] / "step_extern")
+    gpus = make_gpu_files([0, 1])
+    gpu_dir = next(gpus)
+    try:
+        procs = scheduler_devices_procs("/sys/fs/cgroup", scheduler_devices_dirs("slurm", job, NOBODY, node))
+        assert procs == str(chain[-1] / "cgroup.procs")
+        daemon = start_mps("46", NOBODY, NOGROUP, ("GPU-a",), MpsRequest("comment", 100),
+                           run_dir=mps.run_dir, mps_control=mps.control(), timeout=5.0, cgroup_procs=procs)
+        assert daemon.pid is not None
+        lines = Path(f"/proc/{daemon.pid}/cgroup").read_text().splitlines()
+        devices = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "devices")
+        assert devices == f"/slurm_{node}/uid_{NOBODY}/job_{job}/step_extern", lines
+        out = run_command([SYSTEM_PYTHON, "-c", PROBE, str(gpu_dir / "nvidia0"), str(gpu_dir / "nvidia1")],
+                          user=NOBODY, group=NOGROUP, cgroup_procs=procs, timeout=30).stdout
+        assert parse_probe(out) == {"nvidia0": "ENXIO", "nvidia1": "EPERM"}
+        mps.stop("46")
+    finally:
+        gpus.close()
+        for d in reversed(chain):
+            for _ in range(50):  # the last processes may still be leaving
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def test_a_cgroup_not_roots_is_not_taken_for_the_schedulers() -> None:
+    """A directory chain someone else owns (or that is missing) gives no cgroup to join."""
+    from gpuslurm.isolate.devices import scheduler_devices_procs
+
+    root = Path(tempfile.mkdtemp())
+    try:
+        (root / "devices" / "slurm" / "uid_5" / "job_7" / "step_extern").mkdir(parents=True)
+        (root / "devices" / "slurm" / "uid_5" / "job_7" / "step_extern" / "cgroup.procs").touch()
+        rel = "slurm/uid_5/job_7/step_extern"
+        assert scheduler_devices_procs(str(root), [rel]) == str(root / "devices" / rel / "cgroup.procs")
+        os.chown(root / "devices" / "slurm" / "uid_5", NOBODY, NOGROUP)
+        assert scheduler_devices_procs(str(root), [rel]) is None
+        assert scheduler_devices_procs(str(root), ["slurm/uid_5/job_8/step_extern"]) is None
+    finally:
+        shutil.rmtree(root)
+
+
+def test_where_slurm_constrains_devices_the_prolog_confines_the_daemon_alone(mps: Mps) -> None:
+    """`[cgroup] devices = "auto"` and Slurm's cgroup.conf says ConstrainDevices=yes: gpuslurm
+    leaves the tasks to Slurm, but Slurm 22.05 has no job cgroup while the prolog runs. The
+    daemon starts in ``gpuslurm/mps_<id>`` (the job's GPUs 2 and 3 only; root alone may join),
+    which the task prolog never joins and the epilog removes."""
+    from gpuslurm.isolate.devices import cgroup_version
+
+    if cgroup_version("/sys/fs/cgroup") != 1:
+        pytest.skip("no cgroup v1 devices hierarchy here")
+    site = hook_site(mps)
+    slurm_cgroup = mps.root / "cgroup.conf"
+    slurm_cgroup.write_text("CgroupPlugin=cgroup/v1\nConstrainDevices=yes\n")
+    config = Path(site.env["GPUSLURM_CONFIG"])
+    text = config.read_text().replace('devices = "never"', 'devices = "auto"')
+    config.write_text(text.replace("[paths]\n", f'[paths]\nslurm_cgroup_conf = "{slurm_cgroup}"\n'))
+    env = job_env(site, SLURM_JOB_COMMENT="gpuslurm:mps")
+    cgroup = Path("/sys/fs/cgroup/devices/gpuslurm") / f"mps_{JOB}"
+    log = quiet("prolog")
+    try:
+        assert run_prolog(env, log) == 0, log.lines
+        [pid] = processes_with(mps.run_dir)
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        assert f"devices:/gpuslurm/mps_{JOB}" in [line.split(":", 1)[1] for line in lines], lines
+        assert (cgroup / "cgroup.procs").stat().st_uid == 0  # not the user's to join
+        sys.path.insert(0, str(Path(__file__).parent))
+        from cgroup_helpers import PROBE, make_gpu_files, parse_probe
+
+        from gpuslurm.runner import run_command
+
+        gpus = make_gpu_files(range(8))
+        gpu_dir = next(gpus)
+        try:  # as the user, in the daemon's cgroup: the job's GPUs 2 and 3 (dgx-h100: minor = index)
+            out = run_command([SYSTEM_PYTHON, "-c", PROBE, *(str(gpu_dir / f"nvidia{m}") for m in range(8))],
+                              user=NOBODY, group=NOGROUP, cgroup_procs=str(cgroup / "cgroup.procs"),
+                              timeout=30).stdout
+        finally:
+            gpus.close()
+        assert parse_probe(out) == {f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
+        out = task_prolog_as_nobody(env)
+        assert "CUDA_MPS_PIPE_DIRECTORY" in out  # the task prolog did not move the task there
+        log = quiet("epilog")
+        assert run_epilog(env, log) == 0, log.lines
+        assert not live(pid) and not cgroup.exists()
+    finally:
+        if cgroup.exists():
+            from gpuslurm.isolate.devices import remove_v1
+
+            remove_v1("/sys/fs/cgroup", JOB, kind="mps")

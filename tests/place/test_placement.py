@@ -81,3 +81,78 @@ def test_idx_beyond_the_node_is_bad_input(tmp_path: Path, capsys: pytest.Capture
     assert main(["placement", "--from", "l40s-4x", "--node", "l40s01", "--input", str(rec)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "GPU IDX 7 but l40s01 has 4 gpu GRES" in err
+
+
+def _hostile_job(name: str, comment: str = "") -> str:
+    """Mallory's job 107 as scontrol 22.05 prints it, her name and comment verbatim."""
+    return (f"\nJobId=107 JobName={name}\n   UserId=mallory(1066) GroupId=mallory(1066) MCS_label=N/A\n"
+            "   JobState=RUNNING Reason=None Dependency=(null)\n   NodeList=l40s01\n   JOB_GRES=gpu:1\n"
+            "     Nodes=l40s01 CPU_IDs=10-11 Mem=0 GRES=gpu:nvidia_l40s:1(IDX:2)\n"
+            f"   Command=/home/mallory/x.sh\n   Comment={comment}\n   TresPerNode=gres:gpu:1\n")
+
+
+def test_a_job_name_holding_jobid_on_its_line_takes_no_record() -> None:
+    """`-J 'x JobId=101 UserId=mallory(1066) JobState=RUNNING'`: scontrol prints it on the job's
+    first line; read anywhere on a line, it used to start job 101 again with mallory's lines."""
+    text = RECORDED.read_text() + _hostile_job("x JobId=101 UserId=mallory(1066) JobState=RUNNING")
+    jobs = {j.job_id: j for j in parse_job_detail(text)}
+    assert jobs["101"].user == "alice" and jobs["101"].on("l40s01").gpu_idx == (0, 1)  # type: ignore[union-attr]
+    assert jobs["107"].user == "mallory" and jobs["107"].on("l40s01").gpu_idx == (2,)  # type: ignore[union-attr]
+
+
+def test_forged_lines_in_a_name_make_the_victim_ambiguous_not_hers() -> None:
+    """Slurm 22.05 keeps newlines in names and comments: mallory writes job 101's first lines
+    herself, with all four GPUs. Two records for 101: both are left out (a recording cannot
+    tell which is Slurm's), and her forged user and GPUs reach no row."""
+    forged = ("x\nJobId=101 JobName=good\n   UserId=mallory(1066) GroupId=mallory(1066)\n"
+              "   JobState=RUNNING\n     Nodes=l40s01 CPU_IDs=0-7 Mem=0 GRES=gpu:4(IDX:0-3)")
+    jobs = parse_job_detail(RECORDED.read_text() + _hostile_job(forged))
+    assert "101" not in {j.job_id for j in jobs} and jobs.doubtful == ("101",)
+    assert all(j.user != "mallory" for j in jobs)  # 107's own lines went to the forged record
+
+
+def test_contradicting_lines_leave_the_job_out() -> None:
+    """A comment that adds a second JobState= or UserId= line to the job's own record."""
+    jobs = parse_job_detail(RECORDED.read_text() + _hostile_job("x", "c\n   UserId=alice(1001)"))
+    assert "107" not in {j.job_id for j in jobs} and jobs.doubtful == ("107",)
+
+
+def test_a_second_detail_line_for_the_node_makes_the_share_unknown() -> None:
+    """Her comment adds a detail line for her own job claiming other CPUs: which is Slurm's?"""
+    text = RECORDED.read_text() + _hostile_job(
+        "x", "c\n     Nodes=l40s01 CPU_IDs=0-3 Mem=0 GRES=gpu:nvidia_l40s:1(IDX:2)")
+    jobs = {j.job_id: j for j in parse_job_detail(text)}
+    assert jobs["107"].on("l40s01") is None
+
+
+def test_live_jobs_trust_squeue_and_each_jobs_own_text() -> None:
+    """Live: ids, users and GPU IDX from squeue --json; CPUs from `scontrol show -d job ID`, only
+    when that text names the same GPUs and has one line for the node."""
+    from gpuslurm.slurm.job_detail import live_jobs
+    from gpuslurm.slurm.squeue import SqueueJob
+
+    def sq(job_id: str, user: str, detail: str) -> SqueueJob:
+        return SqueueJob(job_id, user, 1000, None, "RUNNING", ("l40s01",), 0.0, (detail,))
+
+    texts = {"101": "JobId=101 JobName=good\n   UserId=alice(1001)\n   JobState=RUNNING\n"
+                    "     Nodes=l40s01 CPU_IDs=0-3 Mem=0 GRES=gpu:nvidia_l40s:2(IDX:0-1)\n",
+             "107": _hostile_job("x\nJobId=108 JobName=y").lstrip("\n")}
+    jobs = live_jobs([sq("101", "alice", "gpu:nvidia_l40s:2(IDX:0-1)"),
+                      sq("107", "mallory", "gpu:nvidia_l40s:1(IDX:2)")], "l40s01", texts.__getitem__)
+    got = {j.job_id: (j.user, j.shares[0].cpu_ids, j.shares[0].gpu_idx) for j in jobs}
+    assert got == {"101": ("alice", (0, 1, 2, 3), (0, 1)), "107": ("mallory", (), (2,))}
+
+
+@given(st.text(max_size=80))
+def test_any_name_leaves_the_other_jobs_as_they_were(name: str) -> None:
+    """Whatever her job's name holds, every other job reads the same: either exactly as without
+    her job, or (her text copied a job's first line) left out as ambiguous — never changed."""
+    clean = {j.job_id: j for j in parse_job_detail(RECORDED.read_text())}
+    try:
+        jobs = parse_job_detail(RECORDED.read_text() + _hostile_job(name))
+    except InputError:
+        return  # a forged detail line that does not parse: one line, exit 2
+    for j in jobs:
+        if j.job_id in clean:
+            assert j == clean[j.job_id] or j.job_id in name
+    assert set(clean) - {j.job_id for j in jobs} <= set(jobs.doubtful)

@@ -105,3 +105,40 @@ def test_fairshare_report_through_the_cli(option: str, value: str) -> None:
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
     if proc.returncode:
         assert one_line(proc.stderr), proc.stderr
+
+
+def _pick_wait_error(option: str, text: str) -> str:
+    """The one stderr line of `gpuslurm pick 1 --wait OPTION TEXT` against a missing bundle: about
+    OPTION when the duration is refused, about the bundle when it is accepted (read first)."""
+    import contextlib
+    import io
+
+    from gpuslurm.cli.pick_cmd import main as pick_main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = pick_main(["1", "--from", "/nonexistent/fix9-bundle", "--wait", option, text])
+    assert code == 2 and err.getvalue().count("\n") == 1, err.getvalue()
+    return err.getvalue()
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(time_text, well_formed), st.sampled_from(["--timeout", "--poll"]))
+def test_pick_reads_durations_with_the_one_parser(text: str, option: str) -> None:
+    """pick's --timeout/--poll accept exactly what times.parse_duration (bounded to pick's 366
+    days) accepts: `1d`, `1h30m`, `90min` as everywhere else; no bare numbers, no `ms`."""
+    assume(not text.startswith("-"))  # an option-looking value is the option parser's matter
+    try:
+        parse_duration(text, option, max_s=366 * 86400)
+        accepted = True
+    except InputError:
+        accepted = False
+    line = _pick_wait_error(option, text)
+    assert (option not in line) == accepted, line
+
+
+def test_pick_durations_spelled_as_everywhere_else() -> None:
+    for text in ("1d", "1h30m", "90min", "0.5s"):
+        assert "fix9-bundle" in _pick_wait_error("--timeout", text)
+    for text in ("30", "200ms", "367d", "0s"):
+        assert "--poll" in _pick_wait_error("--poll", text)

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from watch_helpers import sleeper, stop
 
 from gpuslurm.hw import procfs
@@ -125,3 +127,35 @@ def test_an_entry_the_reader_may_not_read_is_unreadable(tmp_path: Path) -> None:
     os.close(rfd)
     os.waitpid(child, 0)
     assert out.startswith("proc-unreadable ") and "Permission denied" in out
+
+
+def test_status_parser_reads_real_files_and_bounds_the_rest() -> None:
+    """The one /proc/PID/status parser (monitor, kills, MPS stop): live files of this process
+    and of init, a zombie's state, and hostile text never anything but ValueError/IndexError."""
+    from gpuslurm.hw.procfs import ProcStatus, parse_status, read_status
+
+    me = read_status(os.getpid())
+    assert isinstance(me, ProcStatus) and me.uid == os.getuid() and me.ppid == os.getppid() and me.alive
+    child = subprocess.Popen(["/bin/true"])
+    deadline = time.monotonic() + 10
+    while isinstance(status := read_status(child.pid), ProcStatus) and status.alive:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert isinstance(status, ProcStatus) and status.state == "Z" and not status.alive  # not reaped
+    child.wait()
+    assert read_status(child.pid) == ProcessProblem(child.pid, "pid-gone", "the process exited")
+    fake = b"Name:\tx\nUid:\t7\t7\t7\t7\nState:\tS (sleeping)\nPPid:\t1\n"
+    assert parse_status(fake) == ProcStatus(7, "S", 1)
+    assert parse_status(b"Uid:\t0\t0\t0\t0\n") == ProcStatus(0)  # a replayed /proc: running, no parent
+    with pytest.raises(ValueError):
+        parse_status(b"Name:\tUid: 0\nState:\tR\nPPid:\t1\n")  # a Uid: that is not at a line start
+
+
+@given(st.binary(max_size=200))
+def test_status_parser_is_total(data: bytes) -> None:
+    from gpuslurm.hw.procfs import parse_status
+
+    try:
+        parse_status(data)
+    except (ValueError, IndexError):
+        pass

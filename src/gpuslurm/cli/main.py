@@ -266,17 +266,31 @@ def _say(message: str) -> None:
     click.echo(one_line(message), err=True)
 
 
+def run_cli(argv: list[str] | None = None) -> int | None:
+    """Parse and run one command; click's exceptions reach :func:`main` as raised.
+
+    Not ``cli.main()``: that turns a write to a closed pipe into ``sys.exit(1)`` even outside
+    standalone mode, which would report `gpuslurm discover | head -1` as a failed check (exit 1).
+    """
+    args = sys.argv[1:] if argv is None else argv
+    with cli.make_context("gpuslurm", list(args)) as ctx:
+        code = cli.invoke(ctx)
+    return code if isinstance(code, int) else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI and turn errors into one line and an exit code."""
+    """Entry point: run the CLI and turn errors into one line and an exit code.
+
+    BrokenPipeError is left to the caller (:func:`gpuslurm.cli.fast.quiet_on_closed_pipe`),
+    which also keeps the interpreter's last flush from failing.
+    """
     try:
-        # Outside standalone mode click returns ctx.exit()'s code instead of raising Exit:
-        # losing it would turn a failed prolog into a success.
-        code = cli.main(args=argv, prog_name="gpuslurm", standalone_mode=False)
-        if isinstance(code, int):
+        code = run_cli(argv)
+        if code is not None:
             return code
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.Abort:
+    except (click.Abort, KeyboardInterrupt, EOFError):
         _say("gpuslurm: aborted")
         return 130
     except click.UsageError as exc:
@@ -293,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"gpuslurm: {exc}")
         return exc.exit_code
     except BrokenPipeError:
-        return 0
+        raise
     except Exception as exc:  # a bug in gpuslurm: say so plainly, traceback only when asked
         if os.environ.get("GPUSLURM_DEBUG"):
             raise
@@ -304,4 +318,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpuslurm.cli.fast import quiet_on_closed_pipe
+
+    sys.exit(quiet_on_closed_pipe(main))

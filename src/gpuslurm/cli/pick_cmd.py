@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 EXIT_UNSATISFIED = 5  # nothing on the node satisfies the request now
 EXIT_WAIT_TIMEOUT = 6  # --wait gave up after --timeout
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+MAX_WAIT_S = 366 * 86400.0  # --timeout and --poll
 WAIT_MAX_UTIL = 10.0  # --wait: a GPU is free when no one else's process is on it and util <= this
 FORMATS = ("env", "json", "explain")
 
@@ -454,11 +455,21 @@ def exec_command(node: Node, placement: Placement, command: Sequence[str], err: 
     env["GPUSLURM_CPUS"] = format_ranges(chosen or allowed)
     err.flush()
     sys.stdout.flush()
+    import signal
+
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec: CMD
+    # would then see `yes | head -1` fail with EPIPE instead of ending quietly. subprocess
+    # restores both for its children; exec must do it by hand.
+    restored = [getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n)]
+    for sig in restored:
+        signal.signal(sig, signal.SIG_DFL)
     try:
         # exec, not a subprocess: pick becomes CMD (same pid, so Slurm's and PBS's accounting,
         # signals and cgroup follow), which is what `pick -- CMD` promises; no shell is involved.
         os.execvpe(command[0], list(command), env)  # noqa: S606
     except OSError as exc:
+        for sig in restored:  # still gpuslurm: a closed stderr must not kill it silently
+            signal.signal(sig, signal.SIG_IGN)
         raise InputError(f"cannot run: {exc.strerror}", command[0]) from None
 
 
@@ -472,18 +483,14 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
     env = os.environ if environ is None else environ
     poll = timeout = None
     if args.wait:
-        from gpuslurm.place.request import parse_duration
+        from gpuslurm.times import parse_duration
 
-        def duration(option: str, text: str | None, default: float | None) -> float | None:
-            try:
-                return default if text is None else parse_duration(text)
-            except ValueError as exc:
-                raise InputError(str(exc), option) from None
-
-        poll = duration("--poll", args.poll, 5.0)
-        timeout = duration("--timeout", args.timeout, None)
-        if poll is None or poll <= 0:
-            raise InputError("must be more than 0", "--poll")
+        # the one duration parser (units as every other option; more than 0), bounded by what
+        # time.sleep() takes: it overflows near 2**63 ns, and a year is plenty
+        poll = 5.0 if args.poll is None else \
+            parse_duration(args.poll, "--poll", max_s=MAX_WAIT_S, max_words="366 days")
+        timeout = None if args.timeout is None else \
+            parse_duration(args.timeout, "--timeout", max_s=MAX_WAIT_S, max_words="366 days")
     bundle = bundle_path(args.source)
     node = load_node(args.source, cache_dir=cache_dir(env))
     allowed = job_candidates(node, env)
@@ -512,10 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``gpuslurm pick``: errors become one line on stderr and their exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return run_pick(args, sys.stdout, sys.stderr)
-    except HelpRequested:
-        print(USAGE)
-        return 0
+        try:
+            return run_pick(args, sys.stdout, sys.stderr)
+        except HelpRequested:
+            print(USAGE)
+            return 0
     except KeyboardInterrupt:
         sys.stderr.write("gpuslurm pick: interrupted\n")
         return EXIT_INTERRUPTED
@@ -523,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"gpuslurm pick: {exc}\n")
         return exc.exit_code
     except BrokenPipeError:
-        return 0
+        raise  # gpuslurm.cli.fast.quiet_on_closed_pipe: no message, and no failing flush at exit
     except Exception as exc:  # a bug: one line, as cli.main says it
         if os.environ.get("GPUSLURM_DEBUG"):
             raise

@@ -1,9 +1,10 @@
 """``gpuslurm placement``: for every running GPU job on this node, are its CPUs on its GPUs' NUMA nodes?
 
-Reads ``scontrol show -d job`` (or a recorded copy, ``--input``), keeps the running jobs with GPUs
-on this node, maps GRES ``IDX`` (gres.conf positions) to the node's GPUs and ``CPU_IDs`` (Slurm's
-abstract CPU ids) to OS CPUs, and prints per job the GPUs, CPUs, NUMA nodes on each side, whether
-they agree and the weakest link inside the GPU set, then a summary line for the node.
+Lists this node's running jobs with ``squeue --json`` and reads each one's ``scontrol show -d job
+ID`` (or a recorded ``scontrol show -d job``, ``--input``; :mod:`gpuslurm.slurm.job_detail` says
+why a recording is trusted less), maps GRES ``IDX`` (gres.conf positions) to the node's GPUs and
+``CPU_IDs`` (Slurm's abstract CPU ids) to OS CPUs, and prints per job the GPUs, CPUs, NUMA nodes
+on each side, whether they agree and the weakest link inside the GPU set, then a summary line.
 """
 
 from __future__ import annotations
@@ -11,16 +12,21 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpuslurm.cli.main import from_option, json_option
 from gpuslurm.errors import CommandError, InputError
 
+if TYPE_CHECKING:
+    from gpuslurm.slurm.job_detail import JobDetail
 
-def placement_rows(node: Any, text: str, node_name: str) -> list[dict[str, Any]]:
-    """One row per running job holding GPUs on ``node_name``."""
+
+def placement_rows(node: Any, text: str | Iterable[JobDetail], node_name: str) -> list[dict[str, Any]]:
+    """One row per running job holding GPUs on ``node_name``: from a recorded ``scontrol show -d
+    job`` text, or from jobs already read (:func:`gpuslurm.slurm.job_detail.live_jobs`)."""
     from gpuslurm.place.quality import assess, os_cpus_of_abstract
     from gpuslurm.ranges import format_ranges
     from gpuslurm.slurm.hookenv import gres_devices
@@ -29,7 +35,11 @@ def placement_rows(node: Any, text: str, node_name: str) -> list[dict[str, Any]]
 
     table = gres_devices(node)
     rows = []
-    for job in parse_job_detail(text):
+    jobs = parse_job_detail(text) if isinstance(text, str) else tuple(text)
+    for job_id in getattr(jobs, "doubtful", ()):
+        click.echo(f"gpuslurm placement: job {job_id} left out: it appears twice in the scontrol "
+                   "text (a job name or comment copied scontrol's layout)", err=True)
+    for job in jobs:
         share = job.on(node_name)
         if job.state != "RUNNING" or share is None or not share.gpu_idx:
             continue
@@ -53,6 +63,21 @@ def placement_rows(node: Any, text: str, node_name: str) -> list[dict[str, Any]]
     return rows
 
 
+def _live(node_name: str) -> tuple[JobDetail, ...]:
+    """This node's running jobs from ``squeue --json``, each read with its own ``scontrol show -d
+    job ID`` (a user's job name or comment cannot reach another job's record there)."""
+    from gpuslurm.runner import run_command, which
+    from gpuslurm.slurm.job_detail import live_jobs
+    from gpuslurm.slurm.squeue import parse_squeue_json
+
+    scontrol, squeue = which("scontrol"), which("squeue")
+    if scontrol is None or squeue is None:
+        raise CommandError("scontrol or squeue not found; record `scontrol show -d job` and pass --input")
+    listed = run_command([squeue, "--json", f"--nodelist={node_name}", "--states=RUNNING"], timeout=30)
+    return live_jobs(parse_squeue_json(listed.stdout), node_name,
+                     lambda job_id: run_command([scontrol, "show", "-d", "job", job_id], timeout=30).stdout)
+
+
 def summary(node_name: str, rows: list[dict[str, Any]]) -> str:
     counts = {k: sum(1 for r in rows if r["numa_affine"] == k) for k in ("yes", "partly", "no", "unknown")}
     links = sorted({r["weakest_link"] for r in rows if r["weakest_link"]})
@@ -74,23 +99,19 @@ def placement(source: str | None, as_json: bool, node_name: str | None, input_fi
 
     node = load_node(source)
     name = node_name or os.environ.get("SLURMD_NODENAME") or node.hostname.split(".", 1)[0]
-    if input_file == "-":
-        text = sys.stdin.buffer.read(64 << 20).decode("utf-8", errors="replace")
-    elif input_file is not None:
+    source_text: str | tuple[JobDetail, ...]
+    if input_file is None:
+        source_text = _live(name)
+    elif input_file == "-":
+        source_text = sys.stdin.buffer.read(64 << 20).decode("utf-8", errors="replace")
+    else:
         from gpuslurm.safedir import read_regular
 
         try:  # a regular file only (a FIFO would hang), bounded; job names may hold any bytes
-            text = read_regular(input_file).decode("utf-8", errors="replace")
+            source_text = read_regular(input_file).decode("utf-8", errors="replace")
         except OSError as exc:
             raise InputError(f"cannot read: {exc.strerror}", source=input_file) from None
-    else:
-        from gpuslurm.runner import run_command, which
-
-        scontrol = which("scontrol")
-        if scontrol is None:
-            raise CommandError("scontrol not found; record `scontrol show -d job` and pass --input")
-        text = run_command([scontrol, "show", "-d", "job"], timeout=30).stdout
-    rows = placement_rows(node, text, name)
+    rows = placement_rows(node, source_text, name)
     if as_json:
         json.dump({"node": name, "jobs": rows, "summary": summary(name, rows)}, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -29,9 +29,11 @@ from gpuslurm.errors import CommandError, GpuslurmError, InputError
 from gpuslurm.hooks.log import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, JobFaultError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gpuslurm.config import Config
     from gpuslurm.hw.identity import AnyNode, NodeIdentity
-    from gpuslurm.state.job import HookJob
+    from gpuslurm.state.job import HookJob, JobDevice
     from gpuslurm.state.scheduler import Scheduler
 
 __all__ = ["EXIT_INTERNAL", "EXIT_UNHEALTHY", "HookLog", "JobFaultError", "job_start"]
@@ -132,7 +134,7 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
 
         _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
     try:
-        mps = _start_mps(job, cfg, [d.uuid for d in devices], log, isolate)
+        mps = _start_mps(job, cfg, devices, node, log, isolate)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
         return _refuse_job(scheduler, job_id, str(exc), log)
     try:  # every step after MPS started: a failure stops the daemon again
@@ -152,7 +154,8 @@ def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
     return node_identity(spec, cfg.paths.run_dir, log.warning)
 
 
-def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog, isolated: bool) -> bool:
+def _start_mps(job: HookJob, cfg: Config, devices: Sequence[JobDevice], node: AnyNode,
+               log: HookLog, isolated: bool) -> bool:
     """Start the job's MPS daemon if it asked for one (True).
 
     What the job's user controls raises JobFaultError (a malformed request, a daemon that fails to
@@ -173,10 +176,10 @@ def _start_mps(job: HookJob, cfg: Config, uuids: list[str], log: HookLog, isolat
     from gpuslurm.isolate.mps import start_mps
 
     try:
-        daemon = start_mps(job_id, uid, gid, uuids, request, run_dir=cfg.paths.run_dir,
+        daemon = start_mps(job_id, uid, gid, [d.uuid for d in devices], request, run_dir=cfg.paths.run_dir,
                            mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
                            pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
-                           cgroup_procs=_job_devices_procs(cfg, job_id) if isolated else None)
+                           cgroup_procs=_job_devices_procs(cfg, job, devices, node, isolated))
     except CommandError as exc:  # runs as the user: their process limit, their environment
         raise JobFaultError(f"the job's MPS daemon did not start: {exc}") from exc
     log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
@@ -240,17 +243,33 @@ def _refuse_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> in
     return 0
 
 
-def _job_devices_procs(cfg: Any, job_id: str) -> str | None:
-    """gpuslurm's v1 devices cgroup of the job (made by isolate_job just before), for the MPS
-    daemon to start in; None when gpuslurm does not isolate here or uses v2."""
+def _job_devices_procs(cfg: Any, job: HookJob, devices: Sequence[JobDevice], node: AnyNode,
+                       isolated: bool) -> str | None:
+    """The devices cgroup the job's MPS daemon starts in (its ``cgroup.procs``), so the daemon and
+    its servers never reach a GPU the job was not given: gpuslurm's own (v1, made by isolate_job
+    just before) when gpuslurm isolates here; else the scheduler's job cgroup if it already
+    exists; else (the scheduler constrains the tasks but has no job cgroup yet: Slurm 22.05, also
+    with ``PrologFlags=Contain``) one for the daemon alone. None with ``[cgroup] devices =
+    "never"`` and on cgroup v2 (not yet)."""
     import os
 
-    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
+    from gpuslurm.isolate.devices import (
+        cgroup_version,
+        mps_cgroup_v1,
+        scheduler_devices_procs,
+        v1_job_dir,
+    )
+    from gpuslurm.state.cgroup import scheduler_devices_dirs
 
-    if cgroup_version(cfg.paths.cgroup_root) != 1:
+    root = cfg.paths.cgroup_root
+    if cfg.cgroup.devices == "never" or cgroup_version(root) != 1:  # "never": no device cgroups of ours
         return None
-    procs = os.path.join(v1_job_dir(cfg.paths.cgroup_root, job_id), "cgroup.procs")
-    return procs if os.path.exists(procs) else None
+    if isolated:  # gpuslurm made the job's own devices cgroup just before
+        procs = os.path.join(v1_job_dir(root, job.job_id), "cgroup.procs")
+        return procs if os.path.exists(procs) else None
+    found = scheduler_devices_procs(root, scheduler_devices_dirs(job.scheduler, job.job_id, job.uid,
+                                                                 job.node_name))
+    return found if found is not None else mps_cgroup_v1(cfg, job.job_id, devices, node)
 
 
 def _stop_mps_after_failure(cfg: Any, job_id: str, log: HookLog) -> None:

@@ -70,16 +70,81 @@ def parse_stat(data: bytes) -> ProcIdentity:
     return ProcIdentity(name, int(fields[19]), int(fields[3]))
 
 
-def parse_status_uid(data: bytes) -> int:
-    """The real uid from a ``/proc/PID/status`` text; ValueError if the line is missing."""
-    if data.startswith(b"Uid:"):
-        at = -1
+class ProcStatus(NamedTuple):
+    """The lines of ``/proc/PID/status`` gpuslurm reads."""
+
+    uid: int  # real uid
+    state: str | None = None  # R, S, D, Z (zombie), X (dead), ...; None: no State line
+    ppid: int | None = None  # None: no PPid line
+
+    @property
+    def alive(self) -> bool:
+        """Not a zombie or dead: a process that still runs (and can still open files)."""
+        return self.state not in ("Z", "X")
+
+
+def _status_field(data: bytes, key: bytes) -> bytes | None:
+    if data.startswith(key):
+        at = 0
     else:
-        at = data.find(b"\nUid:")
-        if at < 0:
-            raise ValueError("no Uid: line")
-    end = data.find(b"\n", at + 1)
-    return int(data[at + 5:end if end >= 0 else None].split()[0])
+        at = data.find(b"\n" + key) + 1
+        if at == 0:
+            return None
+    end = data.find(b"\n", at)
+    return data[at + len(key):end if end >= 0 else None]
+
+
+def parse_status(data: bytes) -> ProcStatus:
+    """Real uid, state and parent from a ``/proc/PID/status`` text; ValueError without a Uid line.
+
+    The one parser of that file (the monitor, process kills, MPS stop). Each key is found at a
+    line start; the ``Name:`` line, the process's own choice, cannot hold a newline (the kernel
+    escapes it), so it cannot fake another. The kernel always writes State and PPid; a file
+    without them (a replayed /proc) reads as a running process without a known parent.
+    """
+    uid = _status_field(data, b"Uid:")
+    if uid is None:
+        raise ValueError("no Uid: line")
+    state = (_status_field(data, b"State:") or b"").split()
+    ppid = _status_field(data, b"PPid:")
+    return ProcStatus(int(uid.split()[0]), state[0].decode("ascii", "replace") if state else None,
+                      None if ppid is None else int(ppid.split()[0]))
+
+
+def read_status(pid: int, proc_root: str = PROC_ROOT) -> ProcStatus | ProcessProblem:
+    """``pid``'s status (one bounded read), or why it could not be read."""
+    path = f"{proc_root}/{pid}/status"
+    try:
+        data = _read(path)
+    except OSError as exc:
+        return _problem(pid, path, exc)
+    try:
+        return parse_status(data)
+    except (ValueError, IndexError):
+        if not data:
+            return ProcessProblem(pid, "pid-gone", "the process exited")
+        return ProcessProblem(pid, "proc-unreadable", f"{path}: not a status file")
+
+
+def read_environ(pid: int, proc_root: str = PROC_ROOT, limit: int = 1 << 20) -> list[bytes]:
+    """``pid``'s environment as ``NAME=value`` items, at most ``limit`` bytes of it ([] when gone)."""
+    try:
+        fd = os.open(f"{proc_root}/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        chunks, size = [], 0
+        while size < limit:
+            chunk = os.read(fd, min(_READ_SIZE, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return b"".join(chunks).split(b"\0")
 
 
 def read_identity(pid: int, proc_root: str = PROC_ROOT) -> ProcIdentity | ProcessProblem:
@@ -112,11 +177,11 @@ def read_process(pid: int, proc_root: str = PROC_ROOT,
     except OSError as exc:
         return _problem(pid, path, exc)
     try:
-        uid = parse_status_uid(status)
-    except ValueError:
+        uid = parse_status(status).uid
+    except (ValueError, IndexError):
         if not status:
             return ProcessProblem(pid, "pid-gone", "the process exited")
-        return ProcessProblem(pid, "proc-unreadable", f"{base}/status: no Uid line")
+        return ProcessProblem(pid, "proc-unreadable", f"{base}/status: not a status file")
     again = read_identity(pid, proc_root)
     if isinstance(again, ProcessProblem):
         return again

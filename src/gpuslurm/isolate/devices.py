@@ -20,6 +20,10 @@ prolog runs (as root, a child of slurmd) none of the job's processes exist yet, 
    leaving would need write access to another cgroup's ``cgroup.procs``;
 3. the epilog kills what is left in the cgroup and removes it.
 
+Where Slurm constrains the tasks instead, a job's MPS daemon still gets the same limits, alone,
+in ``<cgroup_root>/devices/gpuslurm/mps_<id>`` (:func:`mps_cgroup_v1`), which only root joins
+and the task prolog never does; the epilog removes it with the job's.
+
 On cgroup v2 the prolog attaches a BPF device program (``gpuslurm.isolate.bpf``) to the job's
 cgroup under slurmd's ``slurmstepd.scope``, creating the directory when Slurm has not yet; Slurm
 later puts the job's steps below it, and the program holds for all of them. No task-prolog step.
@@ -124,13 +128,13 @@ def denied_devices(node: AnyNode, given: Sequence[JobDevice], caps_major: int | 
 # --- cgroup v1 --------------------------------------------------------------------------------
 
 
-def _job_name(job_id: str) -> str:
-    """``job_<id>`` for a Slurm or a PBS job id (``job_123``, ``job_45.pbshost``)."""
+def _job_name(job_id: str, kind: str = "job") -> str:
+    """``<kind>_<id>`` for a Slurm or a PBS job id (``job_123``, ``mps_45.pbshost``)."""
     from gpuslurm.jobid import valid_job_id
 
     if not valid_job_id(job_id):
         raise ValueError(f"not a Slurm job id (nor a PBS one): {job_id!r}")
-    return f"job_{job_id}"
+    return f"{kind}_{job_id}"
 
 
 def cgroup_version(cgroup_root: str) -> int | None:
@@ -142,8 +146,10 @@ def cgroup_version(cgroup_root: str) -> int | None:
     return None
 
 
-def v1_job_dir(cgroup_root: str, job_id: str) -> str:
-    return os.path.join(cgroup_root, "devices", V1_PARENT, _job_name(job_id))
+def v1_job_dir(cgroup_root: str, job_id: str, kind: str = "job") -> str:
+    """``job_<id>``: the job's tasks (the task prolog joins it); ``mps_<id>``: the job's MPS
+    daemon alone, where Slurm constrains the tasks but has no job cgroup yet at prolog time."""
+    return os.path.join(cgroup_root, "devices", V1_PARENT, _job_name(job_id, kind))
 
 
 def _write(path: str, text: str) -> None:
@@ -154,20 +160,22 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
-def setup_v1(cgroup_root: str, job_id: str, uid: int, denied: Sequence[Device]) -> str:
-    """Make the job's devices cgroup with ``denied`` written, joinable by ``uid``; its path.
+def setup_v1(cgroup_root: str, job_id: str, uid: int | None, denied: Sequence[Device],
+             kind: str = "job") -> str:
+    """Make the job's devices cgroup with ``denied`` written, joinable by ``uid`` (None: by root
+    only); its path.
 
     A cgroup left by an earlier run of the same job id is emptied and made afresh.
     """
     from gpuslurm.errors import HardwareError
 
-    path = v1_job_dir(cgroup_root, job_id)
+    path = v1_job_dir(cgroup_root, job_id, kind)
     try:
         try:  # only ours: the devices hierarchy itself must already be mounted
             os.mkdir(os.path.dirname(path), 0o755)
         except FileExistsError:
             pass
-        if os.path.isdir(path) and not remove_v1(cgroup_root, job_id):
+        if os.path.isdir(path) and not remove_v1(cgroup_root, job_id, kind=kind):
             raise HardwareError(f"{path}: left by an earlier job and still busy")
         os.mkdir(path, 0o755)
     except OSError as exc:
@@ -176,7 +184,8 @@ def setup_v1(cgroup_root: str, job_id: str, uid: int, denied: Sequence[Device]) 
         for dev in denied:  # the kernel takes one rule per write
             _write(os.path.join(path, "devices.deny"), dev.v1_rule)
         # Last: until now no process of the job's user could enter it half-configured.
-        os.chown(os.path.join(path, "cgroup.procs"), uid, -1, follow_symlinks=False)
+        if uid is not None:
+            os.chown(os.path.join(path, "cgroup.procs"), uid, -1, follow_symlinks=False)
     except OSError as exc:
         try:
             os.rmdir(path)
@@ -205,12 +214,12 @@ def join_v1(cgroup_root: str, job_id: str, pid: int) -> str | None:
     return path
 
 
-def remove_v1(cgroup_root: str, job_id: str, wait_s: float = 2.0) -> bool:
+def remove_v1(cgroup_root: str, job_id: str, wait_s: float = 2.0, kind: str = "job") -> bool:
     """Kill what is left in the job's devices cgroup and remove it; False if it stays busy.
 
     Killing, not moving out: a process moved to the root cgroup would regain every GPU.
     """
-    path = v1_job_dir(cgroup_root, job_id)
+    path = v1_job_dir(cgroup_root, job_id, kind)
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -336,16 +345,59 @@ def release_job(cfg: Config, job_id: str) -> str | None:
     root = cfg.paths.cgroup_root
     version = cgroup_version(root)
     if version == 1:
-        path = v1_job_dir(root, job_id)
-        if not os.path.isdir(path):
-            return None
-        if not remove_v1(root, job_id):
-            raise HardwareError(f"{path}: processes of the job survive SIGKILL; left in place")
-        return f"removed {path}"
+        done = []
+        for kind in ("job", "mps"):
+            path = v1_job_dir(root, job_id, kind)
+            if not os.path.isdir(path):
+                continue
+            if not remove_v1(root, job_id, kind=kind):
+                raise HardwareError(f"{path}: processes of the job survive SIGKILL; left in place")
+            done.append(path)
+        return f"removed {', '.join(done)}" if done else None
     if version == 2:
         path = v2_job_dir(root, cfg.cgroup.v2_job_parent, job_id)
         if os.path.isdir(path) and remove_v2(root, cfg.cgroup.v2_job_parent, job_id):
             return f"removed {path}"
+    return None
+
+
+def mps_cgroup_v1(cfg: Config, job_id: str, given: Sequence[JobDevice], node: AnyNode) -> str:
+    """Make ``mps_<id>``, the job's limits for its MPS daemon alone, and return its
+    ``cgroup.procs`` (only root may join it: the daemon's process does, before dropping to the
+    user). For nodes where Slurm constrains the tasks' devices but, in 22.05, makes no job cgroup
+    before the prolog, not even with ``PrologFlags=Contain``; the task prolog never joins it, so
+    Slurm's per-step limits stay Slurm's. Raises HardwareError (the prolog fails closed)."""
+    from gpuslurm.errors import HardwareError
+
+    caps_major = char_majors(_read_text("/proc/devices") or "").get("nvidia-caps")
+    try:
+        denied = denied_devices(node, given, caps_major)
+    except ValueError as exc:
+        raise HardwareError(str(exc)) from None
+    return os.path.join(setup_v1(cfg.paths.cgroup_root, job_id, None, denied, kind="mps"), "cgroup.procs")
+
+
+def scheduler_devices_procs(cgroup_root: str, relative_dirs: Sequence[str]) -> str | None:
+    """The ``cgroup.procs`` of the first of ``relative_dirs`` (below the v1 ``devices`` mount)
+    that exists as a directory chain root owns, no link in it; None when none does (no v1, the
+    scheduler does not constrain devices, or made no job cgroup yet)."""
+    import stat
+
+    top = os.path.join(cgroup_root, "devices")
+    for rel in relative_dirs:
+        path = top
+        for part in rel.split("/"):
+            path = os.path.join(path, part)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                break
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+                break
+        else:
+            procs = os.path.join(path, "cgroup.procs")
+            if os.path.isfile(procs):
+                return procs
     return None
 
 

@@ -123,18 +123,7 @@ def send_signal(targets: Sequence[Target], sig: int, proc_root: str = "/proc") -
 
 def real_uid(pid: int, proc_root: str = "/proc") -> int | None:
     """The real uid of a live process (None for one gone or a zombie)."""
-    try:
-        with open(f"{proc_root}/{pid}/status", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    uid = None
-    for line in data.splitlines():
-        if line.startswith(b"State:") and line.split()[1:2] in ([b"Z"], [b"X"]):
-            return None
-        if line.startswith(b"Uid:"):
-            try:
-                uid = int(line.split()[1])
-            except (IndexError, ValueError):
-                return None
-    return uid
+    from gpuslurm.hw.procfs import ProcessProblem, read_status
+
+    status = read_status(pid, proc_root)
+    return None if isinstance(status, ProcessProblem) or not status.alive else status.uid

@@ -29,10 +29,11 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CommandError, HardwareError, InputError
+from gpuslurm.isolate.kill import Target, send_signal
 from gpuslurm.isolate.mps_request import LOG_VAR, PIPE_VAR, MpsDirs, MpsRequest, check_id, job_dirs
 from gpuslurm.safedir import DIR_FLAGS, open_dir
 
@@ -203,7 +204,7 @@ def _wait_for_daemon(uid: int, pipe_dir: str, deadline: float) -> int | None:
     while True:
         found = _daemon_processes(uid, pipe_dir)
         if found:
-            return min(found)  # servers start only when a client connects: this is the daemon
+            return min(t.pid for t in found)  # servers start only when a client connects: the daemon
         if time.monotonic() >= deadline:
             raise CommandError(f"the MPS control daemon for {pipe_dir} did not start")
         time.sleep(_POLL_S)
@@ -302,45 +303,33 @@ def _stop_processes(uid: int | None, pipe_dir: str, daemon: MpsDaemon | None, gr
     left = _wait_gone(uid, pipe_dir, hint, grace if quit_sent else 0.0)
     if not left:
         return (), ()
-    signalled = set(left)
+    signalled = {t.pid for t in left}
     if not quit_sent:  # SIGTERM lets a daemon that never got quit clean up
         import signal  # only now: an enum-heavy module most hook runs never need
 
-        _signal(left, signal.SIGTERM, uid)
+        send_signal(left, signal.SIGTERM)
         left = _wait_gone(uid, pipe_dir, hint, grace)
-        signalled.update(left)
+        signalled.update(t.pid for t in left)
     return tuple(sorted(signalled)), _kill_now(left, uid)
 
 
-def _kill_now(pids: Iterable[int], uid: int) -> tuple[int, ...]:
-    """SIGKILL ``pids`` (those of ``uid``); those still alive ``KILL_WAIT_S`` later (stuck in the kernel)."""
+def _kill_now(targets: Sequence[Target], uid: int) -> tuple[int, ...]:
+    """SIGKILL ``targets`` (each still the process the scan found, and ``uid``'s: pinned by a
+    pidfd, start time and owner checked, :mod:`gpuslurm.isolate.kill`); the PIDs of those still
+    alive ``KILL_WAIT_S`` later (stuck in the kernel)."""
     import signal
 
-    alive = list(pids)
-    _signal(alive, signal.SIGKILL, uid)
+    mine = [t for t in targets if t.uid == uid]
+    send_signal(mine, signal.SIGKILL)
     deadline = time.monotonic() + KILL_WAIT_S
-    alive = [p for p in alive if _alive(p)]
+    alive = [t for t in mine if _alive(t)]
     while alive and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-        alive = [p for p in alive if _alive(p)]
-    return tuple(alive)
+        alive = [t for t in alive if _alive(t)]
+    return tuple(t.pid for t in alive)
 
 
-def _signal(pids: Iterable[int], sig: int, uid: int) -> None:
-    """Signal each pid through a pidfd (:mod:`gpuslurm.isolate.kill`), and only if, once pinned,
-    it is still the process found (start time) and ``uid``'s: a pid reused by root or another
-    user in between is left alone."""
-    from gpuslurm.isolate.kill import Target, send_signal
-
-    targets = []
-    for pid in pids:
-        ticks = _start_ticks(pid)
-        if ticks is not None:
-            targets.append(Target("", pid, None, ticks, uid))
-    send_signal(targets, sig)
-
-
-def _wait_gone(uid: int | None, pipe_dir: str, hint: int | None, wait: float) -> list[int]:
+def _wait_gone(uid: int | None, pipe_dir: str, hint: int | None, wait: float) -> list[Target]:
     deadline = time.monotonic() + wait
     while True:
         left = _daemon_processes(uid, pipe_dir, hint)
@@ -396,66 +385,53 @@ def state_from_dict(doc: Any, source: str) -> MpsDaemon:
 # --- processes and directories ----------------------------------------------------------------
 
 
-def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -> list[int]:
-    """Live processes of ``uid`` started with this pipe directory, or children of ``hint``.
+def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -> list[Target]:
+    """Live processes of ``uid`` started with this pipe directory, or children of ``hint``, each
+    with the start time read by this scan (the signal is sent only to that very process).
 
     Only ``uid``'s: anyone can put the job's pipe directory into their own environment, root
     included, and must not be killed for it. ``uid`` None finds nothing.
     """
+    from gpuslurm.hw.procfs import ProcessProblem, read_environ, read_identity, read_status
+
     if uid is None:
         return []
     needle = f"{PIPE_VAR}={pipe_dir}".encode()
     me = os.getpid()
-    candidates: dict[int, int] = {}  # pid -> ppid, of uid's live processes
+    candidates: dict[int, tuple[int | None, int]] = {}  # pid -> (ppid, start ticks): uid's live ones
     found: set[int] = set()
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
         pid = int(name)
-        facts = _status(pid)
-        if facts is None or facts[1] != uid:
+        before = read_identity(pid)
+        status = read_status(pid)
+        if isinstance(before, ProcessProblem) or isinstance(status, ProcessProblem) \
+                or not status.alive or status.uid != uid:
             continue
-        candidates[pid] = facts[0]
-        if pid == hint or needle in _environ(pid):
+        named = pid == hint or needle in read_environ(pid)
+        after = read_identity(pid)  # the same process all along, or the facts mix two
+        if isinstance(after, ProcessProblem) or after.start_ticks != before.start_ticks:
+            continue
+        candidates[pid] = (status.ppid, before.start_ticks)
+        if named:
             found.add(pid)
     grew = True
     while grew:  # the daemon's servers, whatever their environment
-        more = {p for p, ppid in candidates.items() if ppid in found} - found
+        more = {p for p, (ppid, _) in candidates.items() if ppid in found} - found
         found |= more
         grew = bool(more)
-    return sorted(found)
+    return [Target("", pid, None, candidates[pid][1], uid) for pid in sorted(found)]
 
 
-def _status(pid: int) -> tuple[int, int] | None:
-    """(ppid, real uid) of a live process; None for one gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    fields: dict[bytes, list[bytes]] = {}
-    for line in data.splitlines():
-        key, _, value = line.partition(b":")
-        if key in (b"State", b"PPid", b"Uid"):
-            fields[key] = value.split()
-    try:
-        if fields[b"State"][0] in (b"Z", b"X"):
-            return None
-        return int(fields[b"PPid"][0]), int(fields[b"Uid"][0])
-    except (KeyError, IndexError, ValueError):
-        return None
+def _alive(t: Target) -> bool:
+    """Whether ``t`` still runs: the same start time, not a zombie."""
+    from gpuslurm.hw.procfs import ProcessProblem, read_status
 
-
-def _environ(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            return fh.read().split(b"\0")
-    except OSError:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    return _status(pid) is not None
+    if _start_ticks(t.pid) != t.start_ticks:
+        return False
+    status = read_status(t.pid)
+    return not isinstance(status, ProcessProblem) and status.alive
 
 
 def _start_ticks(pid: int | None) -> int | None:

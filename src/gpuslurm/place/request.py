@@ -1,4 +1,7 @@
-"""Parse the values a placement request is made of: sizes, compute capabilities, durations (pure).
+"""Parse the values a placement request is made of: sizes, compute capabilities, percentages (pure).
+
+Durations (``--timeout``, ``--poll``) go through :func:`gpuslurm.times.parse_duration`, the one
+bounded duration parser.
 
 Every parser raises ValueError with a message that names the text; the CLI adds the option.
 """
@@ -14,9 +17,6 @@ from gpuslurm.tuples import NamedTuple
 _SIZE_RE = r"(?i)^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$"
 _UNIT_MIB = {"": 1.0, "B": 1 / 2**20, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
 _CC_RE = r"^\s*(\d{1,2})\.(\d{1,2})\s*$"
-_DUR_RE = r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$"
-_DUR_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-MAX_WAIT_S = 366 * 86400.0
 
 
 def parse_size_mib(text: str) -> float:
@@ -39,17 +39,6 @@ def parse_cc(text: str) -> tuple[int, int]:
     if m is None:
         raise ValueError(f"not a compute capability: {text!r} (e.g. 8.0)")
     return int(m.group(1)), int(m.group(2))
-
-
-def parse_duration(text: str) -> float:
-    """``30``, ``30s``, ``5m``, ``1.5h``, ``200ms`` → seconds (a bare number is seconds)."""
-    m = re.match(_DUR_RE, text)
-    if m is None:
-        raise ValueError(f"not a duration: {text!r} (e.g. 30s, 5m, 1h)")
-    seconds = float(m.group(1)) * _DUR_S[m.group(2) or "s"]
-    if not seconds <= MAX_WAIT_S:  # time.sleep() overflows near 2**63 ns; a year is plenty
-        raise ValueError(f"duration {text[:40]!r} is longer than 366 days")
-    return seconds
 
 
 def parse_percent(text: str) -> float:

@@ -8,7 +8,9 @@ Definitions (GPU-hours count a MIG device as its fraction of the physical GPU):
   the covered part of the bucket) goes to the processes seen on it: when all of them report an SM
   utilisation, each its own busy time (seen × utilisation, at most the device's); else as much as
   they could have been busy (the time one was seen, at 100 %), by the time each was seen; the
-  rest, to the jobs holding it (each for the part of the bucket it held); with neither, to nobody
+  rest, to the jobs holding it (each for the part of the bucket it held, and never more than that
+  part less its own processes' busy time: a bucket's load is not spread evenly); with neither, or
+  what is left, to nobody
   (it still counts in the totals). So the rows add up to the total, and a process outside any job
   shows up as use without allocation.
 - **idle**: allocated time during which the device was not busy: the measured part of the
@@ -325,8 +327,9 @@ def _split(present: list[ProcSeries], whos: dict[int, Who], overlaps: list[tuple
     rest = 1.0
     if present:
         weights = [p.seen[b] * u for p in present if (u := p.util[b]) is not None]
-        if len(weights) == len(present) and sum(weights) > 0 and util > 0:
-            # their own busy time (seen × SM utilisation), at most the device's
+        if len(weights) == len(present) and util > 0:
+            # their own busy time (seen × SM utilisation), at most the device's; all of them at
+            # 0 % is a reading too (the device's busy time was someone else's), not "unknown"
             fracs = [wt / util for wt in weights]
             scale = max(sum(fracs), 1.0)
             fracs = [f / scale for f in fracs]
@@ -339,9 +342,17 @@ def _split(present: list[ProcSeries], whos: dict[int, Who], overlaps: list[tuple
         rest = 1.0 - sum(fracs)
     if overlaps and rest > 1e-12:  # each job its part of the rest; what no job held is nobody's
         total = max(sum(f for _, f in overlaps), 1.0)
-        out += [(Who(a.user, a.account, a.job_id, None, a.node, None), 0.0, rest * f / total)
-                for a, f in overlaps]
-        rest *= 1.0 - min(sum(f for _, f in overlaps), 1.0)
+        left = rest
+        for a, f in overlaps:
+            # never more than the job held: its part of the bucket (f, in units of the device's
+            # busy time f / util) less what its own processes were already given
+            own = sum(frac for (who, _, frac) in out if who.job == a.job_id and who.node == a.node)
+            part = rest * f / total
+            if util > 0:
+                part = min(part, max(f * 100.0 / util - own, 0.0))
+            out.append((Who(a.user, a.account, a.job_id, None, a.node, None), 0.0, part))
+            left -= part
+        rest = max(left, 0.0)
     if rest > 1e-12:
         out.append((Who(None, None, None, None, None, None), 0.0, rest))
     return out

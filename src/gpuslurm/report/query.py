@@ -12,6 +12,9 @@ A bucket's mean utilisation holds for the time its samples cover: samples × the
 (the median gap between the newest raw samples, else a minute over the most samples a minute row
 holds), at most the bucket. That fraction is :attr:`GpuSeries.cover`; the rest of the bucket (the
 monitor not yet started, stopped, restarting) is unmeasured, not busy nor idle.
+
+A window edge inside a rolled-up minute moves out to that minute's edge (:func:`minute_edges`):
+the report's period is then what its data covers, for samples, processes and jobs alike.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from gpuslurm.report.data import (
     bucket_start,
 )
 from gpuslurm.state.store import Store, StoreError
+from gpuslurm.state.store_values import Checked
 
 _GPU_RAW = """SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct)
 FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts >= ? AND ts < ? GROUP BY device, b"""
@@ -68,27 +72,52 @@ def load_sqlite(path: str, since: float, until: float, step_s: float) -> ReportD
 
 def stored_period(store: Store) -> tuple[float, float] | None:
     """First and last sample time in the store (raw or rolled up), or None when it has none."""
-    conn = store._conn
+    conn, c = store._conn, store.checked
     row = conn.execute("SELECT min(ts), max(ts) FROM gpu_sample").fetchone()
     mrow = conn.execute("SELECT min(minute), max(minute) + 60 FROM gpu_minute").fetchone()
-    lows = [x for x in (row[0], mrow[0]) if x is not None]
-    highs = [x for x in (row[1], mrow[1]) if x is not None]
-    return (float(min(lows)), float(max(highs))) if lows else None
+    lows = [c.time(x, "gpu_sample.ts") for x in (row[0], mrow[0]) if x is not None]
+    highs = [c.number(x, "gpu_minute.minute") for x in (row[1], mrow[1]) if x is not None]
+    return (min(lows), max(highs)) if lows and highs else None
+
+
+def minute_edges(store: Store, since: float, until: float) -> tuple[float, float]:
+    """``[since, until)`` widened to whole minutes where an edge falls inside a rolled-up minute.
+
+    A minute row holds the whole minute's samples and cannot be cut; taking it whole while jobs
+    and processes were cut at the exact edge would count use outside the window against no
+    allocation (a job seen only in the minute's first seconds vanished while its use stayed).
+    So the window itself moves to the minute's edge, for samples, processes and jobs alike.
+    Raw samples never share a minute with a minute row (rollups cut at whole minutes).
+    """
+    conn = store._conn
+    rolled = ("SELECT 1 FROM gpu_minute WHERE device IN (SELECT id FROM device) AND minute = ? "
+              "LIMIT 1")
+    lo = math.floor(since / 60) * 60
+    if lo < since and conn.execute(rolled, (lo,)).fetchone():
+        since = float(lo)
+    hi = math.floor(until / 60) * 60
+    if hi < until and conn.execute(rolled, (hi,)).fetchone():
+        until = float(hi + 60)
+    return since, until
 
 
 def _load(store: Store, path: str, since: float, until: float, step_s: float) -> ReportData:
     conn = store._conn
+    since, until = minute_edges(store, since, until)
     start = bucket_start(since, step_s)
     n = bucket_count(start, until, step_s)
     minute_lo = math.floor(since / 60) * 60
+    c = store.checked
     node_row = conn.execute("SELECT value FROM meta WHERE key = 'node'").fetchone()
-    node = str(node_row[0]) if node_row else "node"
-    devices = {int(i): (str(u), str(g) if g else str(u))
-               for i, u, g in conn.execute("SELECT id, uuid, gpu_uuid FROM device")}
+    node = c.text(node_row[0], "meta.node") if node_row else "node"
+    devices: dict[int, tuple[str, str]] = {}
+    for i, u, g in conn.execute("SELECT id, uuid, gpu_uuid FROM device"):
+        uuid = c.text(u, "device.uuid")
+        devices[c.whole(i, "device.id")] = (uuid, c.opt_text(g, "device.gpu_uuid") or uuid)
 
     gpu: _Acc = {}
-    _accumulate(gpu, conn.execute(_GPU_RAW, (start, step_s, since, until)), n)
-    _accumulate(gpu, conn.execute(_GPU_MIN, (start, step_s, minute_lo, until)), n)
+    _accumulate(c, "gpu_sample", gpu, conn.execute(_GPU_RAW, (start, step_s, since, until)), n)
+    _accumulate(c, "gpu_minute", gpu, conn.execute(_GPU_MIN, (start, step_s, minute_lo, until)), n)
     if not gpu:
         period = stored_period(store)
         if period is None:
@@ -103,25 +132,33 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
                  if any((dev, b) in gpu for b in range(n)))
 
     proc: _Acc = {}
-    _accumulate(proc, conn.execute(_PROC_RAW, (start, step_s, since, until)), n)
-    _accumulate(proc, conn.execute(_PROC_MIN, (start, step_s, since, until, minute_lo, until)), n)
+    _accumulate(c, "proc_sample", proc, conn.execute(_PROC_RAW, (start, step_s, since, until)), n)
+    _accumulate(c, "proc_minute", proc,
+                conn.execute(_PROC_MIN, (start, step_s, since, until, minute_lo, until)), n)
     cells: dict[int, list[tuple[int, list[float]]]] = {}
     for (ident, b), cell in proc.items():
         cells.setdefault(ident, []).append((b, cell))
     procs = []
     for ident, dev, pid, name, user, uid, job in conn.execute(_PROCS, (since, until)).fetchall():
-        mine = cells.get(int(ident))
+        mine = cells.get(c.whole(ident, "process.id"))
         if not mine:
             continue
-        seen, util = _proc_series(mine, gpu_n, int(dev), n)
-        procs.append(ProcSeries(node, devices[int(dev)][0], int(pid), name, user,
-                                None if uid is None else int(uid), job, seen, util))
+        device = c.whole(dev, "process.device")
+        if device not in devices:
+            c.bad("process.device", dev, "a device id")
+        seen, util = _proc_series(mine, gpu_n, device, n)
+        procs.append(ProcSeries(node, devices[device][0], c.whole(pid, "process.pid"),
+                                c.opt_text(name, "process.name"), c.opt_text(user, "process.user"),
+                                c.opt_whole(uid, "process.uid"), c.opt_text(job, "process.job_id"),
+                                seen, util))
 
     spans: dict[str, tuple[Any, ...]] = {}
     devs: dict[str, list[str]] = {}
     for job, user, account, a_start, last, uuid in conn.execute(_ALLOCS, (since, until)):
-        spans[job] = (job, user, account, float(a_start), float(last))
-        devs.setdefault(job, []).append(uuid)
+        job = c.text(job, "allocation.job_id")
+        spans[job] = (job, c.text(user, "allocation.user"), c.opt_text(account, "allocation.account"),
+                      c.time(a_start, "allocation.start"), c.time(last, "allocation.last_seen"))
+        devs.setdefault(job, []).append(c.text(uuid, "device.uuid"))
     allocations = tuple(AllocationSpan(node, j, u, acc, tuple(devs[j]), s, e)
                         for j, u, acc, s, e in spans.values())
     violations = tuple(store.violations(since, until))
@@ -129,34 +166,37 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
                       violations)
 
 
-def _accumulate(acc: _Acc, rows: Any, n: int) -> None:
+def _accumulate(c: Checked, table: str, acc: _Acc, rows: Any, n: int) -> None:
+    """Add bucketed rows of ``table`` to ``acc``; a bucket whose mean is not a percentage means
+    the table holds something else (text, infinity, a number far beyond 100)."""
     for ident, b, count, util_n, util_sum in rows:
-        b = min(max(int(b), 0), n - 1)  # a minute that began before ``since`` belongs to bucket 0
-        cell = acc.get((int(ident), b))
-        if cell is None:
-            acc[(int(ident), b)] = [float(count), float(util_n), float(util_sum)]
-        else:
-            cell[0] += count
-            cell[1] += util_n
-            cell[2] += util_sum
+        b = min(max(c.whole(b, f"{table} time", -2**63, 2**63), 0), n - 1)  # before ``since``: bucket 0
+        key = (c.whole(ident, f"{table} device/process"), b)
+        got = (c.whole(count, f"{table} sample count"), c.whole(util_n, f"{table} utilisation count"),
+               c.number(util_sum, f"{table} utilisation"))
+        cell = acc.setdefault(key, [0.0, 0.0, 0.0])
+        for i, v in enumerate(got):
+            cell[i] += v
+        if cell[1]:
+            c.pct(cell[2] / cell[1], f"{table} mean utilisation")
 
 
 def sampling_interval(store: Store) -> float | None:
     """The monitor's sampling interval in seconds, from what it stored; None when it cannot tell."""
-    conn = store._conn
+    conn, c = store._conn, store.checked
     newest: tuple[float, int] | None = None
     for (ident,) in conn.execute("SELECT id FROM device").fetchall():  # a seek per device, no scan
         last = conn.execute("SELECT max(ts) FROM gpu_sample WHERE device = ?", (ident,)).fetchone()[0]
-        if last is not None and (newest is None or last > newest[0]):
-            newest = (float(last), int(ident))
+        if last is not None and (newest is None or c.time(last, "gpu_sample.ts") > newest[0]):
+            newest = (float(last), c.whole(ident, "device.id"))
     if newest is not None:
-        ts = [float(t) for (t,) in conn.execute(
+        ts = [c.time(t, "gpu_sample.ts") for (t,) in conn.execute(
             "SELECT ts FROM gpu_sample WHERE device = ? ORDER BY ts DESC LIMIT 101", (newest[1],))]
         gaps = sorted(a - b for a, b in itertools.pairwise(ts) if a > b)
         if gaps:
             return gaps[len(gaps) // 2]
-    most = conn.execute("SELECT max(n) FROM gpu_minute").fetchone()[0]
-    return 60.0 / float(most) if most else None
+    most = c.opt_whole(conn.execute("SELECT max(n) FROM gpu_minute").fetchone()[0], "gpu_minute.n")
+    return 60.0 / most if most else None
 
 
 def _cover(acc: _Acc, ident: int, durations: list[float], interval: float | None) -> tuple[float, ...]:

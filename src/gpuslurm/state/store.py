@@ -35,8 +35,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpuslurm.errors import InputError
 from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, Violation
+from gpuslurm.state.store_values import Checked, StoreError
+from gpuslurm.times import TIME_MAX
+
+__all__ = ["DEFAULT_NAME", "SCHEMA_VERSION", "GpuStats", "Store", "StoreError", "default_path"]
 
 SCHEMA_VERSION = 1
 DEFAULT_NAME = "monitor.db"
@@ -114,10 +117,6 @@ ON CONFLICT (process, minute) DO UPDATE SET
 """  # noqa: S608 - built from constants only
 
 
-class StoreError(InputError):
-    """The store cannot be used: not SQLite, damaged, not gpuslurm's, or from a newer gpuslurm."""
-
-
 class GpuStats(NamedTuple):
     """One device's figures over a period (raw samples and minute rollups together)."""
 
@@ -153,6 +152,7 @@ class Store:
         self._devices: dict[str, int] = {}
         self._procs: dict[tuple[int, int, float | None, str | None], int] = {}
         self._node: str | None = None
+        self.checked = Checked(path)  # every value read back goes through it (store_values.py)
 
     @classmethod
     def open(cls, path: str, readonly: bool = False, timeout_s: float = 5.0) -> Store:
@@ -324,6 +324,7 @@ class Store:
                 ids[int(row[0][0])] = uuid
         out: dict[str, GpuStats] = {}
         lo = math.floor(since / 60) * 60
+        c = self.checked
         for device, uuid in ids.items():
             raw = self._read("SELECT count(*), count(util_pct), total(util_pct), max(util_pct), "
                              "max(mem_used_mib), min(util_pct), min(mem_used_mib), avg(mem_used_mib), "
@@ -334,19 +335,30 @@ class Store:
                              "max(util_max), max(mem_max), max(temp_max), coalesce(sum(power_n), 0), "
                              "total(power_sum), max(power_max) FROM gpu_minute "
                              "WHERE device = ? AND minute BETWEEN ? AND ?", (device, lo, until))[0]
-            n, util_n, power_n = raw[0] + agg[0], raw[1] + agg[1], raw[10] + agg[6]
+            n = raw[0] + c.whole(agg[0], "gpu_minute.n")
+            util_n = raw[1] + c.whole(agg[1], "gpu_minute.util_n")
+            power_n = raw[10] + c.whole(agg[6], "gpu_minute.power_n")
             if not n:
                 continue
+            total = c.number(raw[2], "gpu_sample.util_pct") + c.number(agg[2], "gpu_minute.util_sum")
+            mean = c.pct(total / util_n, "the mean of gpu_sample.util_pct") if util_n else None
             rolled = agg[0] > 0  # some samples are only in minute rows: no minimum or mean for them
-            out[uuid] = GpuStats(uuid, n, util_n, (raw[2] + agg[2]) / util_n if util_n else None,
-                                 _max(raw[3], agg[3]), _max(raw[4], agg[4]),
-                                 util_min_pct=None if rolled else raw[5],
-                                 mem_min_mib=None if rolled else raw[6],
-                                 mem_mean_mib=None if rolled else raw[7],
-                                 temp_mean_c=None if rolled else raw[8],
-                                 temp_max_c=_max(raw[9], agg[5]),
-                                 power_mean_w=(raw[11] + agg[7]) / power_n if power_n else None,
-                                 power_max_w=_max(raw[12], agg[8]))
+            power = (c.number(raw[11], "gpu_sample.power_w", 0.0)
+                     + c.number(agg[7], "gpu_minute.power_sum", 0.0))
+            out[uuid] = GpuStats(
+                uuid, n, util_n, mean,
+                _max(c.opt_pct(raw[3], "gpu_sample.util_pct"), c.opt_pct(agg[3], "gpu_minute.util_max")),
+                _max(c.opt_number(raw[4], "gpu_sample.mem_used_mib", 0.0),
+                     c.opt_number(agg[4], "gpu_minute.mem_max", 0.0)),
+                util_min_pct=None if rolled else c.opt_pct(raw[5], "gpu_sample.util_pct"),
+                mem_min_mib=None if rolled else c.opt_number(raw[6], "gpu_sample.mem_used_mib", 0.0),
+                mem_mean_mib=None if rolled else c.opt_number(raw[7], "gpu_sample.mem_used_mib", 0.0),
+                temp_mean_c=None if rolled else c.opt_number(raw[8], "gpu_sample.temp_c"),
+                temp_max_c=_max(c.opt_number(raw[9], "gpu_sample.temp_c"),
+                                c.opt_number(agg[5], "gpu_minute.temp_max")),
+                power_mean_w=power / power_n if power_n else None,
+                power_max_w=_max(c.opt_number(raw[12], "gpu_sample.power_w", 0.0),
+                                 c.opt_number(agg[8], "gpu_minute.power_max", 0.0)))
         return out
 
     def violations(self, since: float, until: float, kind: str | None = None,
@@ -359,7 +371,18 @@ class Store:
             if value is not None:
                 sql += f" AND {col} = ?"
                 args.append(value)
-        return [Violation(*row) for row in self._read(sql + " ORDER BY start, key", tuple(args))]
+        return [self._violation(row) for row in self._read(sql + " ORDER BY start, key", tuple(args))]
+
+    def _violation(self, row: Sequence[Any]) -> Violation:
+        c = self.checked
+        kind, node, user, job, pid, process, gpu, start, duration, evidence, severity = row
+        start = c.time(start, "violation.start")
+        return Violation(c.text(kind, "violation.kind"), c.text(node, "violation.node"),
+                         c.opt_text(user, "violation.user"), c.opt_text(job, "violation.job_id"),
+                         c.opt_whole(pid, "violation.pid"), c.opt_text(process, "violation.process"),
+                         c.opt_text(gpu, "violation.gpu_uuid"), start,
+                         c.number(duration, "violation.duration_s", 0.0, TIME_MAX - start),
+                         c.text(evidence, "violation.evidence"), c.text(severity, "violation.severity"))
 
     def recent_cycles(self, span_s: float, max_cycles: int = 20_000) -> list[Cycle]:
         """The newest raw cycles, oldest first: those within ``span_s`` of the newest, at most
@@ -367,22 +390,26 @@ class Store:
 
         Problems are not read back; a cycle is rebuilt from its GPU samples, the processes seen in
         it and the jobs that were allocated at its time."""
-        newest = self._read("SELECT max(ts) FROM gpu_sample", ())[0][0]
+        c = self.checked
+        newest = c.opt_time(self._read("SELECT max(ts) FROM gpu_sample", ())[0][0], "gpu_sample.ts")
         if newest is None or max_cycles <= 0:
             return []
-        times = [float(t) for (t,) in self._read(
+        times = [c.time(t, "gpu_sample.ts") for (t,) in self._read(
             "SELECT DISTINCT ts FROM gpu_sample WHERE ts >= ? ORDER BY ts DESC LIMIT ?",
-            (float(newest) - span_s, max_cycles))]
+            (newest - span_s, max_cycles))]
         if not times:
             return []
         lo, hi = times[-1], times[0]
         node_row = self._read("SELECT value FROM meta WHERE key = 'node'", ())
-        node = str(node_row[0][0]) if node_row else "node"
-        devices = {int(i): (str(u), None if g is None else str(g))
+        node = c.text(node_row[0][0], "meta.node") if node_row else "node"
+        devices = {c.whole(i, "device.id"): (c.text(u, "device.uuid"), c.opt_text(g, "device.gpu_uuid"))
                    for i, u, g in self._read("SELECT id, uuid, gpu_uuid FROM device", ())}
 
-        def names(ident: int) -> tuple[str, str | None]:
-            uuid, parent = devices[ident]
+        def names(ident: object, where: str) -> tuple[str, str | None]:
+            found = devices.get(c.whole(ident, where))
+            if found is None:
+                c.bad(where, ident, "a device id")
+            uuid, parent = found
             return (parent, uuid) if parent is not None and parent != uuid else (uuid, None)
 
         gpus: dict[float, list[GpuSample]] = {}
@@ -390,26 +417,38 @@ class Store:
                 "SELECT device, ts, util_pct, mem_used_mib, mem_total_mib, power_w, temp_c FROM gpu_sample "
                 "WHERE device IN (SELECT id FROM device) AND ts BETWEEN ? AND ? ORDER BY ts, device",
                 (lo, hi)):
-            gpu, mig = names(int(dev))
-            gpus.setdefault(float(ts), []).append(
-                GpuSample(float(ts), gpu, mig, util, mem, total, power, temp))
+            gpu, mig = names(dev, "gpu_sample.device")
+            t = c.time(ts, "gpu_sample.ts")
+            gpus.setdefault(t, []).append(GpuSample(
+                t, gpu, mig, c.opt_pct(util, "gpu_sample.util_pct"),
+                c.opt_number(mem, "gpu_sample.mem_used_mib", 0.0),
+                c.opt_number(total, "gpu_sample.mem_total_mib", 0.0),
+                c.opt_number(power, "gpu_sample.power_w", 0.0), c.opt_number(temp, "gpu_sample.temp_c")))
         procs: dict[float, list[ProcSample]] = {}
         for ts, dev, pid, started, uid, user, job, name, mem, sm in self._read(
                 "SELECT s.ts, p.device, p.pid, p.started, p.uid, p.user, p.job_id, p.name, s.mem_mib, "
                 "s.sm_util_pct FROM proc_sample s JOIN process p ON p.id = s.process "
                 "WHERE s.ts BETWEEN ? AND ? ORDER BY s.ts, p.id", (lo, hi)):
-            gpu, mig = names(int(dev))
-            procs.setdefault(float(ts), []).append(
-                ProcSample(float(ts), gpu, int(pid), mig, name, uid, user, job, mem, sm, started))
+            gpu, mig = names(dev, "process.device")
+            t = c.time(ts, "proc_sample.ts")
+            procs.setdefault(t, []).append(ProcSample(
+                t, gpu, c.whole(pid, "process.pid"), mig, c.opt_text(name, "process.name"),
+                c.opt_whole(uid, "process.uid"), c.opt_text(user, "process.user"),
+                c.opt_text(job, "process.job_id"), c.opt_number(mem, "proc_sample.mem_mib", 0.0),
+                c.opt_pct(sm, "proc_sample.sm_util_pct"), c.opt_time(started, "process.started")))
         jobs: dict[str, list[Any]] = {}
         for job, user, uid, account, start, last, source, uuid in self._read(
                 "SELECT a.job_id, a.user, a.uid, a.account, a.start, a.last_seen, a.source, d.uuid "
                 "FROM allocation a JOIN allocation_device ad ON ad.job_id = a.job_id "
                 "JOIN device d ON d.id = ad.device WHERE a.last_seen >= ? AND a.start <= ? "
                 "ORDER BY a.job_id, d.uuid", (lo, hi)):
-            jobs.setdefault(job, [job, user, uid, account, start, last, source, []])[7].append(uuid)
-        allocs = [(float(j[4]), float(j[5]), Allocation(j[0], j[1], int(j[2]), tuple(j[7]), float(j[4]), j[3],
-                                                        j[6])) for j in jobs.values()]
+            entry = jobs.setdefault(c.text(job, "allocation.job_id"), [
+                c.text(user, "allocation.user"), c.whole(uid, "allocation.uid"),
+                c.opt_text(account, "allocation.account"), c.time(start, "allocation.start"),
+                c.time(last, "allocation.last_seen"), c.text(source, "allocation.source"), []])
+            entry[6].append(c.text(uuid, "device.uuid"))
+        allocs = [(j[3], j[4], Allocation(job, j[0], j[1], tuple(j[6]), j[3], j[2], j[5]))
+                  for job, j in jobs.items()]
         return [Cycle(ts, node, tuple(gpus.get(ts, ())), tuple(procs.get(ts, ())),
                       tuple(a for start, last, a in allocs if start <= ts <= last))
                 for ts in reversed(times)]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gpuslurm.errors import one_line
 from gpuslurm.policy.detect import Detector, resume
 from gpuslurm.samples import Allocation
-from gpuslurm.state.store import Store
+from gpuslurm.state.store import Store, StoreError
 from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.monitor import CycleStore, Monitor, Sampler
 
@@ -61,9 +63,14 @@ HISTORY_CYCLES = 20_000  # at most this many stored cycles are replayed at start
 
 def resume_detector(detector: Detector, store: Store, now: float) -> None:
     """Replay ``store``'s recent cycles into ``detector`` and adopt its current findings' starts."""
-    cycles = store.recent_cycles(detector.history_s, HISTORY_CYCLES)
-    if not cycles:
+    try:
+        cycles = store.recent_cycles(detector.history_s, HISTORY_CYCLES)
+        if not cycles:
+            return
+        last = cycles[-1].ts
+        stored = store.violations(last, now + 1.0)  # the findings current at the newest stored cycle
+    except StoreError as exc:
+        # a damaged row in the history costs the detectors their memory, not the monitor its start
+        sys.stderr.write(f"gpuslurm monitor: starting without the stored history: {one_line(str(exc))}\n")
         return
-    last = cycles[-1].ts
-    stored = store.violations(last, now + 1.0)  # the findings current at the newest stored cycle
     resume(detector, cycles, stored)
