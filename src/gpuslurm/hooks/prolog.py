@@ -143,6 +143,7 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
     except BaseException:
         if mps:
             _stop_mps_after_failure(cfg, job_id, log)
+            _release_mps_cgroup(cfg, job_id, log)
         raise
     return 0
 
@@ -175,13 +176,17 @@ def _start_mps(job: HookJob, cfg: Config, devices: Sequence[JobDevice], node: An
         raise InputError("is not an executable MPS control program", source=cfg.paths.mps_control)
     from gpuslurm.isolate.mps import start_mps
 
+    procs = _job_devices_procs(cfg, job, devices, node, isolated)
     try:
         daemon = start_mps(job_id, uid, gid, [d.uuid for d in devices], request, run_dir=cfg.paths.run_dir,
                            mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
-                           pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib,
-                           cgroup_procs=_job_devices_procs(cfg, job, devices, node, isolated))
+                           pinned_memory_limit_mib=cfg.mps.pinned_memory_limit_mib, cgroup_procs=procs)
     except CommandError as exc:  # runs as the user: their process limit, their environment
+        _release_mps_cgroup(cfg, job_id, log)
         raise JobFaultError(f"the job's MPS daemon did not start: {exc}") from exc
+    except BaseException:
+        _release_mps_cgroup(cfg, job_id, log)
+        raise
     log.info(f"MPS ({request.trigger}) daemon pid {daemon.pid} as uid {uid}, "
              f"{request.active_thread_percentage}% threads, pipe {daemon.pipe_dir}")
     return True
@@ -246,23 +251,30 @@ def _refuse_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> in
 def _job_devices_procs(cfg: Any, job: HookJob, devices: Sequence[JobDevice], node: AnyNode,
                        isolated: bool) -> str | None:
     """The devices cgroup the job's MPS daemon starts in (its ``cgroup.procs``), so the daemon and
-    its servers never reach a GPU the job was not given: gpuslurm's own (v1, made by isolate_job
-    just before) when gpuslurm isolates here; else the scheduler's job cgroup if it already
-    exists; else (the scheduler constrains the tasks but has no job cgroup yet: Slurm 22.05, also
-    with ``PrologFlags=Contain``) one for the daemon alone. None with ``[cgroup] devices =
-    "never"`` and on cgroup v2 (not yet)."""
+    its servers never reach a GPU the job was not given. cgroup v1: gpuslurm's own (made by
+    isolate_job just before) when gpuslurm isolates here; else the scheduler's job cgroup if it
+    already exists; else (the scheduler constrains the tasks but has no job cgroup yet: Slurm
+    22.05, also with ``PrologFlags=Contain``) one for the daemon alone. cgroup v2: always one for
+    the daemon alone (``isolate.devices.mps_cgroup_v2`` says why). None with ``[cgroup] devices
+    = "never"``."""
     import os
 
     from gpuslurm.isolate.devices import (
         cgroup_version,
         mps_cgroup_v1,
+        mps_cgroup_v2,
         scheduler_devices_procs,
         v1_job_dir,
     )
     from gpuslurm.state.cgroup import scheduler_devices_dirs
 
     root = cfg.paths.cgroup_root
-    if cfg.cgroup.devices == "never" or cgroup_version(root) != 1:  # "never": no device cgroups of ours
+    if cfg.cgroup.devices == "never":  # no device cgroups of ours
+        return None
+    version = cgroup_version(root)
+    if version == 2:
+        return mps_cgroup_v2(cfg, job.job_id, devices, node)
+    if version != 1:
         return None
     if isolated:  # gpuslurm made the job's own devices cgroup just before
         procs = os.path.join(v1_job_dir(root, job.job_id), "cgroup.procs")
@@ -270,6 +282,17 @@ def _job_devices_procs(cfg: Any, job: HookJob, devices: Sequence[JobDevice], nod
     found = scheduler_devices_procs(root, scheduler_devices_dirs(job.scheduler, job.job_id, job.uid,
                                                                  job.node_name))
     return found if found is not None else mps_cgroup_v1(cfg, job.job_id, devices, node)
+
+
+def _release_mps_cgroup(cfg: Any, job_id: str, log: HookLog) -> None:
+    """The prolog failed after making the daemon's own cgroup: remove it (the epilog may not run)."""
+    from gpuslurm.isolate.devices import release_mps_cgroup
+
+    try:
+        if (path := release_mps_cgroup(cfg, job_id)) is not None:
+            log.warning(f"removed the MPS daemon's cgroup {path}")
+    except Exception as exc:  # the prolog's own error is the one to report
+        log.error(f"cannot remove the MPS daemon's cgroup: {exc}")
 
 
 def _stop_mps_after_failure(cfg: Any, job_id: str, log: HookLog) -> None:

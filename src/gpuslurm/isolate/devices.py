@@ -27,6 +27,8 @@ and the task prolog never does; the epilog removes it with the job's.
 On cgroup v2 the prolog attaches a BPF device program (``gpuslurm.isolate.bpf``) to the job's
 cgroup under slurmd's ``slurmstepd.scope``, creating the directory when Slurm has not yet; Slurm
 later puts the job's steps below it, and the program holds for all of them. No task-prolog step.
+A job's MPS daemon gets the same denials in a cgroup of its own, ``gpuslurm.mps/mps_<id>`` at
+the v2 root (:func:`mps_cgroup_v2` says why there), which the epilog removes.
 """
 
 from __future__ import annotations
@@ -215,34 +217,8 @@ def join_v1(cgroup_root: str, job_id: str, pid: int) -> str | None:
 
 
 def remove_v1(cgroup_root: str, job_id: str, wait_s: float = 2.0, kind: str = "job") -> bool:
-    """Kill what is left in the job's devices cgroup and remove it; False if it stays busy.
-
-    Killing, not moving out: a process moved to the root cgroup would regain every GPU.
-    """
-    path = v1_job_dir(cgroup_root, job_id, kind)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            os.rmdir(path)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            if time.monotonic() > deadline:
-                return False
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as fh:
-                pids = [int(p) for p in fh.read().split()]
-        except FileNotFoundError:
-            return True
-        import signal  # only now: an enum-heavy module the hooks need only to kill
-
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
+    """Kill what is left in the job's devices cgroup and remove it; False if it stays busy."""
+    return remove_cgroup(v1_job_dir(cgroup_root, job_id, kind), wait_s)
 
 
 # --- cgroup v2 --------------------------------------------------------------------------------
@@ -271,6 +247,83 @@ def setup_v2(cgroup_root: str, job_parent: str, job_id: str, denied: Sequence[De
     except OSError as exc:
         raise HardwareError(f"cannot set up the job's cgroup {path}: {exc.strerror}") from None
     return path
+
+
+V2_MPS_PARENT = "gpuslurm.mps"  # our directory at the v2 root: the MPS daemons' own cgroups
+
+
+def v2_mps_dir(cgroup_root: str, job_id: str) -> str:
+    """``<cgroup_root>/gpuslurm.mps/mps_<id>``: the job's MPS daemon alone (see :func:`mps_cgroup_v2`)."""
+    return os.path.join(cgroup_root, V2_MPS_PARENT, _job_name(job_id, "mps"))
+
+
+def setup_mps_v2(cgroup_root: str, job_id: str, denied: Sequence[Device]) -> str:
+    """Make ``gpuslurm.mps/mps_<id>`` with a program denying ``denied`` attached; its path.
+
+    The parent is made root's (0755) when missing and must be a directory of root's, no link; a
+    cgroup left by an earlier run of the same job id is emptied (SIGKILL) and made afresh. The
+    program is attached before any process can be in it; ``cgroup.procs`` stays root's.
+    """
+    import stat
+
+    from gpuslurm.errors import HardwareError
+    from gpuslurm.isolate.bpf import deny_devices
+
+    path = v2_mps_dir(cgroup_root, job_id)
+    parent = os.path.dirname(path)
+    try:
+        try:
+            os.mkdir(parent, 0o755)
+        except FileExistsError:
+            pass
+        st = os.lstat(parent)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise HardwareError(f"{parent}: not a cgroup directory of root's")
+        if os.path.isdir(path) and not remove_cgroup(path):
+            raise HardwareError(f"{path}: left by an earlier job and still busy")
+        os.mkdir(path, 0o755)
+    except OSError as exc:
+        raise HardwareError(f"cannot make the MPS daemon's cgroup {path}: {exc.strerror}") from None
+    try:
+        deny_devices(path, [(d.major, d.minor) for d in denied])
+    except (OSError, HardwareError) as exc:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise HardwareError(f"cannot limit the MPS daemon's cgroup {path}: {why}") from None
+    return path
+
+
+def remove_cgroup(path: str, wait_s: float = 2.0) -> bool:
+    """Kill what is left in the cgroup at ``path`` (v1 or v2) and remove it; False if it stays busy.
+
+    Killing, not moving out: a process moved to the root cgroup would regain every GPU.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as fh:
+                pids = [int(p) for p in fh.read().split()]
+        except FileNotFoundError:
+            return True
+        import signal  # only now: an enum-heavy module the hooks need only to kill
+
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
 
 
 def remove_v2(cgroup_root: str, job_parent: str, job_id: str) -> bool:
@@ -355,10 +408,24 @@ def release_job(cfg: Config, job_id: str) -> str | None:
             done.append(path)
         return f"removed {', '.join(done)}" if done else None
     if version == 2:
+        done = []
         path = v2_job_dir(root, cfg.cgroup.v2_job_parent, job_id)
         if os.path.isdir(path) and remove_v2(root, cfg.cgroup.v2_job_parent, job_id):
-            return f"removed {path}"
+            done.append(path)
+        if (mps := release_mps_cgroup(cfg, job_id)) is not None:
+            done.append(mps)
+        return f"removed {', '.join(done)}" if done else None
     return None
+
+
+def _denied_for(given: Sequence[JobDevice], node: AnyNode) -> tuple[Device, ...]:
+    from gpuslurm.errors import HardwareError
+
+    caps_major = char_majors(_read_text("/proc/devices") or "").get("nvidia-caps")
+    try:
+        return denied_devices(node, given, caps_major)
+    except ValueError as exc:
+        raise HardwareError(str(exc)) from None
 
 
 def mps_cgroup_v1(cfg: Config, job_id: str, given: Sequence[JobDevice], node: AnyNode) -> str:
@@ -367,14 +434,49 @@ def mps_cgroup_v1(cfg: Config, job_id: str, given: Sequence[JobDevice], node: An
     user). For nodes where Slurm constrains the tasks' devices but, in 22.05, makes no job cgroup
     before the prolog, not even with ``PrologFlags=Contain``; the task prolog never joins it, so
     Slurm's per-step limits stay Slurm's. Raises HardwareError (the prolog fails closed)."""
+    denied = _denied_for(given, node)
+    return os.path.join(setup_v1(cfg.paths.cgroup_root, job_id, None, denied, kind="mps"), "cgroup.procs")
+
+
+def mps_cgroup_v2(cfg: Config, job_id: str, given: Sequence[JobDevice], node: AnyNode) -> str:
+    """Make ``<cgroup_root>/gpuslurm.mps/mps_<id>`` with a BPF program denying what the job's
+    tasks are denied (:func:`denied_devices`, MIG capabilities included) and return its
+    ``cgroup.procs``, which only root may write (the daemon's process joins before dropping to
+    the user; its servers inherit it). Raises HardwareError (the prolog fails closed).
+
+    Why a cgroup of its own, at the v2 root, also where gpuslurm isolates the job: a v2 process
+    is in one cgroup for every controller, and the places under ``[cgroup] v2_job_parent`` are
+    Slurm's. Its cgroup/v2 plugin enables controllers in ``job_<id>/cgroup.subtree_control``,
+    which the kernel refuses while a process sits in ``job_<id>`` itself (no internal
+    processes), and removes the job's directories itself; in 22.05 there is none yet while the
+    prolog runs. A root-owned ``gpuslurm.mps`` at the root (as Docker's cgroupfs driver keeps
+    ``docker/``) is outside every systemd unit and Slurm's scope, so neither moves the daemon
+    out, and the user can leave it only by writing a ``cgroup.procs`` of root's. The BPF
+    program composes with any above (``BPF_F_ALLOW_MULTI``); the epilog removes the cgroup.
+    """
+    return os.path.join(setup_mps_v2(cfg.paths.cgroup_root, job_id, _denied_for(given, node)),
+                        "cgroup.procs")
+
+
+def release_mps_cgroup(cfg: Config, job_id: str) -> str | None:
+    """Remove the MPS daemon's own cgroup (v1 ``mps_<id>`` or v2 ``gpuslurm.mps/mps_<id>``),
+    killing what is left in it; its path, or None when there was none. HardwareError when
+    processes survive SIGKILL (left in place)."""
     from gpuslurm.errors import HardwareError
 
-    caps_major = char_majors(_read_text("/proc/devices") or "").get("nvidia-caps")
-    try:
-        denied = denied_devices(node, given, caps_major)
-    except ValueError as exc:
-        raise HardwareError(str(exc)) from None
-    return os.path.join(setup_v1(cfg.paths.cgroup_root, job_id, None, denied, kind="mps"), "cgroup.procs")
+    root = cfg.paths.cgroup_root
+    version = cgroup_version(root)
+    if version == 1:
+        path = v1_job_dir(root, job_id, "mps")
+    elif version == 2:
+        path = v2_mps_dir(root, job_id)
+    else:
+        return None
+    if not os.path.isdir(path):
+        return None
+    if not remove_cgroup(path):
+        raise HardwareError(f"{path}: processes of the job survive SIGKILL; left in place")
+    return path
 
 
 def scheduler_devices_procs(cgroup_root: str, relative_dirs: Sequence[str]) -> str | None:
