@@ -36,9 +36,9 @@ def run_command(argv: list[str] | tuple[str, ...], *, timeout: float = DEFAULT_T
     ``user``/``group`` (numeric ids; root only) run it as that user, with the supplementary
     ``groups`` given (none by default), e.g. a job's MPS daemon as the job's user. Raises
     CommandError when the program is missing, times out, or (with ``check``) exits non-zero.
-    ``cgroup_procs``: a v1 ``cgroup.procs`` file the child writes its own pid into before it
-    drops to the user and execs (the job's devices cgroup: gpuslurm's, or the scheduler's, which
-    only root may join), so the program never runs outside it.
+    ``cgroup_procs``: a ``cgroup.procs`` file (v1 or v2) the child writes its own pid into before
+    it drops to the user and execs (the job's devices cgroup: gpuslurm's, or the scheduler's,
+    which only root may join), so the program never runs outside it.
     """
     args = tuple(str(a) for a in argv)
     if not args or not os.path.isabs(args[0]):

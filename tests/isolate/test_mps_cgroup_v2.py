@@ -163,3 +163,37 @@ def test_on_cgroup_v2_devices_never_makes_no_cgroup_for_the_daemon(mps: Mps) -> 
         assert not live(pid)
     finally:
         remove_cgroup(v2_mps_dir(UNIFIED, JOB))
+
+
+def test_on_cgroup_v2_where_gpuslurm_isolates_the_daemon_still_has_its_own_cgroup(mps: Mps) -> None:
+    """``devices = "always"``: the job's tasks get ``<v2_job_parent>/job_<id>`` (Slurm's place,
+    made here as a test directory) and the daemon ``gpuslurm.mps/mps_<id>``, never ``job_<id>``
+    itself; the epilog removes both."""
+    parent = Path(UNIFIED) / f"gpuslurm-test-{os.getpid()}"
+    parent.mkdir()
+    env = v2_site(mps, "always")
+    config = Path(env["GPUSLURM_CONFIG"])
+    config.write_text(config.read_text() + f'v2_job_parent = "{parent.name}"\n')  # [cgroup] is last
+    cgroup, job = Path(v2_mps_dir(UNIFIED, JOB)), parent / f"job_{JOB}"
+    log = quiet("prolog")
+    try:
+        assert run_prolog(env, log) == 0, log.lines
+        assert job.is_dir()
+        [pid] = processes_with(mps.run_dir)
+        assert v2_cgroup_of(pid) == f"/{V2_MPS_PARENT}/mps_{JOB}"
+        gpus = make_gpu_files(range(8))
+        gpu_dir = next(gpus)
+        try:
+            out = run_command([SYSTEM_PYTHON, "-c", PROBE, *(str(gpu_dir / f"nvidia{m}") for m in range(8))],
+                              user=NOBODY, group=NOGROUP, cgroup_procs=str(cgroup / "cgroup.procs"),
+                              timeout=30).stdout
+        finally:
+            gpus.close()
+        assert parse_probe(out) == {f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
+        log = quiet("epilog")
+        assert run_epilog(env, log) == 0, log.lines
+        assert not live(pid) and not cgroup.exists() and not job.exists()
+    finally:
+        remove_cgroup(str(cgroup))
+        remove_cgroup(str(job))
+        parent.rmdir()

@@ -119,8 +119,9 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
               timeout: float = 10.0, cgroup_procs: str | None = None) -> MpsDaemon:
     """Create the job's directories, start its control daemon as ``uid``:``gid`` and configure it.
 
-    ``cgroup_procs``: the job's devices cgroup (v1 ``cgroup.procs``, the user's): the daemon
-    joins it before exec, so it and the servers it starts see only the job's GPUs.
+    ``cgroup_procs``: the ``cgroup.procs`` of the job's devices cgroup (v1, or v2 with a BPF
+    device program): the daemon joins it as root before dropping to the user and exec, so it
+    and the servers it starts see only the job's GPUs.
 
     On any failure the daemon is stopped and the directories removed before the error is raised.
     """
