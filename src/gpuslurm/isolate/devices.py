@@ -375,11 +375,7 @@ def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
         from gpuslurm.hw.source import load_node
 
         node = load_node(spec, links=False)
-    caps_major = char_majors(_read_text("/proc/devices") or "").get("nvidia-caps")
-    try:
-        denied = denied_devices(node, given, caps_major)
-    except ValueError as exc:
-        raise HardwareError(str(exc)) from None
+    denied = _denied_for(given, node)  # the MPS daemon's cgroups deny the same
     root = cfg.paths.cgroup_root
     version = cgroup_version(root)
     if version == 1:
