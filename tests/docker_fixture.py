@@ -91,12 +91,13 @@ def docker_engine(host_cluster_lock: None) -> Iterator[docker.DockerClient]:
         pytest.skip(reason)
     import docker
 
-    client = docker.DockerClient(base_url=f"unix://{SOCKET}", timeout=BUILD_TIMEOUT_S)
-    try:
+    try:  # the client asks the engine's version as it is made: no engine, no client
+        client = docker.DockerClient(base_url=f"unix://{SOCKET}", timeout=BUILD_TIMEOUT_S)
         client.ping()
         started = False
     except docker.errors.DockerException:
         _run(["/bin/bash", str(OFFLINE_DOCKER), "start"], timeout=120)
+        client = docker.DockerClient(base_url=f"unix://{SOCKET}", timeout=BUILD_TIMEOUT_S)
         started = True
     try:
         yield client

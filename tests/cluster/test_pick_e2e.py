@@ -115,8 +115,10 @@ def test_placement_is_not_fooled_by_a_job_name_holding_scontrol_lines(slurm_clus
         while any(slurm_cluster.state(j) != "RUNNING" for j in jobs):
             assert time.monotonic() < deadline, slurm_cluster.log_tail()
             time.sleep(0.3)
+        # errors="replace": other tests' jobs in this session cluster may have non-UTF-8 names
         text = subprocess.run(["/usr/bin/scontrol", "show", "-d", "job"], env=slurm_cluster.env,
-                              capture_output=True, text=True, timeout=30, check=True).stdout
+                              capture_output=True, text=True, errors="replace", timeout=30,
+                              check=True).stdout
         assert f"\nJobId={victim} JobName=victim\n   UserId=nobody" in text  # the forgery is there
         proc = subprocess.run([BIN, "placement", "--from", "dgx-h100", "--node", host, "--json"],
                               env=slurm_cluster.env, capture_output=True, text=True, timeout=60)
