@@ -64,18 +64,15 @@ def test_refused_as_typing_refuses() -> None:
 
 def test_pick_loads_neither_typing_nor_the_bundle_parsers(tmp_path: object) -> None:
     """With the parsed bundle cached, ``gpuslurm pick`` imports none of typing, dataclasses,
-    pathlib or the XML parser (what it costs: benchmarks/README.md, bench_pick.py) for the model
-    and the placement; typing only with gpuslurm.config, which tells pick where the record of GPUs
-    out of service is (``gpuslurm gpu offline``)."""
+    pathlib or the XML parser (what it costs: benchmarks/README.md, bench_pick.py)."""
     code = ("import sys, io, re\n"
             "from gpuslurm.cli.fast import main\n"
             "sys.argv = ['gpuslurm', 'pick', '4', '--from', 'dgx-h100', '--format', 'json']\n"
             "out, sys.stdout = sys.stdout, io.StringIO()\n"
             "rc = main()\n"
             "sys.stdout = out\n"
-            "typing = 'typing' in sys.modules and 'gpuslurm.config' not in sys.modules\n"
-            "print(rc, sorted(m for m in ('dataclasses', 'pathlib', 'xml', 'inspect') "
-            "if m in sys.modules) + (['typing'] if typing else []))\n")
+            "print(rc, sorted(m for m in ('typing', 'dataclasses', 'pathlib', 'xml', 'inspect') "
+            "if m in sys.modules))\n")
     env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

@@ -1,8 +1,9 @@
 """gpuslurm's site configuration: ``/etc/gpuslurm/gpuslurm.toml``, or the file ``$GPUSLURM_CONFIG`` names.
 
-Every key is documented in ``docs/config.md``. The hooks import this on every job, so it uses
-only ``typing`` and ``os``; ``tomllib`` is imported only to parse (the hooks keep a parse in a
-cache, :mod:`gpuslurm.hooks.configcache`) and ``gpuslurm.errors`` only to raise.
+Every key is documented in ``docs/config.md``. The hooks and ``pick`` import this on every job,
+so it uses only ``os`` and :mod:`gpuslurm.tuples` (typing's NamedTuple without importing typing);
+``tomllib`` is imported only to parse (the hooks keep a parse in a cache,
+:mod:`gpuslurm.hooks.configcache`) and ``gpuslurm.errors`` only to raise.
 A missing default file means all defaults; a file named by ``$GPUSLURM_CONFIG`` must exist.
 """
 
@@ -10,7 +11,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple, NoReturn
+
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 DEFAULT_PATH = "/etc/gpuslurm/gpuslurm.toml"
 ENV_VAR = "GPUSLURM_CONFIG"

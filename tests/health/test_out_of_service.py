@@ -114,3 +114,24 @@ def test_any_spec_parses_or_bad_input(spec: str) -> None:
         assert len(str(exc).splitlines()) == 1
     else:
         assert kind in ("uuid", "index", "minor")
+
+
+@given(st.one_of(st.text(max_size=90),
+                 st.from_regex(r"GPU-[0-9A-Za-z-]{1,82}", fullmatch=True),
+                 st.from_regex(r"(index|minor|idx):[0-9]{0,8}", fullmatch=True)))
+def test_gpu_specs_are_read_as_the_documented_patterns_say(text: str) -> None:
+    """The spec reader avoids ``re`` (pick's start-up path); it accepts exactly the documented
+    forms, ``GPU-`` + 1..80 of [0-9A-Za-z-] and ``index:N``/``minor:N`` with 1..6 digits."""
+    import re
+
+    from gpuslurm.state.out_of_service import parse_gpu_spec
+
+    stripped = text.strip()
+    uuid = re.fullmatch(r"GPU-[0-9A-Za-z-]{1,80}", stripped)
+    spec = re.fullmatch(r"(index|minor):([0-9]{1,6})", stripped)
+    try:
+        got = parse_gpu_spec(text)
+    except InputError:
+        assert not uuid and not spec
+        return
+    assert got == (("uuid", stripped) if uuid else (spec.group(1), int(spec.group(2))))  # type: ignore[union-attr]

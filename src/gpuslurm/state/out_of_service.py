@@ -16,15 +16,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
 from gpuslurm.safedir import open_dir, read_private_at, replace_at
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuslurm.hw.identity import AnyGpu
 
 GPU_OUT_REASON = "gpuslurm: GPU out"  # how a node drained for the graceful GPU-out path is told apart
@@ -37,8 +38,22 @@ FORMAT_VERSION = 1
 MAX_RECORD_BYTES = 1 << 20
 MAX_REASON = 200
 SOURCES = ("admin", "monitor", "prolog", "health")
-_UUID_RE = re.compile(r"GPU-[0-9A-Za-z-]{1,80}")
-_SPEC_RE = re.compile(r"(index|minor):([0-9]{1,6})")
+
+
+def _is_gpu_uuid(text: str) -> bool:
+    """``GPU-`` and 1 to 80 ASCII letters, digits or dashes (no ``re``: pick reads the record)."""
+    body = text[4:]
+    return (text.startswith("GPU-") and 1 <= len(body) <= 80
+            and all(c.isascii() and (c.isalnum() or c == "-") for c in body))
+
+
+def _index_or_minor(text: str) -> tuple[str, int] | None:
+    """``index:N`` / ``minor:N`` (N of 1 to 6 ASCII digits) → (kind, N); else None."""
+    kind, colon, number = text.partition(":")
+    if (colon and kind in ("index", "minor") and 1 <= len(number) <= 6 and number.isascii()
+            and number.isdigit()):
+        return kind, int(number)
+    return None
 
 
 class OutOfService(NamedTuple):
@@ -82,7 +97,7 @@ def _entry(item: Any, source: str) -> OutOfService:
     if not isinstance(item, dict):
         raise InputError("each GPU entry must be an object", source)
     uuid, reason, since, by = item.get("uuid"), item.get("reason"), item.get("since"), item.get("by")
-    if not isinstance(uuid, str) or not _UUID_RE.fullmatch(uuid):
+    if not isinstance(uuid, str) or not _is_gpu_uuid(uuid):
         raise InputError("an entry's uuid is not a GPU UUID", source)
     if not isinstance(reason, str) or len(reason) > MAX_REASON or reason != clean_reason(reason):
         raise InputError(f"{uuid}: reason must be one printable line of at most {MAX_REASON} characters",
@@ -163,10 +178,10 @@ def parse_gpu_spec(spec: str) -> tuple[str, str | int]:
     A bare number is refused: where minors differ from indices it names two different GPUs.
     """
     text = spec.strip()
-    if _UUID_RE.fullmatch(text):
+    if _is_gpu_uuid(text):
         return "uuid", text
-    if m := _SPEC_RE.fullmatch(text):
-        return m.group(1), int(m.group(2))
+    if found := _index_or_minor(text):
+        return found
     shown = text if text.isprintable() and len(text) < 80 else repr(text[:80])
     if text.isdigit():
         raise InputError(f"{shown} is ambiguous: say index:{text} (NVML order) or minor:{text} "
