@@ -29,8 +29,8 @@ from gpuslurm.ranges import format_ranges
 
 DATA = Path(__file__).resolve().parents[1] / "place" / "data"
 GPUSLURM = [sys.executable, "-m", "gpuslurm", "pick"]
-JOB_VARS = ("SLURM_JOB_ID", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPUSLURM_GPU_UUIDS", "GPUSLURM_SCENARIO",
-            "GPUSLURM_CAPTURE", "CUDA_VISIBLE_DEVICES")
+JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPUSLURM_GPU_UUIDS",
+            "GPUSLURM_SCENARIO", "GPUSLURM_CAPTURE", "CUDA_VISIBLE_DEVICES")
 
 
 @pytest.fixture(autouse=True)
@@ -168,6 +168,23 @@ def test_job_without_gpus_has_no_candidates(capsys: pytest.CaptureFixture[str],
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     code, _, err = pick(capsys, "1", "--from", "dgx-h100")
     assert code == 2 and "the job holds 0" in err
+
+
+def test_inside_a_pbs_job_only_the_gpus_its_launch_hook_named(capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """PBS assigns no physical GPU; gpuslurm's execjob_launch names the job's in GPUSLURM_GPU_UUIDS
+    (their device files are all the job can open where gpuslurm isolates)."""
+    bundle = str(DATA / "nvl-pairs-4x")
+    u = [g.uuid for g in load_node(bundle).gpus]
+    monkeypatch.setenv("PBS_JOBID", "12.pbshost")
+    code, _, err = pick(capsys, "1", "--from", bundle)  # no GPUs named: the job has none here
+    assert code == 2 and "the job holds 0" in err
+    monkeypatch.setenv("GPUSLURM_GPU_UUIDS", f"{u[0]},{u[3]}")
+    code, out, _ = pick(capsys, "1", "--from", bundle, "--format", "json")
+    [chosen] = json.loads(out)["gpus"]
+    assert code == 0 and chosen["uuid"] in (u[0], u[3])
+    code, _, err = pick(capsys, "3", "--from", bundle)
+    assert code == 2 and "3 GPUs wanted but the job holds 2" in err
 
 
 def run_pick(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = (),

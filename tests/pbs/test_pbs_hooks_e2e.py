@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from test_pbs_cluster import BUNDLE, _vnodes
 
+from cluster_fixture import users_python
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
 from gpuslurm.hw.source import bundle_path, load_node
 from gpuslurm.pbs.install import HOOK_FILES
@@ -246,6 +247,34 @@ def test_two_users_jobs_get_their_own_numa_local_gpus_mapped_while_they_run(hook
         summary = json.loads((hooked.summaries / f"{jobid}-summary.json").read_text())
         assert summary["scheduler"] == "pbs" and [g["uuid"] for g in summary["gpus"]] == \
             reports[jobid]["CVD"].split(",")
+
+
+PICK_JOB = """\
+out={out}/$PBS_JOBID
+echo "CVD=$CUDA_VISIBLE_DEVICES" > $out.tmp
+{python} -I -c 'import sys; from gpuslurm.cli.fast import main; sys.argv[0] = "gpuslurm"; sys.exit(main())' \\
+    pick 1 --from {bundle} --format json > $out.json 2>> $out.tmp
+echo "RC=$?" >> $out.tmp
+mv $out.tmp $out
+"""
+
+
+def test_pick_inside_a_pbs_job_keeps_to_the_gpus_the_hook_gave_it(hooked: Hooked) -> None:
+    """``gpuslurm pick`` run by the user inside a PBS job chooses among the job's own GPUs (those
+    execjob_launch named), never another of the node's."""
+    root = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-pick-"))
+    root.chmod(0o755)
+    try:
+        script = PICK_JOB.format(out=hooked.out, python=users_python(root), bundle=BUNDLE)
+        jobid = hooked.cluster.qsub(["-l", "select=1:ncpus=2:ngpus=2"], script)
+        report = _job_report(hooked, jobid)
+        assert report["RC"] == "0", (report, hooked.cluster.job(jobid))
+        mine = report["CVD"].split(",")
+        [chosen] = json.loads((hooked.out / f"{jobid}.json").read_text())["gpus"]
+        assert len(mine) == 2 and chosen["uuid"] in mine, (chosen, mine)
+        hooked.cluster.wait(jobid)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_gpu_fault_takes_its_vnode_offline_and_the_job_does_not_run_there(hooked: Hooked) -> None:

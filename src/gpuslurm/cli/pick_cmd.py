@@ -157,18 +157,24 @@ def build_request(args: PickArgs) -> Request:
 
 
 def job_candidates(node: Node, environ: Mapping[str, str]) -> tuple[str, ...] | None:
-    """The UUIDs a Slurm job may use, or None outside a job (every GPU of the node).
+    """The UUIDs a Slurm or PBS job may use, or None outside a job (every GPU of the node).
 
-    Inside a job (``SLURM_JOB_ID`` set): ``GPUSLURM_GPU_UUIDS`` from the task prolog when set,
+    Inside a PBS job (``PBS_JOBID`` set): ``GPUSLURM_GPU_UUIDS`` from gpuslurm's execjob_launch,
+    else none. Inside a Slurm job (``SLURM_JOB_ID`` set): ``GPUSLURM_GPU_UUIDS`` from the task
+    prolog when set,
     else ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` (GRES indices) resolved against the node; under
     ConstrainDevices NVML shows only the job's GPUs, so when the node shows exactly as many GPUs
     as the job holds, those are the job's.
     """
-    if not environ.get("SLURM_JOB_ID", "").strip():
+    in_slurm = bool(environ.get("SLURM_JOB_ID", "").strip())
+    in_pbs = not in_slurm and bool(environ.get("PBS_JOBID", "").strip())
+    if not (in_slurm or in_pbs):
         return None
     named = environ.get("GPUSLURM_GPU_UUIDS", "").strip()
     if named:
         return tuple(u.strip() for u in named.split(",") if u.strip())
+    if in_pbs:  # gpuslurm's execjob_launch names every GPU a PBS job has here: without it, none
+        return ()
     from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
 
     env = HookEnv.from_environ(environ)

@@ -29,7 +29,7 @@ from gpuslurm.errors import CommandError, GpuslurmError, InputError
 from gpuslurm.hooks.log import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, JobFaultError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from gpuslurm.config import Config
     from gpuslurm.hw.identity import AnyNode, NodeIdentity
@@ -222,25 +222,21 @@ def _take_out(faults: list[Any], node: AnyNode, store: Any, scheduler: Scheduler
 
 
 def _requeue_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> int:
-    """Requeue the job (not its fault) without failing the prolog, so the node is not drained by
-    Slurm; else an error code, as :func:`_refuse_job`."""
-    reason = f"gpuslurm requeued this job: {why}"
-    try:
-        done = scheduler.requeue_job(job_id, reason)
-    except GpuslurmError as exc:
-        log.error(f"{reason}; and could not requeue or cancel it ({exc}): failing the prolog")
-        return exc.exit_code
-    log.error(f"{reason} (job {done}; the node stays up)")
-    return 0
+    """Requeue the job (not its fault: a GPU failed under it) without failing the prolog, so the
+    node is not drained; else an error code, as :func:`_refuse_job`."""
+    return _job_out(scheduler.requeue_job, job_id, f"gpuslurm requeued this job: {why}", log)
 
 
 def _refuse_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> int:
     """Fail the job for ``why`` without draining the node: 0 when the scheduler took it out, else
     an error code (the job must not start: the scheduler then drains the node, the one way left
     to stop it)."""
-    reason = f"gpuslurm refused this job: {why}"
+    return _job_out(scheduler.refuse_job, job_id, f"gpuslurm refused this job: {why}", log)
+
+
+def _job_out(action: Callable[[str, str], str], job_id: str, reason: str, log: HookLog) -> int:
     try:
-        done = scheduler.refuse_job(job_id, reason)
+        done = action(job_id, reason)
     except GpuslurmError as exc:
         log.error(f"{reason}; and could not requeue or cancel it ({exc}): failing the prolog")
         return exc.exit_code
