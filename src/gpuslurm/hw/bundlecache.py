@@ -26,6 +26,7 @@ import os
 from gpuslurm import __version__
 from gpuslurm.errors import GpuslurmError
 from gpuslurm.hw.model import Cpu, Gpu, Link, LinkKind, MigDevice, Node
+from gpuslurm.hw.strict import as_int, as_list, as_text, opt_int, opt_text
 from gpuslurm.safedir import read_private_file, read_regular, write_private_file
 from gpuslurm.tuples import TYPE_CHECKING  # typing is not imported on pick's path
 
@@ -98,59 +99,36 @@ def cached_node(bundle: str, cache_dir: str, parse: Callable[[], Node]) -> Node:
 def node_from_json(doc: Any) -> Node:
     """The :class:`Node` ``json.dumps(node)`` wrote; ValueError or TypeError when it is not one."""
     hostname, gpus, cpus, links, driver, cuda, memory, source, warnings = doc
-    return Node(_text(hostname), tuple(_gpu(g) for g in _list(gpus)),
-                tuple(_cpu(c) for c in _list(cpus)),
-                None if links is None else tuple(tuple(_link(x) for x in _list(row)) for row in _list(links)),
-                _opt_text(driver), _opt_text(cuda), _opt_int(memory), _text(source),
-                tuple(_text(w) for w in _list(warnings)))
+    return Node(as_text(hostname), tuple(_gpu(g) for g in as_list(gpus)),
+                tuple(_cpu(c) for c in as_list(cpus)),
+                None if links is None
+                else tuple(tuple(_link(x) for x in as_list(row)) for row in as_list(links)),
+                opt_text(driver), opt_text(cuda), opt_int(memory), as_text(source),
+                tuple(as_text(w) for w in as_list(warnings)))
 
 
 def _gpu(item: Any) -> Gpu:
-    uuid, index, minor, bus_id, name, memory, numa, affinity, mig_mode, migs = _list(item)
+    uuid, index, minor, bus_id, name, memory, numa, affinity, mig_mode, migs = as_list(item)
     if mig_mode is not None and type(mig_mode) is not bool:
         raise ValueError(f"not true, false or null: {mig_mode!r}")
-    return Gpu(_text(uuid), _int(index), _int(minor), _text(bus_id), _text(name), _int(memory),
-               _opt_int(numa), tuple(_int(c) for c in _list(affinity)), mig_mode,
-               tuple(_mig(m) for m in _list(migs)))
+    return Gpu(as_text(uuid), as_int(index), as_int(minor), as_text(bus_id), as_text(name), as_int(memory),
+               opt_int(numa), tuple(as_int(c) for c in as_list(affinity)), mig_mode,
+               tuple(_mig(m) for m in as_list(migs)))
 
 
 def _mig(item: Any) -> MigDevice:
-    index, gi_id, ci_id, profile, memory, uuid, sms, gi_minor, ci_minor = _list(item)
-    return MigDevice(_int(index), _int(gi_id), _int(ci_id), _text(profile), _int(memory), _opt_text(uuid),
-                     _opt_int(sms), _opt_int(gi_minor), _opt_int(ci_minor))
+    index, gi_id, ci_id, profile, memory, uuid, sms, gi_minor, ci_minor = as_list(item)
+    return MigDevice(as_int(index), as_int(gi_id), as_int(ci_id), as_text(profile), as_int(memory),
+                     opt_text(uuid), opt_int(sms), opt_int(gi_minor), opt_int(ci_minor))
 
 
 def _cpu(item: Any) -> Cpu:
-    os_id, core, socket, numa = _list(item)
-    return Cpu(_int(os_id), _int(core), _int(socket), _opt_int(numa))
+    os_id, core, socket, numa = as_list(item)
+    return Cpu(as_int(os_id), as_int(core), as_int(socket), opt_int(numa))
 
 
 def _link(item: Any) -> Link:
-    kind, nvlinks = _list(item)
-    return Link(LinkKind(_text(kind)), _int(nvlinks))
+    kind, nvlinks = as_list(item)
+    return Link(LinkKind(as_text(kind)), as_int(nvlinks))
 
 
-def _list(value: Any) -> list[Any]:
-    if type(value) is not list:
-        raise ValueError(f"not an array: {value!r}")
-    return value
-
-
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise ValueError(f"not an integer: {value!r}")
-    return value
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else _int(value)
-
-
-def _text(value: Any) -> str:
-    if type(value) is not str:
-        raise ValueError(f"not a string: {value!r}")
-    return value
-
-
-def _opt_text(value: Any) -> str | None:
-    return None if value is None else _text(value)

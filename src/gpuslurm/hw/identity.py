@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.hw.devfiles import mig_device_files
+from gpuslurm.hw.strict import as_int, as_text, opt_bool, opt_int
 
 if TYPE_CHECKING:
     from gpuslurm.hw.model import Gpu, MigDevice, Node
@@ -88,36 +89,16 @@ def from_json(doc: Any) -> NodeIdentity:
     """The inverse of ``to_json``; ValueError (or TypeError) when ``doc`` is not one."""
     gpus = []
     for uuid, index, minor, bus_id, numa, cpus, mig_mode, migs in doc["gpus"]:
-        gpu = GpuIdentity(_text(uuid), _int(index), _int(minor), _text(bus_id), _opt_int(numa),
-                          tuple(_int(c) for c in cpus), _opt_bool(mig_mode),
+        gpu = GpuIdentity(as_text(uuid), as_int(index), as_int(minor), as_text(bus_id), opt_int(numa),
+                          tuple(as_int(c) for c in cpus), opt_bool(mig_mode),
                           tuple(_mig(m) for m in migs))
         gpus.append(gpu)
-    return NodeIdentity(_text(doc["hostname"]), tuple(gpus), _text(doc["source"]))
+    return NodeIdentity(as_text(doc["hostname"]), tuple(gpus), as_text(doc["source"]))
 
 
 def _mig(item: Any) -> MigIdentity:
     index, gi_id, ci_id, uuid, gi_minor, ci_minor = item
-    return MigIdentity(_int(index), _int(gi_id), _int(ci_id), None if uuid is None else _text(uuid),
-                       _opt_int(gi_minor), _opt_int(ci_minor))
+    return MigIdentity(as_int(index), as_int(gi_id), as_int(ci_id), None if uuid is None else as_text(uuid),
+                       opt_int(gi_minor), opt_int(ci_minor))
 
 
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise ValueError(f"not an integer: {value!r}")
-    return value
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else _int(value)
-
-
-def _opt_bool(value: Any) -> bool | None:
-    if value is not None and type(value) is not bool:
-        raise ValueError(f"not true, false or null: {value!r}")
-    return value
-
-
-def _text(value: Any) -> str:
-    if type(value) is not str:
-        raise ValueError(f"not a string: {value!r}")
-    return value
