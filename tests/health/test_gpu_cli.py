@@ -140,3 +140,34 @@ def test_pick_never_chooses_a_gpu_out_of_service(site: Path) -> None:
     assert NODE.gpus[3].uuid not in out and out.count("GPU-") >= 7
     code, _, err = run(site, "pick", "8", "--from", b)
     assert code == 5 and "out of service: Xid 79" in err
+
+
+def test_a_user_who_cannot_enter_the_state_directory_still_gets_a_pick() -> None:
+    """nobody runs pick where the state directory is root's 0700 (the monitor's default): one line
+    says the record of GPUs out of service is not consulted, and pick answers (it was exit 2)."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="gpuslurm-pick-user-"))  # not under pytest's 0700 tmp
+    root.chmod(0o755)
+    try:
+        _pick_as_nobody(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _pick_as_nobody(root: Path) -> None:
+    from cluster_fixture import users_python
+
+    state = root / "state"
+    state.mkdir(mode=0o700)
+    (root / "cfg.toml").write_text(f'[paths]\nstate_dir = "{state}"\n')
+    (root / "cfg.toml").chmod(0o644)
+    python = users_python(root)
+    proc = subprocess.run(["/usr/sbin/runuser", "-u", "nobody", "--", python, "-I", "-c",
+                           "import sys; from gpuslurm.cli.fast import main; sys.argv[0] = 'gpuslurm'; "
+                           "sys.exit(main())", "pick", "1", "--from", "dgx-h100", "--format", "json"],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "GPUSLURM_CONFIG": str(root / "cfg.toml")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is not readable by this user" in proc.stderr
+    assert '"gpus"' in proc.stdout

@@ -258,6 +258,11 @@ def mark_out_of_service(node: Node, states: dict[str, Any], environ: Mapping[str
         cfg = load_config(environ=environ)
     except GpuslurmError:
         return  # a broken config is the admin's matter, as for the store
+    if not os.access(cfg.paths.state_dir, os.X_OK):  # a user, where the state directory is root's
+        if os.path.isdir(cfg.paths.state_dir):
+            print(f"gpuslurm pick: {cfg.paths.state_dir} is not readable by this user: the record of "
+                  "GPUs out of service (gpuslurm gpu list) is not consulted", file=sys.stderr)
+        return
     out = read_shared(cfg.paths.state_dir)  # a corrupt record is an error: no GPU is trusted blindly
     for g in node.gpus:
         if g.uuid in out:
