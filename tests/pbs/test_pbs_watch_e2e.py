@@ -209,6 +209,12 @@ def test_set_admin_comment_on_a_running_job(pbs_cluster: PbsCluster, pbs_bin: Pa
     job = pbs_cluster.qsub(["-l", "select=1:ncpus=1"], "sleep 300\n")
     try:
         assert _wait_state(pbs_cluster, job, "R")["job_state"] == "R"
+        # PBS writes its own "Job run at ..." comment as the job starts, sometimes after the state
+        # shows R: wait for it, or it overwrites ours (the monitor rewrites its comment each cycle)
+        deadline = time.monotonic() + 30
+        while not str(_state(pbs_cluster, job).get("comment", "")).startswith("Job run at"):
+            assert time.monotonic() < deadline, _state(pbs_cluster, job)
+            time.sleep(0.2)
         text = "gpuslurm: 2 GPUs, used 37%, idle 1.2 GPU-h; peak 40 GiB = ok, \"quoted\""
         _scheduler(pbs_bin).set_admin_comment(job, text)
         assert str(_state(pbs_cluster, job)["comment"]).strip() == text.replace('"', "'")
