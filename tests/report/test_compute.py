@@ -84,8 +84,10 @@ def test_query_series_shape(store: Path) -> None:
     assert data.gpus[1].util == (0.0,) * 6 + (50.0,) * 6
     miner = next(p for p in data.procs if p.pid == 200)
     assert miner.seen == (0.0,) * 6 + (1.0,) * 6 and miner.util == (None,) * 12
+    # a job seen at its last cycle holds its GPUs for that cycle's interval (60 s), as a sample does
+    held = END + 60
     assert {(a.job_id, a.devices, a.start, a.end) for a in data.allocations} == {
-        ("1", (G0,), T0, END), ("2", (G1,), T0, END), ("3", (G2,), T0, END)}
+        ("1", (G0,), T0, held), ("2", (G1,), T0, held), ("3", (G2,), T0, held)}
     assert [v.kind for v in data.violations] == ["rogue"]
 
 
