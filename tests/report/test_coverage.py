@@ -81,3 +81,21 @@ def test_demo_store_at_30_days(tmp_path: Path) -> None:
     alice = next(r for r in report.rows if r.key == "alice")
     assert alice.used_gpu_hours + alice.idle_gpu_hours <= alice.allocated_gpu_hours + 1e-9
     assert len(report.rows) >= 4
+
+
+def test_job_ending_mid_bucket_holds_its_last_cycle(tmp_path: Path) -> None:
+    """Bob's job is seen by cycles T0 .. T0 + 1790 (10 s apart), its process at 100 % in each.
+
+    Each cycle's sample stands for its 10 s, so the process was busy 1800 s: the job held the GPU
+    as long (it was last seen at T0 + 1790, and holds it to the next cycle). Ending the job at its
+    last cycle gave it 1790 s and its process 1800 s: used + idle over allocated by one interval
+    (the demo's intermittent failure, found at 30 days when a bucket edge fell after a job's end).
+    """
+    times = [T0 + 10 * k for k in range(360)]  # the GPU sampled to T0 + 3590, the job to T0 + 1790
+    last = T0 + 1790
+    path = write_store(tmp_path / "m.db", times, {G0: lambda ts: 100.0 if ts <= last else 0.0},
+                       {G0: lambda ts: (7, "bob", "2") if ts <= last else None},
+                       [(Allocation("2", "bob", 1002, (G0,), T0, "phys"), T0, last)])
+    report = check_invariant(load_sqlite(str(path), T0, T0 + 3600, 600.0))
+    bob = next(r for r in report.rows if r.key == "bob")
+    assert round(bob.allocated_gpu_hours * 3600) == 1800 and round(bob.used_gpu_hours * 3600) == 1800
