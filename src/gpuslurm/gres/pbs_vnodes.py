@@ -7,15 +7,14 @@ place a chunk's CPUs and GPUs together, the PBS analogue of gres.conf ``Cores=``
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 from gpuslurm.errors import InputError
 from gpuslurm.hw.model import Gpu, Node
 from gpuslurm.names import check_node_name
+from gpuslurm.tuples import NamedTuple  # not dataclasses (inspect): PBS's execjob_begin imports this
 
 
-@dataclass(frozen=True, slots=True)
-class NumaVnode:
+class NumaVnode(NamedTuple):
     """One vnode: its NUMA node, the OS CPU ids, memory in MiB and the GPUs (by minor) on it."""
 
     numa_node: int

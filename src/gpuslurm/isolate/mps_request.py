@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 import os
 import stat
-from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import InputError
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from gpuslurm.config import MpsConfig

@@ -26,11 +26,13 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, BinaryIO, NoReturn, TextIO
 
 from gpuslurm.errors import GpuslurmError, HardwareError, InputError
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import BinaryIO, NoReturn, TextIO
+
     from gpuslurm.config import Config
     from gpuslurm.hooks.log import HookLog
     from gpuslurm.pbs.answer import HookAnswer

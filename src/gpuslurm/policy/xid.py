@@ -28,7 +28,8 @@ to 0x2 (Node Reboot Required)"); :func:`recovery_from_text` reads it.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+
+from gpuslurm.tuples import NamedTuple
 
 HARDWARE = "hardware"
 APPLICATION = "application"
