@@ -38,8 +38,32 @@ else:
     _NOT_COPIED = frozenset({"__module__", "__qualname__", "__annotations__", "__dict__",
                              "__weakref__"})
     _tuple_new = tuple.__new__
-    _NEW_GLOBALS = {"_tuple_new": _tuple_new, "__builtins__": {}}
-    _NEW_CODE = {}  # number of fields -> the code of a __new__ taking that many, compiled once
+    _NEW_GLOBALS = {"_tuple_new": _tuple_new, "__builtins__": {}}  # what __new__ sees, as namedtuple's
+    # __new__ for 0-12 fields, compiled with this module (byte code in its .pyc); more are compiled
+    # when first needed, as collections.namedtuple does for every class
+    _NEW_TEMPLATES = (
+        lambda _cls: _tuple_new(_cls, ()),
+        lambda _cls, _0: _tuple_new(_cls, (_0,)),
+        lambda _cls, _0, _1: _tuple_new(_cls, (_0, _1)),
+        lambda _cls, _0, _1, _2: _tuple_new(_cls, (_0, _1, _2)),
+        lambda _cls, _0, _1, _2, _3: _tuple_new(_cls, (_0, _1, _2, _3)),
+        lambda _cls, _0, _1, _2, _3, _4: _tuple_new(_cls, (_0, _1, _2, _3, _4)),
+        lambda _cls, _0, _1, _2, _3, _4, _5: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5)),
+        lambda _cls, _0, _1, _2, _3, _4, _5, _6: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6)),
+        lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7: _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7)),
+        lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8:
+            _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8)),
+        lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9:
+            _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9)),
+        lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10:
+            _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10)),
+        lambda _cls, _0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11:
+            _tuple_new(_cls, (_0, _1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11)),
+    )
+    _NEW_CODE = {n: f.__code__ for n, f in enumerate(_NEW_TEMPLATES)}  # fields -> __new__'s code
+
+    def _arg_list(fields):
+        return ", ".join(fields) + ("," if len(fields) == 1 else "")  # namedtuple's spelling
 
     def _new_method(name, fields, defaults):
         """``__new__(_cls, field, ...)``, as ``collections.namedtuple`` makes it, without compiling
@@ -55,7 +79,7 @@ else:
         code = code.replace(co_varnames=("_cls", *fields), co_name="__new__",
                             co_qualname=f"{name}.__new__")
         new = FunctionType(code, _NEW_GLOBALS, "__new__", tuple(defaults) if defaults else None)
-        new.__doc__ = f"Create new instance of {name}({', '.join(fields)})"
+        new.__doc__ = f"Create new instance of {name}({_arg_list(fields)})"
         return new
 
     # the methods collections.namedtuple gives every class, written once for all of them
@@ -105,7 +129,7 @@ else:
                     defaults.append(ns[field])
                 elif defaults:
                     raise TypeError(f"non-default field {field!r} follows a default field in {name}")
-            body = {"__doc__": f"{name}({', '.join(fields)})", "__slots__": (), "_fields": fields,
+            body = {"__doc__": f"{name}({_arg_list(fields)})", "__slots__": (), "_fields": fields,
                     "_field_defaults": dict(zip(fields[len(fields) - len(defaults):], defaults, strict=True)),
                     "__new__": _new_method(name, fields, defaults), "_make": _make,
                     "_replace": _replace, "__repr__": _repr, "_asdict": _asdict,
