@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
 import keyword
+import pickle
 import subprocess
 import sys
 import typing
@@ -16,8 +19,8 @@ from gpuslurm.tuples import NamedTuple
 _names = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True).filter(lambda n: not keyword.iskeyword(n))
 
 
-def _make(base: object, fields: list[str], n_defaults: int) -> type:
-    lines = ["class Thing(Base):", '    """A thing."""']
+def _make(base: object, fields: list[str], n_defaults: int, doc: bool = True) -> type:
+    lines = ["class Thing(Base):", '    """A thing."""' if doc else "    pass"]
     for i, f in enumerate(fields):
         default = f" = {i!r}" if i >= len(fields) - n_defaults else ""
         lines.append(f"    {f}: int | None{default}")
@@ -26,6 +29,11 @@ def _make(base: object, fields: list[str], n_defaults: int) -> type:
     ns: dict[str, object] = {"Base": base, "__name__": "tests.things"}
     exec("from __future__ import annotations\n" + "\n".join(lines), ns)
     return ns["Thing"]  # type: ignore[return-value]
+
+
+def _params(cls: type) -> list[tuple[str, object]]:
+    """Names and defaults of a class's constructor (typing's carries ForwardRef annotations)."""
+    return [(p.name, p.default) for p in inspect.signature(cls).parameters.values()]
 
 
 @given(st.lists(_names, min_size=1, max_size=8, unique=True), st.data())
@@ -47,6 +55,38 @@ def test_same_as_typing(fields: list[str], data: st.DataObject) -> None:
         a.total = 3  # frozen like theirs
     with pytest.raises(TypeError):
         ours(*values, *range(len(fields) + 1))
+    # keywords, _make, _replace's refusal, pickling and copying, matching, the signature
+    kw = dict(zip(fields, values, strict=False))
+    assert tuple(ours(**kw)) == tuple(theirs(**kw)) == tuple(a)
+    assert ours._make(tuple(b)) == a and type(ours._make(tuple(b))) is ours  # type: ignore[attr-defined]
+    for wrong in ((*b, 0), tuple(b)[:-1]):
+        with pytest.raises(TypeError, match="Expected"):
+            ours._make(wrong)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="unexpected field names"):
+        a._replace(not_a_field=1)
+    if values:
+        with pytest.raises(TypeError):
+            ours(*values, **{fields[0]: 0})  # the first field twice
+    assert ours.__match_args__ == theirs.__match_args__  # type: ignore[attr-defined]
+    assert _params(ours) == _params(theirs)
+    assert copy.copy(a) == a and copy.deepcopy(a) == a and type(copy.deepcopy(a)) is ours
+    assert a.__getnewargs__() == b.__getnewargs__() and a.__reduce_ex__(2)[1][1:] == b.__reduce_ex__(2)[1][1:]
+    assert ours.__mro__ == (ours, tuple, object) and ours.__slots__ == ()  # type: ignore[attr-defined]
+    assert ours.__new__.__doc__ == theirs.__new__.__doc__
+    bare = [_make(base, fields, 0, doc=False) for base in (NamedTuple, typing.NamedTuple)]
+    assert bare[0].__doc__ == bare[1].__doc__
+    assert [ours.__dict__[f].__doc__ for f in fields] == [theirs.__dict__[f].__doc__ for f in fields]
+
+
+def test_a_named_tuple_pickles_by_its_module_and_name() -> None:
+    """Pickle finds the class as ``module.qualname``, as for typing.NamedTuple's classes."""
+    from gpuslurm.hw.model import Cpu, Gpu
+
+    gpu = Gpu("GPU-1", 0, 0, "00000000:01:00.0", "NVIDIA H100", 81559, cpu_affinity=(1, 2))
+    for value in (gpu, Cpu(1, 2, 3), Cpu(os_id=1, core=2, socket=3, numa_node=0)):
+        assert pickle.loads(pickle.dumps(value)) == value
+        assert type(pickle.loads(pickle.dumps(value))) is type(value)
+    assert repr(Cpu(1, 2, 3)) == "Cpu(os_id=1, core=2, socket=3, numa_node=None)"
 
 
 def test_refused_as_typing_refuses() -> None:
@@ -60,6 +100,23 @@ def test_refused_as_typing_refuses() -> None:
 
             def _replace(self) -> None:  # type: ignore[override]
                 pass
+    with pytest.raises(ValueError, match="underscore"):
+        class Hidden(NamedTuple):
+            _a: int
+    with pytest.raises(ValueError, match="underscore"):
+        class TheirHidden(typing.NamedTuple):
+            _a: int
+
+
+def test_many_fields_and_none() -> None:
+    """Field counts past the precompiled ones (and zero) make the same classes."""
+    for n in (0, 1, 12, 13, 30):
+        fields = [f"f{i}" for i in range(n)]
+        ours, theirs = _make(NamedTuple, fields, n // 2), _make(typing.NamedTuple, fields, n // 2)
+        values = list(range(100, 100 + n - n // 2))
+        assert repr(ours(*values)) == repr(theirs(*values))
+        assert ours(*values)._asdict() == theirs(*values)._asdict()
+        assert _params(ours) == _params(theirs)
 
 
 def test_pick_loads_neither_typing_nor_the_bundle_parsers(tmp_path: object) -> None:

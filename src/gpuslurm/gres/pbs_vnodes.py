@@ -7,15 +7,13 @@ place a chunk's CPUs and GPUs together, the PBS analogue of gres.conf ``Cores=``
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 from gpuslurm.errors import InputError
 from gpuslurm.hw.model import Gpu, Node
-from gpuslurm.names import check_node_name
+from gpuslurm.tuples import NamedTuple  # not dataclasses (inspect): PBS's execjob_begin imports this
 
 
-@dataclass(frozen=True, slots=True)
-class NumaVnode:
+class NumaVnode(NamedTuple):
     """One vnode: its NUMA node, the OS CPU ids, memory in MiB and the GPUs (by minor) on it."""
 
     numa_node: int
@@ -54,6 +52,8 @@ def plan_vnodes(node: Node) -> tuple[NumaVnode, ...]:
 
 def render_pbs_vnodes(node: Node, node_name: str | None = None) -> str:
     """The vnode definition file text: the natural vnode holds nothing, ``NAME[n]`` holds NUMA node n."""
+    from gpuslurm.names import check_node_name  # here: execjob_begin imports this module, not this
+
     host = check_node_name(node_name or node.hostname,
                            source="--node-name" if node_name else "captured hostname")
     # No comment lines: pbs_mom's vnode file parser has no comment syntax.

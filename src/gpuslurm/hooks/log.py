@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TextIO
 
 from gpuslurm.errors import GpuslurmError, one_line
+from gpuslurm.tuples import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import TextIO
 
 EXIT_UNHEALTHY = 1  # a health fault took the node (or GPU) out of service
 EXIT_INTERNAL = 70  # a bug: the hook fails closed

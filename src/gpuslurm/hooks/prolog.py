@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
 
 from gpuslurm.errors import CommandError, GpuslurmError, InputError
 from gpuslurm.hooks.log import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, JobFaultError
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from typing import Any
 
     from gpuslurm.config import Config
     from gpuslurm.hw.identity import AnyNode, NodeIdentity

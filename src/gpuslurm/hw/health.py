@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CaptureError, HardwareError, NotSupported
 from gpuslurm.safedir import read_regular
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # a Gpu or the hooks' light GpuIdentity: only uuid and index are used
+    from typing import Any
+
     from gpuslurm.hw.identity import AnyGpu
 
 SCENARIO_FILE = "health.json"

@@ -24,15 +24,16 @@ capture writes NVML's where it answers, and :func:`read_capabilities` reads it f
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
 
 from gpuslurm.errors import CaptureError
 from gpuslurm.hw.model import Cpu, Gpu, MigDevice, Node, link_from_text
 from gpuslurm.ranges import MAX_CPUS, MAX_GPUS
 from gpuslurm.safedir import read_regular_text
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the hooks that read a cached node do without pathlib
     from pathlib import Path
+    from typing import Any
 
 __all__ = ["dump_node", "link_from_text", "load_partial", "node_from_dict", "node_to_dict",
            "read_capabilities"]

@@ -21,12 +21,11 @@ test cluster; none of it needs an extra command):
 
 from __future__ import annotations
 
-import math
 import os
 import stat
-from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import InputError
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from gpuslurm.config import MpsConfig
@@ -78,6 +77,8 @@ def parse_percentage(text: str, source: str = GRES_VAR) -> int:
         value = float("nan")
     if not 0 < value <= 100:
         raise InputError(f"not a percentage between 1 and 100: {text!r}", source=source)
+    import math  # here: every prolog imports this module, few jobs ask for a percentage
+
     return math.ceil(value)
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
 from gpuslurm.errors import CommandError, one_line
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuslurm.hw.model import Node
     from gpuslurm.samples import Allocation
     from gpuslurm.state.out_of_service import OutOfService

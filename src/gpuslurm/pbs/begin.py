@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, NamedTuple
+
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config

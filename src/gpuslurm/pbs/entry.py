@@ -26,11 +26,13 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, BinaryIO, NoReturn, TextIO
 
 from gpuslurm.errors import GpuslurmError, HardwareError, InputError
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import BinaryIO, NoReturn, TextIO
+
     from gpuslurm.config import Config
     from gpuslurm.hooks.log import HookLog
     from gpuslurm.pbs.answer import HookAnswer
@@ -230,7 +232,15 @@ def pbs_isolates(cfg: Config, req: PbsRequest, log: HookLog) -> bool:
 
 
 def run() -> NoReturn:
-    """:func:`main` on ``sys.argv``, then leave as :func:`gpuslurm.hooks.entry.run` does."""
+    """:func:`main` on ``sys.argv``, then leave as :func:`gpuslurm.hooks.entry.run` does.
+
+    The cyclic garbage collector is off for the hook's short life: its passes over the objects
+    every import makes cost a begin about as much as its own work (18 passes, ~1.5 ms on the DGX
+    H100 replay; benchmarks/README.md), and everything the process allocates is bounded (the
+    request and the caches are read bounded) and freed when it exits a moment later."""
+    import gc
+
+    gc.disable()
     code = main()
     import atexit
 

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import BinaryIO, NamedTuple
 
 from gpuslurm.errors import InputError
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 FORMAT = 1
 MAX_REQUEST_BYTES = 1 << 20  # the job's whole exec_vnode fits many times over

@@ -8,10 +8,10 @@ does not mention it) and never produces a fault; a GPU whose facts could not be 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.config import HealthConfig
 from gpuslurm.policy.xid import describe, is_fault
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 # hw.health.SLOWDOWNS, the clock event reasons that mean a fault or its cooling slows the GPU
 # (not policy or idleness); spelled here so the prolog need not load the readers to decide

@@ -28,7 +28,8 @@ to 0x2 (Node Reboot Required)"); :func:`recovery_from_text` reads it.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+
+from gpuslurm.tuples import NamedTuple
 
 HARDWARE = "hardware"
 APPLICATION = "application"
@@ -76,7 +77,7 @@ XID_TABLE: dict[int, XidInfo] = {x.code: x for x in _TABLE}
 
 # The driver's recovery action codes in Xid 154's text (NVML's nvmlDeviceGpuRecoveryAction_t).
 _RECOVERY_CODES = {0: NONE, 1: RESET, 2: REBOOT, 3: DRAIN, 4: DRAIN}
-_RECOVERY_RE = re.compile(r"\bto\s+0x([0-9a-fA-F]{1,8})\b")
+_RECOVERY = r"\bto\s+0x([0-9a-fA-F]{1,8})\b"  # compiled on first use (re's cache): hooks import this
 
 
 def classify(code: int) -> XidInfo:
@@ -86,7 +87,7 @@ def classify(code: int) -> XidInfo:
 
 def recovery_from_text(code: int, text: str) -> str:
     """The recovery an Xid's kernel-log text asks for: Xid 154's stated action, else the table's."""
-    if code == 154 and (m := _RECOVERY_RE.search(text)):
+    if code == 154 and (m := re.search(_RECOVERY, text)):
         return _RECOVERY_CODES.get(int(m.group(1), 16), SERVICE)
     return classify(code).recovery
 

@@ -7,9 +7,8 @@ for PBS's event objects) turns its own input into a :class:`HookJob`; the neutra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
-
 from gpuslurm.errors import InputError
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # both kinds of node, never loaded here: see gpuslurm.hw.identity
     from gpuslurm.hw.identity import AnyGpu, AnyMig, AnyNode

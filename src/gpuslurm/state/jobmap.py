@@ -13,15 +13,17 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
 from gpuslurm.jobid import check_job_id as check_job_id  # where callers import it from
 from gpuslurm.jobid import job_sort_key, valid_job_id
 from gpuslurm.safedir import UnsafePathError as UnsafePathError  # where callers import it from
 from gpuslurm.safedir import open_dir, read_private_at, write_private_file
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuslurm.state.job import JobDevice
 
 DEFAULT_JOBS_DIR = "/run/gpuslurm/jobs"

@@ -17,13 +17,13 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 
 from gpuslurm.errors import InputError
 from gpuslurm.safedir import open_dir, read_private_at, replace_at
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
     from typing import Any
 
     from gpuslurm.hw.identity import AnyGpu
@@ -145,9 +145,13 @@ class OutOfServiceStore:
             raise InputError(f"cannot read: {exc.strerror}", self.path) from None
         return {} if data is None else parse_record(data, self.path)
 
-    @contextmanager
-    def update(self) -> Iterator[dict[str, OutOfService]]:
+    def update(self) -> AbstractContextManager[dict[str, OutOfService]]:
         """Read under the lock, let the caller change the dict, write it back if it changed."""
+        from contextlib import contextmanager  # here: every hook imports this module, few update it
+
+        return contextmanager(self._update)()
+
+    def _update(self) -> Iterator[dict[str, OutOfService]]:
         dfd = open_dir(self.state_dir, create_mode=0o755)
         assert dfd is not None
         try:
