@@ -79,36 +79,36 @@ else:
         code = code.replace(co_varnames=("_cls", *fields), co_name="__new__",
                             co_qualname=f"{name}.__new__")
         new = FunctionType(code, _NEW_GLOBALS, "__new__", tuple(defaults) if defaults else None)
-        new.__doc__ = f"Create new instance of {name}({_arg_list(fields)})"
+        new.__doc__ = f"A new {name}({_arg_list(fields)})."
         return new
 
     # the methods collections.namedtuple gives every class, written once for all of them
     @classmethod
     def _make(cls, iterable):
-        """Make a new instance from a sequence or iterable."""
+        """The instance holding the values of ``iterable``, one per field."""
         result = _tuple_new(cls, iterable)
         if len(result) != len(cls._fields):
             raise TypeError(f"Expected {len(cls._fields)} arguments, got {len(result)}")
         return result
 
     def _replace(self, /, **kwds):
-        """Return a new instance replacing the specified fields with new values."""
+        """A copy with the fields named by keyword set to new values."""
         result = self._make(map(kwds.pop, self._fields, self))
         if kwds:
             raise ValueError(f"Got unexpected field names: {list(kwds)!r}")
         return result
 
     def _repr(self):
-        """Return a nicely formatted representation string"""
+        """``Name(field=value, ...)``."""
         values = ", ".join(f"{f}={v!r}" for f, v in zip(self._fields, self, strict=True))
         return f"{self.__class__.__name__}({values})"
 
     def _asdict(self):
-        """Return a new dict which maps field names to their values."""
+        """The fields and their values as a dict."""
         return dict(zip(self._fields, self, strict=True))
 
     def _getnewargs(self):
-        """Return self as a plain tuple.  Used by copy and pickle."""
+        """The values as a plain tuple (what copy and pickle rebuild the instance from)."""
         return tuple(self)
 
     _repr.__name__, _getnewargs.__name__ = "__repr__", "__getnewargs__"
@@ -136,7 +136,7 @@ else:
                     "__getnewargs__": _getnewargs, "__match_args__": fields,
                     "__module__": ns.get("__module__"), "__qualname__": ns.get("__qualname__", name)}
             for index, field in enumerate(fields):
-                body[field] = _tuplegetter(index, f"Alias for field number {index}")
+                body[field] = _tuplegetter(index, f"Field {index} of the tuple.")
             for key, value in ns.items():
                 if key in _PROHIBITED:
                     raise AttributeError(f"cannot overwrite NamedTuple attribute {key}")
