@@ -31,7 +31,8 @@ class GpuslurmError(Exception):
     exit_code = EXIT_HARDWARE
 
     def __str__(self) -> str:
-        return self.args[0] if self.args else self.__class__.__name__
+        # one line whatever a message quotes: an input's text can hold U+2028 and the like
+        return one_line(self.args[0]) if self.args else self.__class__.__name__
 
 
 class InputError(GpuslurmError):
@@ -48,7 +49,7 @@ class InputError(GpuslurmError):
         self.source = str(source) if source is not None else None
 
     def __str__(self) -> str:
-        return f"{self.source}: {self.message}" if self.source else self.message
+        return one_line(f"{self.source}: {self.message}" if self.source else self.message)
 
 
 class CaptureError(InputError):
