@@ -1,10 +1,11 @@
 """Compute processes through the real pynvml on every process-list layout a driver has written.
 
 R535 drivers before 535.98 write 32-byte entries behind ``_v3`` (``usedGpuCcProtectedMemory``,
-added without a version bump), 535.98 dropped ``_v3``, 535.104 restored it with 24-byte entries and
-added the versioned detail list, and R545 and later keep that (``conftest.driver_lacks``). nvidia-ml-py reads every ``_v3`` list with a 24-byte stride, so
-gpuslurm reads process lists itself (``NvmlLibrary.running_processes``). The library serves the
-layout and the entry points of the driver version it is given.
+added without a version bump), 535.98 dropped ``_v3``, 535.104 restored it with 24-byte entries
+and added the versioned detail list, and R545 and later keep that (``conftest.driver_lacks``).
+nvidia-ml-py reads every ``_v3`` list with a 24-byte stride, so gpuslurm reads process lists
+itself (``NvmlLibrary.running_processes``). The library serves the layout and the entry points
+of the driver version it is given.
 """
 
 from __future__ import annotations
