@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from tests.nvml.conftest import LiveNode, MakeLiveNode
-from tests.nvml.test_differential import NODE_DUMP, _strip
+from tests.nvml.test_differential import NODE_DUMP, run_as_bundle_host
 
 from gpuslurm.hw.bundle import read_bundle
 from gpuslurm.hw.nvml_json import node_to_dict
@@ -248,10 +248,12 @@ def test_backend_and_status_on_r545_agree_with_the_bundle(name: str, live_node: 
                                                           tmp_path: Path) -> None:
     bundle = bundle_at(tmp_path, name, R545)
     node = live_node(bundle)
-    live = json.loads(node.python(NODE_DUMP))
-    ref = node_to_dict(read_bundle(bundle))
+    done = run_as_bundle_host(node, tmp_path / "host", code=NODE_DUMP)
+    assert done.returncode == 0, done.stderr
+    live, ref = json.loads(done.stdout), node_to_dict(read_bundle(bundle))
     assert live["driver_version"] == R545
-    assert _strip(live["gpus"]) == _strip(ref["gpus"])
-    status = json.loads(node.run("status", "--json").stdout)
+    assert (live["gpus"], live["links"]) == (ref["gpus"], ref["links"])
+    done = run_as_bundle_host(node, tmp_path / "host2", "status", "--json")
+    assert done.returncode == 0, done.stderr
     replayed = json.loads(node.run("status", "--json", "--from", str(bundle)).stdout)
-    assert _strip(status["gpus"]) == _strip(replayed["gpus"])
+    assert json.loads(done.stdout)["gpus"] == replayed["gpus"]
