@@ -423,3 +423,12 @@ def test_affinity_keeps_only_online_cpus(tmp_path: pathlib.Path) -> None:
     assert node.gpus[1].cpu_affinity == (1, 3)
     assert [w.split(":")[0] for w in node.warnings] == ["GPU 0", "GPU 1"]
     assert "[15]" in node.warnings[0]
+
+
+def test_a_bridge_to_a_gpu_in_mig_mode_counts_from_its_peer(tmp_path: pathlib.Path) -> None:
+    """NVML answers no NVLink query in MIG mode: the peer's count stands for both directions."""
+    gpus = direct_nvlink_quad()[:2]
+    gpus[0]["mig"] = True  # and no MIG devices yet
+    _, nvml = backend(gpus, tmp_path, topology=lambda a, b: fp.NVML_TOPOLOGY_HOSTBRIDGE)
+    links = nvml.read_node("n").links
+    assert links is not None and [[str(c) for c in row] for row in links] == [["X", "NV4"], ["NV4", "X"]]
