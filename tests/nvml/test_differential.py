@@ -95,8 +95,8 @@ def run_as_bundle_host(node: LiveNode, root: Path, *args: str,
     argv = [*unshare, "/bin/sh", "-c", script + ' && exec "$@"', "sh", *command]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
                           env=node.lib.env(node.nvml_json, node.log))
-    if "mount" in done.stderr and "permission denied" in done.stderr.lower():
-        _unavailable(f"no mount namespace here: {done.stderr.strip()[:200]}")
+    if done.returncode and done.stderr.startswith(("unshare:", "mount:")):  # before gpuslurm ran
+        _unavailable(f"no mount namespace of our own here: {done.stderr.strip()[:200]}")
     return done
 
 
