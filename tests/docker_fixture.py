@@ -9,7 +9,10 @@ as a user without a registry would: ``FROM`` a Debian 12 base made by debootstra
 (cached per dependency list under $GPUSLURM_DOCKER_CACHE). Docker's layer cache keeps the apt layer,
 so a source change rebuilds only the COPY and pip layers.
 
-``docker_node`` (module) runs that image as the cluster node ``gpunode``: the fake GPU device files
+``docker_node`` (module) runs that image as docker-slurm/compose.yaml describes its ``slurm``
+service, translated to the Docker SDK by :func:`compose_run_settings` (no ``docker compose`` on
+this machine: Debian 12's docker-compose is v1, which knows no ``cgroup:``), so the file users
+run is the container the test runs. It is the cluster node ``gpunode``: the fake GPU device files
 are made on the host (docker-slurm/fake-devices.sh's ledger) and passed in with ``--device``; the
 container shares the host's cgroup hierarchy (Slurm's devices cgroups are real) and, because
 Slurm resolves addresses with AI_ADDRCONFIG (no IPv4 but loopback means none at all), the host's
@@ -48,6 +51,8 @@ SOCKET = Path(os.environ.get("GPUSLURM_DOCKER_RUN", "/run/gpuslurm-docker")) / "
 CACHE = Path(os.environ.get("GPUSLURM_DOCKER_CACHE", "/var/cache/gpuslurm-docker"))
 IMAGE = "gpuslurm-cluster:test"
 NODE = "gpunode"
+COMPOSE = ROOT / "docker-slurm" / "compose.yaml"
+SERVICE = "slurm"
 # Not the native test cluster's 6817-6819: both may run in one session, on one network.
 PORT = 6837
 NEEDED = ("/usr/sbin/dockerd", "/usr/sbin/debootstrap", "/usr/bin/containerd", "/usr/sbin/runc")
@@ -194,6 +199,48 @@ _CAP_NAMES = (
 )
 
 
+def compose_service(path: Path = COMPOSE) -> dict[str, Any]:
+    """The ``slurm`` service of docker-slurm/compose.yaml."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    service = doc["services"][SERVICE]
+    assert isinstance(service, dict), path
+    return service
+
+
+# Every key the service may use, each translated below; any other key fails the tests (a setting
+# the tested container would not have).
+TRANSLATED = frozenset({"build", "hostname", "extra_hosts", "init", "network_mode", "cgroup", "volumes",
+                        "cap_add", "security_opt", "devices", "environment"})
+
+
+def compose_run_settings(service: dict[str, Any], capabilities: list[str]) -> dict[str, Any]:
+    """``containers.run`` keyword arguments for a compose service, as ``docker compose up`` would
+    create it; ``build`` is the image's (``cluster_image``). ``cap_add: [ALL]`` becomes
+    ``capabilities``, the ones this machine's root has (runc refuses to grant any other)."""
+    unknown = set(service) - TRANSLATED
+    if unknown:
+        raise ValueError(f"compose.yaml: {sorted(unknown)} has no Docker SDK translation here")
+    volumes = {}
+    for spec in service.get("volumes", []):
+        source, target, mode = str(spec).split(":")
+        volumes[source] = {"bind": target, "mode": mode}
+    caps = [str(c) for c in service.get("cap_add", [])]
+    return {
+        "hostname": str(service["hostname"]),
+        "extra_hosts": dict(str(h).split(":", 1) for h in service.get("extra_hosts", [])),
+        "init": bool(service.get("init", False)),
+        "network_mode": str(service["network_mode"]),
+        "cgroupns": str(service["cgroup"]),
+        "volumes": volumes,
+        "cap_add": list(capabilities) if caps == ["ALL"] else caps,
+        "security_opt": [str(o) for o in service.get("security_opt", [])],
+        "devices": [str(d) for d in service.get("devices", [])],
+        "environment": {str(k): str(v) for k, v in (service.get("environment") or {}).items()},
+    }
+
+
 @dataclass
 class DockerNode:
     """The running container: ``sh`` runs a shell command in it (as root) and returns its output."""
@@ -220,24 +267,25 @@ def _fake_devices(command: str, owner: str, gres_conf: Path | None = None) -> st
 
 @pytest.fixture(scope="module")
 def docker_node(cluster_image: BuiltImage, docker_engine: docker.DockerClient) -> Iterator[DockerNode]:
-    """The image running as node ``gpunode`` with the DGX H100's fake GPUs passed in."""
+    """The image running as compose.yaml's ``slurm`` service (node ``gpunode``, the DGX H100's fake
+    GPUs passed in), with ``sleep`` as its command: the tests start the cluster themselves."""
+    settings = compose_run_settings(compose_service(), _capabilities())
+    bundle = settings["environment"]["GPUSLURM_BUNDLE"]
     workdir = Path(tempfile.mkdtemp(prefix="gpuslurm-docker-node-"))
     owner = f"docker:{workdir}"
     gres = workdir / "gres.conf"
-    _run([sys.executable, "-m", "gpuslurm", "gres-conf", "--from", "dgx-h100", "--node-name", NODE,
-          "--output", str(gres)], timeout=60)
+    _run([sys.executable, "-m", "gpuslurm", "gres-conf", "--from", bundle,
+          "--node-name", settings["hostname"], "--output", str(gres)], timeout=60)
     container = None
     try:
         _fake_devices("fake_devices_from_gres", owner, gres)
-        devices = sorted(str(p) for p in Path("/dev").glob("nvidia*") if p.is_char_device())
+        devices = [d.split(":")[0] for d in settings["devices"]]
+        missing = [d for d in devices if not Path(d).is_char_device()]
+        assert not missing, f"compose.yaml passes in {missing}, which fake-devices.sh did not make"
+        settings["environment"]["GPUSLURM_CLUSTER_PORT"] = str(PORT)
         container = docker_engine.containers.run(
             cluster_image.tag, ["sleep", "infinity"], name=f"gpuslurm-test-{os.getpid()}", detach=True,
-            init=True,  # reaps the daemons' double forks; `sleep` as pid 1 would keep them as zombies
-            hostname=NODE, extra_hosts={NODE: "127.0.0.1"}, network_mode="host", cgroupns="host",
-            volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
-            devices=[f"{d}:{d}:rwm" for d in devices], cap_add=_capabilities(),
-            security_opt=["seccomp=unconfined", "apparmor=unconfined"],
-            environment={"GPUSLURM_CLUSTER_PORT": str(PORT)})
+            **settings)
         yield DockerNode(container, devices)
     finally:
         if container is not None:

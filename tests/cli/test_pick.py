@@ -327,32 +327,6 @@ def test_compute_capability_from_nvml_json(capsys: pytest.CaptureFixture[str], t
     assert code == 2 and "compute_capability" in err and err.count("\n") == 1
 
 
-def test_compute_capabilities_through_nvml() -> None:
-    from fakes import fake_pynvml as fp
-    from gpuslurm.hw.nvml import NvmlBackend, compute_capabilities
-
-    gpus = [{**g, "cc": (9, 0)} if i != 1 else dict(g) for i, g in enumerate(fp.dgx_h100())]
-    found = compute_capabilities(NvmlBackend(module=fp.build(gpus)))
-    assert len(found) == 7 and gpus[1]["uuid"] not in found  # not supported: left out
-    assert set(found.values()) == {(9, 0)}
-
-
-def test_through_nvml(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from fakes import fake_pynvml as fp
-    from gpuslurm.hw import nvml as nvml_module
-
-    idle = {"util": 0, "used_mib": 0, "power_mw": 1, "temp": 30, "procs": []}
-    activity = {i: dict(idle) for i in range(8)}
-    activity[0] = {**idle, "util": 100, "used_mib": 70000, "procs": [(999999, 70000, None)]}
-    fake = fp.SamplingNvml(gpus=[dict(g) for g in fp.dgx_h100()], activity=activity)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setattr(nvml_module, "_default", None)
-    code, out, err = pick(capsys, "2", "--exclusive", "--format", "explain")
-    assert code == 0, err
-    assert "excluded GPU 0" in out and "--exclusive: 1 process of others" in out
-    assert out.startswith("picked {GPU 1, GPU 2}: weakest link NV18")  # GPU 0 busy; NVSwitch
-
-
 @pytest.mark.parametrize("name", builtin_names())
 def test_every_builtin_bundle(capsys: pytest.CaptureFixture[str], name: str) -> None:
     node = load_node(name)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from docker_fixture import NODE, BuiltImage, DockerNode
+from docker_fixture import NODE, BuiltImage, DockerNode, compose_run_settings, compose_service
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 
 CLUSTER_SH = "/src/gpuslurm/docker-slurm/cluster.sh"
@@ -98,6 +98,23 @@ def test_image_is_built_on_the_debootstrap_base(cluster_image: BuiltImage, docke
     # gpuslurm, installed from this checkout's source, and Slurm 22.05 from Debian 12
     assert docker_node.sh(f"{GPUSLURM} --help").startswith("Usage: gpuslurm")
     assert docker_node.sh("slurmd -V").strip().startswith("slurm-wlm 22.05")
+
+
+def test_the_container_is_the_one_compose_yaml_describes(docker_node: DockerNode) -> None:
+    """What Docker made of compose.yaml's service (through the SDK, as the fixture creates it)."""
+    docker_node.container.reload()
+    host, config = docker_node.container.attrs["HostConfig"], docker_node.container.attrs["Config"]
+    want = compose_run_settings(compose_service(), list(host["CapAdd"] or []))
+    assert config["Hostname"] == want["hostname"]
+    assert host["ExtraHosts"] == [f"{k}:{v}" for k, v in want["extra_hosts"].items()]
+    assert (host["Init"], host["NetworkMode"], host["CgroupnsMode"]) == (
+        want["init"], want["network_mode"], want["cgroupns"])
+    assert host["Binds"] == [f"{s}:{v['bind']}:{v['mode']}" for s, v in want["volumes"].items()]
+    assert sorted(host["SecurityOpt"]) == sorted(want["security_opt"])
+    devices = {f"{d['PathOnHost']}:{d['PathInContainer']}:{d['CgroupPermissions']}" for d in host["Devices"]}
+    assert devices == set(want["devices"])
+    assert set(host["CapAdd"]) >= {"SYS_ADMIN", "MKNOD"} and not host["Privileged"]
+    assert {f"{k}={v}" for k, v in want["environment"].items()} <= set(config["Env"])
 
 
 @pytest.mark.parametrize(("constrain_devices", "gpuslurm_devices", "isolated"), [

@@ -1,8 +1,25 @@
 """A stand-in for the ``pynvml`` module (nvidia-ml-py), driven by a description of a node.
 
-Reading nodes, samples and health through NVML is tested with the real pynvml against the replay
-library (tests/nvml). This stand-in stays for what only it can express: call counts and
-arguments, injected errors, a GPU lost at its handle, functions absent from nvidia-ml-py.
+Reading nodes, samples and health through NVML, and which calls gpuslurm makes (counted at the
+real pynvml's door, tests/nvml/calls.py), are tested with the real pynvml against the replay
+library (tests/nvml). This stand-in is kept only for what that library cannot serve:
+
+* injected failures: ``init_error`` (DRIVER_NOT_LOADED, NO_PERMISSION, LIBRARY_NOT_FOUND from
+  nvmlInit; the library fails init only with UNKNOWN), ``errors`` (any code from any call, e.g.
+  NO_PERMISSION from nvmlDeviceGetMinorNumber, NOT_SUPPORTED from nvmlDeviceGetUUID, UNKNOWN
+  from the temperature) and a GPU lost at ``nvmlDeviceGetHandleByIndex`` (``"lost": "handle"``;
+  the library's lost GPU still has a handle);
+* functions absent from nvidia-ml-py itself (``absent``: an AttributeError, not FUNCTION_NOT_FOUND),
+  and an old nvidia-ml-py without the MIG profile table;
+* node shapes the library's nvml.json has no field for: an NVLink that is down between active
+  ones, MIG slots with holes, an arbitrary PCIe level per GPU pair (``topology``), an affinity
+  matched to a /sys tree of the test's making (tests/hw/test_nvml.py), a process sample out of
+  range (tests/watch/test_nvml_sampling.py);
+* NVML events (tests/health/test_nvml_events.py), until the library serves them;
+* a capture whose NVML fails while the stand-in nvidia-smi answers (tests/hw/test_capture.py).
+
+Users: tests/hw/test_nvml.py, tests/hw/test_capture.py, tests/watch/test_nvml_sampling.py,
+tests/health/test_nvml_events.py.
 
 It follows nvidia-ml-py 12/13 as installed: ``NVMLError(value)`` maps the value onto a subclass,
 handles are opaque, strings come back as ``str`` (the package decodes them), structures are
@@ -176,8 +193,6 @@ class FakeNvml:
     init_error: int | None = None
     errors: dict[str, int] = field(default_factory=dict)  # function name → NVML code it fails with
     switch_bus_id: str = "00000000:C5:00.0"
-    init_calls: int = 0
-    shutdown_calls: int = 0
     calls: list[str] = field(default_factory=list)
     _initialised: int = 0
 
@@ -232,13 +247,11 @@ class FakeNvml:
     # -- library ----------------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
-        self.init_calls += 1
         if self.init_error is not None:
             raise NVMLError(self.init_error)
         self._initialised += 1
 
     def nvmlShutdown(self) -> None:  # noqa: N802
-        self.shutdown_calls += 1
         if not self._initialised:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         self._initialised -= 1
@@ -456,7 +469,6 @@ class SamplingNvml(FakeNvml):
     samples [(pid, timestamp, sm)]."""
 
     activity: dict[int, dict[str, Any]] = field(default_factory=dict)
-    stamps: list[int] = field(default_factory=list)
 
     def _act(self, name: str, handle: Handle) -> dict[str, Any]:
         self._gpu(name, handle)
@@ -487,7 +499,6 @@ class SamplingNvml(FakeNvml):
 
     def nvmlDeviceGetProcessUtilization(self, handle: Handle, stamp: int) -> list[Any]:  # noqa: N802
         act = self._act("nvmlDeviceGetProcessUtilization", handle)
-        self.stamps.append(stamp)
         found = [SimpleNamespace(pid=p, timeStamp=t, smUtil=sm, memUtil=0)
                  for p, t, sm in act.get("samples", []) if t > stamp]
         if not found:

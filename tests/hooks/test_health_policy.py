@@ -1,16 +1,18 @@
-"""The pure health gate, the health.json scenario reader, and the live reader on a stand-in NVML."""
+"""The pure health gate and the health.json scenario reader.
+
+The live reader through NVML (the real pynvml against the replay library) and the gate on what it
+reads are in tests/nvml/test_health_gate.py and tests/nvml/test_health.py.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from fakes import fake_pynvml as fp
 from gpuslurm.config import parse_config
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.health import GpuHealth, GpuProcess, NvmlHealthReader, parse_scenario
+from gpuslurm.hw.health import GpuHealth, GpuProcess, parse_scenario
 from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label, released_faults
 
 DEFAULT = parse_config("").health
@@ -102,65 +104,6 @@ def test_bad_scenarios_name_the_problem(text: str, message: str) -> None:
     with pytest.raises(CaptureError, match=message) as info:
         parse_scenario(text, "bundle/health.json", [])
     assert info.value.source == "bundle/health.json"
-
-
-@dataclass
-class Proc:
-    pid: int
-    usedGpuMemory: int | None  # noqa: N815 - NVML's name
-
-
-class HealthyFake(fp.FakeNvml):
-    """The stand-in NVML plus the health queries, driven by per-GPU keys of ``gpus``."""
-
-    def nvmlDeviceGetTemperature(self, handle: fp.Handle, sensor: int) -> int:  # noqa: N802
-        return int(self._gpu("nvmlDeviceGetTemperature", handle).get("temp", 40))
-
-    def nvmlDeviceGetTotalEccErrors(self, handle: fp.Handle, kind: int, counter: int) -> int:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)
-        if "ecc" not in gpu:
-            raise fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED)
-        return int(gpu["ecc"])
-
-    def nvmlDeviceGetRemappedRows(self, handle: fp.Handle) -> tuple[int, int, int, int]:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetRemappedRows", handle)
-        return (0, 0, int(gpu.get("remap_pending", 0)), 0)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: fp.Handle) -> list[Proc]:  # noqa: N802
-        return [Proc(pid, 512 * fp.MIB) for pid in self._gpu("x", handle).get("pids", [])]
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: fp.Handle) -> list[Proc]:  # noqa: N802
-        raise fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED)
-
-
-def test_live_reader_on_stand_in_nvml() -> None:
-    gpus = fp.dgx_h100()[:3]
-    gpus[0].update(temp=91, ecc=2, pids=[1])
-    gpus[1].update(remap_pending=1)
-    gpus[2]["lost"] = True
-    fake = HealthyFake(gpus=[dict(g) for g in gpus])
-    from gpuslurm.hw.model import Gpu
-
-    model = [Gpu(fp.uuid(i), i, i, f"00000000:{i:02X}:00.0", "H100", 81559) for i in range(3)]
-    got = NvmlHealthReader(module=fake).read(model)
-    assert got[model[0].uuid].temperature_c == 91
-    assert got[model[0].uuid].ecc_uncorrectable == 2
-    assert got[model[0].uuid].processes == (GpuProcess(1, "root", 512),)  # pid 1 is init, root's
-    assert got[model[1].uuid].remap_pending is True
-    assert got[model[1].uuid].ecc_uncorrectable is None  # not supported: unknown, not a fault
-    assert got[model[2].uuid].lost
-    assert [f.check for f in gate_faults(got[model[0].uuid], DEFAULT)] == \
-        ["ecc", "temperature", "leftover_processes"]
-
-
-def test_live_reader_refuses_a_renumbered_gpu() -> None:
-    from gpuslurm.hw.model import Gpu
-
-    fake = HealthyFake(gpus=[dict(g) for g in fp.dgx_h100()[:2]])
-    wrong = Gpu(fp.uuid(7), 1, 1, "00000000:2A:00.0", "H100", 81559)
-    got = NvmlHealthReader(module=fake).read([wrong])
-    assert got[wrong.uuid].error is not None and "not " + wrong.uuid in got[wrong.uuid].error
-    assert [f.check for f in gate_faults(got[wrong.uuid], DEFAULT)] == ["lost_gpu"]
 
 
 def test_hardware_throttling_is_logged_by_default() -> None:

@@ -164,22 +164,27 @@ PROCESS_V3 = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsR
 def driver_lacks(version: str | None) -> frozenset[str]:
     """The entry points the library defines that a driver of ``version`` does not export.
 
-    From the history of nvml.h in NVIDIA's nvidia-settings releases (and nvitop's probes of it):
-    R510 added the ``_v3`` process queries; R535 added confidential computing
-    (``nvmlDeviceGetConfComputeMemSizeInfo``) and, until 535.86, wrote a 32-byte struct behind
-    ``_v3``; 535.98 removed the ``_v3`` queries; R550 restored them with the 24-byte struct and
-    added ``nvmlDeviceGetRunningProcessDetailList``. R545 is not modelled: it is taken to be
-    like a late R535. No version: every entry point.
+    From the prototypes in nvml.h of NVIDIA's nvidia-settings releases (one per driver release,
+    ``src/nvml.h`` at each tag), which nvitop's probes of the process queries agree with:
+    R510 added the ``_v3`` process queries and memory info ``_v2``; R535 added confidential
+    computing (``nvmlDeviceGetConfComputeMemSizeInfo``) and the clocks "event" names, and until
+    535.86 declared a 32-byte struct behind ``_v3``; 535.98 dropped the ``_v3`` queries; 535.104
+    brought them back with the 24-byte struct and added ``nvmlDeviceGetRunningProcessDetailList``
+    (whose ``nvmlProcessDetail_v1_t`` carries ``usedGpuCcProtectedMemory`` now). R545 (545.23.06,
+    545.29.x) declares the same process and memory entry points as 535.104 and later; what it adds
+    for gpuslurm's calls is version 3 of the MIG profile-info structs, a struct version the library
+    checks itself (tests/nvml/test_r545.py). No version: every entry point.
     """
     if version is None:
         return frozenset()
     major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])
     lacks: set[str] = set()
-    if major < 550:
+    late_535 = major > 535 or (major == 535 and minor >= 104)
+    if not late_535:
         lacks.add("nvmlDeviceGetRunningProcessDetailList")
     if major < 535:
-        lacks.add("nvmlDeviceGetConfComputeMemSizeInfo")
-    if major < 510 or (major == 535 and minor >= 98) or 535 < major < 550:
+        lacks.update(("nvmlDeviceGetConfComputeMemSizeInfo", "nvmlDeviceGetCurrentClocksEventReasons"))
+    if major < 510 or (major == 535 and 98 <= minor < 104):
         lacks.update(PROCESS_V3)
     if major < 510:
         lacks.add("nvmlDeviceGetMemoryInfo_v2")

@@ -4,6 +4,7 @@
 #include <nvml.h>
 #include <cjson/cJSON.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -780,22 +781,50 @@ static const struct gi_profile *gi_profile(nvmlDevice_t d, unsigned int index) {
 #define MIG_PARENT(d) do { DEV(d); if ((d)->is_mig) return NVML_ERROR_INVALID_ARGUMENT; \
     if ((d)->mig_mode != 1) return NVML_ERROR_NOT_SUPPORTED; } while (0)
 
+/* R545 added version 3 of the GPU- and compute-instance profile structs (nvidia-settings'
+ * src/nvml.h from 545.23.06): GI v3 drops isP2pSupported after id and appends capabilities, so its
+ * fields sit 4 bytes earlier than v2's from sliceCount on; CI v3 appends capabilities. The *V
+ * queries take v2 "or later": a driver before R545 refuses v3 (INVALID_ARGUMENT, as for any
+ * version it does not know), R545 and later write each version's own layout. No driver version:
+ * the newest. */
+static int knows_profile_info_v3(void) { return !driver[0] || driver_major >= 545; }
+_Static_assert(offsetof(nvmlGpuInstanceProfileInfo_v3_t, sliceCount) + 4 ==
+               offsetof(nvmlGpuInstanceProfileInfo_v2_t, sliceCount), "GI profile v3 has no isP2pSupported");
+_Static_assert(offsetof(nvmlComputeInstanceProfileInfo_v3_t, capabilities) ==
+               sizeof(nvmlComputeInstanceProfileInfo_v2_t), "CI profile v3 appends capabilities");
+
 nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned int profile,
                                                   nvmlGpuInstanceProfileInfo_v2_t *info) {
     MIG_PARENT(d);
-    if (!info || info->version != nvmlGpuInstanceProfileInfo_v2 || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+    if (!info || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int version = info->version;
+    if (version != nvmlGpuInstanceProfileInfo_v2 &&
+        !(version == nvmlGpuInstanceProfileInfo_v3 && knows_profile_info_v3()))
         return NVML_ERROR_INVALID_ARGUMENT;
     const struct gi_profile *p = gi_profile(d, profile);
     if (!p) return NVML_ERROR_NOT_SUPPORTED;
-    unsigned int version = info->version;
-    memset(info, 0, sizeof *info);
-    info->version = version;
-    info->id = (unsigned)p->id;
-    info->sliceCount = (unsigned)p->slices;
-    info->instanceCount = (unsigned)(7 / p->slices);
-    info->multiprocessorCount = (unsigned)p->sm;
-    info->memorySizeMB = p->mem_mib;
-    snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+    nvmlGpuInstanceProfileInfo_v2_t v2;
+    memset(&v2, 0, sizeof v2);
+    v2.version = version;
+    v2.id = (unsigned)p->id;
+    v2.sliceCount = (unsigned)p->slices;
+    v2.instanceCount = (unsigned)(7 / p->slices);
+    v2.multiprocessorCount = (unsigned)p->sm;
+    v2.memorySizeMB = p->mem_mib;
+    snprintf(v2.name, sizeof v2.name, "MIG %s", p->name);
+    if (version == nvmlGpuInstanceProfileInfo_v2) {
+        *info = v2;
+        return NVML_SUCCESS;
+    }
+    nvmlGpuInstanceProfileInfo_v3_t *v3 = (nvmlGpuInstanceProfileInfo_v3_t *)(void *)info;
+    memset(v3, 0, sizeof *v3);
+    v3->version = version;
+    v3->id = v2.id;
+    v3->sliceCount = v2.sliceCount;
+    v3->instanceCount = v2.instanceCount;
+    v3->multiprocessorCount = v2.multiprocessorCount;
+    v3->memorySizeMB = v2.memorySizeMB;
+    memcpy(v3->name, v2.name, sizeof v3->name);
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int profile,
@@ -840,14 +869,18 @@ static int ci_slices_of(unsigned int profile) {
 nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gi, unsigned int profile,
                                                            unsigned int eng, nvmlComputeInstanceProfileInfo_v2_t *info) {
     READY();
-    if (!gi || !info || info->version != nvmlComputeInstanceProfileInfo_v2 ||
-        profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || eng >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
+    if (!gi || !info || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || eng >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int version = info->version;
+    if (version != nvmlComputeInstanceProfileInfo_v2 &&
+        !(version == nvmlComputeInstanceProfileInfo_v3 && knows_profile_info_v3()))
         return NVML_ERROR_INVALID_ARGUMENT;
     const struct gi_profile *p = &gi->device->gi_profiles[gi->profile];
     int slices = ci_slices_of(profile);
     if (!slices || slices > p->slices) return NVML_ERROR_NOT_SUPPORTED;
-    unsigned int version = info->version;
-    memset(info, 0, sizeof *info);
+    /* v3 is v2 plus capabilities at the end: zeroing the larger struct covers both */
+    if (version == nvmlComputeInstanceProfileInfo_v3) memset(info, 0, sizeof(nvmlComputeInstanceProfileInfo_v3_t));
+    else memset(info, 0, sizeof *info);
     info->version = version;
     info->id = profile;
     info->sliceCount = (unsigned)slices;

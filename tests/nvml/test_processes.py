@@ -1,10 +1,11 @@
 """Compute processes through the real pynvml on every process-list layout a driver has written.
 
 R535 drivers before 535.98 write 32-byte entries behind ``_v3`` (``usedGpuCcProtectedMemory``,
-added without a version bump), 535.98 dropped ``_v3``, R550 restored it with 24-byte entries and
-added the versioned detail list. nvidia-ml-py reads every ``_v3`` list with a 24-byte stride, so
-gpuslurm reads process lists itself (``NvmlLibrary.running_processes``). The library serves the
-layout and the entry points of the driver version it is given.
+added without a version bump), 535.98 dropped ``_v3``, 535.104 restored it with 24-byte entries
+and added the versioned detail list, and R545 and later keep that (``conftest.driver_lacks``).
+nvidia-ml-py reads every ``_v3`` list with a 24-byte stride, so gpuslurm reads process lists
+itself (``NvmlLibrary.running_processes``). The library serves the layout and the entry points
+of the driver version it is given.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ PROCS = {0: [(4242, 1000), (4343, 2000), (4444, 3000)], 2: [(5151, 512)]}
 DRIVERS = [
     pytest.param("530.41.03", id="r530-v3-24-bytes"),
     pytest.param("535.54.03", id="r535-early-v3-32-bytes"),
-    pytest.param("535.161.08", id="r535-late-v2-only"),
+    pytest.param("535.98", id="r535-98-v2-only"),
+    pytest.param("535.161.08", id="r535-late-v3-24-bytes"),
+    pytest.param("545.29.06", id="r545-v3-24-bytes"),
     pytest.param("590.48.01", id="r590-v3-24-bytes"),
 ]
 
@@ -89,11 +92,11 @@ def test_reading_the_wrong_layout_is_caught(live_node: MakeLiveNode) -> None:
     assert json.loads(node.python(WRONG_LAYOUT)) != _want(float)
 
 
-def test_pynvml_itself_finds_no_v3_after_535_98(live_node: MakeLiveNode) -> None:
-    """nvidia-ml-py's unversioned process query is _v3 only: on 535.98 to R549 it raises an
-    exception that is not even an NVMLError (gpuslurm reads _v2 there, and would call it
-    not supported)."""
-    node = live_node(L40S, driver_version="535.161.08", processes=PROCS)
+def test_pynvml_itself_finds_no_v3_on_535_98(live_node: MakeLiveNode) -> None:
+    """nvidia-ml-py's unversioned process query is _v3 only: on 535.98 (no _v3 until 535.104) it
+    raises an exception that is not even an NVMLError (gpuslurm reads _v2 there, and would call
+    it not supported)."""
+    node = live_node(L40S, driver_version="535.98", processes=PROCS)
     probe = node.python("import pynvml as n\nn.nvmlInit()\ntry:\n"
                         " n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(0))\n"
                         "except Exception as e:\n print(type(e).__name__, isinstance(e, n.NVMLError))\n")

@@ -16,6 +16,9 @@ Three choices worth knowing:
   switch links reaches every other such GPU, so a pair counts ``min`` of their switch links
   (DGX H100: NV18 everywhere, as ``nvidia-smi topo -m`` prints). Where the driver cannot say a
   remote is a switch, a non-GPU remote reached from two or more GPUs is taken to be one.
+* MIG mode: a GPU in MIG mode answers no NVLink query; a direct bridge to it is counted from the
+  peer that is not in MIG mode, for both directions (as ``nvidia-smi topo -m`` shows it). Switch
+  links of a GPU in MIG mode stay unknown (its peers report only the switch).
 * MIG profile names are NVML's own (``nvmlDeviceGetGpuInstanceProfileInfoV``'s ``name``), with
   ``<c>c.`` in front when the compute instance is smaller than its GPU instance. NVIDIA names
   profiles after nominal memory (an A100-80GB's ``3g.40gb`` has 40192 MiB, an H200's ``1g.18gb``
@@ -292,6 +295,12 @@ class NvmlBackend:
         for pos, remotes in enumerate(unknown):
             switch[pos] += sum(count for bus, count in remotes.items() if reach[bus] > 1)
 
+        # A GPU in MIG mode answers no NVLink query, but a bridge to it is the same bridge seen from
+        # its peer: count it from the side that could say (nvidia-smi topo -m shows it both ways).
+        for a in range(n):
+            for b in range(n):
+                if gpus[a].mig_mode and not gpus[b].mig_mode:
+                    direct[a][b] = direct[b][a]
         rows: list[list[Link]] = [[SELF_LINK] * n for _ in range(n)]
         for a in range(n):
             for b in range(a + 1, n):

@@ -57,7 +57,7 @@ class MemoryInfo(NamedTuple):
 
 
 class _ProcessInfo(ctypes.Structure):
-    """``nvmlProcessInfo_t`` as drivers before R535 and from R550 write it (24 bytes)."""
+    """``nvmlProcessInfo_t`` as drivers before R535 and from 535.104 (R545, R550, ...) write it (24 bytes)."""
 
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
@@ -189,11 +189,12 @@ class NvmlLibrary:
         """The compute (or ``graphics``) processes on ``handle``, read with the driver's layout.
 
         nvidia-ml-py reads ``_v3`` lists as 24-byte entries, but R535 drivers before 535.98 write
-        32-byte ones there (``usedGpuCcProtectedMemory``, added without a version bump), and
-        535.98 dropped ``_v3`` again. Which layout a driver writes is told by its entry points,
-        as nvitop probes them: ``_v3`` with confidential computing
-        (``nvmlDeviceGetConfComputeMemSizeInfo``) but without the R550 detail list is the
-        32-byte struct; without ``_v3``, ``_v2`` and 24 bytes.
+        32-byte ones there (``usedGpuCcProtectedMemory``, added without a version bump), 535.98
+        dropped ``_v3``, and 535.104 (then R545 and later) brought it back with 24-byte entries
+        beside ``nvmlDeviceGetRunningProcessDetailList``. Which layout a driver writes is told by
+        its entry points, as nvitop probes them: ``_v3`` with confidential computing
+        (``nvmlDeviceGetConfComputeMemSizeInfo``) but without the detail list is the 32-byte
+        struct; ``_v3`` with the detail list, 24 bytes; without ``_v3``, ``_v2`` and 24 bytes.
         """
         kind = "Graphics" if graphics else "Compute"
         nvml = self.module()
