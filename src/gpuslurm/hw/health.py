@@ -1,7 +1,8 @@
 """Per-GPU health facts for the hooks' health gate: from NVML, or from a replay scenario.
 
 A replayed node (``--from``/``GPUSLURM_CAPTURE``) takes its health from ``health.json`` beside
-the bundle's other files, keyed by GPU UUID::
+the bundle's other files, keyed by GPU UUID (and the bundle's replay scenario, when it has one,
+adds its timed faults: :func:`gpuslurm.hw.scenario.health_at`)::
 
     {"GPU-…": {"lost": false, "xid": [79], "temperature_c": 95, "ecc_uncorrectable": 0,
                "retired_pages_pending": false, "remap_pending": false, "remap_failed": false,
@@ -86,7 +87,26 @@ def read_health(gpus: Sequence[AnyGpu], source: str | None) -> dict[str, GpuHeal
     bundle = bundle_path(source)
     if bundle is None:
         return NvmlHealthReader().read(gpus)
-    return read_scenario(os.path.join(bundle, SCENARIO_FILE), [g.uuid for g in gpus])
+    facts = read_scenario(os.path.join(bundle, SCENARIO_FILE), [g.uuid for g in gpus])
+    return _timed(bundle, source, facts)
+
+
+def _timed(bundle: str, source: str | None, facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:
+    """``facts`` with the replay scenario's timed faults now (Xids, ECC, temperature, lost GPUs),
+    when the bundle has a scenario (:func:`gpuslurm.hw.scenario.health_at`)."""
+    from pathlib import Path
+
+    from gpuslurm.hw.scenario import health_at, load_scenario, scenario_path
+
+    path = scenario_path(Path(bundle))
+    if path is None:
+        return facts
+    import time
+
+    from gpuslurm.hw.source import load_node
+
+    scenario, start = load_scenario(path, load_node(source, links=False))
+    return health_at(scenario, start, time.time(), facts)
 
 
 def read_scenario(path: str | os.PathLike[str], uuids: Sequence[str]) -> dict[str, GpuHealth]:

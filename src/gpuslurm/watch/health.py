@@ -1,7 +1,7 @@
 """Health while jobs run: each monitor cycle, live faults through the prolog's policy, then acted on.
 
 Sources: the kernel log's Xid lines (:class:`gpuslurm.hw.kmsg.KmsgReader`), mapped to a GPU by
-bus id; NVML's Xid and double-bit ECC events, queued by a thread
+bus id; NVML's Xid, double-bit ECC and GPU-unavailable events, queued by a thread
 (:class:`gpuslurm.hw.nvml_events.NvmlEvents`); and the facts NVML (or the replay scenario) gives
 now: ECC, pending row remaps and retired pages, temperature, hardware clock slowdowns, a lost
 GPU. An Xid stays on its GPU until the monitor restarts or the GPU is brought back online (a
@@ -57,6 +57,7 @@ class HealthWatch:
         self.warn = warn
         self.by_bus = {g.bus_id.upper(): g for g in node.gpus}
         self.xids: dict[str, set[int]] = {}  # live Xids per GPU UUID
+        self.lost: set[str] = set()  # GPUs an NVML event said fell off the bus
         self._said: set[tuple[str, str, str]] = set()  # (uuid, check, message) already acted on
         self._last_state = ""
         self._was_out: set[str] = set()
@@ -80,6 +81,7 @@ class HealthWatch:
         in_service = [g for g in self.node.gpus if g.uuid not in out]
         for uuid in self._was_out - set(out):  # brought back online: a clean slate
             self.xids.pop(uuid, None)
+            self.lost.discard(uuid)
             self._said = {k for k in self._said if k[0] != uuid}
         self._was_out = set(out)
         try:
@@ -95,6 +97,8 @@ class HealthWatch:
             live = self.xids.get(gpu.uuid)
             if live:
                 fact = fact._replace(xid=tuple(sorted(set(fact.xid) | live)))
+            if gpu.uuid in self.lost:
+                fact = fact._replace(lost=True)
             faults += running_faults(fact, self.cfg)
         self._act(faults, now, problem)
         self._reconcile(now, problem)
@@ -127,9 +131,15 @@ class HealthWatch:
             problem("nvml-events", why)
         known = {g.uuid for g in self.node.gpus}
         for ev in events:
-            if ev.uuid in known:
-                self.xids.setdefault(ev.uuid, set()).add(ev.code)
-                self.warn(f"NVML event: Xid {ev.code} on {ev.uuid}")
+            if ev.uuid not in known:
+                continue
+            if ev.lost:
+                self.lost.add(ev.uuid)
+                self.warn(f"NVML event: {ev.uuid} is unavailable (fell off the bus)")
+                continue
+            self.xids.setdefault(ev.uuid, set()).add(ev.code)
+            where = "" if ev.gpu_instance is None else f" (MIG GPU instance {ev.gpu_instance})"
+            self.warn(f"NVML event: Xid {ev.code} on {ev.uuid}{where}")
 
     def _act(self, faults: list[Fault], now: float, problem: Callable[[str, str], None]) -> None:
         labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in self.node.gpus}
