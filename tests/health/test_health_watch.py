@@ -222,7 +222,7 @@ def test_config_refusals(text: str) -> None:
 
 
 class Queued:
-    """What NvmlEvents.drain hands the cycle (the thread itself: tests/health/test_nvml_events.py)."""
+    """What NvmlEvents.drain hands the cycle (the thread itself: tests/nvml/test_events.py)."""
 
     def __init__(self, *events: Any) -> None:
         self.events = list(events)

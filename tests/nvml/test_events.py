@@ -79,13 +79,16 @@ print(json.dumps({"why": why, "events": events, "problems": problems}))
 """
 
 
-def scenario_copy(tmp_path: Path, source: Path, steps: list[dict[str, Any]], start: float | None = None) -> Path:
+def scenario_copy(
+    tmp_path: Path, source: Path, steps: list[dict[str, Any]], start: float | None = None
+) -> Path:
     bundle = tmp_path / source.name
     if bundle.exists():
         shutil.rmtree(bundle)
     shutil.copytree(source, bundle)
-    (bundle / "scenario.json").write_text(json.dumps({"start": time.time() if start is None else start,
-                                                      "steps": steps}))
+    (bundle / "scenario.json").write_text(
+        json.dumps({"start": time.time() if start is None else start, "steps": steps})
+    )
     return bundle
 
 
@@ -102,10 +105,14 @@ def _faults(uuids: list[str]) -> list[dict[str, Any]]:
     ramping, and an Xid 48 on GPU 2, all AHEAD seconds on."""
     return [
         {"at": 0, "gpus": {uuids[0]: {"xid": [13]}, uuids[1]: {"ecc_uncorrectable": 0, "temp_c": 50}}},
-        {"at": AHEAD, "gpus": {uuids[3]: {"xid": [79], "lost": True},
-                               uuids[1]: {"ecc_uncorrectable": 2, "temp_c": 80}}},
-        {"at": AHEAD + 1, "gpus": {uuids[3]: {"lost": True}, uuids[1]: {"temp_c": 96},
-                                   uuids[2]: {"xid": [48]}}},
+        {
+            "at": AHEAD,
+            "gpus": {uuids[3]: {"xid": [79], "lost": True}, uuids[1]: {"ecc_uncorrectable": 2, "temp_c": 80}},
+        },
+        {
+            "at": AHEAD + 1,
+            "gpus": {uuids[3]: {"lost": True}, uuids[1]: {"temp_c": 96}, uuids[2]: {"xid": [48]}},
+        },
     ]
 
 
@@ -131,7 +138,10 @@ def test_the_event_thread_maps_a_lost_gpus_xid_by_its_handle(live_node: MakeLive
     assert out["why"] is None
     # GPU 3 answers GPU_IS_LOST to nvmlDeviceGetUUID: its Xid 79 is still its own
     assert [(e["uuid"], e["code"], e["gpu_instance"], e["lost"]) for e in out["events"]] == [
-        (gpus[3].uuid, 79, None, False), (gpus[1].uuid, 48, None, False), (gpus[2].uuid, 48, None, False)]
+        (gpus[3].uuid, 79, None, False),
+        (gpus[1].uuid, 48, None, False),
+        (gpus[2].uuid, 48, None, False),
+    ]
     assert len(out["problems"]) == 1 and "GPU is lost" in out["problems"][0]
 
 
@@ -140,25 +150,36 @@ def test_a_mig_devices_xid_names_its_gpu_instance(live_node: MakeLiveNode, tmp_p
     parent = next(g for g in gpus if g.mig_mode and len(g.mig_devices) > 1)
     mig = parent.mig_devices[1]
     assert mig.uuid is not None and mig.gi_id != mig.ci_id
-    bundle = scenario_copy(tmp_path, BUILTIN / "a100-mig", [{"at": AHEAD, "gpus": {mig.uuid: {"xid": [31, 94]}}}])
+    bundle = scenario_copy(
+        tmp_path, BUILTIN / "a100-mig", [{"at": AHEAD, "gpus": {mig.uuid: {"xid": [31, 94]}}}]
+    )
     node = live_node(bundle)
     raw = _run(node, RAW)
-    assert raw["got"] == [[parent.index, XID, 31, mig.gi_id, mig.ci_id],
-                          [parent.index, XID, 94, mig.gi_id, mig.ci_id], ["error", TIMEOUT]]
+    assert raw["got"] == [
+        [parent.index, XID, 31, mig.gi_id, mig.ci_id],
+        [parent.index, XID, 94, mig.gi_id, mig.ci_id],
+        ["error", TIMEOUT],
+    ]
     out = _run(node, THREAD, BUNDLE=repr(str(bundle)), WANT=2)
     assert [(e["uuid"], e["code"], e["gpu_instance"]) for e in out["events"]] == [
-        (parent.uuid, 31, mig.gi_id), (parent.uuid, 94, mig.gi_id)]
+        (parent.uuid, 31, mig.gi_id),
+        (parent.uuid, 94, mig.gi_id),
+    ]
 
 
 def test_r565_reports_the_fall_off_the_bus_as_an_event(live_node: MakeLiveNode, tmp_path: Path) -> None:
     gpus = read_bundle(BUILTIN / "l40s-4x").gpus
-    bundle = scenario_copy(tmp_path, BUILTIN / "l40s-4x",
-                           [{"at": AHEAD, "gpus": {gpus[2].uuid: {"xid": [79], "lost": True}}}])
+    bundle = scenario_copy(
+        tmp_path, BUILTIN / "l40s-4x", [{"at": AHEAD, "gpus": {gpus[2].uuid: {"xid": [79], "lost": True}}}]
+    )
     node = live_node(bundle, driver_version="570.86.15")
     raw = _run(node, RAW)
     assert raw["supported"][2] == XID | PSTATE | UNAVAILABLE | 0x8000
-    assert raw["got"] == [[2, XID, 79, NO_INSTANCE, NO_INSTANCE], [2, UNAVAILABLE, 0, NO_INSTANCE, NO_INSTANCE],
-                          ["error", TIMEOUT]]
+    assert raw["got"] == [
+        [2, XID, 79, NO_INSTANCE, NO_INSTANCE],
+        [2, UNAVAILABLE, 0, NO_INSTANCE, NO_INSTANCE],
+        ["error", TIMEOUT],
+    ]
     out = _run(node, THREAD, BUNDLE=repr(str(bundle)), WANT=2)
     assert [(e["code"], e["lost"]) for e in out["events"]] == [(79, False), (0, True)]
     assert out["problems"] == []
@@ -166,20 +187,29 @@ def test_r565_reports_the_fall_off_the_bus_as_an_event(live_node: MakeLiveNode, 
 
 def test_before_r450_the_wait_writes_the_short_struct(live_node: MakeLiveNode, tmp_path: Path) -> None:
     gpus = read_bundle(BUILTIN / "l40s-4x").gpus
-    bundle = scenario_copy(tmp_path, BUILTIN / "l40s-4x", [{"at": AHEAD, "gpus": {gpus[1].uuid: {"xid": [79]}}}])
+    bundle = scenario_copy(
+        tmp_path, BUILTIN / "l40s-4x", [{"at": AHEAD, "gpus": {gpus[1].uuid: {"xid": [79]}}}]
+    )
     node = live_node(bundle, driver_version="440.64.00")
     out = _run(node, THREAD, BUNDLE=repr(str(bundle)), WANT=1)
     assert out["why"] is not None and "R450" in out["why"] and "kernel log" in out["why"]
     # the unversioned wait a pre-R450 driver exports: 24 bytes, no instance ids
-    short = node.python(RAW.replace("n.nvmlEventSetWait_v2(s, 300)", "wait(s)").replace("d.gpuInstanceId, d.computeInstanceId", "d.tail")
-                        .replace("n.nvmlInit()", V1_WAIT + "n.nvmlInit()").replace("JUMP", str(AHEAD + 10)))
-    assert json.loads(short)["got"] == [[1, XID, 79, 0xA5A5A5A5A5A5A5A5], ["error", TIMEOUT]]  # the tail untouched
+    short = node.python(
+        RAW.replace("n.nvmlEventSetWait_v2(s, 300)", "wait(s)")
+        .replace("d.gpuInstanceId, d.computeInstanceId", "d.tail")
+        .replace("n.nvmlInit()", V1_WAIT + "n.nvmlInit()")
+        .replace("JUMP", str(AHEAD + 10))
+    )
+    assert json.loads(short)["got"] == [
+        [1, XID, 79, 0xA5A5A5A5A5A5A5A5],
+        ["error", TIMEOUT],
+    ]  # the tail untouched
 
 
 V1_WAIT = """
 class V1(ctypes.Structure):
-    _fields_ = [("device", n.c_nvmlDevice_t), ("eventType", ctypes.c_ulonglong), ("eventData", ctypes.c_ulonglong),
-                ("tail", ctypes.c_ulonglong)]
+    _fields_ = [("device", n.c_nvmlDevice_t), ("eventType", ctypes.c_ulonglong),
+                ("eventData", ctypes.c_ulonglong), ("tail", ctypes.c_ulonglong)]
 def wait(s):
     d = V1(tail=0xA5A5A5A5A5A5A5A5)
     r = n._nvmlGetFunctionPointer("nvmlEventSetWait")(s, ctypes.byref(d), ctypes.c_uint(300))
@@ -191,10 +221,14 @@ def wait(s):
 
 def test_a_driver_without_the_event_api(live_node: MakeLiveNode, tmp_path: Path) -> None:
     gpus = read_bundle(BUILTIN / "l40s-4x").gpus
-    bundle = scenario_copy(tmp_path, BUILTIN / "l40s-4x", [{"at": AHEAD, "gpus": {gpus[1].uuid: {"xid": [79]}}}])
+    bundle = scenario_copy(
+        tmp_path, BUILTIN / "l40s-4x", [{"at": AHEAD, "gpus": {gpus[1].uuid: {"xid": [79]}}}]
+    )
     plain = live_node(bundle)
-    for missing, said in ((("nvmlEventSetCreate",), "nvmlEventSetCreate"),
-                          (("nvmlDeviceRegisterEvents", "nvmlDeviceGetSupportedEventTypes"), "no GPU supports")):
+    for missing, said in (
+        (("nvmlEventSetCreate",), "nvmlEventSetCreate"),
+        (("nvmlDeviceRegisterEvents", "nvmlDeviceGetSupportedEventTypes"), "no GPU supports"),
+    ):
         node = LiveNode(plain.lib.without(*missing), plain.bundle, plain.nvml_json, plain.log)
         out = _run(node, THREAD, BUNDLE=repr(str(bundle)), WANT=1)
         assert said in out["why"] and "kernel log" in out["why"] and out["events"] == []
@@ -203,8 +237,9 @@ def test_a_driver_without_the_event_api(live_node: MakeLiveNode, tmp_path: Path)
 def test_a_failing_wait_is_a_problem_not_a_crash(live_node: MakeLiveNode, tmp_path: Path) -> None:
     """The set freed under the thread: the library answers INVALID_ARGUMENT to every wait."""
     bundle = scenario_copy(tmp_path, BUILTIN / "l40s-4x", [{"at": AHEAD, "gpus": {}}])
-    script = THREAD.replace('os.environ["GPUSLURM_NVML_REPLAY_CLOCK"] = "JUMP"',
-                            'ev.nvml.call("nvmlEventSetFree", ev._set)')
+    script = THREAD.replace(
+        'os.environ["GPUSLURM_NVML_REPLAY_CLOCK"] = "JUMP"', 'ev.nvml.call("nvmlEventSetFree", ev._set)'
+    )
     out = _run(live_node(bundle), script, BUNDLE=repr(str(bundle)), WANT=1)
     assert out["events"] == [] and len(out["problems"]) == 1  # said once per 5 s, not in a spin
     assert "event wait failed" in out["problems"][0]
