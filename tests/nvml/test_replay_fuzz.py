@@ -1,7 +1,9 @@
-"""Hostile nvml.json: one field of a full dump (MIG, health, processes, a scenario) replaced by
+"""Hostile nvml.json: one field of a full dump (MIG, health, processes, a scenario with timed events)
+replaced by
 anything. The library (built with AddressSanitizer and UBSan, so a memory error aborts) must
 refuse it at nvmlInit with a logged reason or serve it; neither it nor gpuslurm reading every
-GPU, sample and health fact through it may crash or raise anything but gpuslurm's own errors."""
+GPU, sample and health fact through it, nor a reader of its events, may crash or raise anything
+but gpuslurm's own errors."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.nvml.conftest import LiveNode, MakeLiveNode, scenario_bundle
+
+from gpuslurm.hw.bundle import read_bundle
 
 A100 = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "a100-mig"
 READ_ALL = """
@@ -28,6 +32,27 @@ try:
     print("served")
 except GpuslurmError as exc:
     print("refused:", exc)
+    raise SystemExit(0)
+# the event API too: register what each GPU supports, move the clock past the events, wait
+import os, pynvml as n
+try:
+    s = n.nvmlEventSetCreate()
+    for i in range(n.nvmlDeviceGetCount()):
+        try:
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            n.nvmlDeviceRegisterEvents(h, n.nvmlDeviceGetSupportedEventTypes(h), s)
+        except n.NVMLError:
+            pass
+    os.environ["GPUSLURM_NVML_REPLAY_CLOCK"] = "100000"
+    for _ in range(40):
+        try:
+            n.nvmlEventSetWait_v2(s, 10)
+        except n.NVMLError as exc:
+            if exc.value == n.NVML_ERROR_TIMEOUT:
+                break
+    n.nvmlEventSetFree(s)
+except n.NVMLError as exc:
+    print("event API:", exc)
 """
 
 
@@ -55,7 +80,8 @@ ANY = st.recursive(
 
 
 def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: Path) -> None:
-    plain = live_node(scenario_bundle(tmp_path, A100), processes={1: [(1, 100)]}, reserved_mib={1: 300})
+    plain = live_node(_with_faults(scenario_bundle(tmp_path, A100)), processes={1: [(1, 100)]},
+                      reserved_mib={1: 300})
     node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log)
     doc = json.loads(node.nvml_json.read_text())
     # the parts the library reads (the rest of the model is gpuslurm's own, read in Python)
@@ -74,6 +100,18 @@ def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: P
             assert node.log.read_text().strip(), "refused without a reason in the log"
 
     check()
+
+
+def _with_faults(bundle: Path) -> Path:
+    """The scenario gains a step of timed faults: Xids (one on a MIG device), an ECC rise, a GPU lost."""
+    gpus = read_bundle(bundle).gpus
+    mig = next(m.uuid for g in gpus for m in g.mig_devices if m.uuid)
+    doc = json.loads((bundle / "scenario.json").read_text())
+    faults = {mig: {"xid": [31, 94]}, gpus[0].uuid: {"xid": [79], "lost": True},
+              gpus[1].uuid: {"ecc_uncorrectable": 7}}
+    doc["steps"].append({"at": 5000, "gpus": faults})
+    (bundle / "scenario.json").write_text(json.dumps(doc))
+    return bundle
 
 
 def _read_all(node: LiveNode) -> subprocess.CompletedProcess[str]:
