@@ -245,3 +245,18 @@ def test_the_same_xid_from_nvml_events_and_the_kernel_log_counts_once(tmp_path: 
     assert list(store.read()) == [GPU3.uuid] and watch.xids == {GPU3.uuid: {79}}
     assert sched.calls == [("apply", "node1", (GPU3.uuid,))]
     assert any("NVML event: Xid 79" in s for s in said) and any("kernel log: Xid 79" in s for s in said)
+
+
+def test_a_gpu_unavailable_event_is_the_gpu_lost(tmp_path: Path) -> None:
+    """R565's event for a GPU off the bus: the lost_gpu check's action, with no Xid needed."""
+    from gpuslurm.hw.nvml_events import XidEvent
+
+    store = OutOfServiceStore(str(tmp_path / "state"))
+    sched = Recorder()
+    said: list[str] = []
+    cfg = parse_config('[health.lost_gpu]\naction = "gpu_out"\n').health
+    watch = HealthWatch(NODE, cfg, Facts(), store, "node1", scheduler=sched,
+                        events=Queued(XidEvent(GPU3.uuid, 0, lost=True)), warn=said.append)  # type: ignore[arg-type]
+    assert watch.check(1.0) == ()
+    assert {u: r.reason for u, r in store.read().items()} == {GPU3.uuid: "GPU is lost"}
+    assert watch.xids == {} and any("unavailable (fell off the bus)" in s for s in said)

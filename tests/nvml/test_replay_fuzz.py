@@ -44,13 +44,17 @@ try:
         except n.NVMLError:
             pass
     os.environ["GPUSLURM_NVML_REPLAY_CLOCK"] = "100000"
+    seen = []
     for _ in range(40):
         try:
-            n.nvmlEventSetWait_v2(s, 10)
+            d = n.nvmlEventSetWait_v2(s, 10)
+            seen.append((d.eventType, d.eventData, d.gpuInstanceId))
         except n.NVMLError as exc:
             if exc.value == n.NVML_ERROR_TIMEOUT:
                 break
+            seen.append(exc.value)
     n.nvmlEventSetFree(s)
+    print("events", sorted(seen, key=repr))
 except n.NVMLError as exc:
     print("event API:", exc)
 """
@@ -88,6 +92,14 @@ def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: P
     paths = [p for p in _paths(doc) if not p or p[0] in ("replay", "gpus", "driver_version", "cuda_version",
                                                           "format")]
 
+    untouched = _read_all(node)
+    assert untouched.returncode == 0 and untouched.stdout.startswith("served"), untouched.stderr[-3000:]
+    mig = next(m for g in read_bundle(node.bundle).gpus for m in g.mig_devices if m.uuid)
+    # Xids 31 and 94 on a MIG device (its GPU instance), 79, a double-bit ECC, and GPU 0 lost
+    # (R535 answers the wait GPU_IS_LOST)
+    want = [15, [2, 0, 0xFFFFFFFF], [8, 31, mig.gi_id], [8, 79, 0xFFFFFFFF], [8, 94, mig.gi_id]]
+    assert untouched.stdout.splitlines()[1] == f"events {sorted(map(_tuple, want), key=repr)}"
+
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(path=st.sampled_from(paths), new=ANY)
     def check(path: tuple[Any, ...], new: Any) -> None:
@@ -100,6 +112,10 @@ def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: P
             assert node.log.read_text().strip(), "refused without a reason in the log"
 
     check()
+
+
+def _tuple(x: Any) -> Any:
+    return tuple(x) if isinstance(x, list) else x
 
 
 def _with_faults(bundle: Path) -> Path:
