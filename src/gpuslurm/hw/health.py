@@ -105,8 +105,21 @@ def _timed(bundle: str, source: str | None, facts: dict[str, GpuHealth]) -> dict
 
     from gpuslurm.hw.source import load_node
 
-    scenario, start = load_scenario(path, load_node(source, links=False))
-    return health_at(scenario, start, time.time(), facts)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise CaptureError(f"cannot read: {exc.strerror}", source=path) from None
+    # the monitor reads health every cycle: parse the bundle once, the scenario when it changes
+    stamp = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    cached = _scenarios.get(bundle)
+    if cached is None or cached[0] != stamp:
+        node = _nodes.get(bundle) or _nodes.setdefault(bundle, load_node(source, links=False))
+        cached = _scenarios[bundle] = (stamp, *load_scenario(path, node))
+    return health_at(cached[1], cached[2], time.time(), facts)
+
+
+_nodes: dict[str, Any] = {}  # bundle path -> Node
+_scenarios: dict[str, tuple[tuple[str, int, int, int], Any, float]] = {}  # bundle -> (stamp, Scenario, start)
 
 
 def read_scenario(path: str | os.PathLike[str], uuids: Sequence[str]) -> dict[str, GpuHealth]:
