@@ -181,3 +181,31 @@ def test_health_live_and_replayed_agree_at_the_same_scenario_time(
     assert code == 1
     assert [g["verdict"] for g in report] == ["healthy", "unhealthy", "unhealthy"] + ["healthy"] * 5
     assert (report[1]["ecc_uncorrectable"], report[2]["temperature_c"]) == (2, 96)
+
+
+def test_a_driver_without_events_falls_back_and_says_so_once(live_node: MakeLiveNode, tmp_path: Path) -> None:
+    """The monitor on a driver without the event API: one line, then its cycles as usual; the
+    health policy still reads the retained facts (an ECC count already there)."""
+    bundle = scenario_copy(tmp_path, DGX, [{"at": 0, "gpus": {GPUS[6].uuid: {"ecc_uncorrectable": 5}}}])
+    plain = live_node(bundle)
+    node = LiveNode(
+        plain.lib.without("nvmlEventSetCreate", "nvmlEventSetWait_v2"),
+        plain.bundle,
+        plain.nvml_json,
+        plain.log,
+    )
+    config = _config(tmp_path, "old", GPU_OUT)
+    done = node.run(
+        "monitor",
+        "--interval",
+        "0.2",
+        "--once",
+        "--db",
+        str(config.parent / "m.db"),
+        extra_env={"GPUSLURM_CONFIG": str(config)},
+    )
+    assert done.stderr.count("NVML events are not available") == 1, done.stderr
+    assert "Xids come from the kernel log only" in done.stderr
+    assert {u: r.reason for u, r in _out(config).items()} == {
+        GPUS[6].uuid: "5 uncorrectable ECC errors (limit 0)"
+    }
