@@ -94,6 +94,8 @@ def read_health(gpus: Sequence[AnyGpu], source: str | None) -> dict[str, GpuHeal
 def _timed(bundle: str, source: str | None, facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:
     """``facts`` with the replay scenario's timed faults now (Xids, ECC, temperature, lost GPUs),
     when the bundle has a scenario (:func:`gpuslurm.hw.scenario.health_at`)."""
+    if not os.environ.get("GPUSLURM_SCENARIO") and not os.path.isfile(os.path.join(bundle, "scenario.json")):
+        return facts  # the hooks' usual case: nothing heavy imported (tests/hooks/test_cache.py)
     from pathlib import Path
 
     from gpuslurm.hw.scenario import health_at, load_scenario, scenario_path
