@@ -260,3 +260,25 @@ def test_a_gpu_unavailable_event_is_the_gpu_lost(tmp_path: Path) -> None:
     assert watch.check(1.0) == ()
     assert {u: r.reason for u, r in store.read().items()} == {GPU3.uuid: "GPU is lost"}
     assert watch.xids == {} and any("unavailable (fell off the bus)" in s for s in said)
+
+
+def test_a_gpu_lost_before_the_node_was_read_drains_by_its_index(tmp_path: Path) -> None:
+    """NVML had no UUID for GPU 3 when the monitor read the node: gpu_out cannot record it, so the
+    node is drained once, naming the index; a GPU already out by that index is left alone."""
+    node = NODE._replace(gpus=tuple(g for g in NODE.gpus if g.index != 3), lost=(3,))
+    cfg = parse_config('[health.lost_gpu]\naction = "gpu_out"\n').health
+    store = OutOfServiceStore(str(tmp_path / "state"))
+    sched = Recorder()
+    watch = HealthWatch(node, cfg, Facts(), store, "node1", scheduler=sched)
+    watch.check(1.0)
+    watch.check(2.0)
+    assert [c for c in sched.calls if c[0] == "drain"] == [
+        ("drain", "node1", "gpuslurm: GPU index 3 (lost): GPU is lost (NVML answers GPU_IS_LOST: it cannot "
+                           "be read or named)")]
+    assert store.read() == {}
+    from gpuslurm.state.out_of_service import take_out
+
+    take_out(store, NODE.gpus, GPU3, "Xid 79", "admin", now=1.0)
+    again = Recorder()
+    HealthWatch(node, cfg, Facts(), store, "node1", scheduler=again).check(3.0)
+    assert [c for c in again.calls if c[0] == "drain"] == []

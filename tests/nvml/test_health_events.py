@@ -209,3 +209,45 @@ def test_a_driver_without_events_falls_back_and_says_so_once(live_node: MakeLive
     assert {u: r.reason for u, r in _out(config).items()} == {
         GPUS[6].uuid: "5 uncorrectable ECC errors (limit 0)"
     }
+
+
+def test_a_gpu_lost_before_the_check_started_is_still_reported(
+    live_node: MakeLiveNode, tmp_path: Path
+) -> None:
+    """NVML answers GPU_IS_LOST for GPU 3 from the start: the live node has no UUID for it, yet
+    `health` reports it unhealthy by its index (exit 1) where `--from` names it, the monitor's
+    policy sees it, and `health --act` drains rather than records a GPU it cannot name."""
+    g3 = GPUS[3]
+    bundle = scenario_copy(
+        tmp_path, DGX, [{"at": 0, "gpus": {g3.uuid: {"lost": True}}}], start=time.time() - 60
+    )
+    node = live_node(bundle)
+    config = _config(tmp_path, "lost", '[health.lost_gpu]\naction = "log"\n')
+    live = node.run("health", "--json", check=False, extra_env={"GPUSLURM_CONFIG": str(config)})
+    replayed = node.run(
+        "health", "--json", "--from", str(bundle), check=False, extra_env={"GPUSLURM_CONFIG": str(config)}
+    )
+    assert (live.returncode, replayed.returncode) == (0, 0)  # action log: not unhealthy
+    strict = _config(tmp_path, "strict", "")  # lost_gpu's default action: drain
+    live = node.run("health", "--json", check=False, extra_env={"GPUSLURM_CONFIG": str(strict)})
+    replayed = node.run(
+        "health", "--json", "--from", str(bundle), check=False, extra_env={"GPUSLURM_CONFIG": str(strict)}
+    )
+    assert (live.returncode, replayed.returncode) == (1, 1), live.stderr
+    rows = {r["index"]: r for r in json.loads(live.stdout)}
+    assert (rows[3]["uuid"], rows[3]["verdict"], rows[3]["facts"]) == (None, "unhealthy", {"lost": True})
+    assert [r["verdict"] for r in json.loads(replayed.stdout) if r["index"] == 3] == ["unhealthy"]
+    # the monitor started after the fall: its policy names the GPU by its index
+    done = node.run(
+        "monitor", "--once", "--db", str(config.parent / "m.db"), extra_env={"GPUSLURM_CONFIG": str(config)}
+    )
+    assert "index:3: lost_gpu: GPU is lost (NVML answers GPU_IS_LOST" in done.stderr, done.stderr
+    # out of service already (by UUID, from before it was lost): `health` says "out", nothing to do
+    from gpuslurm.state.out_of_service import take_out
+
+    take_out(OutOfServiceStore(str(strict.parent / "state")), GPUS, g3, "Xid 79", "admin", now=1.0)
+    again = node.run("health", "--json", check=False, extra_env={"GPUSLURM_CONFIG": str(strict)})
+    assert again.returncode == 0
+    assert [(r["uuid"], r["verdict"]) for r in json.loads(again.stdout) if r["index"] == 3] == [
+        (g3.uuid, "out")
+    ]

@@ -12,7 +12,9 @@ Each GPU in service is checked with :func:`gpuslurm.policy.health.running_faults
 checks, without leftover processes, which are the running jobs'), and each fault gets its check's
 configured action: ``gpu_out`` records the GPU out of service (by ``monitor``) and has the
 scheduler stop giving it out; ``drain`` drains the node; ``log`` says it once. GPUs already out of
-service are not checked again. The scheduler is brought to the out-of-service record every cycle
+service are not checked again. A GPU NVML already answered GPU_IS_LOST for when the node was read
+has no UUID: its ``lost_gpu`` fault is named by its index, and ``gpu_out`` drains the node
+instead. The scheduler is brought to the out-of-service record every cycle
 (its graceful path moves on when the node's jobs end), and the kernel-log cursor is committed only
 after the faults were acted on.
 """
@@ -100,6 +102,10 @@ class HealthWatch:
             if gpu.uuid in self.lost:
                 fact = fact._replace(lost=True)
             faults += running_faults(fact, self.cfg)
+        if self.cfg.lost_gpu.action != "off":  # lost before the node was read: no UUID to name it
+            faults += [Fault(f"index:{i}", "lost_gpu", self.cfg.lost_gpu.action,
+                             "GPU is lost (NVML answers GPU_IS_LOST: it cannot be read or named)")
+                       for i in self.node.lost if i not in {r.index for r in out.values()}]
         self._act(faults, now, problem)
         self._reconcile(now, problem)
         if self.kmsg is not None:
@@ -143,12 +149,17 @@ class HealthWatch:
 
     def _act(self, faults: list[Fault], now: float, problem: Callable[[str, str], None]) -> None:
         labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in self.node.gpus}
+        labels.update({f"index:{i}": f"index {i} (lost)" for i in self.node.lost})
         drains = []
+        known = {g.uuid for g in self.node.gpus}
         for fault in faults:
             key = (fault.uuid, fault.check, fault.message)
             new = key not in self._said
             self._said.add(key)
-            if fault.action == "gpu_out":
+            if fault.action == "gpu_out" and fault.uuid not in known:  # no UUID to record: drain
+                if new:
+                    drains.append(fault)
+            elif fault.action == "gpu_out":
                 gpu = next(g for g in self.node.gpus if g.uuid == fault.uuid)
                 try:
                     if take_out(self.store, self.node.gpus, gpu, fault.message, "monitor", now=now):
