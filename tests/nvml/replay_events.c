@@ -216,7 +216,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     memset(data, 0, sizeof *data);
     data->device = &gpus[e->gpu];
     data->eventType = e->type;
-    data->eventData = e->type == nvmlEventTypeXidCriticalError || e->type == nvmlEventTypeGpuRecoveryAction ? e->data : 0;
+    data->eventData = e->type == nvmlEventTypeXidCriticalError ? e->data : 0; /* 0 for any other (nvml.h) */
     data->gpuInstanceId = e->mig < 0 ? 0xFFFFFFFFu : (unsigned)gpus[e->gpu].mig[e->mig]->gi;
     data->computeInstanceId = e->mig < 0 ? 0xFFFFFFFFu : (unsigned)gpus[e->gpu].mig[e->mig]->ci;
     return NVML_SUCCESS;
