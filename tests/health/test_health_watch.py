@@ -222,7 +222,7 @@ def test_config_refusals(text: str) -> None:
 
 
 class Queued:
-    """What NvmlEvents.drain hands the cycle (the thread itself: tests/health/test_nvml_events.py)."""
+    """What NvmlEvents.drain hands the cycle (the thread itself: tests/nvml/test_events.py)."""
 
     def __init__(self, *events: Any) -> None:
         self.events = list(events)
@@ -245,3 +245,40 @@ def test_the_same_xid_from_nvml_events_and_the_kernel_log_counts_once(tmp_path: 
     assert list(store.read()) == [GPU3.uuid] and watch.xids == {GPU3.uuid: {79}}
     assert sched.calls == [("apply", "node1", (GPU3.uuid,))]
     assert any("NVML event: Xid 79" in s for s in said) and any("kernel log: Xid 79" in s for s in said)
+
+
+def test_a_gpu_unavailable_event_is_the_gpu_lost(tmp_path: Path) -> None:
+    """R565's event for a GPU off the bus: the lost_gpu check's action, with no Xid needed."""
+    from gpuslurm.hw.nvml_events import XidEvent
+
+    store = OutOfServiceStore(str(tmp_path / "state"))
+    sched = Recorder()
+    said: list[str] = []
+    cfg = parse_config('[health.lost_gpu]\naction = "gpu_out"\n').health
+    watch = HealthWatch(NODE, cfg, Facts(), store, "node1", scheduler=sched,
+                        events=Queued(XidEvent(GPU3.uuid, 0, lost=True)), warn=said.append)  # type: ignore[arg-type]
+    assert watch.check(1.0) == ()
+    assert {u: r.reason for u, r in store.read().items()} == {GPU3.uuid: "GPU is lost"}
+    assert watch.xids == {} and any("unavailable (fell off the bus)" in s for s in said)
+
+
+def test_a_gpu_lost_before_the_node_was_read_drains_by_its_index(tmp_path: Path) -> None:
+    """NVML had no UUID for GPU 3 when the monitor read the node: gpu_out cannot record it, so the
+    node is drained once, naming the index; a GPU already out by that index is left alone."""
+    node = NODE._replace(gpus=tuple(g for g in NODE.gpus if g.index != 3), lost=(3,))
+    cfg = parse_config('[health.lost_gpu]\naction = "gpu_out"\n').health
+    store = OutOfServiceStore(str(tmp_path / "state"))
+    sched = Recorder()
+    watch = HealthWatch(node, cfg, Facts(), store, "node1", scheduler=sched)
+    watch.check(1.0)
+    watch.check(2.0)
+    assert [c for c in sched.calls if c[0] == "drain"] == [
+        ("drain", "node1", "gpuslurm: GPU index 3 (lost): GPU is lost (NVML answers GPU_IS_LOST: it cannot "
+                           "be read or named)")]
+    assert store.read() == {}
+    from gpuslurm.state.out_of_service import take_out
+
+    take_out(store, NODE.gpus, GPU3, "Xid 79", "admin", now=1.0)
+    again = Recorder()
+    HealthWatch(node, cfg, Facts(), store, "node1", scheduler=again).check(3.0)
+    assert [c for c in again.calls if c[0] == "drain"] == []

@@ -24,6 +24,7 @@ from gpuslurm.hw.scenario import parse_scenario, scenario_path
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "libnvml_replay.c"
+SOURCES = (SOURCE, HERE / "replay_events.c")  # the second is #included by the first
 REQUIRED = bool(os.environ.get("CI") or os.environ.get("GPUSLURM_REQUIRE_NVML_REPLAY"))
 
 
@@ -43,7 +44,8 @@ def nvml_header_dir() -> Path | None:
 
 def exported_symbols() -> list[str]:
     """Every NVML entry point libnvml_replay.c defines."""
-    return sorted(set(re.findall(r"^(?:nvmlReturn_t|const char \*)\s*(nvml\w+)\(", SOURCE.read_text(), re.M)))
+    text = "".join(source.read_text() for source in SOURCES)
+    return sorted(set(re.findall(r"^(?:nvmlReturn_t|const char \*)\s*(nvml\w+)\(", text, re.M)))
 
 
 SANITIZE = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
@@ -127,7 +129,8 @@ def replay_lib(tmp_path_factory: pytest.TempPathFactory) -> ReplayLib:
     if not Path("/usr/include/cjson/cJSON.h").exists():
         _unavailable("libcjson-dev is not installed")
     assert gcc is not None and include is not None
-    digest = hashlib.sha256(SOURCE.read_bytes() + str(include).encode()).hexdigest()[:16]
+    text = b"".join(s.read_bytes() for s in SOURCES)
+    digest = hashlib.sha256(text + str(include).encode()).hexdigest()[:16]
     out = _build(gcc, include, tmp_path_factory.mktemp(f"nvml-{digest}"))
     return ReplayLib(out, gcc, include)
 
@@ -188,6 +191,8 @@ def driver_lacks(version: str | None) -> frozenset[str]:
         lacks.update(PROCESS_V3)
     if major < 510:
         lacks.add("nvmlDeviceGetMemoryInfo_v2")
+    if major < 450:  # R450 added _v2 with the instance ids in nvmlEventData_t (replay_events.c)
+        lacks.add("nvmlEventSetWait_v2")
     return frozenset(lacks)
 
 

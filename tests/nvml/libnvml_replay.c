@@ -67,11 +67,14 @@ static int cuda_version, driver_major, driver_minor, privileged;
  * nvml_replay.py), the one in force chosen by the clock plus GPUSLURM_NVML_REPLAY_CLOCK seconds. */
 #define MAX_STEPS 4096
 #define SLOTS (1 + MAX_MIG) /* per GPU: the GPU itself, then its MIG devices */
-struct dev_now { double util, used_mib, power_w, temp_c; int lost; }; /* < 0: not known */
+struct dev_now { double util, used_mib, power_w, temp_c, ecc; int lost; }; /* < 0: not known */
 struct proc_now { int gpu, mig; unsigned int pid; double used_mib; int sm; }; /* mig -1: none */
 struct state { double at; struct dev_now *dev; int nprocs; struct proc_now *procs; };
 static struct state base, *steps;
 static int nsteps;
+/* timed events (replay_events.c, included at the end): read per step, freed with the steps */
+static int events_load(const cJSON *list, int step, double at, const char *where);
+static void events_free(void);
 
 static void say(const char *fmt, ...) {
     const char *path = getenv("GPUSLURM_NVML_REPLAY_LOG");
@@ -226,6 +229,7 @@ static void free_state(void) {
     free(steps);
     free(base.dev);
     free(base.procs);
+    events_free();
     steps = NULL;
     nsteps = 0;
     memset(&base, 0, sizeof base);
@@ -250,7 +254,7 @@ static int load_steps(const cJSON *list) {
         st->dev = calloc((size_t)(gpu_count ? gpu_count : 1) * SLOTS, sizeof *st->dev);
         NEED(st->dev, "out of memory");
         for (int i = 0; i < gpu_count * SLOTS; i++)
-            st->dev[i].util = st->dev[i].used_mib = st->dev[i].power_w = st->dev[i].temp_c = -1;
+            st->dev[i].util = st->dev[i].used_mib = st->dev[i].power_w = st->dev[i].temp_c = st->dev[i].ecc = -1;
         cJSON_ArrayForEach(v, cJSON_GetObjectItem(s, "devices")) {
             int gpu, mig, lost;
             NEED(cJSON_IsObject(v) && get_int(cJSON_GetObjectItem(v, "gpu"), 0, gpu_count - 1, &gpu) == 0 &&
@@ -259,11 +263,14 @@ static int load_steps(const cJSON *list) {
             struct dev_now *d = &st->dev[gpu * SLOTS + mig + 1];
             NEED(opt_num(v, "util", 100, &d->util) == 0 && opt_num(v, "mem_used_mib", 1 << 24, &d->used_mib) == 0 &&
                  opt_num(v, "power_w", 1e5, &d->power_w) == 0 && opt_num(v, "temp_c", 1000, &d->temp_c) == 0 &&
-                 opt_bool(v, "lost", &lost) == 0,
-                 "%s: GPU %d: util, mem_used_mib, power_w, temp_c or lost out of range", where, gpu);
+                 opt_bool(v, "lost", &lost) == 0 && opt_num(v, "ecc_uncorrectable", 1e9, &d->ecc) == 0,
+                 "%s: GPU %d: util, mem_used_mib, power_w, temp_c, lost or ecc_uncorrectable out of range", where, gpu);
             d->lost = lost > 0;
+            NEED(d->ecc < 0 || mig < 0, "%s: GPU %d: ecc_uncorrectable on a MIG device", where, gpu);
+            if (d->ecc >= 0 && gpus[gpu].ecc_unc < 0) gpus[gpu].ecc_unc = 0; /* ECC on: 0 until the step */
         }
-        if (load_procs(cJSON_GetObjectItem(s, "processes"), st, where)) return -1;
+        if (load_procs(cJSON_GetObjectItem(s, "processes"), st, where) ||
+            events_load(cJSON_GetObjectItem(s, "events"), k, st->at, where)) return -1;
         k++;
     }
     return 0;
@@ -276,7 +283,7 @@ static int load_base(const cJSON *procs) {
     for (int i = 0; i < gpu_count * SLOTS; i++) {
         struct dev_now *d = &base.dev[i];
         d->util = 0;
-        d->used_mib = d->power_w = d->temp_c = -1;
+        d->used_mib = d->power_w = d->temp_c = d->ecc = -1;
     }
     for (int g = 0; g < gpu_count; g++) {
         base.dev[g * SLOTS].used_mib = (double)gpus[g].used_mib;
@@ -569,6 +576,9 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     default: return "Unknown Error";
     }
 }
@@ -1056,7 +1066,8 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, nvmlMemoryErrorType_t t
     if (!count || type >= NVML_MEMORY_ERROR_TYPE_COUNT || counter >= NVML_ECC_COUNTER_TYPE_COUNT)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (d->is_mig || d->ecc_unc < 0) return NVML_ERROR_NOT_SUPPORTED;
-    *count = type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? (unsigned long long)d->ecc_unc : 0;
+    double now = dev_now(now_state(), d)->ecc; /* a step's count (carried forward), else health's */
+    *count = type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? (unsigned long long)(now >= 0 ? now : d->ecc_unc) : 0;
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc, unsigned int *pending,
@@ -1212,3 +1223,6 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
     }
     return NVML_SUCCESS;
 }
+
+/* NVML events (nvmlEventSet*, nvmlDeviceRegisterEvents): their own file */
+#include "replay_events.c"

@@ -1,7 +1,9 @@
-"""Hostile nvml.json: one field of a full dump (MIG, health, processes, a scenario) replaced by
+"""Hostile nvml.json: one field of a full dump (MIG, health, processes, a scenario with timed events)
+replaced by
 anything. The library (built with AddressSanitizer and UBSan, so a memory error aborts) must
 refuse it at nvmlInit with a logged reason or serve it; neither it nor gpuslurm reading every
-GPU, sample and health fact through it may crash or raise anything but gpuslurm's own errors."""
+GPU, sample and health fact through it, nor a reader of its events, may crash or raise anything
+but gpuslurm's own errors."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.nvml.conftest import LiveNode, MakeLiveNode, scenario_bundle
+
+from gpuslurm.hw.bundle import read_bundle
 
 A100 = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "a100-mig"
 READ_ALL = """
@@ -28,6 +32,31 @@ try:
     print("served")
 except GpuslurmError as exc:
     print("refused:", exc)
+    raise SystemExit(0)
+# the event API too: register what each GPU supports, move the clock past the events, wait
+import os, pynvml as n
+try:
+    s = n.nvmlEventSetCreate()
+    for i in range(n.nvmlDeviceGetCount()):
+        try:
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            n.nvmlDeviceRegisterEvents(h, n.nvmlDeviceGetSupportedEventTypes(h), s)
+        except n.NVMLError:
+            pass
+    os.environ["GPUSLURM_NVML_REPLAY_CLOCK"] = "100000"
+    seen = []
+    for _ in range(40):
+        try:
+            d = n.nvmlEventSetWait_v2(s, 10)
+            seen.append((d.eventType, d.eventData, d.gpuInstanceId))
+        except n.NVMLError as exc:
+            if exc.value == n.NVML_ERROR_TIMEOUT:
+                break
+            seen.append(exc.value)
+    n.nvmlEventSetFree(s)
+    print("events", sorted(seen, key=repr))
+except n.NVMLError as exc:
+    print("event API:", exc)
 """
 
 
@@ -55,12 +84,21 @@ ANY = st.recursive(
 
 
 def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: Path) -> None:
-    plain = live_node(scenario_bundle(tmp_path, A100), processes={1: [(1, 100)]}, reserved_mib={1: 300})
+    plain = live_node(_with_faults(scenario_bundle(tmp_path, A100)), processes={1: [(1, 100)]},
+                      reserved_mib={1: 300})
     node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log)
     doc = json.loads(node.nvml_json.read_text())
     # the parts the library reads (the rest of the model is gpuslurm's own, read in Python)
     paths = [p for p in _paths(doc) if not p or p[0] in ("replay", "gpus", "driver_version", "cuda_version",
                                                           "format")]
+
+    untouched = _read_all(node)
+    assert untouched.returncode == 0 and untouched.stdout.startswith("served"), untouched.stderr[-3000:]
+    mig = next(m for g in read_bundle(node.bundle).gpus for m in g.mig_devices if m.uuid)
+    # Xids 31 and 94 on a MIG device (its GPU instance), 79, a double-bit ECC, and GPU 0 lost
+    # (R535 answers the wait GPU_IS_LOST)
+    want = [15, [2, 0, 0xFFFFFFFF], [8, 31, mig.gi_id], [8, 79, 0xFFFFFFFF], [8, 94, mig.gi_id]]
+    assert untouched.stdout.splitlines()[1] == f"events {sorted(map(_tuple, want), key=repr)}"
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(path=st.sampled_from(paths), new=ANY)
@@ -74,6 +112,22 @@ def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: P
             assert node.log.read_text().strip(), "refused without a reason in the log"
 
     check()
+
+
+def _tuple(x: Any) -> Any:
+    return tuple(x) if isinstance(x, list) else x
+
+
+def _with_faults(bundle: Path) -> Path:
+    """The scenario gains a step of timed faults: Xids (one on a MIG device), an ECC rise, a GPU lost."""
+    gpus = read_bundle(bundle).gpus
+    mig = next(m.uuid for g in gpus for m in g.mig_devices if m.uuid)
+    doc = json.loads((bundle / "scenario.json").read_text())
+    faults = {mig: {"xid": [31, 94]}, gpus[0].uuid: {"xid": [79], "lost": True},
+              gpus[1].uuid: {"ecc_uncorrectable": 7}}
+    doc["steps"].append({"at": 5000, "gpus": faults})
+    (bundle / "scenario.json").write_text(json.dumps(doc))
+    return bundle
 
 
 def _read_all(node: LiveNode) -> subprocess.CompletedProcess[str]:

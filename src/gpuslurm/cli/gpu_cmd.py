@@ -181,6 +181,9 @@ def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, so
                        "out_of_service": rec.to_dict() if rec else None,
                        "facts": {k: v for k, v in fact._asdict().items() if k != "uuid"},
                        "faults": [f._asdict() for f in faults]})
+    if not spec:
+        report += _lost_rows(node.lost, out, cfg.health.lost_gpu.action)
+        unhealthy |= any(r["verdict"] == "unhealthy" for r in report)
     if as_json:
         json.dump(report, sys.stdout, indent=1, default=list)
         sys.stdout.write("\n")
@@ -188,7 +191,8 @@ def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, so
         for r in report:
             shown = r["facts"].items()
             facts_line = ", ".join(f"{k}={_fact(v)}" for k, v in shown if v not in (None, (), False))
-            click.echo(f"GPU index {r['index']} (/dev/nvidia{r['minor']}, {r['uuid']}): {r['verdict']}"
+            named = f"/dev/nvidia{r['minor']}, {r['uuid']}" if r["uuid"] else "no UUID: NVML cannot name it"
+            click.echo(f"GPU index {r['index']} ({named}): {r['verdict']}"
                        + (f" [{facts_line}]" if facts_line else ""))
             if r["out_of_service"]:
                 click.echo(f"  out of service: {r['out_of_service']['reason']}")
@@ -198,6 +202,22 @@ def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, so
         _act_now(cfg, node, _node_name(node_name, cfg), report, store)
     if unhealthy:
         raise click.exceptions.Exit(EXIT_UNHEALTHY)
+
+
+def _lost_rows(lost: tuple[int, ...], out: dict[str, Any], action: str) -> list[dict[str, Any]]:
+    """Report rows for GPUs NVML counts but answers GPU_IS_LOST for (left out of the node): named
+    by the out-of-service record where it holds that index, else by the index alone."""
+    rows: list[dict[str, Any]] = []
+    for index in lost:
+        uuid, rec = next(((u, r) for u, r in out.items() if r.index == index), (None, None))
+        message = "GPU is lost (NVML answers GPU_IS_LOST: it cannot be read or named)"
+        faults = [] if action == "off" else [{"uuid": uuid or f"index:{index}", "check": "lost_gpu",
+                                               "action": action, "message": message}]
+        verdict = "out" if rec else "unhealthy" if faults and action != "log" else "healthy"
+        rows.append({"index": index, "minor": rec.minor if rec else None, "uuid": uuid, "verdict": verdict,
+                     "out_of_service": rec.to_dict() if rec else None, "facts": {"lost": True},
+                     "faults": faults})
+    return rows
 
 
 def _fact(value: Any) -> str:
@@ -215,13 +235,18 @@ def _act_now(cfg: Any, node: Any, name: str, report: list[dict[str, Any]], store
 
     scheduler = _scheduler(cfg, False)
     drains: list[Fault] = []
+    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
     for r in report:
         if r["verdict"] != "unhealthy":
             continue
-        gpu = next(g for g in node.gpus if g.uuid == r["uuid"])
+        gpu = next((g for g in node.gpus if g.uuid == r["uuid"]), None)
         for f in r["faults"]:
             fault = Fault(**f)
-            if fault.action == "gpu_out":
+            if gpu is None:  # lost, with no UUID to record it by: the node is drained instead
+                labels[fault.uuid] = f"index {r['index']} (lost)"
+                if fault.action != "log":
+                    drains.append(fault)
+            elif fault.action == "gpu_out":
                 try:
                     take_out(store, node.gpus, gpu, fault.message, "health", now=time.time())
                 except GpuslurmError as exc:
@@ -230,7 +255,6 @@ def _act_now(cfg: Any, node: Any, name: str, report: list[dict[str, Any]], store
             elif fault.action == "drain":
                 drains.append(fault)
     if drains:
-        labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
         reason = drain_reason(drains, labels)
         scheduler.drain_node(name, reason)
         click.echo(f"drained {name}: {reason}")

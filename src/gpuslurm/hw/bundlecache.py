@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 CACHE_FILE = "bundle-node.json"
-FORMAT = 1
+FORMAT = 2  # 2: Node gained "lost"
 MAX_CACHE_BYTES = 16 << 20
 # The files hw.bundle reads facts from (the order is part of the key).
 NODE_FILES = ("nvml.json", "nvidia-smi-q.xml", "nvidia-smi-q.txt", "nvidia-smi-L.txt",
@@ -98,13 +98,13 @@ def cached_node(bundle: str, cache_dir: str, parse: Callable[[], Node]) -> Node:
 
 def node_from_json(doc: Any) -> Node:
     """The :class:`Node` ``json.dumps(node)`` wrote; ValueError or TypeError when it is not one."""
-    hostname, gpus, cpus, links, driver, cuda, memory, source, warnings = doc
+    hostname, gpus, cpus, links, driver, cuda, memory, source, warnings, lost = doc
     return Node(as_text(hostname), tuple(_gpu(g) for g in as_list(gpus)),
                 tuple(_cpu(c) for c in as_list(cpus)),
                 None if links is None
                 else tuple(tuple(_link(x) for x in as_list(row)) for row in as_list(links)),
                 opt_text(driver), opt_text(cuda), opt_int(memory), as_text(source),
-                tuple(as_text(w) for w in as_list(warnings)))
+                tuple(as_text(w) for w in as_list(warnings)), tuple(as_int(i) for i in as_list(lost)))
 
 
 def _gpu(item: Any) -> Gpu:

@@ -1,7 +1,8 @@
 """Per-GPU health facts for the hooks' health gate: from NVML, or from a replay scenario.
 
 A replayed node (``--from``/``GPUSLURM_CAPTURE``) takes its health from ``health.json`` beside
-the bundle's other files, keyed by GPU UUID::
+the bundle's other files, keyed by GPU UUID (and the bundle's replay scenario, when it has one,
+adds its timed faults: :func:`gpuslurm.hw.scenario.health_at`)::
 
     {"GPU-…": {"lost": false, "xid": [79], "temperature_c": 95, "ecc_uncorrectable": 0,
                "retired_pages_pending": false, "remap_pending": false, "remap_failed": false,
@@ -88,7 +89,41 @@ def read_health(gpus: Sequence[AnyGpu], source: str | None) -> dict[str, GpuHeal
     bundle = bundle_path(source)
     if bundle is None:
         return NvmlHealthReader().read(gpus)
-    return read_scenario(os.path.join(bundle, SCENARIO_FILE), [g.uuid for g in gpus])
+    facts = read_scenario(os.path.join(bundle, SCENARIO_FILE), [g.uuid for g in gpus])
+    return _timed(bundle, source, facts)
+
+
+def _timed(bundle: str, source: str | None, facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:
+    """``facts`` with the replay scenario's timed faults now (Xids, ECC, temperature, lost GPUs),
+    when the bundle has a scenario (:func:`gpuslurm.hw.scenario.health_at`)."""
+    if not os.environ.get("GPUSLURM_SCENARIO") and not os.path.isfile(os.path.join(bundle, "scenario.json")):
+        return facts  # the hooks' usual case: nothing heavy imported (tests/hooks/test_cache.py)
+    from pathlib import Path
+
+    from gpuslurm.hw.scenario import health_at, load_scenario, scenario_path
+
+    path = scenario_path(Path(bundle))
+    if path is None:
+        return facts
+    import time
+
+    from gpuslurm.hw.source import load_node
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise CaptureError(f"cannot read: {exc.strerror}", source=path) from None
+    # the monitor reads health every cycle: parse the bundle once, the scenario when it changes
+    stamp = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    cached = _scenarios.get(bundle)
+    if cached is None or cached[0] != stamp:
+        node = _nodes.get(bundle) or _nodes.setdefault(bundle, load_node(source, links=False))
+        cached = _scenarios[bundle] = (stamp, *load_scenario(path, node))
+    return health_at(cached[1], cached[2], time.time(), facts)
+
+
+_nodes: dict[str, Any] = {}  # bundle path -> Node
+_scenarios: dict[str, tuple[tuple[str, int, int, int], Any, float]] = {}  # bundle -> (stamp, Scenario, start)
 
 
 def read_scenario(path: str | os.PathLike[str], uuids: Sequence[str]) -> dict[str, GpuHealth]:

@@ -140,6 +140,9 @@ class Node(NamedTuple):
     memory_mib: int | None = None  # host RAM, for slurm.conf RealMemory
     source: str = ""  # where the facts came from, e.g. "replay:/path" or "nvml"
     warnings: tuple[str, ...] = ()
+    # NVML indices of GPUs that answered GPU_IS_LOST while the node was read: not in ``gpus``
+    # (no UUID to name them), but a health check must still see them
+    lost: tuple[int, ...] = ()
 
     def gpu(self, uuid: str) -> Gpu:
         for g in self.gpus:

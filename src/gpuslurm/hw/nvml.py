@@ -123,6 +123,7 @@ class NvmlBackend:
         words = -(-max(os.cpu_count() or 1, highest + 1) // 64)
         warnings: list[str] = []
         gpus: list[Gpu] = []
+        gone: list[int] = []
         handles: list[Any] = []
         minors: dict[MigKey, int] | None = None
         for index in range(int(self.nvml.call("nvmlDeviceGetCount"))):
@@ -135,6 +136,7 @@ class NvmlBackend:
                     gpu = self._with_mig(gpu, handle, minors)
             except GpuLost as lost:
                 warnings.append(f"{lost}; it is left out")
+                gone.append(index)
                 continue
             gpus.append(gpu)
             handles.append(handle)
@@ -148,6 +150,7 @@ class NvmlBackend:
             memory_mib=sysfs.read_meminfo_mib(self.proc_root / "meminfo"),
             source="nvml",
             warnings=tuple(warnings),
+            lost=tuple(gone),
         )
 
     def _read_gpu(self, index: int, handle: Any, cpus: tuple[Cpu, ...], words: int,

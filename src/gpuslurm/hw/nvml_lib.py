@@ -72,8 +72,10 @@ class _ProcessInfoR535(ctypes.Structure):
 class GpuLost(HardwareError):  # noqa: N818 - NVML's own name for the condition
     """NVML says a GPU fell off the bus; readers drop that GPU and go on with the others."""
 
-    def __init__(self, index: int, call: str) -> None:
-        super().__init__(f"GPU {index}: {call} reports the GPU is lost")
+    def __init__(self, index: int | None, call: str) -> None:
+        # None: a call of no one GPU (an event set's wait) reports that some GPU is lost
+        super().__init__(f"GPU {index}: {call} reports the GPU is lost" if index is not None
+                         else f"NVML {call} reports a GPU is lost")
         self.index = index
 
 
@@ -327,7 +329,7 @@ def _error(name: str, code: int, message: str, gpu: int | None) -> HardwareError
     where = "" if gpu is None else f" for GPU {gpu}"
     if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
         return NotSupported(f"NVML {name} is not supported{where}: {message}")
-    if code == NVML_ERROR_GPU_IS_LOST and gpu is not None:
+    if code == NVML_ERROR_GPU_IS_LOST:
         return GpuLost(gpu, name)
     return HardwareError(f"NVML {name} failed{where}: {message}")
 

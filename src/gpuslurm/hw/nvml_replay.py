@@ -5,7 +5,8 @@ own questions without parsing topology text or scenarios: per GPU, the NVLinks (
 a switch), the PCIe common-ancestor level towards every other GPU and the health facts of a
 ``health.json``; and the scenario's steps as NVML would report them (what
 :func:`gpuslurm.hw.scenario.readings` gives the replay sampler), at absolute times. The C side
-validates every field.
+validates every field. A step's timed faults become NVML events (``"events"``: GPU position, MIG
+slot, ``nvmlEventType`` bit, data) and its ECC count ``"ecc_uncorrectable"`` on the GPU's entry.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ __all__ = ["dump_replay", "replay_dict"]
 _LEVELS = {LinkKind.PIX: 10, LinkKind.PXB: 20, LinkKind.PHB: 30, LinkKind.NODE: 40,
            LinkKind.SYS: 50}
 MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
+# nvmlEventType* bits (nvml.h)
+EVENT_DBE = 0x2
+EVENT_XID = 0x8
+EVENT_GPU_UNAVAILABLE = 0x4000
 
 
 def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bool = True,
@@ -74,7 +79,7 @@ def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bo
     base = [{"gpu": pos, "mig": -1, "pid": pid, "used_mib": mib}
             for pos, g in enumerate(gpus) for pid, mib in (processes or {}).get(g.index, [])]
     out["replay"] = {"gpus": per_gpu, "privileged": privileged, "processes": base,
-                     "steps": _steps(node, scenario, start) if scenario is not None else []}
+                     "steps": _steps(node, scenario, start, facts) if scenario is not None else []}
     return out
 
 
@@ -92,26 +97,45 @@ def _health(fact: GpuHealth | None, reserved: int | None) -> dict[str, Any]:
     return out
 
 
-def _steps(node: Node, scenario: Scenario, start: float) -> list[dict[str, Any]]:
+def _steps(node: Node, scenario: Scenario, start: float,
+           facts: Mapping[str, GpuHealth]) -> list[dict[str, Any]]:
+    """Each step as NVML serves it, with its ``events``: the Xids it logs, a double-bit ECC event
+    where the ECC count rises, and a GPU falling off the bus (nvmlEventTypeGpuUnavailableError;
+    the library answers GPU_IS_LOST to a set not registered for it)."""
     where: dict[str, tuple[int, int]] = {}  # GPU or MIG UUID -> (GPU position, MIG slot or -1)
     for pos, g in enumerate(node.gpus):
         where[g.uuid] = (pos, -1)
         for slot, m in enumerate(g.mig_devices):
             if m.uuid:
                 where[m.uuid] = (pos, slot)
+    base = {g.uuid: facts.get(g.uuid.lower()) for g in node.gpus}
+    ecc: dict[str, int | None] = {u: f.ecc_uncorrectable if f is not None else None for u, f in base.items()}
+    was_lost = {u for u, f in base.items() if f is not None and f.lost}
     steps: list[dict[str, Any]] = []
     for step in scenario.steps:
         reading = readings(node, step)
         lost = {uuid for kind, uuid, _ in reading.problems if kind == "gpu-lost"}
         devices: list[dict[str, Any]] = [{"gpu": where[uuid][0], "mig": -1, "lost": True}
                                          for uuid in sorted(lost)]
+        events: list[dict[str, Any]] = [
+            {"gpu": where[parent][0], "mig": where[mig][1] if mig else -1, "type": EVENT_XID, "data": code}
+            for parent, mig, code in step.xids]
+        for parent, count in step.ecc:
+            if count > (ecc[parent] or 0):
+                events.append({"gpu": where[parent][0], "mig": -1, "type": EVENT_DBE, "data": 0})
+            ecc[parent] = count
+        events += [{"gpu": where[uuid][0], "mig": -1, "type": EVENT_GPU_UNAVAILABLE, "data": 0}
+                   for uuid in sorted(lost - was_lost)]
+        was_lost = lost | {u for u, f in base.items() if f is not None and f.lost}
         for d in reading.devices:
-            gpu, mig = where[d.mig_uuid or d.gpu_uuid]
-            devices.append({"gpu": gpu, "mig": mig, "util": d.util_pct, "mem_used_mib": d.mem_used_mib,
-                            "power_w": d.power_w, "temp_c": d.temp_c})
+            pos, mig = where[d.mig_uuid or d.gpu_uuid]
+            devices.append({"gpu": pos, "mig": mig, "util": d.util_pct, "mem_used_mib": d.mem_used_mib,
+                            "power_w": d.power_w, "temp_c": d.temp_c,
+                            **({"ecc_uncorrectable": ecc[d.gpu_uuid]}
+                               if mig < 0 and ecc[d.gpu_uuid] is not None else {})})
         procs = [{"gpu": where[p.gpu_uuid][0], "mig": where[p.mig_uuid][1] if p.mig_uuid else -1,
                   "pid": p.pid, "used_mib": p.mem_mib, "sm": p.sm_util_pct} for p in reading.processes]
-        steps.append({"at": start + step.at, "devices": devices, "processes": procs})
+        steps.append({"at": start + step.at, "devices": devices, "processes": procs, "events": events})
     return steps
 
 

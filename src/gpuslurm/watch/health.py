@@ -1,7 +1,7 @@
 """Health while jobs run: each monitor cycle, live faults through the prolog's policy, then acted on.
 
 Sources: the kernel log's Xid lines (:class:`gpuslurm.hw.kmsg.KmsgReader`), mapped to a GPU by
-bus id; NVML's Xid and double-bit ECC events, queued by a thread
+bus id; NVML's Xid, double-bit ECC and GPU-unavailable events, queued by a thread
 (:class:`gpuslurm.hw.nvml_events.NvmlEvents`); and the facts NVML (or the replay scenario) gives
 now: ECC, pending row remaps and retired pages, temperature, hardware clock slowdowns, a lost
 GPU. An Xid stays on its GPU until the monitor restarts or the GPU is brought back online (a
@@ -12,7 +12,9 @@ Each GPU in service is checked with :func:`gpuslurm.policy.health.running_faults
 checks, without leftover processes, which are the running jobs'), and each fault gets its check's
 configured action: ``gpu_out`` records the GPU out of service (by ``monitor``) and has the
 scheduler stop giving it out; ``drain`` drains the node; ``log`` says it once. GPUs already out of
-service are not checked again. The scheduler is brought to the out-of-service record every cycle
+service are not checked again. A GPU NVML already answered GPU_IS_LOST for when the node was read
+has no UUID: its ``lost_gpu`` fault is named by its index, and ``gpu_out`` drains the node
+instead. The scheduler is brought to the out-of-service record every cycle
 (its graceful path moves on when the node's jobs end), and the kernel-log cursor is committed only
 after the faults were acted on.
 """
@@ -57,6 +59,7 @@ class HealthWatch:
         self.warn = warn
         self.by_bus = {g.bus_id.upper(): g for g in node.gpus}
         self.xids: dict[str, set[int]] = {}  # live Xids per GPU UUID
+        self.lost: set[str] = set()  # GPUs an NVML event said fell off the bus
         self._said: set[tuple[str, str, str]] = set()  # (uuid, check, message) already acted on
         self._last_state = ""
         self._was_out: set[str] = set()
@@ -80,6 +83,7 @@ class HealthWatch:
         in_service = [g for g in self.node.gpus if g.uuid not in out]
         for uuid in self._was_out - set(out):  # brought back online: a clean slate
             self.xids.pop(uuid, None)
+            self.lost.discard(uuid)
             self._said = {k for k in self._said if k[0] != uuid}
         self._was_out = set(out)
         try:
@@ -95,7 +99,13 @@ class HealthWatch:
             live = self.xids.get(gpu.uuid)
             if live:
                 fact = fact._replace(xid=tuple(sorted(set(fact.xid) | live)))
+            if gpu.uuid in self.lost:
+                fact = fact._replace(lost=True)
             faults += running_faults(fact, self.cfg)
+        if self.cfg.lost_gpu.action != "off":  # lost before the node was read: no UUID to name it
+            faults += [Fault(f"index:{i}", "lost_gpu", self.cfg.lost_gpu.action,
+                             "GPU is lost (NVML answers GPU_IS_LOST: it cannot be read or named)")
+                       for i in self.node.lost if i not in {r.index for r in out.values()}]
         self._act(faults, now, problem)
         self._reconcile(now, problem)
         if self.kmsg is not None:
@@ -127,18 +137,29 @@ class HealthWatch:
             problem("nvml-events", why)
         known = {g.uuid for g in self.node.gpus}
         for ev in events:
-            if ev.uuid in known:
-                self.xids.setdefault(ev.uuid, set()).add(ev.code)
-                self.warn(f"NVML event: Xid {ev.code} on {ev.uuid}")
+            if ev.uuid not in known:
+                continue
+            if ev.lost:
+                self.lost.add(ev.uuid)
+                self.warn(f"NVML event: {ev.uuid} is unavailable (fell off the bus)")
+                continue
+            self.xids.setdefault(ev.uuid, set()).add(ev.code)
+            where = "" if ev.gpu_instance is None else f" (MIG GPU instance {ev.gpu_instance})"
+            self.warn(f"NVML event: Xid {ev.code} on {ev.uuid}{where}")
 
     def _act(self, faults: list[Fault], now: float, problem: Callable[[str, str], None]) -> None:
         labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in self.node.gpus}
+        labels.update({f"index:{i}": f"index {i} (lost)" for i in self.node.lost})
         drains = []
+        known = {g.uuid for g in self.node.gpus}
         for fault in faults:
             key = (fault.uuid, fault.check, fault.message)
             new = key not in self._said
             self._said.add(key)
-            if fault.action == "gpu_out":
+            if fault.action == "gpu_out" and fault.uuid not in known:  # no UUID to record: drain
+                if new:
+                    drains.append(fault)
+            elif fault.action == "gpu_out":
                 gpu = next(g for g in self.node.gpus if g.uuid == fault.uuid)
                 try:
                     if take_out(self.store, self.node.gpus, gpu, fault.message, "monitor", now=now):
