@@ -46,7 +46,8 @@ def test_by_user_exact(store: Path, step: float) -> None:
     assert report.recommendations == (
         "alice: used 30 % of GPU capacity against a 20 % quota — lower its priority or cap its GPUs "
         "(gpuslurm throttle)",
-        "carol: 1 GPU process outside any job — stop them; GPU work goes through the scheduler (sbatch/srun, qsub)",
+        "carol: 1 GPU process outside any job — stop them; GPU work goes through the scheduler "
+        "(sbatch/srun, qsub)",
         "bob: 1 idle allocation, 3.5 idle GPU-hours — ask to release GPUs or use --time",
     )
 
