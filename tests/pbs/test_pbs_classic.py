@@ -91,3 +91,18 @@ def test_the_interpreter_must_fit_a_shebang_line() -> None:
             script_text("prologue", bad)
     with pytest.raises(InputError):
         script_text("prologue", PYTHON, config="relative.toml")
+
+
+def test_with_gpuslurms_hook_enabled_the_scripts_leave_the_job_to_it(tmp_path: Path) -> None:
+    """Both would map and clean up the same job; the hook does more, so the scripts do nothing
+    (before reading any config: the one given here does not exist)."""
+    (tmp_path / "hooks").mkdir()
+    hk = tmp_path / "hooks" / "gpuslurm.HK"
+    hk.write_text("type=site\nenabled=true\nevent=execjob_begin,execjob_end\n")
+    err = io.StringIO()
+    environ = {"GPUSLURM_CONFIG": "/nonexistent/gpuslurm.toml"}
+    assert main("prologue", ["1.pbshost", "root", "root"], environ, err, mom_priv=str(tmp_path)) == 0
+    assert "leaves the job to it" in err.getvalue()
+    hk.write_text("type=site\nenabled=false\n")
+    rc = main("prologue", ["1.pbshost", "root", "root"], environ, io.StringIO(), mom_priv=str(tmp_path))
+    assert rc == EXIT_USAGE  # now it runs, and the missing config stops it

@@ -54,8 +54,11 @@ MAX_ARG = 4096  # pbs_mom's resource lists are cut at 2048
 
 
 def main(kind: str, argv: Sequence[str], environ: Mapping[str, str] | None = None,
-         stderr: TextIO | None = None) -> int:
-    """Run the ``kind`` script ("prologue", "epilogue") on pbs_mom's arguments; the exit code."""
+         stderr: TextIO | None = None, mom_priv: str | None = None) -> int:
+    """Run the ``kind`` script ("prologue", "epilogue") on pbs_mom's arguments; the exit code.
+
+    ``mom_priv``: where the script is (default ``$PBS_HOME/mom_priv`` from pbs.conf); when
+    gpuslurm's hook is enabled there, the hook does all of this and the script does nothing."""
     from gpuslurm.hooks.log import HookLog
 
     err = stderr if stderr is not None else sys.stderr
@@ -67,6 +70,13 @@ def main(kind: str, argv: Sequence[str], environ: Mapping[str, str] | None = Non
     try:
         args = check_args(kind, argv)
         log.job_id = args[0]
+        if mom_priv is None:
+            from gpuslurm.pbs.classic_install import pbs_home
+
+            mom_priv = os.path.join(pbs_home(env), "mom_priv")
+        if hook_enabled(mom_priv):
+            log.info(f"gpuslurm's hook is enabled on this host: the {kind} leaves the job to it")
+            return 0
         rc = _run(kind, args, env, log)
     except GpuslurmError as exc:
         log.error(str(exc))
@@ -75,6 +85,17 @@ def main(kind: str, argv: Sequence[str], environ: Mapping[str, str] | None = Non
         log.error(f"internal error: {type(exc).__name__}: {exc}")
         return EXIT_INTERNAL
     return rc
+
+
+def hook_enabled(mom_priv: str) -> bool:
+    """Whether gpuslurm's PBS hook is enabled here (``mom_priv/hooks/gpuslurm.HK``, as pbs_mom
+    keeps it): then execjob_begin and execjob_end do what the scripts would, and more."""
+    try:
+        with open(os.path.join(mom_priv, "hooks", "gpuslurm.HK"), "rb") as handle:
+            lines = handle.read(1 << 16).decode(errors="replace").splitlines()
+    except OSError:
+        return False
+    return any(line.replace(" ", "").lower() == "enabled=true" for line in lines)
 
 
 def check_args(kind: str, argv: Sequence[str]) -> list[str]:
@@ -248,6 +269,8 @@ def run(kind: str | None = None, config: str | None = None, capture: str | None 
     """The installed scripts' entry (``run("prologue", config=...)``, arguments from ``sys.argv[1:]``),
     and ``python -m gpuslurm.pbs.classic prologue|epilogue ARGS...``."""
     argv = sys.argv[1:]
+    # the installed script knows its kind, and mom_priv is where it is; by hand (-m): pbs.conf's
+    mom_priv = os.path.dirname(os.path.abspath(sys.argv[0])) if kind is not None else None
     if kind is None:
         if not argv:
             print("usage: python -m gpuslurm.pbs.classic prologue|epilogue ARGS... "
@@ -259,7 +282,7 @@ def run(kind: str | None = None, config: str | None = None, capture: str | None 
         env["GPUSLURM_CONFIG"] = config
     if capture:
         env["GPUSLURM_CAPTURE"] = capture
-    code = main(kind, argv, env)
+    code = main(kind, argv, env, mom_priv=mom_priv)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
