@@ -158,5 +158,8 @@ def test_the_monitor_attributes_a_process_in_it_to_the_pbs_job() -> None:
 
     assert parse_cgroup(f"0::/{V2_PBS_PARENT}/job_{JOB}\n") is not None
     assert parse_cgroup(f"0::/{V2_PBS_PARENT}/job_{JOB}\n").job_id == JOB  # type: ignore[union-attr]
-    # a user's own delegated cgroup of that name names no job
+    # gpuslurm's v1 devices cgroup (a PBS job's, or a Slurm job's) names its job too
+    assert parse_cgroup(f"7:devices:/gpuslurm/job_{JOB}\n").job_id == JOB  # type: ignore[union-attr]
+    # only at the hierarchy's top: below it, or in a user's own delegated cgroup, no job
+    assert parse_cgroup(f"0::/system.slice/x.service/{V2_PBS_PARENT}/job_{JOB}\n") is None
     assert parse_cgroup(f"0::/user.slice/user-1.slice/user@1.service/{V2_PBS_PARENT}/job_{JOB}\n") is None
