@@ -57,7 +57,7 @@ class ProcSample(NamedTuple):
     name: str | None = None  # comm / executable base name
     uid: int | None = None
     user: str | None = None
-    job_id: str | None = None  # None: not in any Slurm job's cgroup
+    job_id: str | None = None  # None: in no job (no scheduler's job cgroup, session or map)
     mem_mib: float | None = None
     sm_util_pct: float | None = None  # per-process SM utilisation (NVML's process samples)
     started: float | None = None  # process start time, for "running since"

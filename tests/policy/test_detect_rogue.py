@@ -26,7 +26,7 @@ def test_process_in_no_job_is_rogue() -> None:
         "rogue", "bob", None, 4242, "sshd-python", G1)
     assert v.node == "node1" and v.severity == "critical"
     assert v.start == 100.0 and v.duration_s == 0.0
-    assert v.evidence == "sshd-python (PID 4242) of bob on GPU-0001, but it is in no Slurm job (seen for 0 s)"
+    assert v.evidence == "sshd-python (PID 4242) of bob on GPU-0001, but it is in no job (seen for 0 s)"
 
 
 def test_process_on_a_gpu_its_job_was_not_given() -> None:

@@ -37,7 +37,7 @@ def _cycle(ts: float, *, job: bool = True, rogue: bool = False) -> tuple[Cycle, 
     if rogue:
         procs.append(ProcSample(ts, G1, 99, M1, "miner", 1001, "bob", None, 512.0))
         violations.append(Violation("rogue", "n1", "bob", None, 99, "miner", M1, 970.0, ts - 970.0,
-                                    "miner (PID 99) of bob on MIG-…, but it is in no Slurm job", "critical"))
+                                    "miner (PID 99) of bob on MIG-…, but it is in no job", "critical"))
     return Cycle(ts, "n1", gpus, tuple(procs), allocs, (ScanProblem(ts, "pid-gone", "7"),)), violations
 
 

@@ -24,7 +24,7 @@ G0, G1, G2 = "GPU-00000000-aaaa", "GPU-11111111-bbbb", "GPU-22222222-cccc"
 HOURS = 2
 END = T0 + HOURS * 3600
 ROGUE = Violation("rogue", "n1", "carol", None, 200, "miner", G1, T0 + 3600, 3600.0,
-                  "miner (PID 200) uses GPU-11111111-bbbb but is in no Slurm job")
+                  "miner (PID 200) uses GPU-11111111-bbbb but is in no job")
 CONFIG = """
 [detect.share]
 threshold_pct = 80.0

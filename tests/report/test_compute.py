@@ -42,11 +42,12 @@ def test_by_user_exact(store: Path, step: float) -> None:
     assert (bob.jobs, bob.idle_jobs, bob.over_quota) == (2, 1, False)  # job 3 idle, job 2 25 % busy
     assert (carol.violations, carol.rogue_processes) == (1, 1)
     assert carol.evidence[0] == ("rogue (1.0 h in the window): miner (PID 200) uses GPU-11111111-bbbb "
-                                 "but is in no Slurm job")
+                                 "but is in no job")
     assert report.recommendations == (
         "alice: used 30 % of GPU capacity against a 20 % quota — lower its priority or cap its GPUs "
         "(gpuslurm throttle)",
-        "carol: 1 GPU process outside any Slurm job — stop them; GPU work goes through srun/sbatch",
+        "carol: 1 GPU process outside any job — stop them; GPU work goes through the scheduler "
+        "(sbatch/srun, qsub)",
         "bob: 1 idle allocation, 3.5 idle GPU-hours — ask to release GPUs or use --time",
     )
 

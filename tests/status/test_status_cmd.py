@@ -99,7 +99,7 @@ def test_status_shows_the_rogue_process_the_idle_job_and_the_stored_finding(site
     assert line_with(out, "   1 8fe80a84").rstrip().endswith("812 root")
     assert "violations: monitor store" in out
     body = out[out.index("VIOLATIONS (2)"):]
-    assert "ROGUE" in body and "it is in no Slurm job" in body and "IDLE for 50 min: job 812" in body
+    assert "ROGUE" in body and "it is in no job" in body and "IDLE for 50 min: job 812" in body
 
 
 def test_a_finding_that_ended_long_ago_is_not_current(site: Site) -> None:

@@ -44,7 +44,7 @@ IDLE = Violation("idle", "dgx-h100-01", "carol", "1003", 10030, "jupyter-lab", U
                  f"job 1003 of carol holds {U[3]} at 1.0 % on average over the last 30 min (idle at or "
                  "below 5 %); jupyter-lab (PID 10030, job 1003) is on it")
 ROGUE = Violation("rogue", "dgx-h100-01", "dave", None, 48211, "python", U[7], T - 600, 600.0,
-                  f"python (PID 48211) of dave on {U[7]}, but it is in no Slurm job (seen for 10 min)",
+                  f"python (PID 48211) of dave on {U[7]}, but it is in no job (seen for 10 min)",
                   "critical")
 
 
@@ -107,7 +107,7 @@ def test_violations_are_listed_in_full_worst_first() -> None:
     start = lines.index("VIOLATIONS (2)")
     body = " ".join(line.strip() for line in lines[start + 1:])
     assert body.index("ROGUE for 10 min") < body.index("IDLE for 50 min")
-    assert "it is in no Slurm job" in body and "idle at or below 5 %" in body
+    assert "it is in no job" in body and "idle at or below 5 %" in body
 
 
 def test_a_lost_gpu_stays_in_the_table_with_its_health() -> None:
@@ -162,7 +162,7 @@ def test_json_has_every_part_and_round_trips() -> None:
     data = json.loads(json.dumps(snapshot_dict(snapshot())))  # type: ignore[arg-type]
     assert [g["label"] for g in data["gpus"]] == [str(i) for i in range(8)]
     rogue = next(p for p in data["processes"] if p["pid"] == 48211)
-    assert rogue["marks"] == ["rogue"] and rogue["why"] == "it is in no Slurm job" and rogue["job_id"] is None
+    assert rogue["marks"] == ["rogue"] and rogue["why"] == "it is in no job" and rogue["job_id"] is None
     carol = next(j for j in data["jobs"] if j["job_id"] == "1003")
     assert carol["marks"] == ["idle"] and carol["gpus"] == ["3", "4"]
     assert {v["kind"] for v in data["violations"]} == {"rogue", "idle"}

@@ -20,6 +20,11 @@ def _warn(message: str) -> None:
 @click.option("--pbs", is_flag=True,
               help="Install into PBS instead: import gpuslurm's hooks with qmgr (on the PBS server "
                    "host, as a PBS manager); see docs/pbs.md.")
+@click.option("--classic", is_flag=True,
+              help="With --pbs: write the classic mom_priv/prologue and epilogue scripts on this "
+                   "execution host instead of importing hooks (sites without hooks; docs/pbs.md).")
+@click.option("--pbs-home", "pbs_home", metavar="DIR", default="",
+              help="With --pbs --classic: PBS_HOME (default: PBS_MOM_HOME or PBS_HOME from pbs.conf).")
 @click.option("--qmgr", "qmgr", metavar="PATH", default="",
               help="With --pbs: the qmgr to run (default: $PBS_EXEC/bin/qmgr from pbs.conf).")
 @click.option("--prefix", type=click.Path(path_type=Path), default=DEFAULT_PREFIX, show_default=True,
@@ -35,8 +40,8 @@ def _warn(message: str) -> None:
 @click.option("--mps", is_flag=True, help="Print GresTypes=gpu,mps (not on MIG nodes before Slurm 23.02.7).")
 @click.option("--dry-run", is_flag=True, help="Show what would change (with diffs); change nothing.")
 @click.option("--force", is_flag=True, help="Overwrite files an admin edited since the last install.")
-def install(slurm_etc: Path | None, pbs: bool, qmgr: str, prefix: Path, python: str, config: str,
-            capture: str, mps: bool, dry_run: bool, force: bool) -> None:
+def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmgr: str, prefix: Path,
+            python: str, config: str, capture: str, mps: bool, dry_run: bool, force: bool) -> None:
     """Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they need
     (--pbs: import gpuslurm's PBS hooks with qmgr instead).
 
@@ -46,10 +51,15 @@ def install(slurm_etc: Path | None, pbs: bool, qmgr: str, prefix: Path, python: 
     from gpuslurm import install as lib
     from gpuslurm.config import load_config
 
+    if (classic or pbs_home) and not pbs:
+        raise click.UsageError("--classic and --pbs-home go with --pbs")
     if pbs:
         if slurm_etc is not None:
             raise click.UsageError("--pbs installs into PBS: leave out --slurm-etc")
-        install_pbs(qmgr, python, config, capture, dry_run)
+        if classic:
+            install_pbs_classic(pbs_home, python, config, capture, dry_run, force)
+        else:
+            install_pbs(qmgr, python, config, capture, dry_run)
         return
     if slurm_etc is None:
         raise click.UsageError("Missing option '--slurm-etc' (or give --pbs)")
@@ -90,6 +100,64 @@ def install(slurm_etc: Path | None, pbs: bool, qmgr: str, prefix: Path, python: 
         if blocked is not None:
             _warn(f"{blocked} is not reachable by other users, so the TaskProlog (which runs as "
                   f"the job's user) cannot start {path}")
+
+
+def _checked_sources(python: str, config: str, capture: str) -> str:
+    """The interpreter (default: this one), config and bundle checked as every install checks
+    them (root's, not writable by others; the config must parse); the interpreter."""
+    import os
+    import sys
+
+    from gpuslurm import install as lib
+    from gpuslurm.config import load_config
+    from gpuslurm.errors import InputError
+
+    python = python or os.path.abspath(sys.executable)
+    if not os.path.isabs(python) or "\n" in python:
+        raise InputError("the interpreter must be an absolute path", python)
+    lib.check_interpreter(python)
+    here = str(Path(lib.__file__).resolve().parent)
+    there = lib.probe_interpreter(python)
+    if there != here:
+        _warn(f"the scripts will run the gpuslurm in {there}, not this one ({here})")
+    if config:
+        lib.check_config_path(config)
+        load_config(config)  # a config that does not hold would fail every job: refuse it now
+    if capture:
+        if not os.path.isabs(capture) or "\n" in capture or not os.path.isdir(capture):
+            raise InputError("--replay must name an existing directory by its absolute path", capture)
+        lib.check_trusted_dir(Path(capture), "a capture bundle")
+    return python
+
+
+def install_pbs_classic(pbs_home: str, python: str, config: str, capture: str, dry_run: bool,
+                        force: bool) -> None:
+    """Write the classic prologue and epilogue into ``$PBS_HOME/mom_priv`` (see
+    :mod:`gpuslurm.pbs.classic_install`)."""
+    import os
+
+    from gpuslurm import install as lib
+    from gpuslurm.pbs import classic_install as classic
+
+    python = _checked_sources(python, config, capture)
+    mom_priv = os.path.join(pbs_home or classic.pbs_home(), "mom_priv")
+    lib.check_trusted_dir(Path(mom_priv), "PBS's mom_priv")
+    steps = classic.plan_scripts(mom_priv, python, config, capture, force)
+    would = "would " if dry_run else ""
+    for step in steps:
+        if step.verb == "create":
+            click.echo(f"{would}create {step.path} (root's, mode 0755)")
+        elif step.verb == "update":
+            click.echo(f"{would}update {step.path} (root's, mode 0755)")
+        elif step.verb == "fix":
+            click.echo(f"{would}set {step.path} root's, mode 0755")
+        if not dry_run and step.verb != "same":
+            classic.write_script(step)
+    if all(s.verb == "same" for s in steps):
+        click.echo(f"nothing to change: {mom_priv} has gpuslurm's prologue and epilogue")
+    click.echo("# pbs_mom runs them for each job when no execjob_prologue/execjob_epilogue hook is "
+               "enabled: health gate and vnode offline, leftovers, summary; no GPU choice, no "
+               "CUDA_VISIBLE_DEVICES, no device cgroup (gpuslurm's hooks do those: install --pbs)")
 
 
 def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool) -> None:

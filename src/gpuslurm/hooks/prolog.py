@@ -71,7 +71,8 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
 
         # a job without GPUs here: nothing to check or map, but every GPU is denied to it
         if isolate:
-            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node or _node(spec, cfg, log)))
+            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node or _node(spec, cfg, log),
+                                                 scheduler=job.scheduler))
         return 0
 
     from gpuslurm.state.job import resolve_devices
@@ -83,7 +84,7 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         from gpuslurm.isolate.devices import isolate_job
 
         if isolate:
-            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node))
+            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node, scheduler=job.scheduler))
         return 0
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
 
@@ -133,7 +134,8 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
     if isolate:
         from gpuslurm.isolate.devices import isolate_job
 
-        _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node))  # fails closed: raises
+        _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node,  # fails closed: raises
+                                        scheduler=job.scheduler))
     try:
         mps = _start_mps(job, cfg, devices, node, log, isolate)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node

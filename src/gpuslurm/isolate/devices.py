@@ -29,6 +29,14 @@ cgroup under slurmd's ``slurmstepd.scope``, creating the directory when Slurm ha
 later puts the job's steps below it, and the program holds for all of them. No task-prolog step.
 A job's MPS daemon gets the same denials in a cgroup of its own, ``gpuslurm.mps/mps_<id>`` at
 the v2 root (:func:`mps_cgroup_v2` says why there), which the epilog removes.
+
+PBS jobs have no scheduler's cgroup to attach to (unless PBS's cgroups hook runs, and then
+gpuslurm leaves devices to it), so on cgroup v2 execjob_begin makes one of gpuslurm's own at the
+v2 root, ``gpuslurm.pbs/job_<id>`` (:func:`setup_own_v2`, the same shape as the MPS daemon's),
+with the BPF program attached before any process is in it; execjob_launch and execjob_attach
+(root, in pbs_mom) move the task into it (:func:`join_v2`); ``cgroup.procs`` stays root's, so the
+user can neither join another job's nor leave (moving needs write access to the common
+ancestor's ``cgroup.procs``, the root's); execjob_end kills what is left and removes it.
 """
 
 from __future__ import annotations
@@ -200,9 +208,14 @@ def setup_v1(cgroup_root: str, job_id: str, uid: int | None, denied: Sequence[De
 
 def join_v1(cgroup_root: str, job_id: str, pid: int) -> str | None:
     """Move ``pid`` into the job's devices cgroup; its path, or None when the job has none."""
+    return _join(v1_job_dir(cgroup_root, job_id), pid, "devices", f"/{V1_PARENT}/{_job_name(job_id)}")
+
+
+def _join(path: str, pid: int, controllers: str, want: str) -> str | None:
+    """Write ``pid`` into ``path``'s ``cgroup.procs`` and check ``/proc/PID/cgroup`` says ``want``
+    for the hierarchy ``controllers`` ("" for the unified one); None when ``path`` does not exist."""
     from gpuslurm.errors import HardwareError
 
-    path = v1_job_dir(cgroup_root, job_id)
     if not os.path.isdir(path):
         return None
     try:
@@ -211,8 +224,7 @@ def join_v1(cgroup_root: str, job_id: str, pid: int) -> str | None:
             lines = fh.read().splitlines()
     except OSError as exc:
         raise HardwareError(f"cannot move process {pid} into {path}: {exc.strerror}") from None
-    want = f"/{V1_PARENT}/{_job_name(job_id)}"
-    if not any(line.split(":", 2)[1:] == ["devices", want] for line in lines if line.count(":") >= 2):
+    if not any(line.split(":", 2)[1:] == [controllers, want] for line in lines if line.count(":") >= 2):
         raise HardwareError(f"process {pid} is not in {path} after moving it")
     return path
 
@@ -251,6 +263,7 @@ def setup_v2(cgroup_root: str, job_parent: str, job_id: str, denied: Sequence[De
 
 
 V2_MPS_PARENT = "gpuslurm.mps"  # our directory at the v2 root: the MPS daemons' own cgroups
+V2_PBS_PARENT = "gpuslurm.pbs"  # and PBS jobs' own (no scheduler's cgroup to attach to)
 
 
 def v2_mps_dir(cgroup_root: str, job_id: str) -> str:
@@ -258,8 +271,19 @@ def v2_mps_dir(cgroup_root: str, job_id: str) -> str:
     return os.path.join(cgroup_root, V2_MPS_PARENT, _job_name(job_id, "mps"))
 
 
+def v2_pbs_dir(cgroup_root: str, job_id: str) -> str:
+    """``<cgroup_root>/gpuslurm.pbs/job_<id>``: a PBS job's tasks, on cgroup v2."""
+    return os.path.join(cgroup_root, V2_PBS_PARENT, _job_name(job_id))
+
+
 def setup_mps_v2(cgroup_root: str, job_id: str, denied: Sequence[Device]) -> str:
-    """Make ``gpuslurm.mps/mps_<id>`` with a program denying ``denied`` attached; its path.
+    """Make ``gpuslurm.mps/mps_<id>`` with a program denying ``denied`` attached; its path."""
+    return setup_own_v2(v2_mps_dir(cgroup_root, job_id), denied, "the MPS daemon's cgroup")
+
+
+def setup_own_v2(path: str, denied: Sequence[Device], what: str = "the job's cgroup") -> str:
+    """Make ``path`` (``<root>/gpuslurm.<kind>/<name>``, a cgroup of gpuslurm's own at the v2
+    root) with a program denying ``denied`` attached; ``path``.
 
     The parent is made root's (0755) when missing and must be a directory of root's, no link; a
     cgroup left by an earlier run of the same job id is emptied (SIGKILL) and made afresh. The
@@ -270,7 +294,6 @@ def setup_mps_v2(cgroup_root: str, job_id: str, denied: Sequence[Device]) -> str
     from gpuslurm.errors import HardwareError
     from gpuslurm.isolate.bpf import deny_devices
 
-    path = v2_mps_dir(cgroup_root, job_id)
     parent = os.path.dirname(path)
     try:
         try:
@@ -284,7 +307,7 @@ def setup_mps_v2(cgroup_root: str, job_id: str, denied: Sequence[Device]) -> str
             raise HardwareError(f"{path}: left by an earlier job and still busy")
         os.mkdir(path, 0o755)
     except OSError as exc:
-        raise HardwareError(f"cannot make the MPS daemon's cgroup {path}: {exc.strerror}") from None
+        raise HardwareError(f"cannot make {what} {path}: {exc.strerror}") from None
     try:
         deny_devices(path, [(d.major, d.minor) for d in denied])
     except (OSError, HardwareError) as exc:
@@ -293,8 +316,13 @@ def setup_mps_v2(cgroup_root: str, job_id: str, denied: Sequence[Device]) -> str
         except OSError:
             pass
         why = exc.strerror if isinstance(exc, OSError) else str(exc)
-        raise HardwareError(f"cannot limit the MPS daemon's cgroup {path}: {why}") from None
+        raise HardwareError(f"cannot limit {what} {path}: {why}") from None
     return path
+
+
+def join_v2(cgroup_root: str, job_id: str, pid: int) -> str | None:
+    """Move ``pid`` into the PBS job's own v2 cgroup (as root); its path, or None when it has none."""
+    return _join(v2_pbs_dir(cgroup_root, job_id), pid, "", f"/{V2_PBS_PARENT}/{_job_name(job_id)}")
 
 
 def remove_cgroup(path: str, wait_s: float = 2.0) -> bool:
@@ -363,9 +391,11 @@ def wanted(cfg: Config) -> bool:
 
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
-                node: AnyNode | None = None, spec: str | None = None) -> str:
+                node: AnyNode | None = None, spec: str | None = None, scheduler: str = "slurm") -> str:
     """The prolog's step: limit the job to ``given``; a line for the log. The caller has decided
     that gpuslurm isolates here (:func:`wanted` for Slurm; the PBS adapter decides for PBS).
+    On cgroup v2 a Slurm job's cgroup is slurmd's (``[cgroup] v2_job_parent``), a PBS job's
+    gpuslurm's own (:func:`v2_pbs_dir`).
 
     Any failure raises a GpuslurmError, so that the prolog fails and the job does not start
     with every GPU open.
@@ -381,6 +411,8 @@ def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
     version = cgroup_version(root)
     if version == 1:
         path = setup_v1(root, job_id, uid, denied)
+    elif version == 2 and scheduler == "pbs":
+        path = setup_own_v2(v2_pbs_dir(root, job_id), denied)
     elif version == 2:
         path = setup_v2(root, cfg.cgroup.v2_job_parent, job_id, denied)
     else:
@@ -409,6 +441,11 @@ def release_job(cfg: Config, job_id: str) -> str | None:
         path = v2_job_dir(root, cfg.cgroup.v2_job_parent, job_id)
         if os.path.isdir(path) and remove_v2(root, cfg.cgroup.v2_job_parent, job_id):
             done.append(path)
+        own = v2_pbs_dir(root, job_id)  # a PBS job's: killing what is left, as on v1
+        if os.path.isdir(own):
+            if not remove_cgroup(own):
+                raise HardwareError(f"{own}: processes of the job survive SIGKILL; left in place")
+            done.append(own)
         if (mps := release_mps_cgroup(cfg, job_id)) is not None:
             done.append(mps)
         return f"removed {', '.join(done)}" if done else None

@@ -147,16 +147,19 @@ def _launch(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer
 
 
 def _join(req: PbsRequest, cfg: Config, log: HookLog) -> None:
-    """Move the task (or the attached process) into the job's devices cgroup, when it has one."""
-    from gpuslurm.isolate.devices import cgroup_version, join_v1
+    """Move the task (or the attached process) into the job's devices cgroup, when it has one
+    (cgroup v1: ``devices/gpuslurm/job_<id>``; v2: ``gpuslurm.pbs/job_<id>``)."""
+    from gpuslurm.isolate.devices import cgroup_version, join_v1, join_v2
 
     job_id, _ = req.require_job()
     root = cfg.paths.cgroup_root
-    if cgroup_version(root) != 1:
+    version = cgroup_version(root)
+    if version not in (1, 2):
         return
     if req.pid is None:
         raise InputError(f"pid is missing for {req.event}", source="PBS hook request")
-    path = join_v1(root, job_id, req.pid)  # HardwareError when it fails: the task must not run
+    join = join_v1 if version == 1 else join_v2
+    path = join(root, job_id, req.pid)  # HardwareError when it fails: the task must not run
     if path is not None:
         log.info(f"process {req.pid} joined {path}")
 
@@ -200,10 +203,11 @@ def pbs_isolates(cfg: Config, req: PbsRequest, log: HookLog) -> bool:
     """Whether gpuslurm makes the job's devices cgroup (``[cgroup] devices``, read for PBS).
 
     PBS jobs get no per-job cgroup unless PBS's cgroups hook makes one, so gpuslurm makes its own
-    on cgroup v1 (``<root>/devices/gpuslurm/job_<id>``, joined by the tasks in execjob_launch).
-    ``auto``: when PBS's cgroups hook is not enabled here and the host has a v1 devices hierarchy.
-    ``always``: the same, and an error where it cannot (cgroup v2, or PBS's cgroups hook enabled:
-    a v1 process is in one devices cgroup, and two hooks would fight over it). ``never``: no.
+    (cgroup v1: ``<root>/devices/gpuslurm/job_<id>``; v2: ``<root>/gpuslurm.pbs/job_<id>`` with a
+    BPF device program), joined by the tasks in execjob_launch. ``auto``: when PBS's cgroups hook
+    is not enabled here and the host has a v1 devices hierarchy or is a cgroup2 mount.
+    ``always``: the same, and an error where it cannot (neither, or PBS's cgroups hook enabled: a
+    process is in one devices cgroup, and two hooks would fight over it). ``never``: no.
     """
     from gpuslurm.isolate.devices import cgroup_version
 
@@ -216,17 +220,16 @@ def pbs_isolates(cfg: Config, req: PbsRequest, log: HookLog) -> bool:
             raise InputError('[cgroup] devices = "always", but PBS\'s cgroups hook is enabled on this '
                              'host and confines the job\'s devices itself: use "auto" or "never"',
                              source=cfg.source or "config")
-        if version != 1:
-            raise HardwareError(f"{cfg.paths.cgroup_root}: [cgroup] devices = \"always\", but gpuslurm "
-                                "makes PBS jobs' devices cgroups on cgroup v1 only; enable PBS's "
-                                "cgroups hook (devices subsystem) for v2 hosts")
+        if version not in (1, 2):
+            raise HardwareError(f"{cfg.paths.cgroup_root}: [cgroup] devices = \"always\", but it is "
+                                "neither a cgroup v1 devices hierarchy nor a cgroup2 mount")
         return True
     if req.pbs_cgroups:
         log.info("PBS's cgroups hook is enabled here: it confines the job's devices, gpuslurm does not")
         return False
-    if version != 1:
-        log.info("no cgroup v1 devices hierarchy: gpuslurm does not confine PBS jobs' devices here "
-                 "(PBS's cgroups hook can, on cgroup v2)")
+    if version not in (1, 2):
+        log.info(f"{cfg.paths.cgroup_root} is neither a cgroup v1 devices hierarchy nor a cgroup2 "
+                 "mount: gpuslurm does not confine PBS jobs' devices here")
         return False
     return True
 

@@ -12,7 +12,7 @@ from gpuslurm.samples import Cycle, ProcSample, Violation
 def why_rogue(proc: ProcSample, v: CycleView) -> str | None:
     """Why the process is rogue, or None when it runs where its job may run."""
     if proc.job_id is None:
-        return "it is in no Slurm job"
+        return "it is in no job"
     alloc = v.allocs.get(proc.job_id)
     if alloc is None or not alloc.uuids:
         return f"job {proc.job_id} was given no GPU on this node"

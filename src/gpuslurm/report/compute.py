@@ -440,6 +440,6 @@ def _recommendations(rows: tuple[Row, ...]) -> tuple[str, ...]:
                        " quota — lower its priority or cap its GPUs (gpuslurm throttle)")
         if r.rogue_processes:
             n = r.rogue_processes
-            out.append(f"{r.key}: {n} GPU process{'es' if n > 1 else ''} outside any Slurm job"
-                       " — stop them; GPU work goes through srun/sbatch")
+            out.append(f"{r.key}: {n} GPU process{'es' if n > 1 else ''} outside any job"
+                       " — stop them; GPU work goes through the scheduler (sbatch/srun, qsub)")
     return tuple(out)

@@ -41,7 +41,7 @@ class ProcSeries(NamedTuple):
     name: str | None
     user: str | None  # owner's name, else None (see ``uid``)
     uid: int | None
-    job_id: str | None  # None: in no Slurm job
+    job_id: str | None  # None: in no job
     seen: tuple[float, ...]  # fraction (0–1) of each bucket it was seen in; 0: absent
     util: tuple[float | None, ...]  # its own mean SM utilisation % per bucket; None: unknown/absent
 

@@ -9,6 +9,8 @@ Pure text parsing of ``/proc/PID/cgroup`` lines and cgroup paths; nothing here t
   in each v1 controller (and the unified v2 tree of PBS Professional 2022+), ``<prefix>`` being the
   hook's ``cgroup_prefix`` (default ``pbs_jobs``); PBS Pro before 19 used ``/pbspro/<id>``. The id
   is a full PBS id (``123.server``, ``123[4].server``).
+- gpuslurm's own job cgroups (``gpuslurm.isolate.devices``): v1 ``/gpuslurm/job_<id>`` in the
+  devices hierarchy, v2 ``/gpuslurm.pbs/job_<id>`` (PBS jobs); both only root makes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ def parse_cgroup_path(path: str) -> CgroupJob | None:
                 or part == "pbspro":
             rest = parts[i + 2:] if part != "pbspro" else parts[i + 1:]
             return _pbs_job(rest)
+        if part in ("gpuslurm", "gpuslurm.pbs") and i == 1:  # at the hierarchy's top only
+            rest = parts[i + 1:]
+            job = rest[0][4:] if rest and rest[0].startswith("job_") else ""
+            return CgroupJob(job) if job and valid_job_id(job) else None
         if part == "slurm" or part.startswith("slurm_"):
             node = part[6:] or None
             rest = parts[i + 1:]

@@ -1,4 +1,4 @@
-"""Which Slurm job a GPU process belongs to, and which GPUs each job was given.
+"""Which job (Slurm or PBS) a GPU process belongs to, and which GPUs each job was given.
 
 A process's job comes from its cgroup, which only root can change: Slurm puts every step's
 processes (and, with ``pam_slurm_adopt``, a user's ssh sessions) into

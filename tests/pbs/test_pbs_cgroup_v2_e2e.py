@@ -1,0 +1,138 @@
+"""gpuslurm's PBS hook confining jobs on cgroup v2, through the real pbs_mom, as a real user.
+
+The module fixture installs the hook as tests/pbs/test_pbs_hooks_e2e.py does, with
+``[paths] cgroup_root`` on a cgroup2 mount: the host's one hierarchy mounted again where pbs_mom's
+namespace sees it (``ip netns exec`` mounts its own /sys, without the host's /sys/fs/cgroup).
+execjob_begin makes ``gpuslurm.pbs/job_<id>`` with the BPF device program, execjob_launch moves the
+job's shell into it, the job (as ``gpuspbs1``) opens every GPU and tries to leave, execjob_end
+removes the cgroup.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_pbs_cluster import BUNDLE
+from test_pbs_hooks_e2e import HOOK_FILES, HOST, QMGR, Hooked, _job_report, _restart_mom, _wait_vnodes
+
+from gpuslurm.errors import HardwareError
+from gpuslurm.gres.pbs_vnodes import plan_vnodes
+from gpuslurm.hw.source import bundle_path, load_node
+from gpuslurm.isolate import bpf
+from gpuslurm.isolate.devices import V2_PBS_PARENT
+from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster
+
+pytestmark = pytest.mark.pbs
+
+UNIFIED = Path("/sys/fs/cgroup/unified")
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    if not any((p / "cgroup.controllers").exists() for p in (UNIFIED, Path("/sys/fs/cgroup"))):
+        return "no cgroup2 hierarchy on this host"
+    try:
+        os.close(bpf.load_device_program(bpf.deny_program([])))
+    except HardwareError as exc:
+        return f"bpf(2) is not permitted here: {exc}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def hooked_v2(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
+    if (reason := _skip_reason()) is not None:
+        pytest.skip(reason)
+    state = pbs_cluster.state_dir
+    numa = [f"{HOST}[{v.numa_node}]" for v in plan_vnodes(load_node(BUNDLE))]
+    bundle = state / "bundle-v2"
+    source = bundle_path(BUNDLE)
+    assert source is not None
+    shutil.copytree(source, bundle)
+    cgroup = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-cgroup2-", dir=STATE_PARENT))
+    subprocess.run(["mount", "-t", "cgroup2", "gpuslurm-pbs-test", str(cgroup)], check=True, timeout=30)
+    config = state / "gpuslurm-v2.toml"
+    config.write_text(f'[paths]\nrun_dir = "{state}/gs-run"\nstate_dir = "{state}/gs-state"\n'
+                      f'cgroup_root = "{cgroup}"\n[cgroup]\ndevices = "always"\n')
+    config.chmod(0o644)
+    hooked = Hooked(pbs_cluster, bundle, config, cgroup)
+    existed = (cgroup / V2_PBS_PARENT).exists()
+    try:
+        installed = hooked.install()
+        assert installed.returncode == 0, installed.stderr
+        pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "remove", "gpuslurm-numa")
+        for name in numa:
+            pbs_cluster.run(QMGR, "-c", f"delete node {name}")
+        _restart_mom(pbs_cluster)
+        _wait_vnodes(pbs_cluster, numa)
+        yield hooked
+    finally:
+        for name in HOOK_FILES:
+            pbs_cluster.run(QMGR, "-c", f"delete hook {name}", check=False)
+        pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "insert", "gpuslurm-numa",
+                        str(state / "vnodes"), check=False)
+        try:
+            _restart_mom(pbs_cluster)
+            _wait_vnodes(pbs_cluster, numa)
+        finally:
+            if not existed:
+                try:
+                    (cgroup / V2_PBS_PARENT).rmdir()
+                except OSError:
+                    pass
+            subprocess.run(["umount", str(cgroup)], check=False, timeout=30)
+            shutil.rmtree(cgroup, ignore_errors=True)
+
+
+JOB = """\
+out={out}/$PBS_JOBID
+echo "CVD=$CUDA_VISIBLE_DEVICES" > $out.tmp
+echo "CGROUP=$(grep '^0::' /proc/self/cgroup)" >> $out.tmp
+for dev in /dev/nvidia[0-9]*; do
+    err=$( (exec 3<"$dev") 2>&1 ) && echo "$dev opened" >> $out.tmp || echo "$dev ${{err##*: }}" >> $out.tmp
+done
+for target in {cgroup}/cgroup.procs {cgroup}/{parent}/cgroup.procs; do
+    err=$( (echo $$ > "$target") 2>&1 ) && echo "MOVE=left via $target" >> $out.tmp \\
+        || echo "MOVE=${{err##*: }}" >> $out.tmp
+done
+echo "AFTER=$(grep '^0::' /proc/self/cgroup)" >> $out.tmp
+mv $out.tmp $out
+while [ ! -e {out}/release-$PBS_JOBID ]; do sleep 0.2; done
+"""
+
+
+def test_a_pbs_job_on_cgroup_v2_opens_only_its_gpus_and_cannot_leave(hooked_v2: Hooked) -> None:
+    assert hooked_v2.cgroup is not None
+    node = load_node(str(hooked_v2.bundle))
+    by_uuid = {g.uuid: g for g in node.gpus}
+    script = JOB.format(out=hooked_v2.out, cgroup=hooked_v2.cgroup, parent=V2_PBS_PARENT)
+    jobid = hooked_v2.cluster.qsub(["-l", "select=1:ncpus=2:ngpus=2"], script)
+    text = ""
+    try:
+        report = _job_report(hooked_v2, jobid)
+        text = (hooked_v2.out / jobid).read_text()
+        uuids = report["CVD"].split(",")
+        assert len(uuids) == 2, report
+        assert report["CGROUP"] == f"0::/{V2_PBS_PARENT}/job_{jobid}", report
+        mine = {by_uuid[u].device_file for u in uuids}
+        for gpu in node.gpus:
+            what = report[gpu.device_file]
+            if gpu.device_file in mine:
+                assert what != "Operation not permitted", report  # ENXIO: a fake device, no driver
+            else:
+                assert what == "Operation not permitted", report
+        assert re.findall(r"^MOVE=(.*)$", text, re.M) == ["Permission denied"] * 2, text
+        assert report["AFTER"] == report["CGROUP"], report
+        assert (hooked_v2.cgroup / V2_PBS_PARENT / f"job_{jobid}").is_dir()
+    finally:
+        (hooked_v2.out / f"release-{jobid}").touch()
+    status = hooked_v2.cluster.wait(jobid)
+    assert re.search(r"^\s*Exit_status = 0$", status, re.M), (status, text)
+    assert not (hooked_v2.cgroup / V2_PBS_PARENT / f"job_{jobid}").exists()
