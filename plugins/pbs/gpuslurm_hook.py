@@ -112,6 +112,14 @@ def cgroups_hook_enabled():
     return any(line.replace(" ", "").lower() == "enabled=true" for line in lines)
 
 
+def job_resource(job, name):
+    """The job's Resource_List[name] as text, or None (unset, or no such resource on the server)."""
+    try:
+        return text(job.Resource_List[name])
+    except Exception:
+        return None
+
+
 def make_request(event, name):
     """The JSON request for gpuslurm.pbs.request (format 1)."""
     req = {"format": FORMAT, "event": name, "hostname": pbs.get_local_nodename()}
@@ -126,6 +134,8 @@ def make_request(event, name):
         req["exec_vnode"] = text(job.exec_vnode)
         req["exec_host"] = text(job.exec_host) or text(getattr(job, "exec_host2", None))  # mom: only 2
         req["pbs_cgroups"] = cgroups_hook_enabled()
+        if name == "execjob_begin":  # qsub -l gpuslurm_mps=true: the job's own MPS daemon
+            req["mps"] = job_resource(job, "gpuslurm_mps")
         if name == "execjob_launch":
             req["pid"] = os.getppid()  # pbs_mom's child that becomes the task runs this hook
         elif name == "execjob_attach":

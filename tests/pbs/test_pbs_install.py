@@ -95,6 +95,8 @@ def test_first_run_creates_everything_second_run_changes_nothing() -> None:
     steps = plan(qmgr)
     says = [s.says for s in steps]
     assert says[0] == "create resource ngpus (type long, consumable per vnode)"
+    mps = next(s for s in steps if "gpuslurm_mps" in s.command)
+    assert mps.command == "create resource gpuslurm_mps type=boolean"
     assert "create hook gpuslurm" in says and "import hook gpuslurm's config" in says
     apply_steps(qmgr, steps)
     assert qmgr.hooks["gpuslurm"]["event"] == ",".join(HOOK_FILES["gpuslurm"].events)

@@ -99,3 +99,17 @@ def test_bounded_read_and_undecodable_input() -> None:
 def test_startup_needs_no_job() -> None:
     req = parse({"format": 1, "event": "exechost_startup", "hostname": "pbshost"}, "exechost_startup")
     assert req.job_id is None and local_shares(req) == ()
+
+
+@pytest.mark.parametrize(("value", "asked"), [
+    (None, False), (True, True), (False, False), ("True", True), ("False", False), ("true", True),
+    ("1", True), ("0", False), ("yes", True), ("off", False)])
+def test_the_mps_resource_as_pbs_spells_a_boolean(value: object, asked: bool) -> None:
+    assert parse({**BEGIN, "mps": value}).mps is asked
+
+
+@pytest.mark.parametrize("value", ["lots", "50", "2", "truefalse", "true" * 40, 1, [True], {"a": 1}, "tr\x00ue"])
+def test_a_bad_mps_value_is_one_line_naming_the_resource(value: object) -> None:
+    with pytest.raises(InputError, match=r"gpuslurm_mps must be true or false, not ") as info:
+        parse({**BEGIN, "mps": value})
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400

@@ -7,7 +7,8 @@ runs the same steps the Slurm hooks run:
 
 * ``exechost_startup``: the node's vnodes, one per NUMA node with its CPUs, memory and GPUs
   (:func:`gpuslurm.gres.pbs_vnodes.plan_vnodes`, the layout ``gpuslurm pbs-conf`` prints);
-* ``execjob_begin``: chooses the job's GPUs and runs the prolog (:mod:`gpuslurm.pbs.begin`);
+* ``execjob_begin``: chooses the job's GPUs and runs the prolog (:mod:`gpuslurm.pbs.begin`),
+  which starts the job's MPS daemon when it asked for one (``-l gpuslurm_mps=true``);
 * ``execjob_launch``: the task's environment from the job map (``CUDA_VISIBLE_DEVICES`` as UUIDs,
   ``CUDA_DEVICE_ORDER``, the gpuslurm hints, MPS), and the task joins the job's devices cgroup;
 * ``execjob_attach``: a process attached to the job (``pbs_attach``) joins that cgroup;
@@ -191,7 +192,11 @@ def _job(req: PbsRequest, cfg: Config, *, strict: bool) -> HookJob:
             raise InputError(f"user {user} of job {job_id} is unknown on {req.hostname}, and the job "
                              "has no map here", source="PBS hook request") from None
         uid, gid = jmap.uid, None
-    return HookJob(scheduler="pbs", job_id=job_id, uid=uid, user=user, node_name=req.hostname, gid=gid)
+    # -l gpuslurm_mps=true: the scheduler's own MPS resource, as Slurm's gres/mps (the "gres"
+    # trigger), at the config's share: PBS counts no share of a GPU
+    share = str(cfg.mps.active_thread_percentage) if req.mps else None
+    return HookJob(scheduler="pbs", job_id=job_id, uid=uid, user=user, node_name=req.hostname, gid=gid,
+                   mps_share=share)
 
 
 def pbs_isolates(cfg: Config, req: PbsRequest, log: HookLog) -> bool:

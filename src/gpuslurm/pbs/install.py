@@ -167,14 +167,23 @@ def _norm(content: bytes | None) -> bytes | None:
     return content.replace(b"\r\n", b"\n").rstrip(b"\n")
 
 
+# The server resources gpuslurm needs: name → (qmgr type and flags, what it is, in words).
+RESOURCES: dict[str, tuple[str, str]] = {
+    "ngpus": ("type=long, flag=nh", "type long, consumable per vnode"),
+    "gpuslurm_mps": ("type=boolean", "type boolean, job-wide: qsub -l gpuslurm_mps=true asks for MPS"),
+}
+
+
 def plan_resources(qmgr: Qmgr) -> list[QmgrStep]:
-    """``ngpus`` as a server resource (consumable, per host), when the server lacks it."""
-    try:
-        qmgr("list resource ngpus")
-        return []
-    except CommandError:
-        return [QmgrStep("create resource ngpus type=long, flag=nh",
-                         "create resource ngpus (type long, consumable per vnode)")]
+    """The server resources of :data:`RESOURCES` the server lacks (one ``create resource`` each);
+    one it has is left as it is, whatever its type."""
+    steps = []
+    for name, (spec, says) in RESOURCES.items():
+        try:
+            qmgr(f"list resource {name}")
+        except CommandError:
+            steps.append(QmgrStep(f"create resource {name} {spec}", f"create resource {name} ({says})"))
+    return steps
 
 
 def apply_steps(qmgr: Qmgr, steps: Sequence[QmgrStep]) -> None:
