@@ -115,9 +115,12 @@ def cgroups_hook_enabled():
 def job_resource(job, name):
     """The job's Resource_List[name] as text, or None (unset, or no such resource on the server)."""
     try:
-        return text(job.Resource_List[name])
-    except Exception:
+        value = job.Resource_List[name]
+    except Exception as exc:
+        log("job %s: no Resource_List.%s (%s)" % (job.id, name, one_line(exc)))
         return None
+    log("job %s: Resource_List.%s = %r" % (job.id, name, value))
+    return text(value)
 
 
 def make_request(event, name):
@@ -217,6 +220,8 @@ def set_resources(event, vnode, resources):
             available[key] = resources[key]
     if isinstance(resources.get("mem"), str):
         available["mem"] = pbs.size(resources["mem"])
+    if isinstance(resources.get("nmigs"), int):  # last: a server without the resource refuses it
+        available["nmigs"] = resources["nmigs"]
 
 
 def apply(event, name, answer):

@@ -703,7 +703,8 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps,
     gpus = make_gpu_files([0, 1])
     gpu_dir = next(gpus)
     try:
-        procs = scheduler_devices_procs("/sys/fs/cgroup", scheduler_devices_dirs(scheduler, job, NOBODY, node))
+        dirs = scheduler_devices_dirs(scheduler, job, NOBODY, node)
+        procs = scheduler_devices_procs("/sys/fs/cgroup", dirs)
         assert procs == str(chain[-1] / "cgroup.procs")
         daemon = start_mps("46", NOBODY, NOGROUP, ("GPU-a",), MpsRequest("comment", 100),
                            run_dir=mps.run_dir, mps_control=mps.control(), timeout=5.0, cgroup_procs=procs)

@@ -37,7 +37,7 @@ class Job:
     exec_host2 = "pbshost:15002/0*4"
 
     def __init__(self) -> None:
-        self.Resource_List: dict[str, Any] = {"ngpus": 2}  # noqa: N815 - PBS's name
+        self.Resource_List: dict[str, Any] = {"ngpus": 2}
 
 
 class Event:
@@ -160,8 +160,8 @@ def test_the_request_names_the_job_and_the_answer_is_applied(tmp_path: Path) -> 
                        "pbs_cgroups": False, "pid": os.getppid()}  # launch: the hook's parent
 
 
-@pytest.mark.parametrize(("resources", "sent"), [({"gpuslurm_mps": True}, "True"),
-                                                  ({"gpuslurm_mps": False}, "False"), ({}, None), (None, None)])
+@pytest.mark.parametrize(("resources", "sent"), [
+    ({"gpuslurm_mps": True}, "True"), ({"gpuslurm_mps": False}, "False"), ({}, None), (None, None)])
 def test_begin_sends_the_jobs_mps_resource(tmp_path: Path, resources: dict[str, Any] | None,
                                            sent: str | None) -> None:
     """``-l gpuslurm_mps=true`` reaches gpuslurm as the text of PBS's boolean; a job without it,

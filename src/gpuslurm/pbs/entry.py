@@ -96,14 +96,20 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
 
 
 def _startup(req: PbsRequest, spec: str | None, answer: HookAnswer) -> None:
-    from gpuslurm.gres.pbs_vnodes import plan_vnodes
+    from gpuslurm.gres.pbs_vnodes import has_migs, plan_vnodes
     from gpuslurm.hw.source import load_node
 
     host = req.hostname
+    node = load_node(spec, links=False)
+    migs = has_migs(node)  # nmigs only where MIG instances are: a server may not have the resource
     answer.vnodes[host] = {"ncpus": 0, "mem": "0kb", "ngpus": 0}  # as pbs-conf: it all goes to NUMA vnodes
-    for vnode in plan_vnodes(load_node(spec, links=False)):
+    if migs:
+        answer.vnodes[host]["nmigs"] = 0
+    for vnode in plan_vnodes(node):
         answer.vnodes[f"{host}[{vnode.numa_node}]"] = {
             "ncpus": len(vnode.cpus), "mem": f"{vnode.memory_mib}mb", "ngpus": len(vnode.gpu_minors)}
+        if migs:
+            answer.vnodes[f"{host}[{vnode.numa_node}]"]["nmigs"] = vnode.nmigs
 
 
 def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
@@ -112,6 +118,8 @@ def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer:
     from gpuslurm.pbs.request import local_shares
 
     job = _job(req, cfg, strict=True)
+    if req.mps:
+        log.info(f"the job asks for its own MPS daemon (gpuslurm_mps), share {job.mps_share}%")
     shares = local_shares(req)
     isolate = pbs_isolates(cfg, req, log)
     actions = PbsHookActions(answer, tuple(s.vnode for s in shares))

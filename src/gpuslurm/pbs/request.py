@@ -51,10 +51,11 @@ _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?\Z")  # useradd's NAME_R
 
 
 class VnodeShare(NamedTuple):
-    """The GPUs PBS gave a job on one vnode of this host."""
+    """The GPUs (whole, and MIG instances) PBS gave a job on one vnode of this host."""
 
     vnode: str
     ngpus: int
+    nmigs: int = 0
 
 
 class PbsRequest(NamedTuple):
@@ -143,7 +144,8 @@ def parse_request(data: bytes, event: str) -> PbsRequest:
 
 
 def local_shares(req: PbsRequest) -> tuple[VnodeShare, ...]:
-    """The job's GPUs on this host per vnode, in exec_vnode order (vnodes without GPUs left out).
+    """The job's GPUs (``ngpus``) and MIG instances (``nmigs``) on this host per vnode, in
+    exec_vnode order (vnodes with neither left out).
 
     A chunk whose exec_host entry is another host is not this host's; without an ``exec_host``
     (or with one of another length) every vnode is taken as this host's.
@@ -155,21 +157,23 @@ def local_shares(req: PbsRequest) -> tuple[VnodeShare, ...]:
     if len(hosts) != len(chunks):
         hosts = [req.hostname] * len(chunks)
     me = req.hostname.split(".")[0].lower()
-    total: dict[str, int] = {}
+    total: dict[str, list[int]] = {}
     for host, chunk in zip(hosts, chunks, strict=True):
         if host.split(".")[0].lower() != me:
             continue
         for vnode, resources in chunk:
-            n = resources.get("ngpus")
-            if n is None:
-                continue
-            if not (n.isascii() and n.isdigit() and len(n) <= 5 and int(n) <= MAX_NGPUS):
-                raise InputError(f"exec_vnode: ngpus={_shown(n)} on {vnode} is not a GPU count",
-                                 source=SOURCE)
-            total[vnode] = total.get(vnode, 0) + int(n)
-            if total[vnode] > MAX_NGPUS:
-                raise InputError(f"exec_vnode: more than {MAX_NGPUS} GPUs on {vnode}", source=SOURCE)
-    return tuple(VnodeShare(v, n) for v, n in total.items() if n > 0)
+            for i, key in enumerate(("ngpus", "nmigs")):
+                n = resources.get(key)
+                if n is None:
+                    continue
+                if not (n.isascii() and n.isdigit() and len(n) <= 5 and int(n) <= MAX_NGPUS):
+                    raise InputError(f"exec_vnode: {key}={_shown(n)} on {vnode} is not a GPU count",
+                                     source=SOURCE)
+                counts = total.setdefault(vnode, [0, 0])
+                counts[i] += int(n)
+                if counts[i] > MAX_NGPUS:
+                    raise InputError(f"exec_vnode: more than {MAX_NGPUS} {key} on {vnode}", source=SOURCE)
+    return tuple(VnodeShare(v, g, m) for v, (g, m) in total.items() if g > 0 or m > 0)
 
 
 def parse_exec_vnode(text: str) -> list[list[tuple[str, dict[str, str]]]]:
