@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
@@ -79,7 +79,7 @@ def vnode_shares(node: Node, hostname: str, shares: tuple[tuple[str, int] | tupl
     migs = [d for d in node_devices(node) if d.mig is not None]
     out = []
     for share in shares:
-        vnode, ngpus, nmigs = share[0], share[1], (share[2] if len(share) > 2 else 0)  # type: ignore[misc]
+        vnode, ngpus, nmigs = share[0], share[1], (share[2] if len(share) > 2 else 0)
         numa = vnode_numa(vnode, hostname)
         cands = tuple(g for g in whole if numa is None or gpu_numa(g, cpu_numa) == numa)
         mine = tuple(d for d in migs if numa is None or gpu_numa(d.gpu, cpu_numa) == numa)  # type: ignore[arg-type]
@@ -135,7 +135,7 @@ def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: H
 def _physical(w: VnodeGpus) -> tuple[Gpu, ...]:
     """The physical GPUs a vnode's share may come from: its whole GPUs, its MIG devices' parents
     (a MIG device shares its GPU's health) when it asks for MIG instances."""
-    parents = tuple(d.gpu for d in w.migs) if w.nmigs else ()  # type: ignore[misc]
+    parents = tuple(cast("Gpu", d.gpu) for d in w.migs) if w.nmigs else ()  # a Node's: Gpu
     return tuple({g.uuid: g for g in (*w.candidates, *parents)}.values())
 
 
