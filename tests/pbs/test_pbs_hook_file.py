@@ -197,6 +197,15 @@ def test_startup_publishes_vnode_resources(tmp_path: Path) -> None:
                        "vnodes": ["pbshost[0]"]}
 
 
+def test_startup_publishes_mig_instances_as_nmigs(tmp_path: Path) -> None:
+    answer = {"format": 1, "accept": True,
+              "vnodes": {"pbshost[3]": {"ncpus": 32, "mem": "1mb", "ngpus": 0, "nmigs": 4}}}
+    event, _ = run_hook(tmp_path, "exechost_startup", answering(tmp_path, answer))
+    assert event.outcome == "accept"
+    assert event.vnode_list["pbshost[3]"].resources_available == {
+        "ncpus": 32, "ngpus": 0, "mem": "size(1mb)", "nmigs": 4}
+
+
 def test_gpuslurm_runs_with_a_minimal_environment_and_absolute_paths(tmp_path: Path) -> None:
     config = fake_gpuslurm(tmp_path, f"env > {tmp_path}/env; pwd > {tmp_path}/cwd; "
                                      f"echo \"$@\" > {tmp_path}/args; "

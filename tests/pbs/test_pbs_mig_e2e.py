@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -37,6 +38,17 @@ pytestmark = pytest.mark.pbs
 HOST = "pbshost"
 
 
+def _mom_has_hook_config(site: Hooked, timeout: float = 90) -> None:
+    """Wait until pbs_mom holds the hook config naming ``site.bundle``: the server copies it to the
+    mom some time after ``import hook`` (exechost_startup runs with the mom's copy)."""
+    hooks = site.cluster.state_dir / "home" / "mom_priv" / "hooks"
+    deadline = time.monotonic() + timeout
+    while not any(str(site.bundle) in p.read_text(errors="replace") for p in hooks.glob("gpuslurm.CF")):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pbs_mom's copy of the gpuslurm hook config does not name {site.bundle}")
+        time.sleep(0.5)
+
+
 def _hup_sched(site: Hooked) -> None:
     lock = site.cluster.state_dir / "home" / "sched_priv" / "sched.lock"
     os.kill(int(lock.read_text().split()[0]), signal.SIGHUP)
@@ -55,6 +67,7 @@ def mig_site(hooked: Hooked) -> Iterator[Hooked]:  # noqa: F811 - the imported f
     try:
         installed = site.install()
         assert installed.returncode == 0, installed.stderr
+        _mom_has_hook_config(site)
         wanted = re.sub(r'^resources: "(.*)"$', r'resources: "\1, nmigs"', original, flags=re.M)
         sched_config.write_text(wanted)
         _hup_sched(site)
@@ -66,6 +79,7 @@ def mig_site(hooked: Hooked) -> Iterator[Hooked]:  # noqa: F811 - the imported f
         sched_config.write_text(original)
         _hup_sched(site)
         hooked.install()  # the session bundle again, published by a fresh pbs_mom
+        _mom_has_hook_config(hooked)
         _restart_mom(hooked.cluster)
         session = [f"{HOST}[{v.numa_node}]" for v in plan_vnodes(load_node(str(hooked.bundle)))]
         _wait_vnodes(hooked.cluster, session)

@@ -7,7 +7,8 @@ GPUs are chosen among that NUMA node's GPUs, so they sit beside the CPUs PBS gav
 other vnode (the natural vnode, a site's own layout) among all the host's GPUs. When PBS splits a
 chunk across vnodes of one host (``(h[0]:ngpus=1+h[1]:ngpus=1)``), each vnode's count is chosen on
 its own NUMA node: PBS accounts the GPUs per vnode, so taking two from one would leave the next
-job on the other vnode one GPU short.
+job on the other vnode one GPU short. A vnode's ``nmigs`` (MIG instances) come from the MIG
+devices of its NUMA node's GPUs in MIG mode (:func:`choose_migs`), its ``ngpus`` from whole GPUs.
 
 Which. The placement engine (:mod:`gpuslurm.place.engine`, as ``gpuslurm pick``) among the
 candidates that are healthy and not named by another job's map under the jobs directory: the
