@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -288,3 +289,49 @@ def test_more_mig_instances_than_the_vnode_has_is_refused(mig: Site) -> None:
     rc, answer, _ = mig.begin("6.pbshost", "(pbshost[0]:ncpus=1:nmigs=1)")  # a NUMA node without MIG
     assert answer is not None and answer["accept"] is False and "NUMA node 0 has 0" in answer["message"]
     assert not mig.jobs.exists() or not list(mig.jobs.iterdir())
+
+
+@pytest.mark.parametrize("layout", ["pbs-cgroups-hook", "none-yet"])
+def test_next_to_pbs_cgroups_hook_the_daemon_joins_its_job_cgroup_else_one_of_its_own(
+        dgx: Site, layout: str) -> None:
+    """PBS's cgroups hook enabled here (the request says so): gpuslurm makes no job cgroup, and the
+    MPS daemon starts in the hook's job cgroup ``pbs_jobs.service/jobid/<id>`` when it exists
+    (root's), else in ``gpuslurm/mps_<id>`` of its own, removed at the end. Real v1 cgroups."""
+    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
+
+    root = "/sys/fs/cgroup"
+    if cgroup_version(root) != 1:
+        pytest.skip("no cgroup v1 devices hierarchy here")
+    control, calls = fake_control(dgx.root)
+    dgx.config.write_text(dgx.config.read_text().replace(f'cgroup_root = "{dgx.root}/no-cgroup"',
+                                                         f'cgroup_root = "{root}"')
+                          .replace("[paths]\n", f'[paths]\nmps_control = "{control}"\n'))
+    job = f"{os.getpid() % 100000 + 500}.pbshost"
+    pbs_dir = Path(root) / "devices" / "pbs_jobs.service" / "jobid" / job
+    made = []
+    if layout == "pbs-cgroups-hook":
+        for d in (pbs_dir.parent.parent, pbs_dir.parent, pbs_dir):
+            if not d.is_dir():
+                d.mkdir()
+                made.append(d)
+    try:
+        rc, answer, err = dgx.call("execjob_begin", job_id=job, euser="root", pbs_cgroups=True,
+                                   exec_vnode="(pbshost[1]:ngpus=1)", mps="true")
+        assert rc == 0 and answer is not None and answer["accept"], err
+        assert not Path(v1_job_dir(root, job)).exists()  # PBS's hook confines the tasks, not gpuslurm
+        [daemon] = records(calls, "daemon")
+        devices = next(line.split(":", 2)[2] for line in daemon["cgroup"] if line.split(":")[1] == "devices")
+        want = f"/pbs_jobs.service/jobid/{job}" if layout == "pbs-cgroups-hook" else f"/gpuslurm/mps_{job}"
+        assert devices == want
+        rc, _, err = dgx.call("execjob_end", job_id=job, euser="root", exec_vnode="(pbshost[1]:ngpus=1)")
+        assert rc == 0, err
+        assert records(calls, "command")[-1]["command"] == "quit"
+        assert not Path(v1_job_dir(root, job, "mps")).exists()
+    finally:
+        for d in reversed(made):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:  # the daemon's last process may still be leaving
+                    time.sleep(0.1)
