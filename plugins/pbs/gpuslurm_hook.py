@@ -112,6 +112,17 @@ def cgroups_hook_enabled():
     return any(line.replace(" ", "").lower() == "enabled=true" for line in lines)
 
 
+def job_resource(job, name):
+    """The job's Resource_List[name] as text, or None (unset, or no such resource on the server)."""
+    try:
+        value = job.Resource_List[name]
+    except Exception as exc:
+        log("job %s: no Resource_List.%s (%s)" % (job.id, name, one_line(exc)))
+        return None
+    log("job %s: Resource_List.%s = %r" % (job.id, name, value))
+    return text(value)
+
+
 def make_request(event, name):
     """The JSON request for gpuslurm.pbs.request (format 1)."""
     req = {"format": FORMAT, "event": name, "hostname": pbs.get_local_nodename()}
@@ -126,6 +137,8 @@ def make_request(event, name):
         req["exec_vnode"] = text(job.exec_vnode)
         req["exec_host"] = text(job.exec_host) or text(getattr(job, "exec_host2", None))  # mom: only 2
         req["pbs_cgroups"] = cgroups_hook_enabled()
+        if name == "execjob_begin":  # qsub -l gpuslurm_mps=true: the job's own MPS daemon
+            req["mps"] = job_resource(job, "gpuslurm_mps")
         if name == "execjob_launch":
             req["pid"] = os.getppid()  # pbs_mom's child that becomes the task runs this hook
         elif name == "execjob_attach":
@@ -207,6 +220,8 @@ def set_resources(event, vnode, resources):
             available[key] = resources[key]
     if isinstance(resources.get("mem"), str):
         available["mem"] = pbs.size(resources["mem"])
+    if isinstance(resources.get("nmigs"), int):  # last: a server without the resource refuses it
+        available["nmigs"] = resources["nmigs"]
 
 
 def apply(event, name, answer):

@@ -13,7 +13,6 @@ The MPS control program is the stand-in tests/fakes/nvidia-cuda-mps-control.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,8 @@ import pytest
 
 from cluster_fixture import install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
+from mps_helpers import devices_cgroup, fake_control, live_with_pipe_under, probe_devices
+from mps_helpers import records as fake_records
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
@@ -39,7 +40,6 @@ pytestmark = pytest.mark.slurm
 
 SCONTROL = "/usr/bin/scontrol"
 NOBODY = 65534
-FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
 
 
 @dataclass
@@ -57,7 +57,7 @@ class MpsCluster:
         return self.root / "bin" / "nvidia-cuda-mps-control"
 
     def records(self, event: str) -> list[dict[str, Any]]:
-        return [r for r in map(json.loads, self.calls.read_text().splitlines()) if r["event"] == event]
+        return fake_records(self.calls, event)
 
     def scontrol(self, *args: str) -> str:
         return subprocess.run([SCONTROL, *args], env=self.cluster.env, capture_output=True, text=True,
@@ -75,22 +75,6 @@ class MpsCluster:
         """What the hooks wrote to stderr, as slurmd logged it."""
         path = self.cluster.log_dir / "slurmd.log"
         return path.read_text(errors="replace") if path.exists() else ""
-
-
-def _live_with_pipe_under(prefix: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{name}/status").read_text()
-        except OSError:
-            continue
-        if "\nState:\tZ" not in state and any(
-                e.startswith(f"CUDA_MPS_PIPE_DIRECTORY={prefix}".encode()) for e in env):
-            found.append(int(name))
-    return found
 
 
 def _node_state(mc: MpsCluster) -> str:
@@ -117,11 +101,7 @@ def mps_cluster(slurm_cluster: SlurmCluster) -> Iterator[MpsCluster]:
     shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
     node = subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
     mc = MpsCluster(slurm_cluster, root, node)
-    mc.calls.touch()
-    mc.calls.chmod(0o666)
-    mc.control.parent.mkdir(mode=0o755)
-    mc.control.write_text(f'#!/bin/sh\nGPUSLURM_FAKE_MPS_LOG={mc.calls} exec {FAKE} "$@"\n')
-    mc.control.chmod(0o755)
+    assert fake_control(root) == (mc.control, mc.calls)
     config = root / "gpuslurm.toml"
     config.write_text(
         "[paths]\n"
@@ -145,7 +125,7 @@ def mps_cluster(slurm_cluster: SlurmCluster) -> Iterator[MpsCluster]:
         mc.scontrol("reconfigure")
         subprocess.run([SCONTROL, "update", f"NodeName={node}", "State=RESUME"], env=slurm_cluster.env,
                        capture_output=True, timeout=30, check=False)
-        for pid in _live_with_pipe_under(str(root)):  # a failed run must not leave daemons behind
+        for pid in live_with_pipe_under(str(root)):  # a failed run must not leave daemons behind
             os.kill(pid, signal.SIGKILL)
         try:
             _wait_idle(mc)
@@ -192,9 +172,9 @@ def test_mps_job_gets_its_own_daemon_as_its_user_and_the_epilog_stops_it(mps_clu
     # after the job: the epilog sent quit as the user, the daemon is gone, so are its directories
     assert commands[-1] == "quit" and mc.records("client")[-1]["uid"] == NOBODY
     deadline = time.monotonic() + 10
-    while _live_with_pipe_under(str(pipe)) and time.monotonic() < deadline:
+    while live_with_pipe_under(str(pipe)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _live_with_pipe_under(str(pipe)) == []
+    assert live_with_pipe_under(str(pipe)) == []
     assert not pipe.parent.exists()
 
 
@@ -280,17 +260,6 @@ def _restart_slurmd(mc: MpsCluster) -> None:
     _wait_idle(mc, timeout=60)
 
 
-PROBE = """
-import errno, sys
-for path in sys.argv[1:]:
-    try:
-        open(path, "rb").close()
-        print(path, "OK")
-    except OSError as exc:
-        print(path, errno.errorcode.get(exc.errno, exc.errno))
-"""
-
-
 def test_with_prolog_contain_the_daemon_runs_inside_the_jobs_device_limits(mps_cluster: MpsCluster) -> None:
     """Slurm constrains devices here (ConstrainDevices=yes), gpuslurm does not. Slurm 22.05 makes
     the job's cgroups only after the prolog, also with PrologFlags=Contain (slurmd restarted with
@@ -299,8 +268,6 @@ def test_with_prolog_contain_the_daemon_runs_inside_the_jobs_device_limits(mps_c
     (``gpuslurm/mps_<id>``, the job's GPUs only): its /proc/PID/cgroup names it, and a process
     there, as the user, cannot open another GPU's device file (the fake /dev/nvidiaN open with
     ENXIO where allowed, EPERM where the cgroup refuses). The job's tasks stay in Slurm's."""
-    from gpuslurm.runner import run_command
-
     mc = mps_cluster
     conf = mc.cluster.conf
     before = conf.read_text()
@@ -318,15 +285,14 @@ def test_with_prolog_contain_the_daemon_runs_inside_the_jobs_device_limits(mps_c
             time.sleep(0.3)
         pid = int(re.search(r"^DAEMON (\d+)$", out, re.M).group(1))  # type: ignore[union-attr]
         gpu = int(re.search(r"^GPUS=(\d+)$", out, re.M).group(1))  # type: ignore[union-attr]
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        devices = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "devices")
-        assert devices == f"/gpuslurm/mps_{jobid}", lines
+        devices = devices_cgroup(pid)
+        assert devices == f"/gpuslurm/mps_{jobid}", devices
         slurms = list(Path("/sys/fs/cgroup/devices").glob(f"slurm*/uid_{NOBODY}/job_{jobid}/step_extern"))
         assert slurms, "Contain is on: Slurm's extern step cgroup exists once the job runs"
         files = sorted(Path("/dev").glob("nvidia[0-9]*"), key=lambda p: int(p.name[6:]))
-        got = run_command(["/usr/bin/python3", "-c", PROBE, *map(str, files)], user=NOBODY, group=NOBODY,
-                          cgroup_procs=f"/sys/fs/cgroup/devices{devices}/cgroup.procs", timeout=30).stdout
-        opened = dict(line.split() for line in got.splitlines())
+        opened = probe_devices(list(map(str, files)), NOBODY, NOBODY,
+                               f"/sys/fs/cgroup/devices{devices}/cgroup.procs")
+        got = str(opened)
         assert opened.pop(f"/dev/nvidia{gpu}") == "ENXIO", got  # the job's own GPU (minor = index here)
         assert set(opened.values()) == {"EPERM"}, got  # every other GPU refused by Slurm's cgroup
     finally:

@@ -25,3 +25,22 @@ def test_cli_prints_a_vnode_definition_file() -> None:
     assert lines[0] == "$configversion 2"
     assert "pbshost: resources_available.ngpus = 0" in lines
     assert "pbshost[1]: resources_available.ngpus = 4" in lines
+
+
+def test_mig_instances_are_nmigs_and_a_node_without_any_says_no_nmigs() -> None:
+    """a100-mig: the MIG-mode GPU's 4 instances are nmigs of its NUMA vnode (3), not ngpus; the
+    whole GPU is ngpus of its own (7). A node without MIG instances writes no nmigs line, so a
+    server that never made the resource reads its file unchanged."""
+    node = load_node("a100-mig")
+    vnodes = {v.numa_node: v for v in plan_vnodes(node)}
+    assert (len(vnodes[3].gpu_minors), vnodes[3].nmigs) == (0, 4)
+    assert (len(vnodes[7].gpu_minors), vnodes[7].nmigs) == (1, 0)
+    result = CliRunner().invoke(cli, ["pbs-conf", "--from", "a100-mig", "--node-name", "pbshost"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "pbshost: resources_available.nmigs = 0" in lines
+    assert "pbshost[3]: resources_available.nmigs = 4" in lines
+    assert "pbshost[3]: resources_available.ngpus = 0" in lines
+    assert "pbshost[7]: resources_available.ngpus = 1" in lines
+    plain = CliRunner().invoke(cli, ["pbs-conf", "--from", "dgx-h100", "--node-name", "pbshost"])
+    assert "nmigs" not in plain.output

@@ -16,21 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import gpuslurm
+from mps_helpers import PROBE as PROBE  # argv: device paths; "<path> <errno name or OK>" each
 
 NOBODY = 65534
 # Readable by nobody (pyenv's interpreter under /root is not); the package is put on its path.
 SYSTEM_PYTHON = "/usr/bin/python3"
 SRC = str(Path(gpuslurm.__file__).resolve().parents[1])
-# argv: device paths; prints "<path> <errno name or OK>" per device.
-PROBE = """
-import errno, sys
-for path in sys.argv[1:]:
-    try:
-        open(path, "rb").close()
-        print(path, "OK")
-    except OSError as exc:
-        print(path, errno.errorcode.get(exc.errno, exc.errno))
-"""
 
 
 def unavailable(what: str) -> str | None:

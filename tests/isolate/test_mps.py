@@ -139,7 +139,10 @@ def test_daemon_env_is_complete_and_nothing_else() -> None:
 def test_job_dirs_and_bad_job_ids() -> None:
     assert job_dirs("/run/gpuslurm", "12_3") == ("/run/gpuslurm/mps/12_3", "/run/gpuslurm/mps/12_3/pipe",
                                                  "/run/gpuslurm/mps/12_3/log")
-    for bad in ("../1", "1/2", "", "12_", "x1", "12345678901"):
+    # PBS ids (gpuslurm.jobid): a job and an array subjob
+    assert job_dirs("/run/gpuslurm", "12.pbshost").pipe == "/run/gpuslurm/mps/12.pbshost/pipe"
+    assert job_dirs("/run/gpuslurm", "12[3].pbshost").job == "/run/gpuslurm/mps/12[3].pbshost"
+    for bad in ("../1", "1/2", "", "12_", "x1", "12345678901", "12./x", "1.2/..", ".pbshost"):
         with pytest.raises(InputError, match="not a Slurm job id"):
             job_dirs("/run/gpuslurm", bad)
 

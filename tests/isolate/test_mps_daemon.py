@@ -666,10 +666,12 @@ def test_a_pid_reused_between_scan_and_signal_is_not_killed() -> None:
         os.rmdir(pipe)
 
 
-def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps) -> None:
-    """Slurm's own limits (ConstrainDevices=yes, PrologFlags=Contain): its cgroup/v1 job cgroup
-    is root's, so the daemon's process joins it as root before dropping to the user. Found
-    through the scheduler's layout (state.cgroup), made here as Slurm makes it."""
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps, scheduler: str) -> None:
+    """The scheduler's own limits: Slurm's cgroup/v1 job cgroup (ConstrainDevices=yes,
+    PrologFlags=Contain), PBS's cgroups hook's (``pbs_jobs.service/jobid/<id>``) are root's, so
+    the daemon's process joins it as root before dropping to the user. Found through the
+    scheduler's layout (state.cgroup), made here as the scheduler makes it."""
     sys.path.insert(0, str(Path(__file__).parent))
     from cgroup_helpers import PROBE, make_gpu_files, parse_probe
 
@@ -681,37 +683,63 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps)
         pytest.skip("no cgroup v1 devices hierarchy here")
     node = f"fix9test{os.getpid()}"
     job = str(920_000_000 + os.getpid() % 1_000_000)
-    top = Path("/sys/fs/cgroup/devices") / f"slurm_{node}"
-    chain = [top, top / f"uid_{NOBODY}", top / f"uid_{NOBODY}" / f"job_{job}"]
+    if scheduler == "pbs":
+        job += f".{node}"
+        top = Path("/sys/fs/cgroup/devices") / "pbs_jobs.service"
+        chain = [top, top / "jobid", top / "jobid" / job]
+    else:
+        top = Path("/sys/fs/cgroup/devices") / f"slurm_{node}"
+        chain = [top, top / f"uid_{NOBODY}", top / f"uid_{NOBODY}" / f"job_{job}"]
+    made = []
     for d in chain:
-        d.mkdir()
+        if not d.is_dir():
+            d.mkdir()
+            made.append(d)
     (chain[-1] / "devices.deny").write_text("c 195:1 rwm")  # the job was given GPU 0 only
-    (chain[-1] / "step_extern").mkdir()
-    chain.append(chain[-1] / "step_extern")
+    if scheduler == "slurm":
+        (chain[-1] / "step_extern").mkdir()
+        chain.append(chain[-1] / "step_extern")
+        made.append(chain[-1])
     gpus = make_gpu_files([0, 1])
     gpu_dir = next(gpus)
     try:
-        procs = scheduler_devices_procs("/sys/fs/cgroup", scheduler_devices_dirs("slurm", job, NOBODY, node))
+        dirs = scheduler_devices_dirs(scheduler, job, NOBODY, node)
+        procs = scheduler_devices_procs("/sys/fs/cgroup", dirs)
         assert procs == str(chain[-1] / "cgroup.procs")
         daemon = start_mps("46", NOBODY, NOGROUP, ("GPU-a",), MpsRequest("comment", 100),
                            run_dir=mps.run_dir, mps_control=mps.control(), timeout=5.0, cgroup_procs=procs)
         assert daemon.pid is not None
         lines = Path(f"/proc/{daemon.pid}/cgroup").read_text().splitlines()
         devices = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "devices")
-        assert devices == f"/slurm_{node}/uid_{NOBODY}/job_{job}/step_extern", lines
+        assert devices == "/" + str(chain[-1].relative_to("/sys/fs/cgroup/devices")), lines
         out = run_command([SYSTEM_PYTHON, "-c", PROBE, str(gpu_dir / "nvidia0"), str(gpu_dir / "nvidia1")],
                           user=NOBODY, group=NOGROUP, cgroup_procs=procs, timeout=30).stdout
         assert parse_probe(out) == {"nvidia0": "ENXIO", "nvidia1": "EPERM"}
         mps.stop("46")
     finally:
         gpus.close()
-        for d in reversed(chain):
+        for d in reversed(made):
             for _ in range(50):  # the last processes may still be leaving
                 try:
                     d.rmdir()
                     break
                 except OSError:
                     time.sleep(0.1)
+
+
+def test_the_schedulers_job_cgroup_layouts() -> None:
+    """Slurm's extern step (per node, then plain), PBS's cgroups hook (OpenPBS, then PBS Pro
+    before 19); an id that is not the scheduler's, or one a path could be built from, gives none."""
+    from gpuslurm.state.cgroup import scheduler_devices_dirs
+
+    assert scheduler_devices_dirs("slurm", "7", 5, "n1") == ("slurm_n1/uid_5/job_7/step_extern",
+                                                             "slurm/uid_5/job_7/step_extern")
+    assert scheduler_devices_dirs("pbs", "7.pbshost", 5, "n1") == ("pbs_jobs.service/jobid/7.pbshost",
+                                                                   "pbspro/7.pbshost")
+    assert scheduler_devices_dirs("pbs", "7[2].pbshost", 5, "n1")[0] == "pbs_jobs.service/jobid/7[2].pbshost"
+    for scheduler, bad in (("pbs", "7"), ("slurm", "7.pbshost"), ("slurm", "7_1"), ("pbs", "../7.x"),
+                           ("pbs", "7.x/../y"), ("lsf", "7")):
+        assert scheduler_devices_dirs(scheduler, bad, 5, "n1") == (), (scheduler, bad)
 
 
 def test_a_cgroup_not_roots_is_not_taken_for_the_schedulers() -> None:

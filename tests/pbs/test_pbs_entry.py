@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 from gpuslurm.pbs.entry import main
+from mps_helpers import fake_control, live_with_pipe_under, records
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the job map and its directories are root's")
 
@@ -197,3 +199,139 @@ def test_the_replayed_node_with_its_links_is_read_once_then_cached(dgx: Site,
     (dgx.bundle / "hostname").write_text("other\n")
     with pytest.raises(AssertionError, match="parsed again"):
         placement_node(str(dgx.bundle), str(dgx.root / "run"))
+
+
+def test_begin_starts_the_mps_daemon_launch_names_its_pipe_and_end_stops_it(dgx: Site) -> None:
+    """``gpuslurm_mps`` in the request: the neutral prolog's MPS step (the "gres" trigger, the
+    config's share), the task prolog's exports in execjob_launch, the epilog's stop at the end."""
+    control, calls = fake_control(dgx.root)
+    dgx.config.write_text(dgx.config.read_text().replace("[paths]\n", f'[paths]\nmps_control = "{control}"\n')
+                          + "[mps]\nactive_thread_percentage = 30\n")
+    job = "41.pbshost"
+    rc, answer, err = dgx.call("execjob_begin", job_id=job, euser="root", exec_vnode="(pbshost[1]:ngpus=1)",
+                               mps="True")
+    assert rc == 0 and answer is not None and answer["accept"], err
+    pipe = dgx.root / "run" / "mps" / job / "pipe"
+    [start] = records(calls, "start")
+    assert start["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    assert start["env"]["CUDA_VISIBLE_DEVICES"] == dgx.mapped(job)[0]
+    assert [r["command"] for r in records(calls, "command")] == ["set_default_active_thread_percentage 30"]
+    rc, answer, err = dgx.call("execjob_launch", job_id=job, euser="root", exec_vnode="(pbshost[1]:ngpus=1)",
+                               pid=os.getpid())
+    assert rc == 0 and answer is not None, err
+    assert answer["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    assert answer["env"]["CUDA_MPS_LOG_DIRECTORY"] == str(pipe.parent / "log")
+    rc, answer, err = dgx.call("execjob_end", job_id=job, euser="root", exec_vnode="(pbshost[1]:ngpus=1)")
+    assert rc == 0, err
+    assert records(calls, "command")[-1]["command"] == "quit"
+    assert not pipe.parent.exists() and live_with_pipe_under(str(pipe)) == []
+    # a job that did not ask (or asked for false) gets none
+    for ask in ({}, {"mps": "False"}):
+        rc, answer, err = dgx.call("execjob_begin", job_id="42.pbshost", euser="root",
+                                   exec_vnode="(pbshost[1]:ngpus=1)", **ask)
+        assert rc == 0 and not (dgx.root / "run" / "mps" / "42.pbshost").exists()
+        dgx.call("execjob_end", job_id="42.pbshost", euser="root", exec_vnode="(pbshost[1]:ngpus=1)")
+    assert len(records(calls, "start")) == 1
+
+
+@pytest.fixture
+def mig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Site:
+    return Site(tmp_path, "a100-mig", monkeypatch)
+
+
+def test_mig_instances_are_published_as_nmigs_and_whole_gpus_as_ngpus(mig: Site) -> None:
+    """a100-mig: GPU index 0 (NUMA node 3) in MIG mode with 4 instances, GPU index 1 (NUMA node 7)
+    whole. The MIG GPU is no ngpus (a job could not use it whole); its instances are nmigs."""
+    rc, answer, _ = mig.call("exechost_startup", vnodes=["pbshost"])
+    assert rc == 0 and answer is not None
+    vnodes = answer["vnodes"]
+    assert vnodes["pbshost"] == {"ncpus": 0, "mem": "0kb", "ngpus": 0, "nmigs": 0}
+    assert (vnodes["pbshost[3]"]["ngpus"], vnodes["pbshost[3]"]["nmigs"]) == (0, 4)
+    assert (vnodes["pbshost[7]"]["ngpus"], vnodes["pbshost[7]"]["nmigs"]) == (1, 0)
+    assert sum(v["ngpus"] for v in vnodes.values()) == 1 and sum(v["nmigs"] for v in vnodes.values()) == 4
+
+
+def test_a_job_asking_for_mig_instances_gets_free_ones_of_its_vnode_named_by_mig_uuid(mig: Site) -> None:
+    gpu = next(g for g in mig.node.gpus if g.mig_mode)
+    instances = {m.uuid for m in gpu.mig_devices}
+    rc, answer, lines = mig.begin("1.pbshost", "(pbshost[3]:ncpus=2:nmigs=1)")
+    assert (rc, answer) == (0, {"format": 1, "accept": True}), lines
+    [first] = mig.mapped("1.pbshost")
+    assert first in instances
+    jmap = json.loads((mig.jobs / "1.pbshost.json").read_text())
+    assert jmap["gpus"][0]["parent_uuid"] == gpu.uuid
+    rc, answer, lines = mig.begin("2.pbshost", "(pbshost[3]:ncpus=2:nmigs=3)")
+    assert rc == 0 and answer is not None and answer["accept"], lines
+    second = mig.mapped("2.pbshost")
+    assert len(second) == 3 and set(second) | {first} == instances
+    # all four taken: a fifth is refused naming the jobs that hold them; nothing written
+    rc, answer, _ = mig.begin("3.pbshost", "(pbshost[3]:ncpus=1:nmigs=1)")
+    assert rc == 0 and answer is not None and answer["accept"] is False
+    assert "0 free MIG instance(s) of 4" in answer["message"] and "1.pbshost, 2.pbshost" in answer["message"]
+    assert not (mig.jobs / "3.pbshost.json").exists()
+    # the task sees its instance by MIG UUID
+    rc, answer, _ = mig.call("execjob_launch", job_id="1.pbshost", euser="root", pid=os.getpid(),
+                             exec_vnode="(pbshost[3]:ncpus=2:nmigs=1)")
+    assert rc == 0 and answer is not None and answer["env"]["CUDA_VISIBLE_DEVICES"] == first
+    # a whole GPU and an instance in one job: each from its own vnode
+    mig.call("execjob_end", job_id="2.pbshost", euser="root", exec_vnode="(pbshost[3]:ncpus=2:nmigs=3)")
+    rc, answer, lines = mig.begin("4.pbshost", "(pbshost[7]:ncpus=1:ngpus=1)+(pbshost[3]:ncpus=1:nmigs=1)")
+    assert rc == 0 and answer is not None and answer["accept"], lines
+    whole = next(g.uuid for g in mig.node.gpus if not g.mig_mode)
+    got = mig.mapped("4.pbshost")
+    assert got[0] == whole and got[1] in instances - {first}
+
+
+def test_more_mig_instances_than_the_vnode_has_is_refused(mig: Site) -> None:
+    rc, answer, _ = mig.begin("5.pbshost", "(pbshost[3]:ncpus=1:nmigs=5)")
+    assert rc == 0 and answer is not None and answer["accept"] is False
+    assert "asks for 5 MIG instance(s) on vnode pbshost[3], but NUMA node 3 has 4" in answer["message"]
+    rc, answer, _ = mig.begin("6.pbshost", "(pbshost[0]:ncpus=1:nmigs=1)")  # a NUMA node without MIG
+    assert answer is not None and answer["accept"] is False and "NUMA node 0 has 0" in answer["message"]
+    assert not mig.jobs.exists() or not list(mig.jobs.iterdir())
+
+
+@pytest.mark.parametrize("layout", ["pbs-cgroups-hook", "none-yet"])
+def test_next_to_pbs_cgroups_hook_the_daemon_joins_its_job_cgroup_else_one_of_its_own(
+        dgx: Site, layout: str) -> None:
+    """PBS's cgroups hook enabled here (the request says so): gpuslurm makes no job cgroup, and the
+    MPS daemon starts in the hook's job cgroup ``pbs_jobs.service/jobid/<id>`` when it exists
+    (root's), else in ``gpuslurm/mps_<id>`` of its own, removed at the end. Real v1 cgroups."""
+    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
+
+    root = "/sys/fs/cgroup"
+    if cgroup_version(root) != 1:
+        pytest.skip("no cgroup v1 devices hierarchy here")
+    control, calls = fake_control(dgx.root)
+    dgx.config.write_text(dgx.config.read_text().replace(f'cgroup_root = "{dgx.root}/no-cgroup"',
+                                                         f'cgroup_root = "{root}"')
+                          .replace("[paths]\n", f'[paths]\nmps_control = "{control}"\n'))
+    job = f"{os.getpid() % 100000 + 500}.pbshost"
+    pbs_dir = Path(root) / "devices" / "pbs_jobs.service" / "jobid" / job
+    made = []
+    if layout == "pbs-cgroups-hook":
+        for d in (pbs_dir.parent.parent, pbs_dir.parent, pbs_dir):
+            if not d.is_dir():
+                d.mkdir()
+                made.append(d)
+    try:
+        rc, answer, err = dgx.call("execjob_begin", job_id=job, euser="root", pbs_cgroups=True,
+                                   exec_vnode="(pbshost[1]:ngpus=1)", mps="true")
+        assert rc == 0 and answer is not None and answer["accept"], err
+        assert not Path(v1_job_dir(root, job)).exists()  # PBS's hook confines the tasks, not gpuslurm
+        [daemon] = records(calls, "daemon")
+        devices = next(line.split(":", 2)[2] for line in daemon["cgroup"] if line.split(":")[1] == "devices")
+        want = f"/pbs_jobs.service/jobid/{job}" if layout == "pbs-cgroups-hook" else f"/gpuslurm/mps_{job}"
+        assert devices == want
+        rc, _, err = dgx.call("execjob_end", job_id=job, euser="root", exec_vnode="(pbshost[1]:ngpus=1)")
+        assert rc == 0, err
+        assert records(calls, "command")[-1]["command"] == "quit"
+        assert not Path(v1_job_dir(root, job, "mps")).exists()
+    finally:
+        for d in reversed(made):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:  # the daemon's last process may still be leaving
+                    time.sleep(0.1)

@@ -36,6 +36,9 @@ class Job:
     exec_host = None  # what pbs_mom gives its hooks: exec_host2 only
     exec_host2 = "pbshost:15002/0*4"
 
+    def __init__(self) -> None:
+        self.Resource_List: dict[str, Any] = {"ngpus": 2}
+
 
 class Event:
     def __init__(self, name: str) -> None:
@@ -56,9 +59,13 @@ class Event:
         raise SystemExit(255)
 
 
-def run_hook(tmp_path: Path, name: str, config: dict[str, Any] | None) -> tuple[Event, list[str]]:
-    """Run the hook file for event ``name`` with ``config`` as its hook config; the event and logs."""
+def run_hook(tmp_path: Path, name: str, config: dict[str, Any] | None,
+             resources: dict[str, Any] | None = None) -> tuple[Event, list[str]]:
+    """Run the hook file for event ``name`` with ``config`` as its hook config (``resources``: the
+    job's Resource_List, default ngpus only); the event and logs."""
     event = Event(name)
+    if resources is not None:
+        event.job.Resource_List = resources
     logs: list[str] = []
     conf = tmp_path / "hook-config.json"
     if config is not None:
@@ -153,6 +160,24 @@ def test_the_request_names_the_job_and_the_answer_is_applied(tmp_path: Path) -> 
                        "pbs_cgroups": False, "pid": os.getppid()}  # launch: the hook's parent
 
 
+@pytest.mark.parametrize(("resources", "sent"), [
+    ({"gpuslurm_mps": True}, "True"), ({"gpuslurm_mps": False}, "False"), ({}, None), (None, None)])
+def test_begin_sends_the_jobs_mps_resource(tmp_path: Path, resources: dict[str, Any] | None,
+                                           sent: str | None) -> None:
+    """``-l gpuslurm_mps=true`` reaches gpuslurm as the text of PBS's boolean; a job without it,
+    or a server without the resource (Resource_List raising), sends none and still starts."""
+    class NoSuchResource(dict[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            raise KeyError(key)
+
+    answer = {"format": 1, "accept": True}
+    event, _ = run_hook(tmp_path, "execjob_begin", answering(tmp_path, answer),
+                        resources=NoSuchResource() if resources is None else resources)
+    assert event.outcome == "accept"
+    request = json.loads((tmp_path / "request.json").read_text())
+    assert request.get("mps") == sent
+
+
 def test_a_refusal_is_passed_on_with_its_message(tmp_path: Path) -> None:
     answer = {"format": 1, "accept": False, "message": "gpuslurm: vnode pbshost[0] has 0 free GPU(s)"}
     event, _ = run_hook(tmp_path, "execjob_begin", answering(tmp_path, answer))
@@ -170,6 +195,15 @@ def test_startup_publishes_vnode_resources(tmp_path: Path) -> None:
     request = json.loads((tmp_path / "request.json").read_text())
     assert request == {"format": 1, "event": "exechost_startup", "hostname": "pbshost",
                        "vnodes": ["pbshost[0]"]}
+
+
+def test_startup_publishes_mig_instances_as_nmigs(tmp_path: Path) -> None:
+    answer = {"format": 1, "accept": True,
+              "vnodes": {"pbshost[3]": {"ncpus": 32, "mem": "1mb", "ngpus": 0, "nmigs": 4}}}
+    event, _ = run_hook(tmp_path, "exechost_startup", answering(tmp_path, answer))
+    assert event.outcome == "accept"
+    assert event.vnode_list["pbshost[3]"].resources_available == {
+        "ncpus": 32, "ngpus": 0, "mem": "size(1mb)", "nmigs": 4}
 
 
 def test_gpuslurm_runs_with_a_minimal_environment_and_absolute_paths(tmp_path: Path) -> None:

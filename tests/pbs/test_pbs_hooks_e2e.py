@@ -149,6 +149,7 @@ def hooked(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
             if cgroup is not None:
                 subprocess.run(["umount", str(cgroup / "devices")], check=False, timeout=30)
                 shutil.rmtree(cgroup, ignore_errors=True)
+            shutil.rmtree(bundle, ignore_errors=True)  # another module's instance copies it again
 
 
 def test_install_again_changes_nothing_and_mends_what_drifted(hooked: Hooked) -> None:

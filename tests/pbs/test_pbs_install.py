@@ -49,6 +49,7 @@ class FakeQmgr:
         self.hooks: dict[str, dict[str, str]] = {}
         self.files: dict[tuple[str, str], bytes] = {}
         self.resources = {"ncpus", "mem"}
+        self.resource_flags: dict[str, str] = {}
         self.commands: list[str] = []
 
     def __call__(self, command: str) -> str:
@@ -72,8 +73,14 @@ class FakeQmgr:
         elif command.startswith("list resource "):
             if words[2] not in self.resources:
                 raise CommandError("qmgr failed", stderr="Unknown resource")
+            flags = self.resource_flags.get(words[2])
+            return f"Resource {words[2]}\n" + (f"    flag = {flags}\n" if flags else "")
         elif command.startswith("create resource "):
             self.resources.add(words[2])
+            if "flag=" in command:
+                self.resource_flags[words[2]] = command.split("flag=", 1)[1]
+        elif command.startswith("set resource "):
+            self.resource_flags[words[2]] = command.split(" = ", 1)[1]
         return ""
 
 
@@ -95,12 +102,26 @@ def test_first_run_creates_everything_second_run_changes_nothing() -> None:
     steps = plan(qmgr)
     says = [s.says for s in steps]
     assert says[0] == "create resource ngpus (type long, consumable per vnode)"
+    mps = next(s for s in steps if "gpuslurm_mps" in s.command)
+    assert mps.command == "create resource gpuslurm_mps type=boolean, flag=m"
     assert "create hook gpuslurm" in says and "import hook gpuslurm's config" in says
     apply_steps(qmgr, steps)
     assert qmgr.hooks["gpuslurm"]["event"] == ",".join(HOOK_FILES["gpuslurm"].events)
     assert json.loads(qmgr.files[("gpuslurm", "application/x-config")])["python"] == "/usr/bin/python3"
     assert qmgr.files[("gpuslurm", "application/x-python")] == hook_script("gpuslurm")
     assert plan(qmgr) == []
+
+
+def test_an_mps_resource_pbs_would_not_send_to_pbs_mom_gets_the_flag() -> None:
+    """A site's own gpuslurm_mps without flag m: pbs_mom's hooks would see None for every job."""
+    qmgr = FakeQmgr()
+    qmgr.resources.add("gpuslurm_mps")
+    qmgr.resource_flags["gpuslurm_mps"] = "r"
+    steps = plan_resources(qmgr)
+    mps = [s.command for s in steps if "gpuslurm_mps" in s.command]
+    assert mps == ["set resource gpuslurm_mps flag = rm"]
+    apply_steps(qmgr, steps)
+    assert plan_resources(qmgr) == []
 
 
 def test_only_what_differs_is_changed() -> None:

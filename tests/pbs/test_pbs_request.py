@@ -99,3 +99,26 @@ def test_bounded_read_and_undecodable_input() -> None:
 def test_startup_needs_no_job() -> None:
     req = parse({"format": 1, "event": "exechost_startup", "hostname": "pbshost"}, "exechost_startup")
     assert req.job_id is None and local_shares(req) == ()
+
+
+@pytest.mark.parametrize(("value", "asked"), [
+    (None, False), (True, True), (False, False), ("True", True), ("False", False), ("true", True),
+    ("1", True), ("0", False), ("yes", True), ("off", False)])
+def test_the_mps_resource_as_pbs_spells_a_boolean(value: object, asked: bool) -> None:
+    assert parse({**BEGIN, "mps": value}).mps is asked
+
+
+@pytest.mark.parametrize("value", ["lots", "50", "2", "truefalse", "true" * 40, 1, [True], {"a": 1},
+                                   "tr\x00ue"])
+def test_a_bad_mps_value_is_one_line_naming_the_resource(value: object) -> None:
+    with pytest.raises(InputError, match=r"gpuslurm_mps must be true or false, not ") as info:
+        parse({**BEGIN, "mps": value})
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+def test_mig_instances_are_counted_per_vnode_beside_whole_gpus() -> None:
+    req = parse({**BEGIN, "exec_host": "pbshost/0*2+pbshost/1",
+                 "exec_vnode": "(pbshost[3]:ncpus=2:nmigs=1+pbshost[7]:ngpus=1)+(pbshost[3]:nmigs=2)"})
+    assert local_shares(req) == (VnodeShare("pbshost[3]", 0, 3), VnodeShare("pbshost[7]", 1, 0))
+    with pytest.raises(InputError, match=r"nmigs='-1' on pbshost\[3\] is not a GPU count"):
+        parse({**BEGIN, "exec_vnode": "(pbshost[3]:nmigs=-1)"})

@@ -106,3 +106,33 @@ def test_cgroup_path_names_only_valid_job_ids(path: str) -> None:
 
     job = parse_cgroup_path(path)
     assert job is None or valid_job_id(job.job_id)
+
+
+@PARSER
+@given(st.one_of(st.text(max_size=20), st.booleans(), st.integers(), st.none(),
+                 st.lists(st.booleans(), max_size=2)))
+def test_the_mps_field_is_a_boolean_or_one_line(value: object) -> None:
+    """The PBS hook request's ``mps`` (the job's gpuslurm_mps): a bool, or one InputError line."""
+    from gpuslurm.pbs.request import parse_request
+
+    doc = {"format": 1, "event": "execjob_begin", "hostname": "h", "job_id": "1.h", "euser": "u",
+           "mps": value}
+    req = _value_or_one_line(parse_request, json.dumps(doc).encode(), "execjob_begin")
+    assert req is None or isinstance(req.mps, bool)  # type: ignore[attr-defined]
+
+
+@PARSER
+@given(st.one_of(st.text(max_size=40), mutated("(pbshost[3]:ncpus=2:nmigs=1+pbshost[7]:ngpus=1)")))
+def test_the_hook_requests_exec_vnode_with_mig_instances_hostile(text: str) -> None:
+    """execjob_begin's exec_vnode (ngpus and nmigs per vnode): shares with small counts, or one line."""
+    from gpuslurm.pbs.request import MAX_NGPUS, parse_request
+
+    doc = {"format": 1, "event": "execjob_begin", "hostname": "pbshost", "job_id": "1.h", "euser": "u",
+           "exec_vnode": text}
+    req = _value_or_one_line(parse_request, json.dumps(doc).encode(), "execjob_begin")
+    if req is not None:
+        from gpuslurm.pbs.request import local_shares
+
+        for share in local_shares(req):  # type: ignore[arg-type]
+            assert 0 <= share.ngpus <= MAX_NGPUS and 0 <= share.nmigs <= MAX_NGPUS
+            assert share.ngpus or share.nmigs

@@ -204,5 +204,6 @@ def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool
     elif not dry_run:
         pbs.apply_steps(run, steps)
     click.echo("# the scheduler places ngpus only when sched_config's resources line names it "
-               '(resources: "ncpus, mem, arch, host, vnode, aoe, eoe, ngpus"); then kill -HUP '
-               "pbs_sched. Each pbs_mom publishes its NUMA vnodes when it starts or is HUPed.")
+               '(resources: "ncpus, mem, arch, host, vnode, aoe, eoe, ngpus, nmigs": nmigs for MIG '
+               "instances); then kill -HUP pbs_sched. Each pbs_mom publishes its NUMA vnodes when it "
+               "starts or is HUPed.")

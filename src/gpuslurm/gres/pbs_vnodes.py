@@ -2,6 +2,11 @@
 
 PBS counts ``ngpus`` but does not know where GPUs sit; a vnode per NUMA node lets PBS's own scheduler
 place a chunk's CPUs and GPUs together, the PBS analogue of gres.conf ``Cores=``.
+
+``ngpus`` counts whole GPUs (:func:`is_whole`); a GPU in MIG mode with instances contributes them
+to ``nmigs`` instead (one per MIG device, as gres.conf lists them for Slurm), and a job asks for
+``select=1:ncpus=N:nmigs=M``. ``nmigs`` appears only on a node with MIG instances, so a server
+that never made the resource reads the files and answers of a node without them unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +24,18 @@ class NumaVnode(NamedTuple):
     numa_node: int
     cpus: tuple[int, ...]
     memory_mib: int
-    gpu_minors: tuple[int, ...]
+    gpu_minors: tuple[int, ...]  # whole GPUs (not MIG instances)
+    nmigs: int = 0  # MIG devices of the node's GPUs in MIG mode
+
+
+def is_whole(gpu: Gpu) -> bool:
+    """Whether a job gets ``gpu`` as a whole GPU (``ngpus``): not in MIG mode with instances."""
+    return not (gpu.mig_mode and gpu.mig_devices)
+
+
+def has_migs(node: Node) -> bool:
+    """Whether any GPU of ``node`` offers MIG instances (then the vnodes say ``nmigs``)."""
+    return not all(is_whole(g) for g in node.gpus)
 
 
 def gpu_numa(gpu: Gpu, cpu_numa: dict[int, int | None]) -> int | None:
@@ -39,14 +55,18 @@ def plan_vnodes(node: Node) -> tuple[NumaVnode, ...]:
     for cpu in node.cpus:
         by_numa[cpu.numa_node if cpu.numa_node is not None else 0].append(cpu.os_id)
     gpus: dict[int, list[int]] = defaultdict(list)
+    migs: dict[int, int] = defaultdict(int)
     for gpu in node.gpus:
         numa = gpu_numa(gpu, cpu_numa)
         if numa is None or numa not in by_numa:
             raise InputError(f"GPU {gpu.uuid} ({gpu.device_file}): its NUMA node is unknown in the capture")
-        gpus[numa].append(gpu.minor)
+        if is_whole(gpu):
+            gpus[numa].append(gpu.minor)
+        else:
+            migs[numa] += len(gpu.mig_devices)
     memory = node.memory_mib or 0
     share = memory // len(by_numa)
-    return tuple(NumaVnode(numa, tuple(sorted(by_numa[numa])), share, tuple(sorted(gpus[numa])))
+    return tuple(NumaVnode(numa, tuple(sorted(by_numa[numa])), share, tuple(sorted(gpus[numa])), migs[numa])
                  for numa in sorted(by_numa))
 
 
@@ -61,10 +81,15 @@ def render_pbs_vnodes(node: Node, node_name: str | None = None) -> str:
              f"{host}: resources_available.ncpus = 0",
              f"{host}: resources_available.mem = 0kb",
              f"{host}: resources_available.ngpus = 0"]
+    migs = has_migs(node)
+    if migs:
+        lines.append(f"{host}: resources_available.nmigs = 0")
     for vnode in plan_vnodes(node):
         name = f"{host}[{vnode.numa_node}]"
         lines += [f"{name}: resources_available.ncpus = {len(vnode.cpus)}",
                   f"{name}: resources_available.mem = {vnode.memory_mib}mb",
-                  f"{name}: resources_available.ngpus = {len(vnode.gpu_minors)}",
-                  f"{name}: sharing = default_shared"]
+                  f"{name}: resources_available.ngpus = {len(vnode.gpu_minors)}"]
+        if migs:
+            lines.append(f"{name}: resources_available.nmigs = {vnode.nmigs}")
+        lines.append(f"{name}: sharing = default_shared")
     return "\n".join(lines) + "\n"

@@ -10,7 +10,9 @@ test cluster; none of it needs an extra command):
 * ``gres``: a job with ``--gres=mps:N``. Slurm puts ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the
   job's share of the GPU, N out of the GPU's mps count, in percent) into the prolog's
   environment, beside ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` for the GPU. There is no
-  ``SLURM_JOB_GRES``. That share becomes the daemon's active thread percentage.
+  ``SLURM_JOB_GRES``. That share becomes the daemon's active thread percentage. On PBS the
+  job-wide boolean resource ``gpuslurm_mps`` (``qsub -l gpuslurm_mps=true``) is the scheduler's
+  MPS resource: the PBS adapter gives it ``[mps] active_thread_percentage`` as its share.
 * ``comment``: ``SLURM_JOB_COMMENT`` (the job's ``--comment``) contains ``comment_token`` as a
   word (words are separated by blanks, commas and semicolons), or ``<comment_token>=N`` for an
   active thread percentage N (1-100) of the job's own; any other value after ``=`` is a malformed
@@ -129,15 +131,11 @@ def job_gid(gid: int | None, uid: int) -> int:
 
 
 def check_job_id(job_id: str) -> str:
-    """``job_id`` if it is ``<digits>`` or ``<digits>_<digits>``: it becomes a directory name."""
-    main, sep, task = job_id.partition("_")
-    if not (_digits(main) and (not sep or _digits(task))):
-        raise InputError(f"not a Slurm job id: {job_id!r}", source="job id")
-    return job_id
+    """``job_id`` if it is a Slurm (``123``, ``123_4``) or PBS (``123.server``, ``123[4].server``)
+    job id (:func:`gpuslurm.jobid.valid_job_id`): it becomes a directory name."""
+    from gpuslurm.jobid import check_job_id as check
 
-
-def _digits(text: str) -> bool:
-    return 0 < len(text) <= 10 and text.isascii() and text.isdigit()
+    return check(job_id)
 
 
 def mps_exports(run_dir: str, job_id: str | None, uid: int | None = None) -> list[tuple[str, str]]:

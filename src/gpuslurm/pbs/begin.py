@@ -7,7 +7,8 @@ GPUs are chosen among that NUMA node's GPUs, so they sit beside the CPUs PBS gav
 other vnode (the natural vnode, a site's own layout) among all the host's GPUs. When PBS splits a
 chunk across vnodes of one host (``(h[0]:ngpus=1+h[1]:ngpus=1)``), each vnode's count is chosen on
 its own NUMA node: PBS accounts the GPUs per vnode, so taking two from one would leave the next
-job on the other vnode one GPU short.
+job on the other vnode one GPU short. A vnode's ``nmigs`` (MIG instances) come from the MIG
+devices of its NUMA node's GPUs in MIG mode (:func:`choose_migs`), its ``ngpus`` from whole GPUs.
 
 Which. The placement engine (:mod:`gpuslurm.place.engine`, as ``gpuslurm pick``) among the
 candidates that are healthy and not named by another job's map under the jobs directory: the
@@ -40,16 +41,19 @@ if TYPE_CHECKING:
     from gpuslurm.hw.model import Gpu, Node
     from gpuslurm.pbs.answer import HookAnswer, PbsHookActions
     from gpuslurm.policy.health import Fault
-    from gpuslurm.state.job import HookJob
+    from gpuslurm.state.job import HookJob, JobDevice
 
 
 class VnodeGpus(NamedTuple):
-    """One vnode's share of the job: how many GPUs, and the GPUs they may be chosen from."""
+    """One vnode's share of the job: how many GPUs (and MIG instances), and the GPUs (and MIG
+    devices) they may be chosen from."""
 
     vnode: str
     ngpus: int
     numa_node: int | None  # None: the vnode is not one of gpuslurm's NUMA vnodes
     candidates: tuple[Gpu, ...]
+    nmigs: int = 0
+    migs: tuple[JobDevice, ...] = ()  # MIG devices of GPUs in MIG mode, bus order
 
 
 class JobRefusedError(Exception):
@@ -65,23 +69,35 @@ def vnode_numa(vnode: str, hostname: str) -> int | None:
     return None
 
 
-def vnode_shares(node: Node, hostname: str, shares: tuple[tuple[str, int], ...]) -> list[VnodeGpus]:
-    """Each vnode's count with its candidate GPUs (whole GPUs not in MIG mode)."""
-    from gpuslurm.gres.pbs_vnodes import gpu_numa
+def vnode_shares(node: Node, hostname: str, shares: tuple[tuple[str, int] | tuple[str, int, int], ...]
+                 ) -> list[VnodeGpus]:
+    """Each vnode's counts (``(vnode, ngpus[, nmigs])``) with its candidates: whole GPUs
+    (``ngpus``) and the MIG devices of GPUs in MIG mode (``nmigs``), of the vnode's NUMA node."""
+    from gpuslurm.gres.pbs_vnodes import gpu_numa, is_whole
+    from gpuslurm.state.job import node_devices
 
     cpu_numa = {cpu.os_id: cpu.numa_node for cpu in node.cpus}
-    whole = [g for g in node.gpus if not (g.mig_mode and g.mig_devices)]
+    whole = [g for g in node.gpus if is_whole(g)]
+    migs = [d for d in node_devices(node) if d.mig is not None]
     out = []
-    for vnode, ngpus in shares:
+    for share in shares:
+        vnode, ngpus, nmigs = share[0], share[1], (share[2] if len(share) > 2 else 0)
         numa = vnode_numa(vnode, hostname)
         cands = tuple(g for g in whole if numa is None or gpu_numa(g, cpu_numa) == numa)
-        out.append(VnodeGpus(vnode, ngpus, numa, cands))
+        mine = tuple(d for d in migs if numa is None or gpu_numa(d.gpu, cpu_numa) == numa)  # type: ignore[arg-type]
+        out.append(VnodeGpus(vnode, ngpus, numa, cands, nmigs, mine))
     return out
 
 
 def check_counts(wants: list[VnodeGpus]) -> None:
-    """JobRefusedError when a vnode is asked for more GPUs than it holds at all."""
+    """JobRefusedError when a vnode is asked for more GPUs (or MIG instances) than it holds at all."""
     for w in wants:
+        if w.nmigs > len(w.migs):
+            where = f"NUMA node {w.numa_node}" if w.numa_node is not None else "this host"
+            raise JobRefusedError(
+                f"the job asks for {w.nmigs} MIG instance(s) on vnode {w.vnode}, but {where} has "
+                f"{len(w.migs)}: its resources_available.nmigs is wrong (gpuslurm's exechost_startup "
+                f"or `gpuslurm pbs-conf` set it from the node; was MIG changed since?)")
         if w.ngpus > len(w.candidates):
             where = f"NUMA node {w.numa_node}" if w.numa_node is not None else "this host"
             have = ", ".join(f"index {g.index} ({g.device_file})" for g in w.candidates) or "none"
@@ -102,12 +118,12 @@ def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: H
         return []
     from gpuslurm.hw.health import read_health
 
-    gpus = list({g.uuid: g for w in wants for g in w.candidates}.values())
+    gpus = list({g.uuid: g for w in wants for g in _physical(w)}.values())
     health = read_health(gpus, spec)
     labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in gpus}
     drains = []
     for w in wants:
-        faults = [f for g in w.candidates for f in gate_faults(health[g.uuid], cfg.health)]
+        faults = [f for g in _physical(w) for f in gate_faults(health[g.uuid], cfg.health)]
         for f in faults:
             log.warning(f"GPU {labels[f.uuid]} on vnode {w.vnode}: {f.check}: {f.message} "
                         f"(action {f.action})")
@@ -118,8 +134,16 @@ def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: H
     return drains
 
 
+def _physical(w: VnodeGpus) -> tuple[Gpu, ...]:
+    """The physical GPUs a vnode's share may come from: its whole GPUs, its MIG devices' parents
+    (a MIG device shares its GPU's health) when it asks for MIG instances."""
+    # resolved against a Node (not the hooks' light identity): its devices are the model's Gpu
+    parents: tuple[Gpu, ...] = tuple(d.gpu for d in w.migs) if w.nmigs else ()  # type: ignore[misc]
+    return tuple({g.uuid: g for g in (*w.candidates, *parents)}.values())
+
+
 def held_gpus(jobs_dir: str, job_id: str) -> dict[str, str]:
-    """Physical GPU UUID (lower case) → the other job whose map holds it."""
+    """Physical GPU UUID, and MIG device UUID (lower case) → the other job whose map holds it."""
     from gpuslurm.state.jobmap import list_maps
 
     held = {}
@@ -128,7 +152,33 @@ def held_gpus(jobs_dir: str, job_id: str) -> dict[str, str]:
             continue
         for d in jmap.devices:
             held[(d.parent_uuid or d.uuid).lower()] = jmap.job_id
+            held[d.uuid.lower()] = jmap.job_id
     return held
+
+
+def choose_migs(wants: list[VnodeGpus], held: dict[str, str]) -> list[tuple[str, tuple[JobDevice, ...]]]:
+    """The MIG devices of each vnode's ``nmigs``: the free ones (no other job's map names them) of
+    the GPU with the fewest free first (so whole GPUs' worth of instances stay free together), then
+    bus order; JobRefusedError when too few are free."""
+    out = []
+    taken: set[str] = set()
+    for w in wants:
+        if not w.nmigs:
+            continue
+        free = [d for d in w.migs if d.uuid.lower() not in held and d.uuid.lower() not in taken]
+        if len(free) < w.nmigs:
+            busy = sorted({held[d.uuid.lower()] for d in w.migs if d.uuid.lower() in held})
+            raise JobRefusedError(
+                f"vnode {w.vnode} has {len(free)} free MIG instance(s) of {len(w.migs)}, the job asks "
+                f"for {w.nmigs}; the others are held by the map(s) of job(s) {', '.join(busy) or 'none'}")
+        per_gpu: dict[str, int] = {}
+        for d in free:
+            per_gpu[d.gpu.uuid] = per_gpu.get(d.gpu.uuid, 0) + 1
+        free.sort(key=lambda d: (per_gpu[d.gpu.uuid] < w.nmigs, per_gpu[d.gpu.uuid], d.gres_index or 0))
+        picked = tuple(free[:w.nmigs])
+        taken.update(d.uuid.lower() for d in picked)
+        out.append((w.vnode, picked))
+    return out
 
 
 def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str]) -> list[tuple[str, tuple[Gpu, ...]]]:
@@ -139,6 +189,8 @@ def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str]) -> list[tup
     taken: set[str] = set()
     chosen = []
     for w in wants:
+        if not w.ngpus:  # MIG instances only (choose_migs)
+            continue
         free = [g for g in w.candidates if g.uuid.lower() not in held and g.uuid.lower() not in taken]
         if len(free) < w.ngpus:
             busy = sorted({held[g.uuid.lower()] for g in w.candidates if g.uuid.lower() in held})
@@ -155,7 +207,8 @@ def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str]) -> list[tup
     return chosen
 
 
-def run_begin(job: HookJob, shares: tuple[tuple[str, int], ...], cfg: Config, spec: str | None,
+def run_begin(job: HookJob, shares: tuple[tuple[str, int] | tuple[str, int, int], ...], cfg: Config,
+              spec: str | None,
               log: HookLog, answer: HookAnswer, actions: PbsHookActions, isolate: bool) -> int:
     """Choose the job's GPUs on this host and run the neutral prolog on them; the prolog's exit code
     (the caller rejects the job on anything but 0 or an answer already refusing it)."""
@@ -178,11 +231,17 @@ def run_begin(job: HookJob, shares: tuple[tuple[str, int], ...], cfg: Config, sp
                                   f"offline: {'; '.join(answer.offline.values())}")
         lock = lock_maps(cfg.paths.jobs_dir)
         try:
-            chosen = choose(node, wants, held_gpus(cfg.paths.jobs_dir, job.job_id))
-            uuids = tuple(g.uuid for _, gpus in chosen for g in gpus)
+            held = held_gpus(cfg.paths.jobs_dir, job.job_id)
+            chosen = choose(node, wants, held)
+            migs = choose_migs(wants, held)
+            uuids = tuple(g.uuid for _, gpus in chosen for g in gpus) + tuple(
+                d.uuid for _, devices in migs for d in devices)
             for vnode, gpus in chosen:
                 log.info(f"vnode {vnode}: GPU(s) " + ", ".join(f"index {g.index} ({g.device_file}, "
                                                               f"{g.uuid})" for g in gpus))
+            for vnode, devices in migs:
+                log.info(f"vnode {vnode}: MIG instance(s) " + ", ".join(
+                    f"{d.uuid} (GPU index {d.gpu.index}, {d.gpu.device_file})" for d in devices))
             job = job._replace(gpus=GpuClaim(uuids=uuids, source="execjob_begin's choice"))
             return job_start(job, actions, cfg, log, spec, node=node, isolate=isolate, gated=True)
         finally:
@@ -199,6 +258,6 @@ def _record_refusal(job: HookJob, wants: list[VnodeGpus], drains: list[Fault], c
 
     bad = {f.uuid for f in drains}
     gpus = [{"uuid": g.uuid, "minor": g.minor, "gres_index": None, "parent_uuid": None}
-            for w in wants for g in w.candidates if g.uuid in bad]
+            for w in wants for g in _physical(w) if g.uuid in bad]
     record_refusal(job, time.time(), gpus, drains, cfg, log)
 

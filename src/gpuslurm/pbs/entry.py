@@ -7,7 +7,8 @@ runs the same steps the Slurm hooks run:
 
 * ``exechost_startup``: the node's vnodes, one per NUMA node with its CPUs, memory and GPUs
   (:func:`gpuslurm.gres.pbs_vnodes.plan_vnodes`, the layout ``gpuslurm pbs-conf`` prints);
-* ``execjob_begin``: chooses the job's GPUs and runs the prolog (:mod:`gpuslurm.pbs.begin`);
+* ``execjob_begin``: chooses the job's GPUs and runs the prolog (:mod:`gpuslurm.pbs.begin`),
+  which starts the job's MPS daemon when it asked for one (``-l gpuslurm_mps=true``);
 * ``execjob_launch``: the task's environment from the job map (``CUDA_VISIBLE_DEVICES`` as UUIDs,
   ``CUDA_DEVICE_ORDER``, the gpuslurm hints, MPS), and the task joins the job's devices cgroup;
 * ``execjob_attach``: a process attached to the job (``pbs_attach``) joins that cgroup;
@@ -97,14 +98,20 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
 
 
 def _startup(req: PbsRequest, spec: str | None, answer: HookAnswer) -> None:
-    from gpuslurm.gres.pbs_vnodes import plan_vnodes
+    from gpuslurm.gres.pbs_vnodes import has_migs, plan_vnodes
     from gpuslurm.hw.source import load_node
 
     host = req.hostname
+    node = load_node(spec, links=False)
+    migs = has_migs(node)  # nmigs only where MIG instances are: a server may not have the resource
     answer.vnodes[host] = {"ncpus": 0, "mem": "0kb", "ngpus": 0}  # as pbs-conf: it all goes to NUMA vnodes
-    for vnode in plan_vnodes(load_node(spec, links=False)):
+    if migs:
+        answer.vnodes[host]["nmigs"] = 0
+    for vnode in plan_vnodes(node):
         answer.vnodes[f"{host}[{vnode.numa_node}]"] = {
             "ncpus": len(vnode.cpus), "mem": f"{vnode.memory_mib}mb", "ngpus": len(vnode.gpu_minors)}
+        if migs:
+            answer.vnodes[f"{host}[{vnode.numa_node}]"]["nmigs"] = vnode.nmigs
 
 
 def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
@@ -113,6 +120,8 @@ def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer:
     from gpuslurm.pbs.request import local_shares
 
     job = _job(req, cfg, strict=True)
+    if req.mps:
+        log.info(f"the job asks for its own MPS daemon (gpuslurm_mps), share {job.mps_share}%")
     shares = local_shares(req)
     isolate = pbs_isolates(cfg, req, log)
     actions = PbsHookActions(answer, tuple(s.vnode for s in shares))
@@ -196,7 +205,11 @@ def _job(req: PbsRequest, cfg: Config, *, strict: bool) -> HookJob:
             raise InputError(f"user {user} of job {job_id} is unknown on {req.hostname}, and the job "
                              "has no map here", source="PBS hook request") from None
         uid, gid = jmap.uid, None
-    return HookJob(scheduler="pbs", job_id=job_id, uid=uid, user=user, node_name=req.hostname, gid=gid)
+    # -l gpuslurm_mps=true: the scheduler's own MPS resource, as Slurm's gres/mps (the "gres"
+    # trigger), at the config's share: PBS counts no share of a GPU
+    share = str(cfg.mps.active_thread_percentage) if req.mps else None
+    return HookJob(scheduler="pbs", job_id=job_id, uid=uid, user=user, node_name=req.hostname, gid=gid,
+                   mps_share=share)
 
 
 def pbs_isolates(cfg: Config, req: PbsRequest, log: HookLog) -> bool:

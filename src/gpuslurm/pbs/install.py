@@ -167,14 +167,32 @@ def _norm(content: bytes | None) -> bytes | None:
     return content.replace(b"\r\n", b"\n").rstrip(b"\n")
 
 
+# The server resources gpuslurm needs: name → (qmgr type and flags, flags it must have, in words).
+# ``m``: PBS sends the job's value to pbs_mom (its hooks see ``None`` without it); ``nh``:
+# consumable, per vnode.
+RESOURCES: dict[str, tuple[str, str, str]] = {
+    "ngpus": ("type=long, flag=nh", "", "type long, consumable per vnode"),
+    "nmigs": ("type=long, flag=nh", "", "type long, consumable per vnode: MIG instances"),
+    "gpuslurm_mps": ("type=boolean, flag=m", "m",
+                     "type boolean, job-wide, sent to pbs_mom: qsub -l gpuslurm_mps=true asks for MPS"),
+}
+
+
 def plan_resources(qmgr: Qmgr) -> list[QmgrStep]:
-    """``ngpus`` as a server resource (consumable, per host), when the server lacks it."""
-    try:
-        qmgr("list resource ngpus")
-        return []
-    except CommandError:
-        return [QmgrStep("create resource ngpus type=long, flag=nh",
-                         "create resource ngpus (type long, consumable per vnode)")]
+    """The server resources of :data:`RESOURCES` the server lacks (one ``create resource`` each),
+    and the flags one it has lacks (``set resource``); its type is left as it is."""
+    steps = []
+    for name, (spec, needs, says) in RESOURCES.items():
+        try:
+            listed = qmgr(f"list resource {name}")
+        except CommandError:
+            steps.append(QmgrStep(f"create resource {name} {spec}", f"create resource {name} ({says})"))
+            continue
+        flags = parse_list_hook(listed).get("flag", "")
+        if missing := "".join(f for f in needs if f not in flags):
+            steps.append(QmgrStep(f"set resource {name} flag = {flags}{missing}",
+                                  f"set resource {name} flag = {flags}{missing} (flag {missing} missing)"))
+    return steps
 
 
 def apply_steps(qmgr: Qmgr, steps: Sequence[QmgrStep]) -> None:

@@ -6,11 +6,14 @@ turns the event into one small JSON object (format 1)::
     {"format": 1, "event": "execjob_begin", "hostname": "pbshost",
      "job_id": "12.pbshost", "euser": "alice",
      "exec_vnode": "(pbshost[0]:ncpus=4:ngpus=2)", "exec_host": "pbshost/0*4",
-     "vnodes": ["pbshost[0]"], "pid": 4242, "pbs_cgroups": false}
+     "vnodes": ["pbshost[0]"], "pid": 4242, "pbs_cgroups": false, "mps": "True"}
 
 ``hostname`` is ``pbs.get_local_nodename()`` (the natural vnode); ``vnodes`` the names in the
 event's ``vnode_list``; ``pid`` the task process (execjob_launch: the hook's parent; execjob_attach:
-``pbs.event().pid``); ``pbs_cgroups`` whether PBS's own cgroups hook is enabled on this host.
+``pbs.event().pid``); ``pbs_cgroups`` whether PBS's own cgroups hook is enabled on this host;
+``mps`` the job's ``Resource_List.gpuslurm_mps`` (:data:`MPS_RESOURCE`, a boolean PBS checks at
+qsub) as the hook's ``str()`` of it: ``True``/``False`` (also ``true``, ``1``, ``yes``, ... for a
+resource a site made of another type); anything else is an InputError naming it.
 Everything but ``format``, ``event`` and ``hostname`` is optional; unknown keys are ignored, so an
 older gpuslurm reads a newer hook's request. Anything malformed is an InputError (exit 2) naming
 the field: more than MAX_REQUEST_BYTES, bytes that are not UTF-8, JSON nested too deep, an id
@@ -41,6 +44,9 @@ MAX_NGPUS = 1 << 12  # gpuslurm.ranges.MAX_GPUS
 JOB_EVENTS = ("execjob_begin", "execjob_launch", "execjob_attach", "execjob_end")
 EVENTS = ("exechost_startup", *JOB_EVENTS)
 SOURCE = "PBS hook request"
+MPS_RESOURCE = "gpuslurm_mps"  # the job-wide boolean resource a job asks for MPS with
+_TRUE = ("true", "t", "yes", "y", "on", "1")
+_FALSE = ("false", "f", "no", "n", "off", "0")
 
 # PBS vnode names: a host name, optionally followed by bracketed words (host[0], host[0][1]).
 _VNODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}(?:\[[A-Za-z0-9_.-]{1,32}\]){0,4}\Z")
@@ -48,10 +54,11 @@ _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?\Z")  # useradd's NAME_R
 
 
 class VnodeShare(NamedTuple):
-    """The GPUs PBS gave a job on one vnode of this host."""
+    """The GPUs (whole, and MIG instances) PBS gave a job on one vnode of this host."""
 
     vnode: str
     ngpus: int
+    nmigs: int = 0
 
 
 class PbsRequest(NamedTuple):
@@ -66,6 +73,7 @@ class PbsRequest(NamedTuple):
     vnodes: tuple[str, ...] = ()
     pid: int | None = None
     pbs_cgroups: bool = False
+    mps: bool = False  # the job asked for its own MPS daemon (Resource_List.gpuslurm_mps)
 
     def require_job(self) -> tuple[str, str]:
         """The job id and user a job event needs; InputError naming the missing field."""
@@ -130,7 +138,7 @@ def parse_request(data: bytes, event: str) -> PbsRequest:
     if not isinstance(cgroups, bool):
         raise InputError("pbs_cgroups: must be true or false", source=SOURCE)
     req = PbsRequest(event, hostname, job_id, euser, _text(doc, "exec_vnode"), _text(doc, "exec_host"),
-                     tuple(vnodes), pid, cgroups)
+                     tuple(vnodes), pid, cgroups, _mps(doc))
     if event in JOB_EVENTS:
         req.require_job()
     if req.exec_vnode is not None:
@@ -139,7 +147,8 @@ def parse_request(data: bytes, event: str) -> PbsRequest:
 
 
 def local_shares(req: PbsRequest) -> tuple[VnodeShare, ...]:
-    """The job's GPUs on this host per vnode, in exec_vnode order (vnodes without GPUs left out).
+    """The job's GPUs (``ngpus``) and MIG instances (``nmigs``) on this host per vnode, in
+    exec_vnode order (vnodes with neither left out).
 
     A chunk whose exec_host entry is another host is not this host's; without an ``exec_host``
     (or with one of another length) every vnode is taken as this host's.
@@ -151,21 +160,23 @@ def local_shares(req: PbsRequest) -> tuple[VnodeShare, ...]:
     if len(hosts) != len(chunks):
         hosts = [req.hostname] * len(chunks)
     me = req.hostname.split(".")[0].lower()
-    total: dict[str, int] = {}
+    total: dict[str, list[int]] = {}
     for host, chunk in zip(hosts, chunks, strict=True):
         if host.split(".")[0].lower() != me:
             continue
         for vnode, resources in chunk:
-            n = resources.get("ngpus")
-            if n is None:
-                continue
-            if not (n.isascii() and n.isdigit() and len(n) <= 5 and int(n) <= MAX_NGPUS):
-                raise InputError(f"exec_vnode: ngpus={_shown(n)} on {vnode} is not a GPU count",
-                                 source=SOURCE)
-            total[vnode] = total.get(vnode, 0) + int(n)
-            if total[vnode] > MAX_NGPUS:
-                raise InputError(f"exec_vnode: more than {MAX_NGPUS} GPUs on {vnode}", source=SOURCE)
-    return tuple(VnodeShare(v, n) for v, n in total.items() if n > 0)
+            for i, key in enumerate(("ngpus", "nmigs")):
+                n = resources.get(key)
+                if n is None:
+                    continue
+                if not (n.isascii() and n.isdigit() and len(n) <= 5 and int(n) <= MAX_NGPUS):
+                    raise InputError(f"exec_vnode: {key}={_shown(n)} on {vnode} is not a GPU count",
+                                     source=SOURCE)
+                counts = total.setdefault(vnode, [0, 0])
+                counts[i] += int(n)
+                if counts[i] > MAX_NGPUS:
+                    raise InputError(f"exec_vnode: more than {MAX_NGPUS} {key} on {vnode}", source=SOURCE)
+    return tuple(VnodeShare(v, g, m) for v, (g, m) in total.items() if g > 0 or m > 0)
 
 
 def parse_exec_vnode(text: str) -> list[list[tuple[str, dict[str, str]]]]:
@@ -218,6 +229,20 @@ def _split_chunks(text: str, field: str) -> list[str]:
         raise InputError(f"{field}: unbalanced parentheses", source=SOURCE)
     parts.append(text[start:])
     return parts
+
+
+def _mps(doc: dict[str, object]) -> bool:
+    """``mps``: absent, a JSON boolean, or the text of a boolean (PBS's own spellings)."""
+    value = doc.get("mps")
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and len(value) <= 8:
+        word = value.strip().lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+    raise InputError(f"mps: {MPS_RESOURCE} must be true or false, not {_shown(value)} (create it with "
+                     f"`qmgr -c \"create resource {MPS_RESOURCE} type=boolean\"`, as "
+                     "`gpuslurm install --pbs` does)", source=SOURCE)
 
 
 def _text(doc: dict[str, object], key: str, *, required: bool = False) -> str | None:
