@@ -15,11 +15,10 @@ library (tests/nvml). This stand-in is kept only for what that library cannot se
   ones, MIG slots with holes, an arbitrary PCIe level per GPU pair (``topology``), an affinity
   matched to a /sys tree of the test's making (tests/hw/test_nvml.py), a process sample out of
   range (tests/watch/test_nvml_sampling.py);
-* NVML events (tests/health/test_nvml_events.py), until the library serves them;
 * a capture whose NVML fails while the stand-in nvidia-smi answers (tests/hw/test_capture.py).
 
-Users: tests/hw/test_nvml.py, tests/hw/test_capture.py, tests/watch/test_nvml_sampling.py,
-tests/health/test_nvml_events.py.
+Users: tests/hw/test_nvml.py, tests/hw/test_capture.py, tests/watch/test_nvml_sampling.py. NVML
+events are served by the library (tests/nvml/replay_events.c, tests/nvml/test_events.py).
 
 It follows nvidia-ml-py 12/13 as installed: ``NVMLError(value)`` maps the value onto a subclass,
 handles are opaque, strings come back as ``str`` (the package decodes them), structures are
