@@ -10,7 +10,8 @@ its own NUMA node: PBS accounts the GPUs per vnode, so taking two from one would
 job on the other vnode one GPU short.
 
 Which. The placement engine (:mod:`gpuslurm.place.engine`, as ``gpuslurm pick``) among the
-candidates that are healthy and not named by another job's map under the jobs directory: the
+candidates that are healthy, not in the out-of-service record (``gpuslurm gpu offline``:
+:mod:`gpuslurm.pbs.gpu_out`) and not named by another job's map under the jobs directory: the
 strongest weakest link first (NVLink pairs before PCIe), then fewest NUMA nodes, most NVLinks,
 lowest index. The jobs directory is locked from reading the maps until this job's map is written,
 so two jobs starting at once never take one GPU.
@@ -130,21 +131,36 @@ def held_gpus(jobs_dir: str, job_id: str) -> dict[str, str]:
     return held
 
 
-def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str]) -> list[tuple[str, tuple[Gpu, ...]]]:
-    """The GPUs of each vnode's share, best-connected first; JobRefusedError when too few are free."""
+def out_of_service(cfg: Config) -> dict[str, str]:
+    """Lower-case UUID → why, for every GPU ``gpuslurm gpu offline`` (or a fault) took out of
+    service; a corrupt record raises (InputError): no GPU is given blindly."""
+    from gpuslurm.state.out_of_service import OutOfServiceStore
+
+    return {u.lower(): f"out of service: {r.reason}" for u, r in
+            OutOfServiceStore(cfg.paths.state_dir).read().items()}
+
+
+def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str],
+           out: dict[str, str] | None = None) -> list[tuple[str, tuple[Gpu, ...]]]:
+    """The GPUs of each vnode's share, best-connected first, never one ``out`` names (lower-case
+    UUID → why it is out of service); JobRefusedError when too few are free."""
     from gpuslurm.place.engine import place
     from gpuslurm.place.request import Request
 
+    out = out or {}
     taken: set[str] = set()
     chosen = []
     for w in wants:
-        free = [g for g in w.candidates if g.uuid.lower() not in held and g.uuid.lower() not in taken]
+        free = [g for g in w.candidates if g.uuid.lower() not in held and g.uuid.lower() not in taken
+                and g.uuid.lower() not in out]
         if len(free) < w.ngpus:
             busy = sorted({held[g.uuid.lower()] for g in w.candidates if g.uuid.lower() in held})
+            gone = [f"index {g.index} ({out[g.uuid.lower()]})" for g in w.candidates if g.uuid.lower() in out]
             raise JobRefusedError(
                 f"vnode {w.vnode} has {len(free)} free GPU(s) of {len(w.candidates)}, the job asks for "
                 f"{w.ngpus}; the others are held by the map(s) of job(s) {', '.join(busy) or 'none'} "
-                f"(a map of a job PBS no longer runs here is stale: remove it from the jobs directory)")
+                + (f"or out of service: {'; '.join(gone)} " if gone else "")
+                + "(a map of a job PBS no longer runs here is stale: remove it from the jobs directory)")
         placement = place(node, Request(w.ngpus), allowed=[g.uuid for g in free])
         if placement.chosen is None:  # cannot happen for whole, healthy GPUs; said plainly if it does
             raise JobRefusedError(f"no set of {w.ngpus} GPU(s) on vnode {w.vnode} satisfies the placement")
@@ -177,7 +193,7 @@ def run_begin(job: HookJob, shares: tuple[tuple[str, int], ...], cfg: Config, sp
                                   f"offline: {'; '.join(answer.offline.values())}")
         lock = lock_maps(cfg.paths.jobs_dir)
         try:
-            chosen = choose(node, wants, held_gpus(cfg.paths.jobs_dir, job.job_id))
+            chosen = choose(node, wants, held_gpus(cfg.paths.jobs_dir, job.job_id), out_of_service(cfg))
             uuids = tuple(g.uuid for _, gpus in chosen for g in gpus)
             for vnode, gpus in chosen:
                 log.info(f"vnode {vnode}: GPU(s) " + ", ".join(f"index {g.index} ({g.device_file}, "

@@ -82,7 +82,7 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
     spec = os.environ.get("GPUSLURM_CAPTURE") or None
     answer = HookAnswer()
     if event == "exechost_startup":
-        _startup(req, spec, answer)
+        _startup(req, cfg, spec, answer)
     elif event == "execjob_begin":
         _begin(req, cfg, spec, log, answer)
     elif event == "execjob_launch":
@@ -94,15 +94,21 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
     return answer
 
 
-def _startup(req: PbsRequest, spec: str | None, answer: HookAnswer) -> None:
+def _startup(req: PbsRequest, cfg: Config, spec: str | None, answer: HookAnswer) -> None:
+    """The NUMA vnodes, each GPU out of service (the record) taken from its vnode's ``ngpus``."""
     from gpuslurm.gres.pbs_vnodes import plan_vnodes
     from gpuslurm.hw.source import load_node
+    from gpuslurm.pbs.gpu_out import startup_counts
+    from gpuslurm.state.out_of_service import OutOfServiceStore
 
     host = req.hostname
+    node = load_node(spec, links=False)
+    counts = startup_counts(node, host, OutOfServiceStore(cfg.paths.state_dir).read())
     answer.vnodes[host] = {"ncpus": 0, "mem": "0kb", "ngpus": 0}  # as pbs-conf: it all goes to NUMA vnodes
-    for vnode in plan_vnodes(load_node(spec, links=False)):
-        answer.vnodes[f"{host}[{vnode.numa_node}]"] = {
-            "ncpus": len(vnode.cpus), "mem": f"{vnode.memory_mib}mb", "ngpus": len(vnode.gpu_minors)}
+    for vnode in plan_vnodes(node):
+        name = f"{host}[{vnode.numa_node}]"
+        answer.vnodes[name] = {"ncpus": len(vnode.cpus), "mem": f"{vnode.memory_mib}mb",
+                               "ngpus": counts[name]}
 
 
 def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:

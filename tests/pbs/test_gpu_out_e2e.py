@@ -1,0 +1,127 @@
+"""One GPU out of service in the real PBS (docs/health.md, docs/pbs.md): its vnode publishes one GPU
+fewer, execjob_begin never gives it, running jobs are untouched, ``gpu online`` restores it.
+
+The jobs are the test user's (gpuspbs1), the commands root's, as an admin runs them on the node.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_pbs_hooks_e2e import HOST, JOB, Hooked, _job_report, hooked  # noqa: F401 - the fixture
+
+from gpuslurm.hw.source import load_node
+from pbs_fixture import PBS_DIR, PREFIX
+
+pytestmark = pytest.mark.pbs
+
+QDEL = str(PREFIX / "bin" / "qdel")
+VNODE = f"{HOST}[0]"
+
+
+@pytest.fixture
+def admin(hooked: Hooked) -> Iterator[Path]:  # noqa: F811 - the fixture imported above
+    """gpuslurm's config for the admin's commands: the hook's state, PBS as the scheduler."""
+    config = hooked.cluster.state_dir / "gpuslurm-admin.toml"
+    config.write_text(hooked.config.read_text() + '\n[scheduler]\nkind = "pbs"\n'
+                      '[health.xid]\naction = "gpu_out"\n')
+    yield config
+    record = hooked.cluster.state_dir / "gs-state" / "out-of-service.json"
+    record.unlink(missing_ok=True)
+    (hooked.bundle / "health.json").unlink(missing_ok=True)
+    hooked.cluster.run(str(PREFIX / "bin" / "qmgr"), "-c", f"set node {VNODE} resources_available.ngpus = 4",
+                       check=False)
+    hooked.cluster.run(str(PREFIX / "bin" / "qmgr"), "-c", f"unset node {VNODE} comment", check=False)
+
+
+def gpuslurm(hooked: Hooked, config: Path, *args: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
+    """``gpuslurm ARGS`` as root inside the cluster's namespace, on the hook's bundle."""
+    env = dict(hooked.cluster.env, GPUSLURM_CONFIG=str(config))
+    argv = ["/bin/bash", str(PBS_DIR / "cluster.sh"), "exec", sys.executable, "-m", "gpuslurm", *args,
+            "--from", str(hooked.bundle)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _vnode(hooked: Hooked) -> dict[str, str]:  # noqa: F811
+    return hooked.vnodes()[VNODE]
+
+
+def _index(hooked: Hooked, jobid: str) -> int:  # noqa: F811
+    node = load_node(str(hooked.bundle))
+    (uuid,) = _job_report(hooked, jobid)["CVD"].split(",")
+    return next(g.index for g in node.gpus if g.uuid == uuid)
+
+
+def test_gpu_offline_lowers_the_vnodes_ngpus_and_no_new_job_gets_it_until_online(
+        hooked: Hooked, admin: Path) -> None:  # noqa: F811
+    node = load_node(str(hooked.bundle))
+    gpu3 = next(g for g in node.gpus if g.index == 3)
+    assert gpu3.numa_node == 0
+    pinned = ["-l", f"select=1:vnode={VNODE}:ncpus=1:ngpus=1"]
+    script = JOB.format(out=hooked.out)
+    jobs = [hooked.cluster.qsub(pinned, script) for _ in range(3)]
+    try:
+        held = {j: _index(hooked, j) for j in jobs}
+        assert sorted(held.values()) == [0, 1, 2], held  # GPU 3 is the one left free
+        done = gpuslurm(hooked, admin, "gpu", "offline", "index:3", "--node-name", HOST, "--reason", 'fan "failed"; #1')
+        assert done.returncode == 0, done.stderr
+        attrs = _vnode(hooked)
+        assert attrs["resources_available.ngpus"] == "3", attrs
+        assert gpu3.uuid in attrs["comment"] and "fan 'failed'; #1" in attrs["comment"], attrs
+        assert attrs["state"] != "offline", attrs
+        assert all(hooked.state(j) == "R" for j in jobs)  # the running jobs are not disturbed
+        assert json.loads(gpuslurm(hooked, admin, "gpu", "list", "--json").stdout)[3]["in_service"] is False
+
+        # a new job on that vnode: PBS counts 3 GPUs, all assigned, so it waits...
+        waiting = hooked.cluster.qsub(pinned, script)
+        jobs.append(waiting)
+        time.sleep(3)
+        assert hooked.state(waiting) == "Q", hooked.cluster.job(waiting)
+        # ...and runs when a GPU is free, on that GPU, never on GPU 3
+        (hooked.out / f"release-{jobs[1]}").touch()
+        hooked.wait_state(waiting, "R")
+        assert _index(hooked, waiting) == held[jobs[1]]
+        assert hooked.state(jobs[0]) == "R" and hooked.state(jobs[2]) == "R"
+
+        # again: safe to repeat, nothing changes
+        again = gpuslurm(hooked, admin, "gpu", "offline", "index:3", "--node-name", HOST, "--reason", "x")
+        assert again.returncode == 0 and "already out of service" in again.stdout, again
+
+        back = gpuslurm(hooked, admin, "gpu", "online", "index:3", "--node-name", HOST)
+        assert back.returncode == 0, back.stderr
+        attrs = _vnode(hooked)
+        assert attrs["resources_available.ngpus"] == "4" and "comment" not in attrs, attrs
+        after = hooked.cluster.qsub(pinned, script)
+        jobs.append(after)
+        assert _index(hooked, after) == 3  # the only free GPU, back in service
+    finally:
+        for job in jobs:
+            (hooked.out / f"release-{job}").touch()
+        for job in jobs:
+            hooked.cluster.run(QDEL, "-W", "force", job, check=False)
+
+
+def test_a_fault_with_action_gpu_out_takes_only_that_gpu_out_through_the_same_path(
+        hooked: Hooked, admin: Path) -> None:  # noqa: F811
+    node = load_node(str(hooked.bundle))
+    gpu3 = next(g for g in node.gpus if g.index == 3)
+    (hooked.bundle / "health.json").write_text(json.dumps({gpu3.uuid: {"xid": [79]}}))
+    acted = gpuslurm(hooked, admin, "health", "--act", "--node-name", HOST)
+    assert acted.returncode == 1, acted  # unhealthy: exit 1, and acted upon
+    attrs = _vnode(hooked)
+    assert attrs["resources_available.ngpus"] == "3" and "Xid 79" in attrs["comment"], attrs
+    assert attrs["state"] != "offline" and hooked.vnodes()[HOST]["state"] != "offline"
+    # online re-checks health first: still faulty, refused, nothing changed
+    refused = gpuslurm(hooked, admin, "gpu", "online", "index:3", "--node-name", HOST)
+    assert refused.returncode != 0 and "still unhealthy" in refused.stderr, refused
+    assert _vnode(hooked)["resources_available.ngpus"] == "3"
+    (hooked.bundle / "health.json").unlink()
+    back = gpuslurm(hooked, admin, "gpu", "online", "index:3", "--node-name", HOST)
+    assert back.returncode == 0, back.stderr
+    assert _vnode(hooked)["resources_available.ngpus"] == "4"
