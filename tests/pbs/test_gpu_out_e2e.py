@@ -69,7 +69,8 @@ def test_gpu_offline_lowers_the_vnodes_ngpus_and_no_new_job_gets_it_until_online
     try:
         held = {j: _index(hooked, j) for j in jobs}
         assert sorted(held.values()) == [0, 1, 2], held  # GPU 3 is the one left free
-        done = gpuslurm(hooked, admin, "gpu", "offline", "index:3", "--node-name", HOST, "--reason", 'fan "failed"; #1')
+        done = gpuslurm(hooked, admin, "gpu", "offline", "index:3", "--node-name", HOST,
+                        "--reason", 'fan "failed"; #1')  # qmgr would end the value, the command
         assert done.returncode == 0, done.stderr
         attrs = _vnode(hooked)
         assert attrs["resources_available.ngpus"] == "3", attrs
