@@ -89,7 +89,7 @@ def read_gpu_limit_text(qstat: str, *, timeout: float) -> str:
     """The server's ``max_run_res.ngpus`` as it is ("" when unset): ``qstat -B -f -F json``."""
     result = run_command([qstat, "-B", "-f", "-F", "json"], timeout=timeout)
     try:
-        doc = json.loads(result.stdout)
+        doc = json.loads(result.stdout, object_pairs_hook=_joined)
     except (ValueError, RecursionError):
         raise InputError("not valid JSON", source="qstat -B -f -F json") from None
     servers = doc.get("Server") if isinstance(doc, dict) else None
@@ -101,6 +101,16 @@ def read_gpu_limit_text(qstat: str, *, timeout: float) -> str:
         if isinstance(value, str):
             return value
     return ""
+
+
+def _joined(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose repeated keys keep every value: qstat prints each entry of a limit list
+    as its own ``"ngpus": "[u:...]"`` (seen with OpenPBS 23.06), and a plain dict keeps the last."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        before = out.get(key)
+        out[key] = f"{before},{value}" if isinstance(before, str) and isinstance(value, str) else value
+    return out
 
 
 def set_gpu_limit_entries(qmgr: str, entries: list[tuple[str, str, int]], *, timeout: float) -> str:
