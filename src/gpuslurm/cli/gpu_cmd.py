@@ -20,7 +20,12 @@ EXIT_UNHEALTHY = 1
 
 
 def _node_name(given: str | None, cfg: Any) -> str:
-    return given or cfg.monitor.node_name or socket.gethostname().split(".")[0]
+    """--node-name, else [monitor] node_name, else slurmd's own (a HealthCheckProgram gets
+    $SLURMD_NODENAME), else the short host name."""
+    import os
+
+    return (given or cfg.monitor.node_name or os.environ.get("SLURMD_NODENAME")
+            or socket.gethostname().split(".")[0])
 
 
 def _scheduler(cfg: Any, no_slurm: bool) -> Any:
