@@ -126,3 +126,21 @@ def test_a_fault_with_action_gpu_out_takes_only_that_gpu_out_through_the_same_pa
     back = gpuslurm(hooked, admin, "gpu", "online", "index:3", "--node-name", HOST)
     assert back.returncode == 0, back.stderr
     assert _vnode(hooked)["resources_available.ngpus"] == "4"
+
+
+def test_the_monitor_takes_a_live_faulty_gpu_out_on_pbs(hooked: Hooked, admin: Path) -> None:  # noqa: F811
+    node = load_node(str(hooked.bundle))
+    gpu3 = next(g for g in node.gpus if g.index == 3)
+    config = hooked.cluster.state_dir / "gpuslurm-monitor.toml"
+    config.write_text(admin.read_text() + f'[monitor]\nhealth = true\nnode_name = "{HOST}"\n')
+    (hooked.bundle / "health.json").write_text(json.dumps({gpu3.uuid: {"xid": [79]}}))
+    cycle = gpuslurm(hooked, config, "monitor", "--once", "--db",
+                     str(hooked.cluster.state_dir / "gs-state" / "monitor-test.db"))
+    assert cycle.returncode == 0, cycle.stderr
+    attrs = _vnode(hooked)
+    assert attrs["resources_available.ngpus"] == "3" and gpu3.uuid in attrs["comment"], (attrs, cycle.stderr)
+    assert "Xid 79" in attrs["comment"] and hooked.vnodes()[HOST]["state"] != "offline"
+    (hooked.bundle / "health.json").unlink()
+    back = gpuslurm(hooked, admin, "gpu", "online", "index:3", "--node-name", HOST)
+    assert back.returncode == 0, back.stderr
+    assert _vnode(hooked)["resources_available.ngpus"] == "4"
