@@ -144,3 +144,27 @@ def test_the_monitor_takes_a_live_faulty_gpu_out_on_pbs(hooked: Hooked, admin: P
     back = gpuslurm(hooked, admin, "gpu", "online", "index:3", "--node-name", HOST)
     assert back.returncode == 0, back.stderr
     assert _vnode(hooked)["resources_available.ngpus"] == "4"
+
+
+def test_a_gpu_out_fault_at_execjob_begin_takes_only_that_gpu_and_the_job_runs_on_another(
+        hooked: Hooked, admin: Path) -> None:  # noqa: F811
+    node = load_node(str(hooked.bundle))
+    first = next(g for g in sorted(node.gpus, key=lambda g: g.index) if g.numa_node == 0)  # begin's pick
+    saved = hooked.config.read_text()
+    hooked.config.write_text(saved + '[health.xid]\naction = "gpu_out"\n')
+    (hooked.bundle / "health.json").write_text(json.dumps({first.uuid: {"xid": [79]}}))
+    jobs: list[str] = []
+    try:
+        pinned = ["-l", f"select=1:vnode={VNODE}:ncpus=1:ngpus=1"]
+        job = hooked.cluster.qsub(pinned, JOB.format(out=hooked.out))
+        jobs.append(job)
+        assert _job_report(hooked, job)["CVD"] != first.uuid
+        attrs = _vnode(hooked)
+        assert attrs["state"] != "offline" and attrs["resources_available.ngpus"] == "3", attrs
+        listed = json.loads(gpuslurm(hooked, admin, "gpu", "list", "--json").stdout)
+        assert [r["uuid"] for r in listed if not r["in_service"]] == [first.uuid]
+    finally:
+        hooked.config.write_text(saved)
+        for j in jobs:
+            (hooked.out / f"release-{j}").touch()
+            hooked.cluster.run(QDEL, "-W", "force", j, check=False)

@@ -194,3 +194,18 @@ def test_a_job_that_ended_meanwhile_is_not_an_error() -> None:
 def test_a_reason_can_never_end_the_quoted_qmgr_value(reason: str) -> None:
     value = clean_value(reason)
     assert '"' not in value and "\n" not in value and value.isprintable()
+
+
+@root_only
+def test_a_gpu_out_fault_at_begin_takes_only_that_gpu_out_and_the_job_gets_another(dgx: Site) -> None:
+    import json
+
+    first = next(g for g in sorted(dgx.node.gpus, key=lambda g: g.index) if g.numa_node == 0)
+    dgx.config.write_text(dgx.config.read_text() + '[health.xid]\naction = "gpu_out"\n')
+    (dgx.bundle / "health.json").write_text(json.dumps({first.uuid: {"xid": [79]}}))
+    rc, answer, _ = dgx.begin("5.pbshost", "(pbshost[0]:ncpus=1:ngpus=1)")
+    assert rc == 0 and answer is not None and answer["accept"], answer
+    assert dgx.mapped("5.pbshost") != [first.uuid] and "offline" not in answer
+    assert answer["vnodes"] == {"pbshost[0]": {"ngpus": 3}}
+    out = OutOfServiceStore(str(dgx.root / "state")).read()
+    assert list(out) == [first.uuid] and out[first.uuid].by == "prolog" and "79" in out[first.uuid].reason

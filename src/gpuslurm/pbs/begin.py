@@ -21,6 +21,9 @@ the job back in the queue and the scheduler places it again):
 
 * a health fault with action ``drain`` on a GPU of the job's vnodes: that vnode goes offline with
   a comment naming the GPU, its device file and the fault; the job is refused here;
+* a fault with action ``gpu_out``: only that GPU goes out of service (the record; its NUMA vnode
+  publishes one GPU fewer) and the job gets others, or is refused when too few are left; the last
+  GPU in service is treated as ``drain``;
 * more GPUs asked on a vnode than its NUMA node has, or fewer free than asked (GPUs held by maps of
   jobs PBS no longer runs here): the job is refused with a message naming the vnode, the GPUs and
   the jobs holding them; nothing is written;
@@ -92,10 +95,11 @@ def check_counts(wants: list[VnodeGpus]) -> None:
 
 
 def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: HookLog,
-                   answer: HookAnswer) -> list[Fault]:
-    """Check the health of every candidate; take each vnode holding a ``drain`` fault offline.
+                   answer: HookAnswer, node: Node | None = None, hostname: str = "") -> list[Fault]:
+    """Check the health of every candidate; take each vnode holding a ``drain`` fault offline, and
+    with ``node`` each GPU with a ``gpu_out`` fault out of service (:func:`_take_out`).
 
-    Returns the drain faults (empty: every candidate may be given)."""
+    Returns the drain faults (empty: every candidate left in service may be given)."""
     from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
 
     if not gate_enabled(cfg.health):
@@ -112,10 +116,35 @@ def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: H
             log.warning(f"GPU {labels[f.uuid]} on vnode {w.vnode}: {f.check}: {f.message} "
                         f"(action {f.action})")
         bad = [f for f in faults if f.action == "drain"]
+        if not bad and (outs := [f for f in faults if f.action == "gpu_out"]) and node is not None:
+            bad = _take_out(outs, w, node, cfg, hostname, log, answer)
         if bad:
             answer.take_offline(w.vnode, drain_reason(bad, labels))
             drains += bad
     return drains
+
+
+def _take_out(faults: list[Fault], w: VnodeGpus, node: Node, cfg: Config, hostname: str, log: HookLog,
+              answer: HookAnswer) -> list[Fault]:
+    """``action = "gpu_out"``: record each faulty GPU out of service (``choose`` then passes it by)
+    and publish its NUMA vnode's ``ngpus`` without it; the faults to drain for instead when one is
+    the last GPU in service (as the Slurm prolog does)."""
+    from gpuslurm.errors import InputError
+    from gpuslurm.pbs.gpu_out import startup_counts
+    from gpuslurm.state.out_of_service import OutOfServiceStore, take_out
+
+    store = OutOfServiceStore(cfg.paths.state_dir)
+    for fault in faults:
+        gpu = next(g for g in node.gpus if g.uuid == fault.uuid)
+        try:
+            if take_out(store, node.gpus, gpu, fault.message, "prolog", now=time.time()):
+                log.error(f"GPU index {gpu.index} ({gpu.uuid}) taken out of service: {fault.message}")
+        except InputError as exc:
+            log.error(f"{exc}: taking vnode {w.vnode} offline instead")
+            return faults
+    if w.numa_node is not None:  # the monitor or `health --act` adds the comment (pbs.gpu_out)
+        answer.vnodes[w.vnode] = {"ngpus": startup_counts(node, hostname, store.read())[w.vnode]}
+    return []
 
 
 def held_gpus(jobs_dir: str, job_id: str) -> dict[str, str]:
@@ -186,7 +215,7 @@ def run_begin(job: HookJob, shares: tuple[tuple[str, int], ...], cfg: Config, sp
     wants = vnode_shares(node, job.node_name, shares)
     try:
         check_counts(wants)
-        drains = health_offline(wants, cfg, spec, log, answer)
+        drains = health_offline(wants, cfg, spec, log, answer, node, job.node_name)
         if drains:
             _record_refusal(job, wants, drains, cfg, log)
             raise JobRefusedError(f"a GPU of vnode(s) {', '.join(answer.offline)} is unhealthy, taken "
