@@ -209,3 +209,17 @@ def test_a_gpu_out_fault_at_begin_takes_only_that_gpu_out_and_the_job_gets_anoth
     assert answer["vnodes"] == {"pbshost[0]": {"ngpus": 3}}
     out = OutOfServiceStore(str(dgx.root / "state")).read()
     assert list(out) == [first.uuid] and out[first.uuid].by == "prolog" and "79" in out[first.uuid].reason
+
+
+@root_only
+def test_a_gpu_already_out_of_service_keeps_its_fault_without_taking_the_vnode_offline(dgx: Site) -> None:
+    import json
+
+    first = next(g for g in sorted(dgx.node.gpus, key=lambda g: g.index) if g.numa_node == 0)
+    (dgx.bundle / "health.json").write_text(json.dumps({first.uuid: {"xid": [79]}}))  # action drain
+    rc, answer, _ = dgx.begin("6.pbshost", "(pbshost[0]:ncpus=1:ngpus=1)")
+    assert answer is not None and not answer["accept"] and "pbshost[0]" in answer["offline"]
+    _out(dgx, first.index, reason="Xid 79")  # the admin takes only that GPU out, the vnode back online
+    rc, answer, _ = dgx.begin("7.pbshost", "(pbshost[0]:ncpus=1:ngpus=1)")
+    assert rc == 0 and answer is not None and answer["accept"] and "offline" not in answer, answer
+    assert dgx.mapped("7.pbshost") != [first.uuid]

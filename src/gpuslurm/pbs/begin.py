@@ -106,12 +106,14 @@ def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: H
         return []
     from gpuslurm.hw.health import read_health
 
-    gpus = list({g.uuid: g for w in wants for g in w.candidates}.values())
+    gone = out_of_service(cfg)  # already out: never given, so its fault must not take the vnode
+    gpus = list({g.uuid: g for w in wants for g in w.candidates if g.uuid.lower() not in gone}.values())
     health = read_health(gpus, spec)
     labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in gpus}
     drains = []
     for w in wants:
-        faults = [f for g in w.candidates for f in gate_faults(health[g.uuid], cfg.health)]
+        faults = [f for g in w.candidates if g.uuid in health
+                  for f in gate_faults(health[g.uuid], cfg.health)]
         for f in faults:
             log.warning(f"GPU {labels[f.uuid]} on vnode {w.vnode}: {f.check}: {f.message} "
                         f"(action {f.action})")
