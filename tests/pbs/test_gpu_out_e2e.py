@@ -168,3 +168,30 @@ def test_a_gpu_out_fault_at_execjob_begin_takes_only_that_gpu_and_the_job_runs_o
         for j in jobs:
             (hooked.out / f"release-{j}").touch()
             hooked.cluster.run(QDEL, "-W", "force", j, check=False)
+
+
+def test_a_job_on_the_gpu_taken_out_is_requeued_when_configured_and_runs_on_another(
+        hooked: Hooked, admin: Path) -> None:  # noqa: F811
+    config = hooked.cluster.state_dir / "gpuslurm-requeue.toml"
+    config.write_text(admin.read_text() + '[gpu_out]\njob_on_gpu = "requeue"\n')
+    node = load_node(str(hooked.bundle))
+    script = JOB.format(out=hooked.out)
+    pinned = ["-l", f"select=1:vnode={VNODE}:ncpus=1:ngpus=1"]
+    jobs = [hooked.cluster.qsub(pinned, script) for _ in range(2)]
+    try:
+        victim, other = jobs
+        before = _job_report(hooked, victim)["CVD"]
+        kept = _job_report(hooked, other)["CVD"]
+        (hooked.out / victim).unlink()
+        index = next(g.index for g in node.gpus if g.uuid == before)
+        done = gpuslurm(hooked, config, "gpu", "offline", f"index:{index}", "--node-name", HOST,
+                        "--reason", "fan failed")
+        assert done.returncode == 0, done.stderr
+        after = _job_report(hooked, victim)["CVD"]  # its second run
+        assert after not in (before, kept), (before, after, kept)
+        assert "run_count = 2" in hooked.cluster.job(victim)
+        assert hooked.state(other) == "R" and "run_count = 1" in hooked.cluster.job(other)
+    finally:
+        for job in jobs:
+            (hooked.out / f"release-{job}").touch()
+            hooked.cluster.run(QDEL, "-W", "force", job, check=False)
