@@ -37,6 +37,10 @@ HOOKS: dict[str, tuple[str, str]] = {
     "gpuslurm-task-prolog": ("prolog", "TaskProlog"),
 }
 
+# slurm.conf's HealthCheckProgram (`install --health-check`): installed like the hooks, not a hook.
+HEALTH_CHECK = "gpuslurm-health-check"
+HEALTH_CHECK_INTERVAL_S = 300
+
 CGROUP_SNIPPET = """\
 # cgroup.conf settings gpuslurm relies on (written by `gpuslurm install`).
 # Slurm reads only cgroup.conf itself: copy these lines into it.
@@ -139,6 +143,14 @@ def slurm_conf_lines(prefix: Path, mps: bool = False) -> list[str]:
     return lines
 
 
+def health_check_lines(prefix: Path, interval_s: int = HEALTH_CHECK_INTERVAL_S) -> list[str]:
+    """The slurm.conf lines that make slurmd run ``gpuslurm health --act`` (the installed wrapper):
+    every ``interval_s`` seconds, on the node in any state (a drained node is still checked, so a
+    GPU that failed while it drained is still taken out)."""
+    return [f"HealthCheckProgram={prefix / HEALTH_CHECK}", f"HealthCheckInterval={interval_s}",
+            "HealthCheckNodeState=ANY"]
+
+
 def parse_slurm_conf(text: str) -> dict[str, str]:
     """``Key=value`` settings of a slurm.conf (keys lower-cased; the last one wins)."""
     settings: dict[str, str] = {}
@@ -229,7 +241,7 @@ def diff(action: Action) -> str:
 
 def template_text(name: str) -> tuple[str, Path]:
     """A hook template from the installed package, else from the source checkout."""
-    folder = HOOKS[name][0]
+    folder = HOOKS[name][0] if name in HOOKS else "prolog"  # the health check's sits beside the prolog
     here = Path(__file__).resolve().parent
     for base in (here / "hook-templates", here.parents[1]):
         path = base / folder / name
@@ -239,11 +251,11 @@ def template_text(name: str) -> tuple[str, Path]:
 
 
 def desired_files(prefix: Path, slurm_etc: Path, python: str, config: str = "",
-                  capture: str = "") -> list[Artifact]:
+                  capture: str = "", health_check: bool = False) -> list[Artifact]:
     """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter (and
-    config path, when one is given)."""
+    config path, when one is given); with ``health_check``, the HealthCheckProgram wrapper too."""
     files = []
-    for name in HOOKS:
+    for name in (*HOOKS, *((HEALTH_CHECK,) if health_check else ())):
         text, source = template_text(name)
         rendered = render_hook(text, python, str(source), config, capture)
         files.append(Artifact(prefix / name, rendered.encode(), 0o755))
@@ -503,7 +515,8 @@ def missing_dirs(path: Path) -> list[Path]:
 
 
 def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "",
-                 force: bool = False, config: str = "", capture: str = "") -> InstallPlan:
+                 force: bool = False, config: str = "", capture: str = "",
+                 health_check: bool = False) -> InstallPlan:
     """Decide every action; raise InputError (naming the file) if any destination must be left alone."""
     python = python or os.path.abspath(sys.executable)
     prefix = Path(os.path.abspath(prefix))
@@ -526,7 +539,7 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
     recorded = read_manifest(manifest_path)
     want_uid = 0 if os.geteuid() == 0 else None
     actions = [decide(a, inspect(a.path), recorded.get(str(a.path)), force, want_uid)
-               for a in desired_files(prefix, slurm_etc, python, config, capture)]
+               for a in desired_files(prefix, slurm_etc, python, config, capture, health_check)]
     blocked = [a for a in actions if a.verb in ("conflict", "refuse")]
     if blocked:
         more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""

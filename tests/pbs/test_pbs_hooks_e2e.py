@@ -146,6 +146,7 @@ def hooked(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
             _restart_mom(pbs_cluster)
             _wait_vnodes(pbs_cluster, numa)
         finally:
+            shutil.rmtree(bundle, ignore_errors=True)  # the next module's fixture copies it again
             if cgroup is not None:
                 subprocess.run(["umount", str(cgroup / "devices")], check=False, timeout=30)
                 shutil.rmtree(cgroup, ignore_errors=True)

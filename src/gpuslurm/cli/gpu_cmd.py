@@ -20,23 +20,28 @@ EXIT_UNHEALTHY = 1
 
 
 def _node_name(given: str | None, cfg: Any) -> str:
-    return given or cfg.monitor.node_name or socket.gethostname().split(".")[0]
+    """--node-name, else [monitor] node_name, else slurmd's own (a HealthCheckProgram gets
+    $SLURMD_NODENAME), else the short host name."""
+    import os
+
+    return (given or cfg.monitor.node_name or os.environ.get("SLURMD_NODENAME")
+            or socket.gethostname().split(".")[0])
 
 
 def _scheduler(cfg: Any, no_slurm: bool) -> Any:
+    """Slurm's or PBS's adapter, as ``[scheduler] kind`` says; None with ``--no-slurm``."""
     if no_slurm:
         return None
-    from gpuslurm.slurm.adapter import SlurmScheduler
+    from gpuslurm.cli.schedulers import scheduler_for
 
-    return SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
-                          timeout=cfg.hooks.command_timeout_s, gpu_out=cfg.gpu_out)
+    return scheduler_for(cfg, cfg.hooks.command_timeout_s)
 
 
 node_name_option = click.option(
     "--node-name", metavar="NAME",
-    help="The Slurm node name (default: [monitor] node_name, else the short host name).")
-no_slurm_option = click.option("--no-slurm", is_flag=True,
-                               help="Change only gpuslurm's record; leave Slurm as it is.")
+    help="The Slurm node name or PBS host (default: [monitor] node_name, else the short host name).")
+no_slurm_option = click.option("--no-slurm", "--no-scheduler", "no_slurm", is_flag=True,
+                               help="Change only gpuslurm's record; leave Slurm (or PBS) as it is.")
 
 
 @click.group("gpu")
@@ -47,7 +52,7 @@ def gpu() -> None:
 @gpu.command("offline")
 @click.argument("spec", metavar="GPU")
 @click.option("--reason", required=True, metavar="TEXT",
-              help="Why; shown in Slurm's node Reason and Comment.")
+              help="Why; shown in Slurm's node Comment, or the PBS vnode's comment.")
 @click.option("--force", is_flag=True, help="Take out the last GPU in service (the node is then drained).")
 @node_name_option
 @no_slurm_option

@@ -38,10 +38,14 @@ def _warn(message: str) -> None:
 @click.option("--replay", "capture", metavar="DIR", default="", hidden=True,
               help="Test clusters and demos: the hooks replay this capture bundle instead of NVML.")
 @click.option("--mps", is_flag=True, help="Print GresTypes=gpu,mps (not on MIG nodes before Slurm 23.02.7).")
+@click.option("--health-check", is_flag=True,
+              help="Also install the HealthCheckProgram wrapper (`gpuslurm health --act`) and print "
+                   "its slurm.conf lines (see docs/health.md).")
 @click.option("--dry-run", is_flag=True, help="Show what would change (with diffs); change nothing.")
 @click.option("--force", is_flag=True, help="Overwrite files an admin edited since the last install.")
 def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmgr: str, prefix: Path,
-            python: str, config: str, capture: str, mps: bool, dry_run: bool, force: bool) -> None:
+            python: str, config: str, capture: str, mps: bool, health_check: bool, dry_run: bool,
+            force: bool) -> None:
     """Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they need
     (--pbs: import gpuslurm's PBS hooks with qmgr instead).
 
@@ -56,6 +60,9 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
     if pbs:
         if slurm_etc is not None:
             raise click.UsageError("--pbs installs into PBS: leave out --slurm-etc")
+        if health_check:
+            raise click.UsageError("--health-check is slurmd's HealthCheckProgram; on PBS run "
+                                   "`gpuslurm health --act` from cron or the monitor (docs/health.md)")
         if classic:
             install_pbs_classic(pbs_home, python, config, capture, dry_run, force)
         else:
@@ -63,7 +70,7 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
         return
     if slurm_etc is None:
         raise click.UsageError("Missing option '--slurm-etc' (or give --pbs)")
-    plan = lib.plan_install(slurm_etc, prefix, python, force, config, capture)
+    plan = lib.plan_install(slurm_etc, prefix, python, force, config, capture, health_check)
     # job_submit.lua reads gpuslurm-throttle beside itself, or the configured throttle file
     for throttle_file in dict.fromkeys((plan.slurm_etc / "gpuslurm-throttle",
                                         Path(load_config().throttle.file))):
@@ -84,6 +91,8 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
         lib.apply_plan(plan)
 
     wanted = lib.slurm_conf_lines(plan.prefix, mps)
+    if health_check:
+        wanted += lib.health_check_lines(plan.prefix)
     click.echo("\n# slurm.conf lines for gpuslurm (every node and the controller; then "
                "`scontrol reconfigure`):")
     for line in wanted:

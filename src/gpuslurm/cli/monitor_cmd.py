@@ -103,9 +103,9 @@ def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
     """With ``[monitor] health``: the live health check (see docs/health.md)."""
     if not cfg.monitor.health:
         return None
+    from gpuslurm.cli.schedulers import action_command, scheduler_for
     from gpuslurm.hw.health import read_health
     from gpuslurm.hw.source import bundle_path
-    from gpuslurm.slurm.adapter import SlurmScheduler
     from gpuslurm.state.out_of_service import OutOfServiceStore
     from gpuslurm.watch.health import HealthWatch
 
@@ -123,12 +123,10 @@ def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
             kmsg = reader
         except OSError as exc:
             _warn(f"cannot read the kernel log {path} ({exc.strerror}): Xids are not seen")
-    scheduler: SlurmScheduler | None = SlurmScheduler(
-        squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, scancel=cfg.paths.scancel,
-        timeout=cfg.monitor.command_timeout_s, gpu_out=cfg.gpu_out)
-    if not os.access(cfg.paths.scontrol, os.X_OK):
-        _warn(f"{cfg.paths.scontrol} is missing: faults are logged, GPUs recorded out of service, "
-              "but Slurm is not told")
+    scheduler = scheduler_for(cfg, cfg.monitor.command_timeout_s)
+    if not os.access(command := action_command(cfg), os.X_OK):
+        _warn(f"{command} is missing: faults are logged, GPUs recorded out of service, "
+              f"but {'PBS' if scheduler.name == 'pbs' else 'Slurm'} is not told")
         scheduler = None
 
     events = None

@@ -18,23 +18,31 @@ def scheduler_kind(cfg: Any) -> str:
     return "slurm"
 
 
-def build_scheduler(cfg: Any, warn: Callable[[str], None] | None = None) -> Any:
-    """The Scheduler adapter for this node, or None when its job-listing command is missing (the
-    monitor then attributes from the job maps alone; ``warn`` says so)."""
-    timeout = cfg.monitor.command_timeout_s
+def scheduler_for(cfg: Any, timeout: float) -> Any:
+    """The Scheduler adapter of ``[scheduler] kind``, its commands bounded by ``timeout`` seconds."""
     if scheduler_kind(cfg) == "pbs":
         from gpuslurm.pbs.scheduler import PbsScheduler
 
         p = cfg.paths
-        sched: Any = PbsScheduler(qstat=p.qstat, pbsnodes=p.pbsnodes, timeout=timeout, jobs_dir=p.jobs_dir,
-                                  qalter=p.qalter, qhold=p.qhold, qrerun=p.qrerun, qdel=p.qdel)
-        command = p.qstat
-    else:
-        from gpuslurm.slurm.adapter import SlurmScheduler
+        return PbsScheduler(qstat=p.qstat, pbsnodes=p.pbsnodes, timeout=timeout, jobs_dir=p.jobs_dir,
+                            qalter=p.qalter, qhold=p.qhold, qrerun=p.qrerun, qdel=p.qdel, qmgr=p.qmgr,
+                            gpu_out=cfg.gpu_out)
+    from gpuslurm.slurm.adapter import SlurmScheduler
 
-        sched = SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, timeout=timeout,
-                               scancel=cfg.paths.scancel, gpu_out=cfg.gpu_out)
-        command = cfg.paths.squeue
+    return SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, timeout=timeout,
+                          scancel=cfg.paths.scancel, gpu_out=cfg.gpu_out)
+
+
+def action_command(cfg: Any) -> str:
+    """The program the scheduler's node actions need (scontrol, or qmgr for PBS)."""
+    return str(cfg.paths.qmgr if scheduler_kind(cfg) == "pbs" else cfg.paths.scontrol)
+
+
+def build_scheduler(cfg: Any, warn: Callable[[str], None] | None = None) -> Any:
+    """The Scheduler adapter for this node, or None when its job-listing command is missing (the
+    monitor then attributes from the job maps alone; ``warn`` says so)."""
+    sched = scheduler_for(cfg, cfg.monitor.command_timeout_s)
+    command = cfg.paths.qstat if sched.name == "pbs" else cfg.paths.squeue
     if not sched.can_list_jobs():
         if warn is not None:
             warn(f"{command} is missing: jobs without a job map stay unattributed to GPUs")

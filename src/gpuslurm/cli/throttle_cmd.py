@@ -259,16 +259,18 @@ def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str
 @click.option("--state-dir", metavar="DIR",
               help="Where the limits this set are remembered (default: [paths] state_dir).")
 def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, state_dir: str | None) -> None:
-    """Per-user GPU limits (GrpTRES=gres/gpu=N) from the cluster's load, on the controller.
+    """Per-user GPU limits from the cluster's load, on the controller (Slurm) or server (PBS).
 
     Load above 70 % limits the users above their fair share to 10 % of the GPUs, above 30 % to
-    50 %; a job over its limit stays PENDING (AssocGrpGRES). Needs AccountingStorageTRES=gres/gpu
-    and AccountingStorageEnforce=limits (docs/throttle.md).
+    50 %. Slurm: GrpTRES=gres/gpu=N, a job over it stays PENDING (AssocGrpGRES); needs
+    AccountingStorageTRES=gres/gpu and AccountingStorageEnforce=limits. PBS ([scheduler] kind):
+    the server's max_run_res.ngpus [u:NAME=N], a job over it stays queued (docs/throttle.md).
     """
+    from gpuslurm.cli.schedulers import scheduler_kind
     from gpuslurm.errors import GpuslurmError, InputError
     from gpuslurm.policy.admission import AdmissionConfig, check_band
-    from gpuslurm.slurm.admission import SlurmAdmission, auto_round, load_state, save_state
     from gpuslurm.times import parse_duration
+    from gpuslurm.watch.admission import auto_round, load_state, save_state
 
     config = _config()
     auto = config.throttle.auto
@@ -284,9 +286,18 @@ def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, stat
     directory = state_dir or config.paths.state_dir
     state = load_state(directory, cfg.tiers)
     p = config.paths
+    adm: Any
     try:
-        adm = SlurmAdmission(squeue=p.squeue, scontrol=p.scontrol, sacctmgr=p.sacctmgr,
-                             utilisation_source=auto.utilisation_source)
+        if scheduler_kind(config) == "pbs":
+            from gpuslurm.pbs.admission import PbsAdmission
+
+            adm = PbsAdmission(qstat=p.qstat, pbsnodes=p.pbsnodes, qmgr=p.qmgr,
+                               utilisation_source=auto.utilisation_source)
+        else:
+            from gpuslurm.slurm.admission import SlurmAdmission
+
+            adm = SlurmAdmission(squeue=p.squeue, scontrol=p.scontrol, sacctmgr=p.sacctmgr,
+                                 utilisation_source=auto.utilisation_source)
     except InputError as exc:  # parse_source names "--source"; here it is a config key
         raise InputError(exc.message, source="[throttle.auto] utilisation_source") from None
 
@@ -301,7 +312,7 @@ def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, stat
         except GpuslurmError as exc:
             if once:
                 raise
-            log(f"round failed, next in {every:.0f}s: {exc}")  # slurmctld restarting: keep going
+            log(f"round failed, next in {every:.0f}s: {exc}")  # the server restarting: keep going
         if once:
             return
         time.sleep(every)

@@ -11,7 +11,8 @@ job on the other vnode one GPU short. A vnode's ``nmigs`` (MIG instances) come f
 devices of its NUMA node's GPUs in MIG mode (:func:`choose_migs`), its ``ngpus`` from whole GPUs.
 
 Which. The placement engine (:mod:`gpuslurm.place.engine`, as ``gpuslurm pick``) among the
-candidates that are healthy and not named by another job's map under the jobs directory: the
+candidates that are healthy, not in the out-of-service record (``gpuslurm gpu offline``:
+:mod:`gpuslurm.pbs.gpu_out`) and not named by another job's map under the jobs directory: the
 strongest weakest link first (NVLink pairs before PCIe), then fewest NUMA nodes, most NVLinks,
 lowest index. The jobs directory is locked from reading the maps until this job's map is written,
 so two jobs starting at once never take one GPU.
@@ -21,6 +22,9 @@ the job back in the queue and the scheduler places it again):
 
 * a health fault with action ``drain`` on a GPU of the job's vnodes: that vnode goes offline with
   a comment naming the GPU, its device file and the fault; the job is refused here;
+* a fault with action ``gpu_out``: only that GPU goes out of service (the record; its NUMA vnode
+  publishes one GPU fewer) and the job gets others, or is refused when too few are left; the last
+  GPU in service is treated as ``drain``;
 * more GPUs asked on a vnode than its NUMA node has, or fewer free than asked (GPUs held by maps of
   jobs PBS no longer runs here): the job is refused with a message naming the vnode, the GPUs and
   the jobs holding them; nothing is written;
@@ -108,26 +112,31 @@ def check_counts(wants: list[VnodeGpus]) -> None:
 
 
 def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: HookLog,
-                   answer: HookAnswer) -> list[Fault]:
-    """Check the health of every candidate; take each vnode holding a ``drain`` fault offline.
+                   answer: HookAnswer, node: Node | None = None, hostname: str = "") -> list[Fault]:
+    """Check the health of every candidate; take each vnode holding a ``drain`` fault offline, and
+    with ``node`` each GPU with a ``gpu_out`` fault out of service (:func:`_take_out`).
 
-    Returns the drain faults (empty: every candidate may be given)."""
+    Returns the drain faults (empty: every candidate left in service may be given)."""
     from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
 
     if not gate_enabled(cfg.health):
         return []
     from gpuslurm.hw.health import read_health
 
-    gpus = list({g.uuid: g for w in wants for g in _physical(w)}.values())
+    gone = out_of_service(cfg)  # already out: never given, so its fault must not take the vnode
+    gpus = list({g.uuid: g for w in wants for g in _physical(w) if g.uuid.lower() not in gone}.values())
     health = read_health(gpus, spec)
     labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in gpus}
     drains = []
     for w in wants:
-        faults = [f for g in _physical(w) for f in gate_faults(health[g.uuid], cfg.health)]
+        faults = [f for g in _physical(w) if g.uuid in health
+                  for f in gate_faults(health[g.uuid], cfg.health)]
         for f in faults:
             log.warning(f"GPU {labels[f.uuid]} on vnode {w.vnode}: {f.check}: {f.message} "
                         f"(action {f.action})")
         bad = [f for f in faults if f.action == "drain"]
+        if not bad and (outs := [f for f in faults if f.action == "gpu_out"]) and node is not None:
+            bad = _take_out(outs, w, node, cfg, hostname, log, answer)
         if bad:
             answer.take_offline(w.vnode, drain_reason(bad, labels))
             drains += bad
@@ -140,6 +149,29 @@ def _physical(w: VnodeGpus) -> tuple[Gpu, ...]:
     # resolved against a Node (not the hooks' light identity): its devices are the model's Gpu
     parents: tuple[Gpu, ...] = tuple(d.gpu for d in w.migs) if w.nmigs else ()  # type: ignore[misc]
     return tuple({g.uuid: g for g in (*w.candidates, *parents)}.values())
+
+
+def _take_out(faults: list[Fault], w: VnodeGpus, node: Node, cfg: Config, hostname: str, log: HookLog,
+              answer: HookAnswer) -> list[Fault]:
+    """``action = "gpu_out"``: record each faulty GPU out of service (``choose`` then passes it by)
+    and publish its NUMA vnode's ``ngpus`` without it; the faults to drain for instead when one is
+    the last GPU in service (as the Slurm prolog does)."""
+    from gpuslurm.errors import InputError
+    from gpuslurm.pbs.gpu_out import startup_counts
+    from gpuslurm.state.out_of_service import OutOfServiceStore, take_out
+
+    store = OutOfServiceStore(cfg.paths.state_dir)
+    for fault in faults:
+        gpu = next(g for g in node.gpus if g.uuid == fault.uuid)
+        try:
+            if take_out(store, node.gpus, gpu, fault.message, "prolog", now=time.time()):
+                log.error(f"GPU index {gpu.index} ({gpu.uuid}) taken out of service: {fault.message}")
+        except InputError as exc:
+            log.error(f"{exc}: taking vnode {w.vnode} offline instead")
+            return faults
+    if w.numa_node is not None:  # the monitor or `health --act` adds the comment (pbs.gpu_out)
+        answer.vnodes[w.vnode] = {"ngpus": startup_counts(node, hostname, store.read())[w.vnode]}
+    return []
 
 
 def held_gpus(jobs_dir: str, job_id: str) -> dict[str, str]:
@@ -156,16 +188,19 @@ def held_gpus(jobs_dir: str, job_id: str) -> dict[str, str]:
     return held
 
 
-def choose_migs(wants: list[VnodeGpus], held: dict[str, str]) -> list[tuple[str, tuple[JobDevice, ...]]]:
-    """The MIG devices of each vnode's ``nmigs``: the free ones (no other job's map names them) of
-    the GPU with the fewest free first (so whole GPUs' worth of instances stay free together), then
-    bus order; JobRefusedError when too few are free."""
-    out = []
+def choose_migs(wants: list[VnodeGpus], held: dict[str, str],
+                out: dict[str, str] | None = None) -> list[tuple[str, tuple[JobDevice, ...]]]:
+    """The MIG devices of each vnode's ``nmigs``: the free ones (no other job's map names them, their
+    GPU not ``out`` of service) of the GPU with the fewest free first (so whole GPUs' worth of
+    instances stay free together), then bus order; JobRefusedError when too few are free."""
+    gone = out or {}
+    result = []
     taken: set[str] = set()
     for w in wants:
         if not w.nmigs:
             continue
-        free = [d for d in w.migs if d.uuid.lower() not in held and d.uuid.lower() not in taken]
+        free = [d for d in w.migs if d.uuid.lower() not in held and d.uuid.lower() not in taken
+                and d.gpu.uuid.lower() not in gone]
         if len(free) < w.nmigs:
             busy = sorted({held[d.uuid.lower()] for d in w.migs if d.uuid.lower() in held})
             raise JobRefusedError(
@@ -177,27 +212,42 @@ def choose_migs(wants: list[VnodeGpus], held: dict[str, str]) -> list[tuple[str,
         free.sort(key=lambda d: (per_gpu[d.gpu.uuid] < w.nmigs, per_gpu[d.gpu.uuid], d.gres_index or 0))
         picked = tuple(free[:w.nmigs])
         taken.update(d.uuid.lower() for d in picked)
-        out.append((w.vnode, picked))
-    return out
+        result.append((w.vnode, picked))
+    return result
 
 
-def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str]) -> list[tuple[str, tuple[Gpu, ...]]]:
-    """The GPUs of each vnode's share, best-connected first; JobRefusedError when too few are free."""
+def out_of_service(cfg: Config) -> dict[str, str]:
+    """Lower-case UUID → why, for every GPU ``gpuslurm gpu offline`` (or a fault) took out of
+    service; a corrupt record raises (InputError): no GPU is given blindly."""
+    from gpuslurm.state.out_of_service import OutOfServiceStore
+
+    return {u.lower(): f"out of service: {r.reason}" for u, r in
+            OutOfServiceStore(cfg.paths.state_dir).read().items()}
+
+
+def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str],
+           out: dict[str, str] | None = None) -> list[tuple[str, tuple[Gpu, ...]]]:
+    """The GPUs of each vnode's share, best-connected first, never one ``out`` names (lower-case
+    UUID → why it is out of service); JobRefusedError when too few are free."""
     from gpuslurm.place.engine import place
     from gpuslurm.place.request import Request
 
+    out = out or {}
     taken: set[str] = set()
     chosen = []
     for w in wants:
         if not w.ngpus:  # MIG instances only (choose_migs)
             continue
-        free = [g for g in w.candidates if g.uuid.lower() not in held and g.uuid.lower() not in taken]
+        free = [g for g in w.candidates if g.uuid.lower() not in held and g.uuid.lower() not in taken
+                and g.uuid.lower() not in out]
         if len(free) < w.ngpus:
             busy = sorted({held[g.uuid.lower()] for g in w.candidates if g.uuid.lower() in held})
+            gone = [f"index {g.index} ({out[g.uuid.lower()]})" for g in w.candidates if g.uuid.lower() in out]
             raise JobRefusedError(
                 f"vnode {w.vnode} has {len(free)} free GPU(s) of {len(w.candidates)}, the job asks for "
                 f"{w.ngpus}; the others are held by the map(s) of job(s) {', '.join(busy) or 'none'} "
-                f"(a map of a job PBS no longer runs here is stale: remove it from the jobs directory)")
+                + (f"or out of service: {'; '.join(gone)} " if gone else "")
+                + "(a map of a job PBS no longer runs here is stale: remove it from the jobs directory)")
         placement = place(node, Request(w.ngpus), allowed=[g.uuid for g in free])
         if placement.chosen is None:  # cannot happen for whole, healthy GPUs; said plainly if it does
             raise JobRefusedError(f"no set of {w.ngpus} GPU(s) on vnode {w.vnode} satisfies the placement")
@@ -224,7 +274,7 @@ def run_begin(job: HookJob, shares: tuple[tuple[str, int] | tuple[str, int, int]
     wants = vnode_shares(node, job.node_name, shares)
     try:
         check_counts(wants)
-        drains = health_offline(wants, cfg, spec, log, answer)
+        drains = health_offline(wants, cfg, spec, log, answer, node, job.node_name)
         if drains:
             _record_refusal(job, wants, drains, cfg, log)
             raise JobRefusedError(f"a GPU of vnode(s) {', '.join(answer.offline)} is unhealthy, taken "
@@ -232,8 +282,9 @@ def run_begin(job: HookJob, shares: tuple[tuple[str, int] | tuple[str, int, int]
         lock = lock_maps(cfg.paths.jobs_dir)
         try:
             held = held_gpus(cfg.paths.jobs_dir, job.job_id)
-            chosen = choose(node, wants, held)
-            migs = choose_migs(wants, held)
+            out = out_of_service(cfg)
+            chosen = choose(node, wants, held, out)
+            migs = choose_migs(wants, held, out)
             uuids = tuple(g.uuid for _, gpus in chosen for g in gpus) + tuple(
                 d.uuid for _, devices in migs for d in devices)
             for vnode, gpus in chosen:

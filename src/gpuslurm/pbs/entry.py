@@ -85,7 +85,7 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
     spec = os.environ.get("GPUSLURM_CAPTURE") or None
     answer = HookAnswer()
     if event == "exechost_startup":
-        _startup(req, spec, answer)
+        _startup(req, cfg, spec, answer)
     elif event == "execjob_begin":
         _begin(req, cfg, spec, log, answer)
     elif event == "execjob_launch":
@@ -97,21 +97,26 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
     return answer
 
 
-def _startup(req: PbsRequest, spec: str | None, answer: HookAnswer) -> None:
+def _startup(req: PbsRequest, cfg: Config, spec: str | None, answer: HookAnswer) -> None:
+    """The NUMA vnodes, each GPU out of service (the record) taken from its vnode's ``ngpus``."""
     from gpuslurm.gres.pbs_vnodes import has_migs, plan_vnodes
     from gpuslurm.hw.source import load_node
+    from gpuslurm.pbs.gpu_out import startup_counts
+    from gpuslurm.state.out_of_service import OutOfServiceStore
 
     host = req.hostname
     node = load_node(spec, links=False)
+    counts = startup_counts(node, host, OutOfServiceStore(cfg.paths.state_dir).read())
     migs = has_migs(node)  # nmigs only where MIG instances are: a server may not have the resource
     answer.vnodes[host] = {"ncpus": 0, "mem": "0kb", "ngpus": 0}  # as pbs-conf: it all goes to NUMA vnodes
     if migs:
         answer.vnodes[host]["nmigs"] = 0
     for vnode in plan_vnodes(node):
-        answer.vnodes[f"{host}[{vnode.numa_node}]"] = {
-            "ncpus": len(vnode.cpus), "mem": f"{vnode.memory_mib}mb", "ngpus": len(vnode.gpu_minors)}
+        name = f"{host}[{vnode.numa_node}]"
+        answer.vnodes[name] = {"ncpus": len(vnode.cpus), "mem": f"{vnode.memory_mib}mb",
+                               "ngpus": counts[name]}
         if migs:
-            answer.vnodes[f"{host}[{vnode.numa_node}]"]["nmigs"] = vnode.nmigs
+            answer.vnodes[name]["nmigs"] = vnode.nmigs
 
 
 def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:

@@ -20,7 +20,12 @@ from gpuslurm.runner import run_command
 from gpuslurm.samples import Allocation
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from gpuslurm.config import GpuOutConfig
     from gpuslurm.hw.model import Node
+    from gpuslurm.pbs.qstat import PbsNode
+    from gpuslurm.state.out_of_service import OutOfService
 
 MAX_COMMENT = 1000  # a job's comment: PBS keeps longer strings, but qstat -f is read by people
 MAX_NODE_COMMENT = 79  # pbsnodes -C keeps 79 characters (snprintf(Comment, 80, ...) in pbsnodes.c)
@@ -81,8 +86,11 @@ class PbsScheduler:
 
     def __init__(self, *, qstat: str, pbsnodes: str, timeout: float, jobs_dir: str | None = None,
                  qalter: str = "/opt/pbs/bin/qalter", qhold: str = "/opt/pbs/bin/qhold",
-                 qrerun: str = "/opt/pbs/bin/qrerun", qdel: str = "/opt/pbs/bin/qdel") -> None:
+                 qrerun: str = "/opt/pbs/bin/qrerun", qdel: str = "/opt/pbs/bin/qdel",
+                 qmgr: str = "/opt/pbs/bin/qmgr", gpu_out: GpuOutConfig | None = None) -> None:
         self.qstat = qstat
+        self.qmgr = qmgr
+        self.gpu_out = gpu_out
         self.pbsnodes = pbsnodes
         self.qalter = qalter
         self.qhold = qhold
@@ -169,3 +177,47 @@ class PbsScheduler:
             value = f'"{value}"'
         run_command([self.qalter, "-W", f"comment={value}", check_pbs_job_id(job_id)],
                     timeout=self.timeout, check=check)
+
+    def requeue_job(self, job_id: str, reason: str) -> str:
+        """``qrerun`` (the job goes back to the queue, not held), its comment naming ``reason``;
+        a job PBS cannot rerun is deleted."""
+        check_pbs_job_id(job_id)
+        try:
+            run_command([self.qrerun, job_id], timeout=self.timeout)
+        except CommandError:
+            run_command([self.qdel, job_id], timeout=self.timeout)
+            return "deleted (PBS cannot rerun it)"
+        self.set_admin_comment(job_id, reason, check=False)
+        return "requeued"
+
+    def set_final_comment(self, job_id: str, text: str) -> str:
+        """The job's comment as it ends (qalter; PBS refuses it once the job has finished)."""
+        self.set_admin_comment(job_id, text)
+        return f"comment: {text}"
+
+    def vnodes(self) -> tuple[PbsNode, ...]:
+        """Every vnode, as ``pbsnodes -av -F json`` shows it."""
+        from gpuslurm.pbs.qstat import parse_pbsnodes_json
+
+        result = run_command([self.pbsnodes, "-av", "-F", "json"], timeout=self.timeout)
+        return parse_pbsnodes_json(result.stdout)
+
+    def run_qmgr(self, directive: str) -> None:
+        """One ``qmgr -c DIRECTIVE`` (the caller has made every value in it safe to quote)."""
+        run_command([self.qmgr, "-c", directive], timeout=self.timeout)
+
+    def apply_gpus_out(self, node_name: str, node: Node, out: Mapping[str, OutOfService]) -> str:
+        """The vnode holding each GPU out of service publishes one GPU fewer, with a comment naming
+        it (:mod:`gpuslurm.pbs.gpu_out`); safe to repeat."""
+        from gpuslurm.config import GpuOutConfig
+        from gpuslurm.pbs.gpu_out import PbsGpuOut, reconcile
+
+        host = check_node_name(node_name, source="node name")
+        cfg = self.gpu_out or GpuOutConfig()
+        cmds = PbsGpuOut(
+            read_vnodes=self.vnodes,
+            qmgr=self.run_qmgr,
+            offline=self.drain_node, online=self.resume_node,
+            allocations=lambda: self.node_allocations(host, node),
+            notify=self.set_admin_comment, requeue=self.requeue_job, job_on_gpu=cfg.job_on_gpu)
+        return reconcile(node, host, out, cmds)

@@ -16,22 +16,24 @@ The parsers are pure; the commands go through :mod:`gpuslurm.runner`.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from gpuslurm.errors import GpuslurmError, InputError
-from gpuslurm.policy.admission import NO_TIER, TIERS, AdmissionConfig, AdmissionState, step
+from gpuslurm.errors import InputError
 from gpuslurm.policy.throttle import check_user
 from gpuslurm.runner import run_command
-from gpuslurm.safedir import read_private_file, write_private_file
 from gpuslurm.slurm.squeue import SqueueJob, gpu_indices, parse_squeue_json
-from gpuslurm.times import in_range
+from gpuslurm.watch.admission import MAX_LIMIT as MAX_LIMIT  # the round is neutral; kept importable here
+from gpuslurm.watch.admission import STATE_FILE as STATE_FILE
+from gpuslurm.watch.admission import UTILISATION_METRIC as UTILISATION_METRIC
+from gpuslurm.watch.admission import auto_round as auto_round
+from gpuslurm.watch.admission import load_state as load_state
+from gpuslurm.watch.admission import prometheus_utilisation
+from gpuslurm.watch.admission import save_state as save_state
 
 _GRES_ITEM = re.compile(r"^gpu(?::[^:(]*)?:(\d{1,6})(?:\(.*\))?$")
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(-?\d{1,9})(?:,|$)")
 _NODE_GRES = re.compile(r"(?:^| )Gres=(\S*)")
-UTILISATION_METRIC = "gpuslurm_gpu_utilization_ratio"
 
 
 def node_gpu_count(gres: str) -> int:
@@ -95,6 +97,8 @@ def parse_gpu_limits(text: str) -> dict[str, tuple[int | None, ...]]:
 class SlurmAdmission:
     """The commands, with the programs' absolute paths and a timeout."""
 
+    limit_key = "gres/gpu"
+
     def __init__(self, *, squeue: str = "/usr/bin/squeue", scontrol: str = "/usr/bin/scontrol",
                  sacctmgr: str = "/usr/bin/sacctmgr", timeout: float = 30.0,
                  env: dict[str, str] | None = None, utilisation_source: str = "") -> None:
@@ -119,21 +123,7 @@ class SlurmAdmission:
 
     def read_utilisation(self, now: float) -> float | None:
         """The GPUs' mean utilisation over the last 5 minutes (0..1), or None without a source."""
-        if self.utilisation_source is None:
-            return None
-        from gpuslurm.report.prometheus import PrometheusClient
-
-        client = PrometheusClient(self.utilisation_source, timeout_s=self.timeout)
-        items = client.instant(f"avg(avg_over_time({UTILISATION_METRIC}[5m]))", now)
-        value = items[0].get("value") if items else None
-        try:
-            util = float(value[1]) if isinstance(value, list) and len(value) == 2 else None
-        except (TypeError, ValueError):
-            util = None
-        if util is None or not 0 <= util <= 1:
-            raise InputError(f"no utilisation in Prometheus ({UTILISATION_METRIC}): are the node "
-                             "monitors scraped?", source=f"prometheus:{self.utilisation_source}")
-        return util
+        return prometheus_utilisation(self.utilisation_source, now, self.timeout)
 
     def set_limit(self, user: str, limit: int | None) -> None:
         """``GrpTRES=gres/gpu=limit`` on every association of ``user`` (None lifts it)."""
@@ -141,113 +131,8 @@ class SlurmAdmission:
         run_command([self.sacctmgr, "-i", "modify", "user", "where", f"name={check_user(user)}", "set",
                      f"GrpTRES=gres/gpu={value}"], timeout=self.timeout, env=self.env)
 
+    def limit_text(self, limit: int) -> str:
+        return f"GrpTRES=gres/gpu={limit}"
 
-# --- one round of `gpuslurm throttle auto` --------------------------------------------------
-
-STATE_FILE = "admission.json"
-MAX_STATE_BYTES = 1 << 20
-MAX_LIMIT = 1 << 24  # GPUs per user: far above any cluster
-
-
-def load_state(directory: str, tiers: tuple[tuple[float, float], ...] = TIERS) -> AdmissionState:
-    """The state a previous round saved in ``directory`` (root's, private), or a fresh one.
-
-    The file is reached and checked like every root path (:mod:`gpuslurm.safedir`); a missing or
-    malformed one is a fresh start, which forgets the limits this set (they are then left alone,
-    never lifted: docs/throttle.md). Malformed includes any value :func:`save_state` never writes:
-    a tier that is not one of ``tiers``, a time or back-off that is not finite and in range (a NaN
-    would hold a limit forever), a limit that is not a whole number of GPUs.
-    """
-    data = read_private_file(directory, STATE_FILE, MAX_STATE_BYTES)
-    if data is None:
-        return AdmissionState()
-    try:
-        doc = json.loads(data)
-        tier = doc["tier"]
-        if type(tier) is not int or not NO_TIER <= tier < len(tiers):
-            raise ValueError(f"not a tier: {tier!r}")
-        limits = tuple((check_user(_text(u)), _gpus(n)) for u, n in doc["limits"])
-        low_since, eased_at = (_opt_time(doc[k]) for k in ("low_since", "eased_at"))
-        backoff = _opt_time(doc["backoff_s"])
-        if backoff is not None and backoff <= 0:
-            raise ValueError(f"not a back-off: {backoff!r}")
-        return AdmissionState(tier, low_since, backoff, eased_at, limits)
-    except (ValueError, TypeError, KeyError, InputError, RecursionError):
-        return AdmissionState()
-
-
-def _text(value: object) -> str:
-    if type(value) is not str:
-        raise TypeError(f"not a user name: {value!r}")
-    return value
-
-
-def _gpus(value: object) -> int:
-    if type(value) is not int or not 0 < value <= MAX_LIMIT:
-        raise ValueError(f"not a GPU limit: {value!r}")
-    return value
-
-
-def _opt_time(value: object) -> float | None:
-    """None, or a number of seconds in the range of :mod:`gpuslurm.times` (never NaN or infinite)."""
-    if value is None:
-        return None
-    if type(value) not in (int, float) or not in_range(value):
-        raise ValueError(f"not a time: {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def save_state(directory: str, state: AdmissionState) -> None:
-    doc = {"tier": state.tier, "low_since": state.low_since, "backoff_s": state.backoff_s,
-           "eased_at": state.eased_at, "limits": [list(x) for x in state.limits]}
-    write_private_file(directory, STATE_FILE, json.dumps(doc).encode() + b"\n")
-
-
-def auto_round(adm: SlurmAdmission, state: AdmissionState, cfg: AdmissionConfig, now: float, *,
-               dry_run: bool, log: Callable[[str], None]) -> AdmissionState:
-    """Read the load, decide (:func:`gpuslurm.policy.admission.step`), apply; the new state.
-
-    A limit is set only on a user whose associations carry no GPU limit of someone else's, and
-    lifted only while it is still the one this set; otherwise the user is left alone and forgotten.
-    """
-    total, usage = adm.read_load()
-    load = sum(usage.values()) / total if total else 0.0
-    try:
-        utilisation = adm.read_utilisation(now)
-    except GpuslurmError as exc:  # the tiers still work on allocation alone
-        log(f"utilisation not read, the band controller waits: {exc}")
-        utilisation = None
-    new, changes, notes = step(state, load=load, usage=usage, total_gpus=total, now=now, cfg=cfg,
-                               utilisation=utilisation)
-    for note in notes:
-        log(note)
-    if not changes:
-        return new
-    existing = adm.read_limits()
-    applied = dict(state.limits)
-    verb = "would " if dry_run else ""
-    for change in changes:
-        ours = applied.get(change.user)
-        foreign = sorted({v for v in existing.get(change.user, ()) if v is not None and v != ours})
-        if foreign:
-            log(f"leave {change.user} alone: gres/gpu={','.join(map(str, foreign))} was not set by gpuslurm")
-            applied.pop(change.user, None)
-            continue
-        if change.user not in existing:
-            log(f"cannot limit {change.user}: no association in slurmdbd")
-            continue
-        what = f"GrpTRES=gres/gpu={change.limit}" if change.limit is not None else "lift the GPU limit"
-        try:
-            if not dry_run:
-                adm.set_limit(change.user, change.limit)
-        except GpuslurmError as exc:
-            log(f"failed to set {what} for {change.user}: {exc}")
-            continue
-        log(f"{verb}{'set ' + what if change.limit is not None else what} for {change.user}: {change.why}")
-        if change.limit is None:
-            applied.pop(change.user, None)
-        else:
-            applied[change.user] = change.limit
-    if dry_run:
-        return new._replace(limits=state.limits)  # nothing was changed in Slurm
-    return new._replace(limits=tuple(sorted(applied.items())))
+    def cannot_limit(self, user: str, existing: dict[str, tuple[int | None, ...]]) -> str | None:
+        return None if user in existing else "no association in slurmdbd"
