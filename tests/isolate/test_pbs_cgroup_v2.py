@@ -191,3 +191,31 @@ def test_pbs_attach_of_a_process_not_the_users_moves_nothing_and_kills_nothing(s
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+MKDIR = """
+import errno, os, sys
+for what, act in (("mkdir", lambda: os.mkdir(sys.argv[1] + "/escape")),
+                  ("subtree", lambda: open(sys.argv[1] + "/cgroup.subtree_control", "w").write("+pids")),
+                  ("kill", lambda: open(sys.argv[1] + "/cgroup.kill", "w").write("1"))):
+    try:
+        act()
+        print(what, "OK")
+    except OSError as exc:
+        print(what, errno.errorcode.get(exc.errno, exc.errno))
+"""
+
+
+def test_the_user_cannot_make_a_child_cgroup_or_touch_the_jobs_control_files(site: Path) -> None:
+    """A child cgroup of the user's own could hold a BPF program of theirs (or none at all in an
+    override attachment): the job's cgroup is root's, so ``nobody`` can make none, nor enable
+    controllers or kill the cgroup's processes (the end's job)."""
+    rc, _, lines = call("execjob_begin")
+    assert rc == 0, lines
+    cgroup = Path(v2_pbs_dir(UNIFIED, JOB))
+    proc = as_nobody(["/usr/bin/python3", "-c", MKDIR, str(cgroup)])
+    out, err = proc.communicate(timeout=60)
+    assert out.split("\n")[:3] == ["mkdir EACCES", "subtree EACCES", "kill EACCES"], (out, err)
+    assert [p.name for p in cgroup.iterdir() if p.is_dir()] == []
+    rc, _, lines = call("execjob_end")
+    assert rc == 0 and not cgroup.exists(), lines
