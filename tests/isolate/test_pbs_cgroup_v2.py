@@ -163,3 +163,59 @@ def test_the_monitor_attributes_a_process_in_it_to_the_pbs_job() -> None:
     # only at the hierarchy's top: below it, or in a user's own delegated cgroup, no job
     assert parse_cgroup(f"0::/system.slice/x.service/{V2_PBS_PARENT}/job_{JOB}\n") is None
     assert parse_cgroup(f"0::/user.slice/user-1.slice/user@1.service/{V2_PBS_PARENT}/job_{JOB}\n") is None
+
+
+def test_pbs_attach_of_a_process_not_the_users_moves_nothing_and_kills_nothing(site: Path) -> None:
+    """pbs_mom runs execjob_attach with whatever pid ``pbs_attach -p`` names, and checks that the
+    process is the job's user's only after its hooks ran. The job's user (``nobody``) names a
+    root daemon's pid: it stays where it is (the attach refused, exit 2), and the job's end, which
+    kills everything in the job's cgroup, leaves it alive; the user's own process still joins."""
+    rc, _, lines = call("execjob_begin")
+    assert rc == 0, lines
+    cgroup = Path(v2_pbs_dir(UNIFIED, JOB))
+    victim = subprocess.Popen(["/bin/sleep", "300"])  # root's: a daemon on the node
+    own = as_nobody(["/bin/sleep", "300"])
+    try:
+        before = Path(f"/proc/{victim.pid}/cgroup").read_text()
+        rc, _, lines = call("execjob_attach", pid=victim.pid)
+        assert rc == 2 and "not the job's user's" in lines[-1], lines
+        assert Path(f"/proc/{victim.pid}/cgroup").read_text() == before
+        rc, _, lines = call("execjob_attach", pid=own.pid)
+        assert rc == 0 and any(f"process {own.pid} joined {cgroup}" in line for line in lines), lines
+        rc, _, lines = call("execjob_end")
+        assert rc == 0, lines
+        assert own.wait(timeout=10) == -9
+        assert victim.poll() is None and not cgroup.exists()
+    finally:
+        for proc in (victim, own):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+MKDIR = """
+import errno, os, sys
+for what, act in (("mkdir", lambda: os.mkdir(sys.argv[1] + "/escape")),
+                  ("subtree", lambda: open(sys.argv[1] + "/cgroup.subtree_control", "w").write("+pids")),
+                  ("kill", lambda: open(sys.argv[1] + "/cgroup.kill", "w").write("1"))):
+    try:
+        act()
+        print(what, "OK")
+    except OSError as exc:
+        print(what, errno.errorcode.get(exc.errno, exc.errno))
+"""
+
+
+def test_the_user_cannot_make_a_child_cgroup_or_touch_the_jobs_control_files(site: Path) -> None:
+    """A child cgroup of the user's own could hold a BPF program of theirs (or none at all in an
+    override attachment): the job's cgroup is root's, so ``nobody`` can make none, nor enable
+    controllers or kill the cgroup's processes (the end's job)."""
+    rc, _, lines = call("execjob_begin")
+    assert rc == 0, lines
+    cgroup = Path(v2_pbs_dir(UNIFIED, JOB))
+    proc = as_nobody(["/usr/bin/python3", "-c", MKDIR, str(cgroup)])
+    out, err = proc.communicate(timeout=60)
+    assert out.split("\n")[:3] == ["mkdir EACCES", "subtree EACCES", "kill EACCES"], (out, err)
+    assert [p.name for p in cgroup.iterdir() if p.is_dir()] == []
+    rc, _, lines = call("execjob_end")
+    assert rc == 0 and not cgroup.exists(), lines

@@ -136,3 +136,30 @@ def test_a_pbs_job_on_cgroup_v2_opens_only_its_gpus_and_cannot_leave(hooked_v2: 
     status = hooked_v2.cluster.wait(jobid)
     assert re.search(r"^\s*Exit_status = 0$", status, re.M), (status, text)
     assert not (hooked_v2.cgroup / V2_PBS_PARENT / f"job_{jobid}").exists()
+
+
+ATTACH_JOB = """\
+{attach} -j $PBS_JOBID -p {victim} > {out}/$PBS_JOBID.attach 2>&1
+echo "rc=$?" >> {out}/$PBS_JOBID.attach
+"""
+
+
+def test_pbs_attach_of_a_root_process_neither_moves_nor_kills_it(hooked_v2: Hooked) -> None:
+    """The job's user (``gpuspbs1``) runs ``pbs_attach -p`` with a root daemon's pid: pbs_mom runs
+    execjob_attach before it checks the process's owner, and gpuslurm moved the daemon into the
+    job's cgroup, whose end killed it. Now the attach is refused and the daemon lives on."""
+    assert hooked_v2.cgroup is not None
+    victim = subprocess.Popen(["/bin/sleep", "300"])  # root's
+    try:
+        before = Path(f"/proc/{victim.pid}/cgroup").read_text()
+        script = ATTACH_JOB.format(attach=PREFIX / "bin" / "pbs_attach", victim=victim.pid,
+                                   out=hooked_v2.out)
+        jobid = hooked_v2.cluster.qsub(["-l", "select=1:ncpus=1:ngpus=1"], script)
+        hooked_v2.cluster.wait(jobid)
+        said = (hooked_v2.out / f"{jobid}.attach").read_text()
+        assert "rc=0" not in said, said
+        assert victim.poll() is None, said
+        assert Path(f"/proc/{victim.pid}/cgroup").read_text() == before, said
+    finally:
+        victim.kill()
+        victim.wait()

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslurm.errors import InputError
-from gpuslurm.pbs.classic import EXIT_USAGE, _vnode_name, main
+from gpuslurm.pbs.classic import EXIT_USAGE, _vnode_name, check_args, main
 from gpuslurm.pbs.classic_install import MARKER, plan_scripts, script_text, write_script
 
 PYTHON = "/usr/bin/python3"
@@ -106,3 +106,28 @@ def test_with_gpuslurms_hook_enabled_the_scripts_leave_the_job_to_it(tmp_path: P
     hk.write_text("type=site\nenabled=false\n")
     rc = main("prologue", ["1.pbshost", "root", "root"], environ, io.StringIO(), mom_priv=str(tmp_path))
     assert rc == EXIT_USAGE  # now it runs, and the missing config stops it
+
+
+@given(st.lists(st.text(), min_size=7, max_size=7), st.integers(0, 200_000))
+def test_the_users_own_epilogue_arguments_never_stop_the_clean_up(rest: list[str], long: int) -> None:
+    """The job name, account (``qsub -A``: PBS bounds neither its length nor its text), resources
+    and the rest are the user's: whatever they hold, the epilogue's arguments pass (they are not
+    read), so a job cannot keep its leftovers alive by its account string."""
+    rest[5] = "a" * long + rest[5]  # the account
+    argv = ["1.pbshost", "root", "root", *rest]
+    assert check_args("epilogue", argv) == argv
+
+
+def test_an_error_file_that_cannot_be_written_does_not_stop_the_script(tmp_path: Path) -> None:
+    """pbs_mom points the scripts' stderr at the job's error file, the user's (a full quota, a
+    FIFO whose reader left): every write failing (/dev/full: ENOSPC), the script still runs to its
+    own exit code (here 2: the config is missing), not a traceback."""
+    import subprocess
+    import sys
+
+    env = {"GPUSLURM_CONFIG": str(tmp_path / "missing.toml"), "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-m", "gpuslurm.pbs.classic", "epilogue", "1.pbshost", "root", "root",
+            "name", "1", "", "", "workq", "null", "0"]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(argv, stderr=full, env=env, timeout=60, check=False)
+    assert done.returncode == EXIT_USAGE

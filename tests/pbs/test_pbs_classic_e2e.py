@@ -220,3 +220,32 @@ def test_an_unhealthy_gpu_takes_the_vnode_offline_and_the_job_is_requeued_not_ru
         if pinned is not None:
             classic.cluster.run(QDEL, "-W", "force", pinned, check=False)
         _online(classic.cluster, vnode)
+
+
+def test_a_job_with_a_huge_account_string_still_has_its_leftover_killed(classic: Classic) -> None:
+    """The attacker's own job sets an account of 8000 characters (``qsub -A``: PBS bounds it
+    nowhere); pbs_mom passes it to the epilogue, which must still kill the leftover (it refused
+    its arguments before: "an argument is too long", exit 2)."""
+    node = load_node(str(classic.bundle))
+    jobid = classic.cluster.qsub(["-A", "acct" * 2000, "-l", "select=1:ncpus=1:ngpus=1"],
+                                 JOB.format(out=classic.out))
+    pid = int(_wait_file(classic.out / f"{jobid}.leftover", classic, jobid))
+    pidfd = os.pidfd_open(pid)
+    health = classic.bundle / "health.json"
+    try:
+        numa = int(re.search(r"exec_vnode = \(pbshost\[(\d+)\]", classic.cluster.job(jobid)).group(1))  # type: ignore[union-attr]
+        gpu = min((g for g in node.gpus if g.numa_node == numa), key=lambda g: g.index).uuid
+        health.write_text(json.dumps({gpu: {"processes": [{"pid": pid, "user": classic.cluster.user}]}}))
+        (classic.out / f"release-{jobid}").touch()
+        classic.cluster.wait(jobid)
+        import select
+
+        assert select.select([pidfd], [], [], 15)[0], f"pid {pid} still runs\n{classic.mom_log()[-3000:]}"
+        assert not (classic.jobs_dir / f"{jobid}.json").exists()
+    finally:
+        health.unlink(missing_ok=True)
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(pidfd)

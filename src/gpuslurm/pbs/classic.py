@@ -50,7 +50,7 @@ KINDS = {"prologue": 3, "epilogue": 10}  # the arguments pbs_mom passes (argv[1:
 EXIT_USAGE = 2
 EXIT_UNHEALTHY = 3  # not 1: pbs_mom aborts (deletes) a job whose prologue exits 1
 EXIT_INTERNAL = 70
-MAX_ARG = 4096  # pbs_mom's resource lists are cut at 2048
+MAX_ARG = 4096  # for the arguments read: the job id, user and group
 
 
 def main(kind: str, argv: Sequence[str], environ: Mapping[str, str] | None = None,
@@ -109,7 +109,9 @@ def check_args(kind: str, argv: Sequence[str]) -> list[str]:
                                       if kind == "epilogue" else "")
         raise InputError(f"the {kind} takes {want} arguments ({names}), as pbs_mom passes them; "
                          f"got {len(args)}", source="pbs_mom's arguments")
-    if any(len(a) > MAX_ARG or "\0" in a for a in args):
+    # only the job id, user and group are read: the rest (job name, account, ...) are the user's
+    # own text, unbounded by PBS (qsub -A), and must not stop the epilogue's clean-up
+    if any(len(a) > MAX_ARG or "\0" in a for a in args[:3]):
         raise InputError("an argument is too long", source="pbs_mom's arguments")
     check_pbs_job_id(args[0])
     user = args[1]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpuslurm.errors import GpuslurmError, HardwareError, InputError
 from gpuslurm.tuples import TYPE_CHECKING
@@ -173,9 +173,52 @@ def _join(req: PbsRequest, cfg: Config, log: HookLog) -> None:
     if req.pid is None:
         raise InputError(f"pid is missing for {req.event}", source="PBS hook request")
     join = join_v1 if version == 1 else join_v2
-    path = join(root, job_id, req.pid)  # HardwareError when it fails: the task must not run
+    if req.event != "execjob_attach":  # execjob_launch: pbs_mom's own child, root's until it execs
+        path = join(root, job_id, req.pid)  # HardwareError when it fails: the task must not run
+    else:  # the pid the user gave pbs_attach, which pbs_mom checks only after its hooks ran
+        path = _join_users_process(req, cfg, join)
     if path is not None:
         log.info(f"process {req.pid} joined {path}")
+
+
+def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, int], str | None]
+                        ) -> str | None:
+    """``join`` the attached process only when it is the job's user's: every uid in
+    ``/proc/PID/status`` (real, effective, saved, file system) the job's. pbs_mom runs execjob_attach
+    with any pid ``pbs_attach -p`` names and refuses a stranger's only afterwards: moved into the
+    job's cgroup, root's or another user's process would lose its GPUs and be killed at the job's
+    end. The process is held by a pidfd while it is read and moved, so a pid reused in between is
+    refused (InputError: exit 2, the attach refused)."""
+    import signal
+
+    job_id, _ = req.require_job()
+    pid = req.pid
+    assert pid is not None
+    uid = _job(req, cfg, strict=False).uid
+    source = f"execjob_attach of job {job_id}"
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:
+        raise InputError(f"process {pid}: {exc.strerror}", source=source) from None
+    try:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as fh:
+                status = fh.read(1 << 16).decode("ascii", "replace")
+            signal.pidfd_send_signal(pidfd, 0)  # still the process the pidfd holds
+        except OSError as exc:
+            raise InputError(f"process {pid}: {exc.strerror}", source=source) from None
+        uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+        if len(uids) != 4 or any(u != str(uid) for u in uids):
+            raise InputError(f"process {pid} is not the job's user's (uid {uid}): not attached",
+                             source=source)
+        path = join(cfg.paths.cgroup_root, job_id, pid)
+        try:
+            signal.pidfd_send_signal(pidfd, 0)
+        except OSError:
+            raise InputError(f"process {pid} exited while it was attached", source=source) from None
+        return path
+    finally:
+        os.close(pidfd)
 
 
 def _end(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
