@@ -131,3 +131,26 @@ def test_an_error_file_that_cannot_be_written_does_not_stop_the_script(tmp_path:
     with open("/dev/full", "w") as full:
         done = subprocess.run(argv, stderr=full, env=env, timeout=60, check=False)
     assert done.returncode == EXIT_USAGE
+
+
+def test_a_gpu_out_of_service_is_not_one_of_the_jobs_gpus(tmp_path: Path) -> None:
+    """`gpu offline` lowered the vnode's ngpus by one; the prologue must not name that GPU among the
+    job's (the core refuses a job given a GPU out of service: every job on the vnode would be
+    requeued, again and again)."""
+    from gpuslurm.config import load_config
+    from gpuslurm.hooks.log import HookLog
+    from gpuslurm.hw.source import load_node
+    from gpuslurm.pbs.classic import _job_gpus
+    from gpuslurm.state.out_of_service import OutOfServiceStore, take_out
+
+    conf = tmp_path / "gpuslurm.toml"
+    conf.write_text(f'[paths]\nstate_dir = "{tmp_path}/state"\nrun_dir = "{tmp_path}/run"\n')
+    cfg = load_config(str(conf))
+    log = HookLog("test", stream=io.StringIO(), use_syslog=False)
+    node = load_node("dgx-h100")
+    everything = _job_gpus([("dgx-h100[0]", 4)], "dgx-h100", "dgx-h100", cfg, log)
+    assert everything is not None and len(everything) == 4
+    third = next(g for g in node.gpus if g.uuid == everything[2])
+    take_out(OutOfServiceStore(cfg.paths.state_dir), node.gpus, third, "Xid 79", "admin", now=1.0)
+    left = _job_gpus([("dgx-h100[0]", 3)], "dgx-h100", "dgx-h100", cfg, log)
+    assert left == everything[:2] + everything[3:]

@@ -199,15 +199,18 @@ def gpu_shares(job: PbsJob, host: str) -> list[tuple[str, int]]:
 
 def _job_gpus(shares: list[tuple[str, int]], host: str, spec: str | None, cfg: Config,
               log: HookLog) -> tuple[str, ...] | None:
-    """Every GPU of the job's GPU vnodes here (module docstring); None when it has none here."""
+    """Every GPU of the job's GPU vnodes here (module docstring) but those out of service (their
+    vnode's ``ngpus`` no longer counts them: naming one would refuse every job placed there, a
+    requeue loop); None when it has none here."""
     if not shares:
         return None
     from gpuslurm.hooks.cache import placement_node
-    from gpuslurm.pbs.begin import vnode_shares
+    from gpuslurm.pbs.begin import out_of_service, vnode_shares
 
     node = placement_node(spec, cfg.paths.run_dir, log.warning)
+    out = out_of_service(cfg)
     uuids = tuple(dict.fromkeys(g.uuid for w in vnode_shares(node, host, tuple(shares))
-                                for g in w.candidates))
+                                for g in w.candidates if g.uuid.lower() not in out))
     if not uuids:
         raise HardwareError(f"the job has GPUs on vnode(s) {', '.join(v for v, _ in shares)}, "
                             f"but {host} has none there")
