@@ -219,3 +219,28 @@ def test_the_user_cannot_make_a_child_cgroup_or_touch_the_jobs_control_files(sit
     assert [p.name for p in cgroup.iterdir() if p.is_dir()] == []
     rc, _, lines = call("execjob_end")
     assert rc == 0 and not cgroup.exists(), lines
+
+
+def test_pbs_attach_cannot_move_the_users_process_out_of_another_jobs_cgroup(site: Path) -> None:
+    """The same user runs two jobs; ``pbs_attach -j A -p PID`` with a process of job B would take
+    it out of B's device limits (and out of B's end): refused, it stays in B."""
+    other = "42.pbshost"
+    rc, _, lines = call("execjob_begin")
+    assert rc == 0, lines
+    rc, _, lines = call("execjob_begin", job_id=other)
+    assert rc == 0, lines
+    own = as_nobody(["/bin/sleep", "300"])
+    try:
+        rc, _, lines = call("execjob_attach", job_id=other, pid=own.pid)
+        assert rc == 0, lines
+        before = Path(f"/proc/{own.pid}/cgroup").read_text()
+        assert f"/job_{other}" in before
+        rc, _, lines = call("execjob_attach", pid=own.pid)
+        assert rc == 2 and f"is in job {other}'s cgroup" in lines[-1], lines
+        assert Path(f"/proc/{own.pid}/cgroup").read_text() == before
+    finally:
+        assert call("execjob_end", job_id=other)[0] == 0
+        if own.poll() is None:
+            own.kill()
+        own.wait()
+        assert not Path(v2_pbs_dir(UNIFIED, other)).exists()

@@ -211,6 +211,9 @@ def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, 
         if len(uids) != 4 or any(u != str(uid) for u in uids):
             raise InputError(f"process {pid} is not the job's user's (uid {uid}): not attached",
                              source=source)
+        other = _other_job(pid, job_id, source)
+        if other is not None:  # the user's process of another job: it would leave that job's limits
+            raise InputError(f"process {pid} is in job {other}'s cgroup: not attached", source=source)
         path = join(cfg.paths.cgroup_root, job_id, pid)
         try:
             signal.pidfd_send_signal(pidfd, 0)
@@ -219,6 +222,22 @@ def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, 
         return path
     finally:
         os.close(pidfd)
+
+
+def _other_job(pid: int, job_id: str, source: str) -> str | None:
+    """The job other than ``job_id`` whose cgroup (the scheduler's or gpuslurm's) holds ``pid``."""
+    from gpuslurm.state.cgroup import parse_cgroup_path
+
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as fh:
+            text = fh.read(1 << 16).decode("utf-8", "replace")
+    except OSError as exc:
+        raise InputError(f"process {pid}: {exc.strerror}", source=source) from None
+    for line in text.splitlines():
+        job = parse_cgroup_path(line.split(":", 2)[-1])
+        if job is not None and job.job_id != job_id:
+            return job.job_id
+    return None
 
 
 def _end(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
