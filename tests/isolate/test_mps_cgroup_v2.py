@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cgroup_helpers import PROBE, as_nobody, make_gpu_files, parse_probe, unavailable
+from cgroup_helpers import PROBE, UNIFIED, as_nobody, make_gpu_files, parse_probe, v2_unavailable
 from test_mps_daemon import (
     JOB,
     NOBODY,
@@ -28,7 +28,6 @@ from test_mps_daemon import (
     quiet,
 )
 
-from gpuslurm.errors import HardwareError
 from gpuslurm.isolate import bpf
 from gpuslurm.isolate.devices import V2_MPS_PARENT, cgroup_version, remove_cgroup, v2_mps_dir
 from gpuslurm.runner import run_command
@@ -36,7 +35,6 @@ from gpuslurm.slurm.hooks import run_epilog, run_prolog
 
 __all__ = ["mps"]  # the fixture, shared with test_mps_daemon
 
-UNIFIED = "/sys/fs/cgroup/unified"
 # As the job's user: write argv[2] into the cgroup.procs argv[1]; prints OK or the errno name.
 MOVE = """
 import errno, sys
@@ -50,15 +48,7 @@ except OSError as exc:
 
 
 def _skip_reason() -> str | None:
-    reason = unavailable("cgroup v2 MPS tests")
-    if reason is None and cgroup_version(UNIFIED) != 2:
-        return f"no cgroup2 hierarchy at {UNIFIED}"
-    if reason is None:
-        try:
-            os.close(bpf.load_device_program(bpf.deny_program([])))
-        except HardwareError as exc:
-            return f"bpf(2) is not permitted here: {exc}"
-    return reason
+    return v2_unavailable("cgroup v2 MPS tests")
 
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
