@@ -67,6 +67,21 @@ def parse_probe(output: str) -> dict[str, str]:
     return {Path(p).name: r for p, r in (line.split() for line in output.splitlines() if line.strip())}
 
 
+def probe_as_nobody_in(cgroup_procs: str, minors: range = range(8)) -> dict[str, str]:
+    """Fake ``nvidia<minor>`` files opened by ``nobody`` from inside the cgroup whose
+    ``cgroup.procs`` is given: ``{"nvidia<minor>": "ENXIO" (let through) or "EPERM" (refused)}``."""
+    from gpuslurm.runner import run_command
+
+    gpus = make_gpu_files(minors)
+    gpu_dir = next(gpus)
+    try:
+        out = run_command([SYSTEM_PYTHON, "-c", PROBE, *(str(gpu_dir / f"nvidia{m}") for m in minors)],
+                          user=NOBODY, group=65534, cgroup_procs=cgroup_procs, timeout=30).stdout
+    finally:
+        gpus.close()
+    return parse_probe(out)
+
+
 def as_nobody(argv: list[str], **kwargs: object) -> subprocess.Popen[str]:
     env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
     env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
