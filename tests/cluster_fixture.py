@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,6 +189,23 @@ def users_python(root: Path) -> str:
     src = Path(importlib.util.find_spec("gpuslurm").origin or "").resolve().parents[1]  # type: ignore[union-attr]
     (site / "gpuslurm-checkout.pth").write_text(f"{src}\n")
     return str(venv / "bin" / "python")
+
+
+@contextmanager
+def users_site(prefix: str) -> Iterator[Path]:
+    """A fresh 0755 directory in /tmp (an ordinary user can reach it) with ``users_python`` in it
+    and a 0755 copy of the dgx-h100 bundle at ``bundle``; removed at the end."""
+    from gpuslurm.hw.source import bundle_path
+
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        base.chmod(0o755)
+        users_python(base)
+        shutil.copytree(str(bundle_path("dgx-h100")), base / "bundle")
+        os.chmod(base / "bundle", 0o755)
+        yield base
+    finally:
+        shutil.rmtree(base)
 
 
 def _gpuslurm_bin(state_dir: Path) -> str:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os  # loaded by every interpreter at start; pathlib is not, and the hooks avoid it
 
+TYPE_CHECKING = False  # mypy takes any name TYPE_CHECKING as true; only typing's costs an import
+if TYPE_CHECKING:
+    from typing import NoReturn
+
 # Exit codes, assigned in one place (cli.main maps exceptions onto these).
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # a check ran and found mismatches (gres-conf --check)
@@ -23,6 +27,24 @@ _LINE_BREAKS = {ord(c): " " for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
 def one_line(message: str) -> str:
     """``message`` with every line separator (``\\n``, CR, U+2028, ...) turned into a space."""
     return message.translate(_LINE_BREAKS)
+
+
+def exit_now(code: int, run_atexit: bool = True) -> NoReturn:
+    """Exit a hook process with ``code`` at once: the atexit functions run (unless not
+    ``run_atexit``; what interpreter shutdown would run first), stdout and stderr flushed, and no
+    interpreter shutdown after (``os._exit``)."""
+    import sys
+
+    if run_atexit:
+        import atexit
+
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed by the caller: nothing more can be said
+            pass
+    os._exit(code)
 
 
 class GpuslurmError(Exception):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,14 +23,13 @@ import pytest
 
 from cluster_fixture import install_hooks, slurm_accounting_cluster  # noqa: F401 - module fixture
 from gpuslurm.hooks.epilog import admin_comment
-from gpuslurm.hw.source import BUILTIN_DIR
+from slurm_helpers import SCONTROL, conf_with, hook_lines, hooks_paths, hooks_root
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-SCONTROL = "/usr/bin/scontrol"
 SACCT = "/usr/bin/sacct"
 SSHARE = "/usr/bin/sshare"
 
@@ -74,19 +72,13 @@ class Hooked:
 @pytest.fixture(scope="module")
 def hooked(slurm_accounting_cluster: SlurmCluster) -> Iterator[Hooked]:  # noqa: F811
     cluster = slurm_accounting_cluster
-    root = Path(tempfile.mkdtemp(prefix="gpuslurm-acct-"))
-    root.chmod(0o755)
-    bundle = root / "bundle"
-    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    root, bundle = hooks_root("gpuslurm-acct-")
     config = root / "gpuslurm.toml"
-    config.write_text(f'[paths]\nrun_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\n'
-                      f'scontrol = "{SCONTROL}"\nsacctmgr = "/usr/bin/sacctmgr"\n'
-                      f'slurm_cgroup_conf = "{cluster.conf.parent / "cgroup.conf"}"\n'
+    config.write_text(hooks_paths(root, cluster) + 'sacctmgr = "/usr/bin/sacctmgr"\n'
                       '[hooks]\ncommand_timeout_s = 20\n[epilog]\nadmin_comment = true\n')
     prefix = install_hooks(root, config, bundle)
     original = cluster.conf.read_text()
-    lines = f"Prolog={prefix}/gpuslurm-prolog\nEpilog={prefix}/gpuslurm-epilog\n"
-    cluster.conf.write_text(original.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
+    cluster.conf.write_text(conf_with(original, hook_lines(prefix, task_prolog=False)))
     try:
         _run(cluster, SCONTROL, "reconfigure")
         _wait_idle(cluster)

@@ -15,8 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,18 +24,26 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cluster_fixture import install_hooks
-from gpuslurm.hw.source import BUILTIN_DIR, load_node
+from gpuslurm.hw.source import load_node
+from slurm_helpers import (
+    SCONTROL,
+    NodeControl,
+    conf_with,
+    hook_lines,
+    hooks_paths,
+    hooks_root,
+    short_hostname,
+)
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-SCONTROL = "/usr/bin/scontrol"
 
 
 @dataclass
-class HookedCluster:
+class HookedCluster(NodeControl):
     cluster: SlurmCluster
     root: Path
     bundle: Path
@@ -51,65 +57,31 @@ class HookedCluster:
     def summary(self, jobid: int) -> Path:
         return self.root / "state" / "jobs" / f"{jobid}-summary.json"
 
-    def scontrol(self, *args: str) -> str:
-        return subprocess.run([SCONTROL, *args], env=self.cluster.env, capture_output=True, text=True,
-                              check=True, timeout=30).stdout
-
-    def node_field(self, name: str) -> str:
-        out = self.scontrol("-o", "show", "node", self.node)
-        match = re.search(rf"\b{name}=(.*?)(?= \w+=|$)", out.strip())
-        return match.group(1) if match else ""
-
     def hook_log(self) -> str:
         """What the hooks wrote to stderr, as slurmd logged it."""
         path = self.cluster.log_dir / "slurmd.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-
-def _wait_node(hc: HookedCluster, pattern: str, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    state = ""
-    while time.monotonic() < deadline:
-        state = hc.node_field("State")
-        if re.search(pattern, state):
-            return state
-        time.sleep(0.3)
-    raise TimeoutError(f"node {hc.node} is {state}, not {pattern}\n{hc.cluster.log_tail()}\n{hc.hook_log()}")
+    def node_detail(self) -> str:
+        return f"{self.cluster.log_tail()}\n{self.hook_log()}"
 
 
 @pytest.fixture(scope="module")
 def hooked(slurm_cluster: SlurmCluster) -> Iterator[HookedCluster]:
-    root = Path(tempfile.mkdtemp(prefix="gpuslurm-hooks-"))
-    root.chmod(0o755)  # the task prolog runs as the job's user
-    bundle = root / "bundle"
-    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    root, bundle = hooks_root("gpuslurm-hooks-")
     config = root / "gpuslurm.toml"
-    config.write_text(f'[paths]\nrun_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\n'
-                      f'scontrol = "{SCONTROL}"\n'
-                      # the cluster's own cgroup.conf (ConstrainDevices=yes): Slurm isolates
-                      f'slurm_cgroup_conf = "{slurm_cluster.conf.parent / "cgroup.conf"}"\n'
-                      '[hooks]\ncommand_timeout_s = 20\n')
+    config.write_text(hooks_paths(root, slurm_cluster) + '[hooks]\ncommand_timeout_s = 20\n')
     prefix = install_hooks(root, config, bundle)
     original = slurm_cluster.conf.read_text()
-    node = subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
-    hc = HookedCluster(slurm_cluster, root, bundle, node, [g.uuid for g in load_node(str(bundle)).gpus])
-    lines = (f"Prolog={prefix}/gpuslurm-prolog\nEpilog={prefix}/gpuslurm-epilog\n"
-             f"TaskProlog={prefix}/gpuslurm-task-prolog\n")
-    # Before the NodeName= line: slurm.conf options after node lines are still global, but keep it tidy.
-    slurm_cluster.conf.write_text(original.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
+    hc = HookedCluster(slurm_cluster, root, bundle, short_hostname(),
+                       [g.uuid for g in load_node(str(bundle)).gpus])
+    slurm_cluster.conf.write_text(conf_with(original, hook_lines(prefix)))
     try:
         hc.scontrol("reconfigure")
-        _wait_node(hc, r"^IDLE")
+        hc.wait_node(r"^IDLE")
         yield hc
     finally:
-        slurm_cluster.conf.write_text(original)
-        hc.scontrol("reconfigure")
-        subprocess.run([SCONTROL, "update", f"NodeName={node}", "State=RESUME"], env=slurm_cluster.env,
-                       capture_output=True, timeout=30, check=False)
-        try:
-            _wait_node(hc, r"^IDLE")
-        except TimeoutError as exc:
-            print(f"node did not come back: {exc}", file=sys.stderr)
+        hc.restore(original)
         if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
             shutil.rmtree(root, ignore_errors=True)
 
@@ -149,7 +121,7 @@ def test_unhealthy_gpu_drains_the_node_with_a_reason_naming_it(hooked: HookedClu
     jobid = None
     try:
         jobid = hooked.cluster.sbatch(["--gres=gpu:8"], "echo should not run\n")
-        _wait_node(hooked, r"DRAIN", timeout=60)
+        hooked.wait_node(r"DRAIN", timeout=60)
         reason = hooked.node_field("Reason")
         named = f"GPU index {sick} (/dev/nvidia{sick}, {hooked.uuids[sick]})"  # dgx-h100: minor == index
         assert f"gpuslurm: {named}: temperature 97 C over limit 85 C" in reason, \
@@ -161,7 +133,7 @@ def test_unhealthy_gpu_drains_the_node_with_a_reason_naming_it(hooked: HookedClu
         if jobid is not None:
             subprocess.run(["/usr/bin/scancel", str(jobid)], env=hooked.cluster.env, timeout=30, check=False)
         hooked.scontrol("update", f"NodeName={hooked.node}", "State=RESUME")
-        _wait_node(hooked, r"^IDLE", timeout=60)
+        hooked.wait_node(r"^IDLE", timeout=60)
 
 
 def test_epilog_kills_a_leftover_and_tries_the_admin_comment(hooked: HookedCluster,

@@ -10,7 +10,6 @@ reconfigured, the plugin and throttle file removed, the users' jobs cancelled, t
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import subprocess
 import sys
@@ -22,24 +21,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from slurm_helpers import PLUGIN, SCONTROL, User, job_submit_plugin
+
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "plugins" / "job_submit.lua"
-SBATCH, SCONTROL, SCANCEL = "/usr/bin/sbatch", "/usr/bin/scontrol", "/usr/bin/scancel"
+SBATCH = "/usr/bin/sbatch"
 _RELOAD = re.search(r"^local RELOAD_SECONDS = (\d+)", PLUGIN.read_text(), re.M)
 # After the file changes, the plugin sees it within its reload interval.
 SETTLE_S = (int(_RELOAD.group(1)) if _RELOAD else 3) + 1.0
-
-
-@dataclass
-class User:
-    name: str
-    uid: int
-    gid: int
 
 
 @dataclass
@@ -81,48 +73,11 @@ class Throttled:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _scontrol(cluster: SlurmCluster, *args: str) -> None:
-    subprocess.run([SCONTROL, *args], env=cluster.env, capture_output=True, text=True, timeout=60,
-                   check=True)
-
-
-def _make_user(name: str) -> User:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        pass
-    else:
-        pytest.fail(f"user {name} already exists; not touching it")
-    subprocess.run(["/usr/sbin/useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                    "--user-group", name], check=True, timeout=30)
-    pw = pwd.getpwnam(name)
-    return User(name, pw.pw_uid, pw.pw_gid)
-
-
 @pytest.fixture(scope="module")
 def throttled(slurm_cluster: SlurmCluster) -> Iterator[Throttled]:
-    if not os.access("/usr/sbin/useradd", os.X_OK):
-        pytest.skip("useradd is missing")
-    etc = slurm_cluster.conf.parent
-    original = slurm_cluster.conf.read_text()
     tag = os.getpid() % 100000
-    users: list[User] = []
-    try:
-        users += [_make_user(f"gsthr{tag}a"), _make_user(f"gsthr{tag}b")]
-        (etc / "job_submit.lua").write_text(PLUGIN.read_text())
-        slurm_cluster.conf.write_text(original.replace("\nNodeName=", "\nJobSubmitPlugins=lua\nNodeName=", 1))
-        _scontrol(slurm_cluster, "reconfigure")
-        yield Throttled(slurm_cluster, etc / "gpuslurm-throttle", users[0], users[1])
-    finally:
-        for user in users:
-            subprocess.run([SCANCEL, "-u", user.name], env=slurm_cluster.env, capture_output=True,
-                           timeout=30, check=False)
-        slurm_cluster.conf.write_text(original)
-        _scontrol(slurm_cluster, "reconfigure")
-        for name in ("job_submit.lua", "gpuslurm-throttle"):
-            (etc / name).unlink(missing_ok=True)
-        for user in users:
-            subprocess.run(["/usr/sbin/userdel", user.name], capture_output=True, timeout=30, check=False)
+    with job_submit_plugin(slurm_cluster, f"gsthr{tag}") as (a, b):
+        yield Throttled(slurm_cluster, slurm_cluster.conf.parent / "gpuslurm-throttle", a, b)
 
 
 def test_throttled_users_gpu_jobs_are_refused_with_the_message(throttled: Throttled) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
 import socket
 import subprocess
@@ -26,43 +25,23 @@ import pytest
 
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
+from slurm_helpers import SCANCEL, User, job_submit_plugin
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "plugins" / "job_submit.lua"
-SBATCH, SCONTROL, SCANCEL = "/usr/bin/sbatch", "/usr/bin/scontrol", "/usr/bin/scancel"
+SBATCH = "/usr/bin/sbatch"
 SETTLE_S = 4.5  # the plugin re-reads its file at most every 3 s
 THROTTLE_MIN = 0.4  # sync throttles last 24 s after the violation was last seen
 IDLE_WINDOW_S = 3
-
-
-class User(NamedTuple):
-    name: str
-    uid: int
-    gid: int
 
 
 class Running(NamedTuple):
     job: int
     pid: int
     gres_index: int
-
-
-def _user(name: str) -> User:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        pass
-    else:
-        pytest.fail(f"user {name} already exists; not touching it")
-    subprocess.run(["/usr/sbin/useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                    "--user-group", name], check=True, timeout=30)
-    pw = pwd.getpwnam(name)
-    return User(name, pw.pw_uid, pw.pw_gid)
 
 
 class Scene:
@@ -107,34 +86,13 @@ class Scene:
 
 @pytest.fixture
 def scene(slurm_cluster: SlurmCluster) -> Iterator[Scene]:
-    if not os.access("/usr/sbin/useradd", os.X_OK):
-        pytest.skip("useradd is missing")
-    # Not pytest's tmp_path: its parents are 0700 and the users' jobs write their marks here.
-    root = slurm_cluster.state_dir / f"watch-act-{os.getpid()}"
-    root.mkdir()
-    root.chmod(0o1777)
-    etc = slurm_cluster.conf.parent
-    original = slurm_cluster.conf.read_text()
     tag = os.getpid() % 100000
-    users: list[User] = []
-    try:
-        users += [_user(f"gswa{tag}a"), _user(f"gswa{tag}b")]
-        (etc / "job_submit.lua").write_text(PLUGIN.read_text())
-        slurm_cluster.conf.write_text(original.replace("\nNodeName=", "\nJobSubmitPlugins=lua\nNodeName=", 1))
-        subprocess.run([SCONTROL, "reconfigure"], env=slurm_cluster.env, check=True, timeout=60,
-                       capture_output=True)
-        yield Scene(slurm_cluster, root, users[0], users[1])
-    finally:
-        for user in users:
-            subprocess.run([SCANCEL, "-u", user.name], env=slurm_cluster.env, capture_output=True,
-                           timeout=30, check=False)
-        slurm_cluster.conf.write_text(original)
-        subprocess.run([SCONTROL, "reconfigure"], env=slurm_cluster.env, capture_output=True,
-                       timeout=60, check=False)
-        for name in ("job_submit.lua", "gpuslurm-throttle"):
-            (etc / name).unlink(missing_ok=True)
-        for user in users:
-            subprocess.run(["/usr/sbin/userdel", user.name], capture_output=True, timeout=30, check=False)
+    with job_submit_plugin(slurm_cluster, f"gswa{tag}") as (a, b):
+        # Not pytest's tmp_path: its parents are 0700 and the users' jobs write their marks here.
+        root = slurm_cluster.state_dir / f"watch-act-{os.getpid()}"
+        root.mkdir()
+        root.chmod(0o1777)
+        yield Scene(slurm_cluster, root, a, b)
 
 
 def test_a_rogue_process_gets_its_user_throttled_until_expiry(scene: Scene) -> None:

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cluster_fixture import users_python
+from cluster_fixture import users_site
 from gpuslurm.hw.bundlecache import CACHE_FILE
-from gpuslurm.hw.source import bundle_path
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays root and nobody")
@@ -27,17 +24,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays root and nobody
 
 @pytest.fixture
 def site() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="gpuslurm-cache-attack-"))  # in /tmp: nobody can reach it
-    base.chmod(0o755)
-    users_python(base)  # an interpreter nobody can run, this checkout's gpuslurm importable
-    shutil.copytree(str(bundle_path("dgx-h100")), base / "bundle")
-    os.chmod(base / "bundle", 0o755)
-    (base / "home").mkdir(mode=0o755)
-    os.chown(base / "home", NOBODY, NOBODY)
-    try:
+    # in /tmp: nobody can reach it, and run users-venv's python with this checkout's gpuslurm
+    with users_site("gpuslurm-cache-attack-") as base:
+        (base / "home").mkdir(mode=0o755)
+        os.chown(base / "home", NOBODY, NOBODY)
         yield base
-    finally:
-        shutil.rmtree(base)
 
 
 def _pick(env: dict[str, str], bundle: Path) -> dict[str, object]:

@@ -10,14 +10,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import cgroup_helpers
 import pytest
-from cgroup_helpers import PROBE, make_gpu_files, parse_probe, unavailable
+from cgroup_helpers import PROBE, make_gpu_files, parse_probe, v2_unavailable
 
 from gpuslurm.errors import HardwareError
 from gpuslurm.isolate import bpf
 from gpuslurm.isolate.devices import Device, setup_v2
 
-UNIFIED = Path("/sys/fs/cgroup/unified")
+UNIFIED = Path(cgroup_helpers.UNIFIED)
 
 
 def test_program_layout() -> None:
@@ -32,15 +33,7 @@ def test_program_layout() -> None:
 
 
 def _skip_reason() -> str | None:
-    reason = unavailable("BPF device tests")
-    if reason is None and not (UNIFIED / "cgroup.controllers").exists():
-        return f"no cgroup2 hierarchy at {UNIFIED}"
-    if reason is None:
-        try:
-            os.close(bpf.load_device_program(bpf.deny_program([])))
-        except HardwareError as exc:
-            return f"bpf(2) is not permitted here: {exc}"
-    return reason
+    return v2_unavailable("BPF device tests")
 
 
 needs_bpf = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))

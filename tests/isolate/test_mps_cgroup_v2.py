@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cgroup_helpers import PROBE, as_nobody, make_gpu_files, parse_probe, unavailable
+from cgroup_helpers import UNIFIED, as_nobody, probe_as_nobody_in, v2_unavailable
 from test_mps_daemon import (
     JOB,
-    NOBODY,
-    NOGROUP,
     SYSTEM_PYTHON,
     Mps,
     hook_site,
@@ -28,15 +26,12 @@ from test_mps_daemon import (
     quiet,
 )
 
-from gpuslurm.errors import HardwareError
 from gpuslurm.isolate import bpf
 from gpuslurm.isolate.devices import V2_MPS_PARENT, cgroup_version, remove_cgroup, v2_mps_dir
-from gpuslurm.runner import run_command
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
 
 __all__ = ["mps"]  # the fixture, shared with test_mps_daemon
 
-UNIFIED = "/sys/fs/cgroup/unified"
 # As the job's user: write argv[2] into the cgroup.procs argv[1]; prints OK or the errno name.
 MOVE = """
 import errno, sys
@@ -50,15 +45,7 @@ except OSError as exc:
 
 
 def _skip_reason() -> str | None:
-    reason = unavailable("cgroup v2 MPS tests")
-    if reason is None and cgroup_version(UNIFIED) != 2:
-        return f"no cgroup2 hierarchy at {UNIFIED}"
-    if reason is None:
-        try:
-            os.close(bpf.load_device_program(bpf.deny_program([])))
-        except HardwareError as exc:
-            return f"bpf(2) is not permitted here: {exc}"
-    return reason
+    return v2_unavailable("cgroup v2 MPS tests")
 
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
@@ -115,15 +102,9 @@ def test_on_cgroup_v2_the_prolog_confines_the_daemon_in_its_own_cgroup(mps: Mps)
             assert len(bpf.attached_program_ids(fd)) == 1
         finally:
             os.close(fd)
-        gpus = make_gpu_files(range(8))
-        gpu_dir = next(gpus)
-        try:  # as the user, in the daemon's cgroup (dgx-h100: minor = index)
-            out = run_command([SYSTEM_PYTHON, "-c", PROBE, *(str(gpu_dir / f"nvidia{m}") for m in range(8))],
-                              user=NOBODY, group=NOGROUP, cgroup_procs=str(cgroup / "cgroup.procs"),
-                              timeout=30).stdout
-        finally:
-            gpus.close()
-        assert parse_probe(out) == {f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
+        # as the user, in the daemon's cgroup (dgx-h100: minor = index)
+        assert probe_as_nobody_in(str(cgroup / "cgroup.procs")) == {
+            f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
         for target in (f"{UNIFIED}/cgroup.procs", f"{UNIFIED}/{V2_MPS_PARENT}/cgroup.procs"):
             attempt = as_nobody([SYSTEM_PYTHON, "-c", MOVE, target, str(pid)])
             assert attempt.communicate(timeout=30)[0].strip() == "EACCES"  # the daemon stays in
@@ -181,15 +162,9 @@ def test_on_cgroup_v2_where_gpuslurm_isolates_the_daemon_still_has_its_own_cgrou
         assert job.is_dir()
         [pid] = processes_with(mps.run_dir)
         assert v2_cgroup_of(pid) == f"/{V2_MPS_PARENT}/mps_{JOB}"
-        gpus = make_gpu_files(range(8))
-        gpu_dir = next(gpus)
-        try:
-            out = run_command([SYSTEM_PYTHON, "-c", PROBE, *(str(gpu_dir / f"nvidia{m}") for m in range(8))],
-                              user=NOBODY, group=NOGROUP, cgroup_procs=str(cgroup / "cgroup.procs"),
-                              timeout=30).stdout
-        finally:
-            gpus.close()
-        assert parse_probe(out) == {f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
+        # as the user, in the daemon's cgroup (dgx-h100: minor = index)
+        assert probe_as_nobody_in(str(cgroup / "cgroup.procs")) == {
+            f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
         log = quiet("epilog")
         assert run_epilog(env, log) == 0, log.lines
         assert not live(pid) and not cgroup.exists() and not job.exists()

@@ -29,6 +29,7 @@ from gpuslurm.hooks.log import HookLog
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 from gpuslurm.isolate.mps import MpsRequest, start_mps, stop_mps
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
+from mps_helpers import live_with_pipe_under as processes_with  # also imported from here
 
 NOBODY = 65534
 NOGROUP = 65534
@@ -79,21 +80,6 @@ def live(pid: int) -> bool:
             return "\nState:\tZ" not in fh.read()  # our daemons are reparented to a pid 1 that may not reap
     except OSError:
         return False
-
-
-def processes_with(prefix: str) -> list[int]:
-    """Live processes whose CUDA_MPS_PIPE_DIRECTORY is under ``prefix``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(e.startswith(f"CUDA_MPS_PIPE_DIRECTORY={prefix}".encode()) for e in env) and live(int(name)):
-            found.append(int(name))
-    return found
 
 
 @pytest.fixture
@@ -784,19 +770,11 @@ def test_where_slurm_constrains_devices_the_prolog_confines_the_daemon_alone(mps
         assert f"devices:/gpuslurm/mps_{JOB}" in [line.split(":", 1)[1] for line in lines], lines
         assert (cgroup / "cgroup.procs").stat().st_uid == 0  # not the user's to join
         sys.path.insert(0, str(Path(__file__).parent))
-        from cgroup_helpers import PROBE, make_gpu_files, parse_probe
+        from cgroup_helpers import probe_as_nobody_in
 
-        from gpuslurm.runner import run_command
-
-        gpus = make_gpu_files(range(8))
-        gpu_dir = next(gpus)
-        try:  # as the user, in the daemon's cgroup: the job's GPUs 2 and 3 (dgx-h100: minor = index)
-            out = run_command([SYSTEM_PYTHON, "-c", PROBE, *(str(gpu_dir / f"nvidia{m}") for m in range(8))],
-                              user=NOBODY, group=NOGROUP, cgroup_procs=str(cgroup / "cgroup.procs"),
-                              timeout=30).stdout
-        finally:
-            gpus.close()
-        assert parse_probe(out) == {f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
+        # as the user, in the daemon's cgroup: the job's GPUs 2 and 3 (dgx-h100: minor = index)
+        assert probe_as_nobody_in(str(cgroup / "cgroup.procs")) == {
+            f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
         out = task_prolog_as_nobody(env)
         assert "CUDA_MPS_PIPE_DIRECTORY" in out  # the task prolog did not move the task there
         log = quiet("epilog")

@@ -22,15 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cgroup_helpers import as_nobody, make_gpu_files, unavailable
+from cgroup_helpers import UNIFIED, as_nobody, make_gpu_files, v2_unavailable
 
-from gpuslurm.errors import HardwareError
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 from gpuslurm.isolate import bpf
-from gpuslurm.isolate.devices import V2_PBS_PARENT, cgroup_version, v2_pbs_dir
+from gpuslurm.isolate.devices import V2_PBS_PARENT, v2_pbs_dir
 from gpuslurm.pbs.entry import main
 
-UNIFIED = "/sys/fs/cgroup/unified"
 JOB = "41.pbshost"
 # As the job's user: wait for a line (the launch has moved us), open each device, try to leave
 # the cgroup (write our pid into the root's and another cgroup's cgroup.procs), say where we are,
@@ -58,15 +56,7 @@ sys.stdin.readline()
 
 
 def _skip_reason() -> str | None:
-    reason = unavailable("cgroup v2 PBS isolation tests")
-    if reason is None and cgroup_version(UNIFIED) != 2:
-        return f"no cgroup2 hierarchy at {UNIFIED}"
-    if reason is None:
-        try:
-            os.close(bpf.load_device_program(bpf.deny_program([])))
-        except HardwareError as exc:
-            return f"bpf(2) is not permitted here: {exc}"
-    return reason
+    return v2_unavailable("cgroup v2 PBS isolation tests")
 
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))

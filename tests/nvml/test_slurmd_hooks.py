@@ -16,12 +16,10 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 from tests.nvml.conftest import ReplayLib, driver_lacks
@@ -30,19 +28,18 @@ from cluster_fixture import install_hooks
 from gpuslurm.hw.bundle import read_bundle
 from gpuslurm.hw.health import read_scenario
 from gpuslurm.hw.nvml_replay import dump_replay
-from gpuslurm.hw.source import BUILTIN_DIR
+from slurm_helpers import NodeControl, conf_with, hook_lines, hooks_paths, hooks_root, short_hostname
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-SCONTROL = "/usr/bin/scontrol"
 MODES = ("live", "replayed")
 
 
 @dataclass
-class LiveCluster:
+class LiveCluster(NodeControl):
     cluster: SlurmCluster
     root: Path
     bundle: Path
@@ -53,38 +50,20 @@ class LiveCluster:
     original_conf: str
     in_use: str = ""
     pair: list[int] = field(default_factory=list)  # the GPU indices Slurm gives a 2-GPU job here
+    node_timeout: ClassVar[float] = 60
 
     @property
     def jobs_dir(self) -> Path:
         return self.root / "run" / "jobs"
 
-    def scontrol(self, *args: str) -> str:
-        return subprocess.run([SCONTROL, *args], env=self.cluster.env, capture_output=True, text=True,
-                              check=True, timeout=30).stdout
-
-    def node_field(self, name: str) -> str:
-        out = self.scontrol("-o", "show", "node", self.node)
-        match = re.search(rf"\b{name}=(.*?)(?= \w+=|$)", out.strip())
-        return match.group(1) if match else ""
-
-    def wait_node(self, pattern: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        state = ""
-        while time.monotonic() < deadline:
-            state = self.node_field("State")
-            if re.search(pattern, state):
-                return state
-            time.sleep(0.3)
-        raise TimeoutError(f"node {self.node} is {state}, not {pattern}\n{self.cluster.log_tail(40)}")
+    def node_detail(self) -> str:
+        return self.cluster.log_tail(40)
 
     def use(self, mode: str) -> None:
         """Name ``mode``'s executables in slurm.conf and apply it."""
         if mode == self.in_use:
             return
-        prefix = self.prefixes[mode]
-        lines = (f"Prolog={prefix}/gpuslurm-prolog\nEpilog={prefix}/gpuslurm-epilog\n"
-                 f"TaskProlog={prefix}/gpuslurm-task-prolog\n")
-        self.cluster.conf.write_text(self.original_conf.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
+        self.cluster.conf.write_text(conf_with(self.original_conf, hook_lines(self.prefixes[mode])))
         self.scontrol("reconfigure")
         self.in_use = mode
         self.wait_node(r"^IDLE")
@@ -128,10 +107,7 @@ def _serve(bundle: Path, nvml_json: Path) -> None:
 
 @pytest.fixture(scope="module")
 def live_cluster(slurm_cluster: SlurmCluster, replay_lib: ReplayLib) -> Iterator[LiveCluster]:
-    root = Path(tempfile.mkdtemp(prefix="gpuslurm-live-hooks-"))
-    root.chmod(0o755)  # the task prolog runs as the job's user
-    bundle = root / "bundle"
-    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    root, bundle = hooks_root("gpuslurm-live-hooks-")
     model = read_bundle(bundle)
     nvml_dir = root / "nvml"  # root's, 0755, like a driver's directory
     nvml_dir.mkdir(mode=0o755)
@@ -141,9 +117,7 @@ def live_cluster(slurm_cluster: SlurmCluster, replay_lib: ReplayLib) -> Iterator
     library = nvml_dir / "libnvidia-ml.so.1"
     shutil.copy(built.directory / "libnvidia-ml.so.1", library)
     library.chmod(0o644)
-    paths = (f'[paths]\nrun_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\n'
-             f'scontrol = "{SCONTROL}"\n'
-             f'slurm_cgroup_conf = "{slurm_cluster.conf.parent / "cgroup.conf"}"\n')
+    paths = hooks_paths(root, slurm_cluster)
     prefixes = {}
     for mode in MODES:
         (root / mode).mkdir(mode=0o755)
@@ -152,21 +126,12 @@ def live_cluster(slurm_cluster: SlurmCluster, replay_lib: ReplayLib) -> Iterator
         config.write_text(paths + extra + "[hooks]\ncommand_timeout_s = 20\n")
         prefixes[mode] = install_hooks(root / mode, config, bundle if mode == "replayed" else None)
     assert "GPUSLURM_CAPTURE" not in (prefixes["live"] / "gpuslurm-prolog").read_text()
-    node = subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
-    lc = LiveCluster(slurm_cluster, root, bundle, nvml_json, prefixes, node, [g.uuid for g in model.gpus],
-                     slurm_cluster.conf.read_text())
+    lc = LiveCluster(slurm_cluster, root, bundle, nvml_json, prefixes, short_hostname(),
+                     [g.uuid for g in model.gpus], slurm_cluster.conf.read_text())
     try:
         yield lc
     finally:
-        slurm_cluster.conf.write_text(lc.original_conf)
-        subprocess.run([SCONTROL, "reconfigure"], env=slurm_cluster.env, capture_output=True, timeout=30,
-                       check=False)
-        subprocess.run([SCONTROL, "update", f"NodeName={node}", "State=RESUME"], env=slurm_cluster.env,
-                       capture_output=True, timeout=30, check=False)
-        try:
-            lc.wait_node(r"^IDLE")
-        except TimeoutError as exc:
-            print(f"node did not come back: {exc}")
+        lc.restore(lc.original_conf)
         if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
             shutil.rmtree(root, ignore_errors=True)
 

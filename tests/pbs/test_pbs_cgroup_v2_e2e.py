@@ -1,11 +1,11 @@
 """gpuslurm's PBS hook confining jobs on cgroup v2, through the real pbs_mom, as a real user.
 
-The module fixture installs the hook as tests/pbs/test_pbs_hooks_e2e.py does, with
-``[paths] cgroup_root`` on a cgroup2 mount: the host's one hierarchy mounted again where pbs_mom's
-namespace sees it (``ip netns exec`` mounts its own /sys, without the host's /sys/fs/cgroup).
-execjob_begin makes ``gpuslurm.pbs/job_<id>`` with the BPF device program, execjob_launch moves the
-job's shell into it, the job (as ``gpuspbs1``) opens every GPU and tries to leave, execjob_end
-removes the cgroup.
+The module fixture installs the hook as tests/pbs/test_pbs_hooks_e2e.py does (with
+pbs_helpers.hooks_installed), ``[paths] cgroup_root`` on a cgroup2 mount: the host's one hierarchy
+mounted again where pbs_mom's namespace sees it (``ip netns exec`` mounts its own /sys, without the
+host's /sys/fs/cgroup). execjob_begin makes ``gpuslurm.pbs/job_<id>`` with the BPF device program,
+execjob_launch moves the job's shell into it, the job (as ``gpuspbs1``) opens every GPU and tries
+to leave, execjob_end removes the cgroup.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_pbs_cluster import BUNDLE
-from test_pbs_hooks_e2e import HOOK_FILES, HOST, QMGR, Hooked, _job_report, _restart_mom, _wait_vnodes
+from pbs_helpers import Hooked, _job_report, copy_bundle, hooks_installed
 
 from gpuslurm.errors import HardwareError
-from gpuslurm.gres.pbs_vnodes import plan_vnodes
-from gpuslurm.hw.source import bundle_path, load_node
+from gpuslurm.hw.source import load_node
 from gpuslurm.isolate import bpf
 from gpuslurm.isolate.devices import V2_PBS_PARENT
 from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster
@@ -51,44 +49,26 @@ def hooked_v2(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
     if (reason := _skip_reason()) is not None:
         pytest.skip(reason)
     state = pbs_cluster.state_dir
-    numa = [f"{HOST}[{v.numa_node}]" for v in plan_vnodes(load_node(BUNDLE))]
     bundle = state / "bundle-v2"
-    source = bundle_path(BUNDLE)
-    assert source is not None
-    shutil.copytree(source, bundle)
+    copy_bundle(bundle)
     cgroup = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-cgroup2-", dir=STATE_PARENT))
     subprocess.run(["mount", "-t", "cgroup2", "gpuslurm-pbs-test", str(cgroup)], check=True, timeout=30)
     config = state / "gpuslurm-v2.toml"
     config.write_text(f'[paths]\nrun_dir = "{state}/gs-run"\nstate_dir = "{state}/gs-state"\n'
                       f'cgroup_root = "{cgroup}"\n[cgroup]\ndevices = "always"\n')
     config.chmod(0o644)
-    hooked = Hooked(pbs_cluster, bundle, config, cgroup)
     existed = (cgroup / V2_PBS_PARENT).exists()
     try:
-        installed = hooked.install()
-        assert installed.returncode == 0, installed.stderr
-        pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "remove", "gpuslurm-numa")
-        for name in numa:
-            pbs_cluster.run(QMGR, "-c", f"delete node {name}")
-        _restart_mom(pbs_cluster)
-        _wait_vnodes(pbs_cluster, numa)
-        yield hooked
+        with hooks_installed(Hooked(pbs_cluster, bundle, config, cgroup)) as hooked:
+            yield hooked
     finally:
-        for name in HOOK_FILES:
-            pbs_cluster.run(QMGR, "-c", f"delete hook {name}", check=False)
-        pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "insert", "gpuslurm-numa",
-                        str(state / "vnodes"), check=False)
-        try:
-            _restart_mom(pbs_cluster)
-            _wait_vnodes(pbs_cluster, numa)
-        finally:
-            if not existed:
-                try:
-                    (cgroup / V2_PBS_PARENT).rmdir()
-                except OSError:
-                    pass
-            subprocess.run(["umount", str(cgroup)], check=False, timeout=30)
-            shutil.rmtree(cgroup, ignore_errors=True)
+        if not existed:
+            try:
+                (cgroup / V2_PBS_PARENT).rmdir()
+            except OSError:
+                pass
+        subprocess.run(["umount", str(cgroup)], check=False, timeout=30)
+        shutil.rmtree(cgroup, ignore_errors=True)
 
 
 JOB = """\

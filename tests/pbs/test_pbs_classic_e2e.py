@@ -11,70 +11,37 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
-from test_pbs_cluster import BUNDLE, _vnodes
-from test_pbs_hooks_e2e import _online
+from pbs_helpers import HOST, Installed, _online, copy_bundle
 
-from gpuslurm.hw.source import bundle_path, load_node
+from gpuslurm.hw.source import load_node
 from pbs_fixture import PREFIX, PbsCluster
 
 pytestmark = pytest.mark.pbs
 
-PBSNODES = str(PREFIX / "bin" / "pbsnodes")
 QDEL = str(PREFIX / "bin" / "qdel")
-HOST = "pbshost"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class Classic:
-    cluster: PbsCluster
-    bundle: Path
-    config: Path
+class Classic(Installed):
+    """The classic scripts (``install --pbs --classic``)."""
+
+    run_name: ClassVar[str] = "cl-run"
+    state_name: ClassVar[str] = "cl-state"
+    install_flags: ClassVar[tuple[str, ...]] = ("--classic",)
 
     @property
     def mom_priv(self) -> Path:
         return self.cluster.state_dir / "home" / "mom_priv"
-
-    @property
-    def jobs_dir(self) -> Path:
-        return self.cluster.state_dir / "cl-run" / "jobs"
-
-    @property
-    def summaries(self) -> Path:
-        return self.cluster.state_dir / "cl-state" / "jobs"
-
-    @property
-    def out(self) -> Path:
-        return self.cluster.state_dir / "jobs"
-
-    def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
-        argv = ["/bin/bash", str(ROOT / "pbs-cluster" / "cluster.sh"), "exec", sys.executable, "-m",
-                "gpuslurm", "install", "--pbs", "--classic", "--config", str(self.config),
-                "--replay", str(self.bundle), *extra]
-        return subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True, timeout=300,
-                              check=False)
-
-    def mom_log(self) -> str:
-        logs = sorted((self.cluster.state_dir / "home" / "mom_logs").iterdir())
-        return "".join(p.read_text(errors="replace") for p in logs[-2:])
-
-    def vnodes(self) -> dict[str, dict[str, str]]:
-        return _vnodes(self.cluster.run(PBSNODES, "-av"))
-
-    def state(self, jobid: str) -> str:
-        match = re.search(r"^\s*job_state = (\S+)", self.cluster.job(jobid), re.M)
-        return match.group(1) if match else "?"
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +50,7 @@ def classic(pbs_cluster: PbsCluster, pbs_bin: Path) -> Iterator[Classic]:
     execution host has /etc/pbs.conf): qstat and qmgr are conftest's wrappers that set it."""
     state = pbs_cluster.state_dir
     bundle = state / "classic-bundle"
-    source = bundle_path(BUNDLE)
-    assert source is not None
-    shutil.copytree(source, bundle)
+    copy_bundle(bundle)
     config = state / "classic.toml"
     config.write_text(f'[paths]\nrun_dir = "{state}/cl-run"\nstate_dir = "{state}/cl-state"\n'
                       f'cgroup_root = "{state}/no-cgroup"\nqstat = "{pbs_bin}/qstat"\n'

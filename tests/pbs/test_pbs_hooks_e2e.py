@@ -10,112 +10,42 @@ hook's exechost_startup published. At the end it deletes the hook and puts the v
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_pbs_cluster import BUNDLE, _vnodes
+from pbs_helpers import HOST as HOST
+from pbs_helpers import PBSNODES as PBSNODES
+from pbs_helpers import QMGR as QMGR
+from pbs_helpers import Hooked as Hooked
+from pbs_helpers import _job_report as _job_report
+from pbs_helpers import _online as _online
+from pbs_helpers import _restart_mom as _restart_mom
+from pbs_helpers import _wait_vnodes as _wait_vnodes
+from pbs_helpers import copy_bundle, hooks_installed
+from test_pbs_cluster import BUNDLE
 
 from cluster_fixture import users_python
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
-from gpuslurm.hw.source import bundle_path, load_node
-from gpuslurm.pbs.install import HOOK_FILES
+from gpuslurm.hw.source import load_node
+from gpuslurm.pbs.install import HOOK_FILES as HOOK_FILES
 from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster
 
 pytestmark = pytest.mark.pbs
 
-QMGR = str(PREFIX / "bin" / "qmgr")
-PBSNODES = str(PREFIX / "bin" / "pbsnodes")
-HOST = "pbshost"
 V1_DEVICES = Path("/sys/fs/cgroup/devices/devices.deny")
-
-
-@dataclass
-class Hooked:
-    cluster: PbsCluster
-    bundle: Path
-    config: Path
-    cgroup: Path | None  # the devices hierarchy's mount, when the host has cgroup v1
-
-    @property
-    def jobs_dir(self) -> Path:
-        return self.cluster.state_dir / "gs-run" / "jobs"
-
-    @property
-    def summaries(self) -> Path:
-        return self.cluster.state_dir / "gs-state" / "jobs"
-
-    @property
-    def out(self) -> Path:  # the jobs write here as they run (PBS copies stdout only at the end)
-        return self.cluster.state_dir / "jobs"
-
-    def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
-        argv = ["/bin/bash", str(Path(__file__).resolve().parents[2] / "pbs-cluster" / "cluster.sh"), "exec",
-                sys.executable, "-m", "gpuslurm", "install", "--pbs", "--config", str(self.config),
-                "--replay", str(self.bundle), *extra]
-        return subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True, timeout=300,
-                              check=False)
-
-    def mom_log(self) -> str:
-        logs = sorted((self.cluster.state_dir / "home" / "mom_logs").iterdir())
-        return "".join(p.read_text(errors="replace") for p in logs[-2:])
-
-    def vnodes(self) -> dict[str, dict[str, str]]:
-        return _vnodes(self.cluster.run(PBSNODES, "-av"))
-
-    def state(self, jobid: str) -> str:
-        match = re.search(r"^\s*job_state = (\S+)", self.cluster.job(jobid), re.M)
-        return match.group(1) if match else "?"
-
-    def wait_state(self, jobid: str, states: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while (state := self.state(jobid)) not in states:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {jobid} is {state}, not {states}:\n{self.cluster.job(jobid)}")
-            time.sleep(0.5)
-        return state
-
-
-def _restart_mom(cluster: PbsCluster) -> None:
-    """Stop pbs_mom and start it again in a fresh `ip netns exec` (so it sees mounts made since)."""
-    lock = cluster.state_dir / "home" / "mom_priv" / "mom.lock"
-    pid = int(lock.read_text().split()[0])
-    os.kill(pid, 15)
-    for _ in range(100):
-        if not Path(f"/proc/{pid}").exists():
-            break
-        time.sleep(0.1)
-    cluster.run(str(PREFIX / "sbin" / "pbs_mom"))
-
-
-def _wait_vnodes(cluster: PbsCluster, names: list[str], timeout: float = 90) -> dict[str, dict[str, str]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        nodes = _vnodes(cluster.run(PBSNODES, "-av", check=False))
-        if all(nodes.get(n, {}).get("state") == "free" for n in names):
-            return nodes
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"vnodes {names} not free after {timeout}s: {nodes}")
-        time.sleep(1)
 
 
 @pytest.fixture(scope="module")
 def hooked(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
     state = pbs_cluster.state_dir
-    node = load_node(BUNDLE)
-    numa = [f"{HOST}[{v.numa_node}]" for v in plan_vnodes(node)]
     bundle = state / "bundle"
-    source = bundle_path(BUNDLE)
-    assert source is not None
-    shutil.copytree(source, bundle)
+    copy_bundle(bundle)
     cgroup = None
     if V1_DEVICES.exists():
         cgroup = Path(tempfile.mkdtemp(prefix="gpuslurm-pbs-cgroup-", dir=STATE_PARENT))
@@ -126,31 +56,14 @@ def hooked(pbs_cluster: PbsCluster) -> Iterator[Hooked]:
     config.write_text(f'[paths]\nrun_dir = "{state}/gs-run"\nstate_dir = "{state}/gs-state"\n'
                       f'cgroup_root = "{cgroup or state / "no-cgroup"}"\n')
     config.chmod(0o644)
-    hooked = Hooked(pbs_cluster, bundle, config, cgroup)
     try:
-        installed = hooked.install()
-        assert installed.returncode == 0, installed.stderr
-        # From now on the NUMA vnodes are the hook's: forget those the vnode file made.
-        pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "remove", "gpuslurm-numa")
-        for name in numa:
-            pbs_cluster.run(QMGR, "-c", f"delete node {name}")
-        _restart_mom(pbs_cluster)
-        _wait_vnodes(pbs_cluster, numa)
-        yield hooked
+        with hooks_installed(Hooked(pbs_cluster, bundle, config, cgroup)) as hooked:
+            yield hooked
     finally:
-        for name in HOOK_FILES:  # every hook install --pbs made
-            pbs_cluster.run(QMGR, "-c", f"delete hook {name}", check=False)
-        pbs_cluster.run(str(PREFIX / "sbin" / "pbs_mom"), "-s", "insert", "gpuslurm-numa",
-                        str(state / "vnodes"), check=False)
-        try:
-            _restart_mom(pbs_cluster)
-            _wait_vnodes(pbs_cluster, numa)
-        finally:
-            shutil.rmtree(bundle, ignore_errors=True)  # the next module's fixture copies it again
-            if cgroup is not None:
-                subprocess.run(["umount", str(cgroup / "devices")], check=False, timeout=30)
-                shutil.rmtree(cgroup, ignore_errors=True)
-            shutil.rmtree(bundle, ignore_errors=True)  # another module's instance copies it again
+        if cgroup is not None:
+            subprocess.run(["umount", str(cgroup / "devices")], check=False, timeout=30)
+            shutil.rmtree(cgroup, ignore_errors=True)
+        shutil.rmtree(bundle, ignore_errors=True)  # another module's instance copies it again
 
 
 def test_install_again_changes_nothing_and_mends_what_drifted(hooked: Hooked) -> None:
@@ -187,24 +100,6 @@ done
 mv $out.tmp $out
 while [ ! -e {out}/release-$PBS_JOBID ]; do sleep 0.2; done
 """
-
-
-def _job_report(hooked: Hooked, jobid: str, timeout: float = 60) -> dict[str, str]:
-    path = hooked.out / jobid
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {jobid} wrote nothing:\n{hooked.cluster.job(jobid)}")
-        time.sleep(0.3)
-    report = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("/dev/"):
-            dev, _, what = line.partition(" ")
-            report[dev] = what
-        else:
-            key, _, value = line.partition("=")
-            report[key] = value
-    return report
 
 
 def _exec_vnode_numa(status: str) -> int:
@@ -305,19 +200,6 @@ def test_a_gpu_fault_takes_its_vnode_offline_and_the_job_does_not_run_there(hook
     finally:
         health.unlink(missing_ok=True)
         _online(hooked.cluster, vnode)
-
-
-def _online(cluster: PbsCluster, vnode: str, timeout: float = 60) -> None:
-    """Put ``vnode`` back online without a comment (a job refused there may still offline it once)."""
-    deadline = time.monotonic() + timeout
-    while True:  # pbsnodes -r names hosts, not vnodes ("Unknown node"): qmgr does
-        cluster.run(QMGR, "-c", f"set node {vnode} state -= offline", check=False)
-        cluster.run(QMGR, "-c", f"unset node {vnode} comment", check=False)
-        if _vnodes(cluster.run(PBSNODES, "-av", check=False)).get(vnode, {}).get("state") == "free":
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{vnode} did not come back online")
-        time.sleep(1)
 
 
 def test_gpuslurm_failing_refuses_begin_but_never_an_end(hooked: Hooked) -> None:

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cluster_fixture import users_python
+from cluster_fixture import users_site
 from gpuslurm.hooks.cache import PLACEMENT_FILE, placement_node
-from gpuslurm.hw.source import bundle_path, load_node
+from gpuslurm.hw.source import load_node
 from gpuslurm.pbs.entry import CODE
 
 NOBODY = 65534
@@ -31,16 +29,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays root and nobody
 
 @pytest.fixture
 def site() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="gpuslurm-placement-cache-"))  # in /tmp: nobody can reach it
-    base.chmod(0o755)
-    users_python(base)  # an interpreter nobody can run, this checkout's gpuslurm importable
-    shutil.copytree(str(bundle_path("dgx-h100")), base / "bundle")
-    os.chmod(base / "bundle", 0o755)
-    (base / "run").mkdir(mode=0o755)
-    try:
+    # in /tmp: nobody can reach it, and run users-venv's python with this checkout's gpuslurm
+    with users_site("gpuslurm-placement-cache-") as base:
+        (base / "run").mkdir(mode=0o755)
         yield base
-    finally:
-        shutil.rmtree(base)
 
 
 def _as_nobody(base: Path, code: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,6 @@ both and must agree exactly. A wrong bucket alignment (one bucket = 5 samples) b
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -32,6 +31,7 @@ from typing import Any, NamedTuple
 import pytest
 from prom_helpers import Prom, api, normal_exposition
 
+from cgroup_paths import in_cgroup
 from gpuslurm.hw.source import load_node
 from gpuslurm.report import prometheus as promsrc
 from gpuslurm.report.compute import Policy, compute
@@ -84,27 +84,6 @@ def _scenario(t0: float, trainer: int, rogue: int) -> dict[str, Any]:
     return {"start": t0, "steps": steps}
 
 
-@contextlib.contextmanager
-def _job_cgroup(job: str, pid: int) -> Iterator[None]:
-    path = FREEZER / "slurm" / "uid_0" / f"job_{job}" / "step_0"
-    made = [p for p in (FREEZER / "slurm", FREEZER / "slurm" / "uid_0", path.parent, path) if not p.exists()]
-    for p in made:
-        p.mkdir()
-    (path / "cgroup.procs").write_text(f"{pid}\n")
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            (FREEZER / "cgroup.procs").write_text(f"{pid}\n")
-        for p in reversed(made):
-            for _ in range(50):
-                try:
-                    p.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def run(prometheus: Prom, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     if os.geteuid() != 0 or not (FREEZER / "cgroup.procs").exists():
@@ -129,7 +108,7 @@ def run(prometheus: Prom, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     env = {**os.environ, "GPUSLURM_CONFIG": str(config), "GPUSLURM_SCENARIO": str(scenario)}
     monitor = None
     try:
-        with _job_cgroup(job, trainer.pid):
+        with in_cgroup(FREEZER, f"slurm/uid_0/job_{job}/step_0", trainer.pid):
             monitor = subprocess.Popen(
                 [sys.executable, "-m", "gpuslurm", "monitor", "--from", "dgx-h100", "--interval", "1",
                  "--db", db, "--prometheus-port", str(prometheus.exporter_port)],

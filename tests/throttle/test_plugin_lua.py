@@ -115,26 +115,19 @@ dump_logs()
 
 
 def test_capped_user_gets_at_most_n_gpus_other_gres_kept(tmp_path: Path) -> None:
-    path = _file(tmp_path, Throttle("alice", NOW + HOUR, "cap", 2, NOW, "", "idle GPUs"))
-    lines = run_lua(_use(path) + """
-local function show(name, fields)
-  local j = job(fields)
-  local rc = slurm_job_submit(j, {}, 1000)
-  out(name, rc, j.tres_per_node or "", j.tres_per_job or "", j.tres_per_task or "")
-end
+    shown, user = _capped(tmp_path, """
 show("node", {tres_per_node = "gres:gpu:h100:8,gres:mps:100"})
 show("job", {tres_per_job = "gres/gpu:5"})
 show("under", {tres_per_node = "gres:gpu:1"})
 show("task", {tres_per_task = "gres:gpu:4", num_tasks = 2})
 show("task-too-many", {tres_per_task = "gres:gpu:1", num_tasks = 3})
-dump_logs()
 """)
-    assert lines[0] == "node|0|gres:gpu:h100:2,gres:mps:100||"
-    assert lines[1] == "job|0||gres/gpu:2|"
-    assert lines[2] == "under|0|gres:gpu:1||"
-    assert lines[3] == "task|0|||gres:gpu:1"
-    assert lines[4] == "task-too-many|-1|||gres:gpu:1"
-    user = [line for line in lines if line.startswith("USER ")]
+    assert list(shown) == ["node", "job", "under", "task", "task-too-many"]
+    assert shown["node"] == ["0", "gres:gpu:h100:2,gres:mps:100", "", ""]
+    assert shown["job"] == ["0", "", "gres/gpu:2", ""]
+    assert shown["under"] == ["0", "gres:gpu:1", "", ""]
+    assert shown["task"] == ["0", "", "", "gres:gpu:1"]
+    assert shown["task-too-many"] == ["-1", "", "", "gres:gpu:1"]
     assert "reduced to 2 GPU(s)" in user[0]
     assert "3 task(s)" in user[-1] and "--gpus=2" in user[-1]
 

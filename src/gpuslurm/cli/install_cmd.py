@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import click
 
 from gpuslurm.install import CGROUP_SNIPPET_NAME, DEFAULT_PREFIX
+
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
 
 
 def _warn(message: str) -> None:
@@ -111,9 +115,16 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
                   f"the job's user) cannot start {path}")
 
 
-def _checked_sources(python: str, config: str, capture: str) -> str:
+class _Sources(NamedTuple):
+    python: str  # the interpreter
+    config: Config | None  # the config read, None without one
+    package: str  # the gpuslurm package directory the interpreter imports
+
+
+def _checked_sources(python: str, config: str, capture: str, runs: str = "scripts") -> _Sources:
     """The interpreter (default: this one), config and bundle checked as every install checks
-    them (root's, not writable by others; the config must parse); the interpreter."""
+    them (root's, not writable by others; the config must parse). ``runs`` names what will run
+    the interpreter, for the warning when it imports another gpuslurm."""
     import os
     import sys
 
@@ -128,15 +139,16 @@ def _checked_sources(python: str, config: str, capture: str) -> str:
     here = str(Path(lib.__file__).resolve().parent)
     there = lib.probe_interpreter(python)
     if there != here:
-        _warn(f"the scripts will run the gpuslurm in {there}, not this one ({here})")
+        _warn(f"the {runs} will run the gpuslurm in {there}, not this one ({here})")
+    cfg = None
     if config:
         lib.check_config_path(config)
-        load_config(config)  # a config that does not hold would fail every job: refuse it now
+        cfg = load_config(config)  # a config that does not hold would fail every job: refuse it now
     if capture:
         if not os.path.isabs(capture) or "\n" in capture or not os.path.isdir(capture):
             raise InputError("--replay must name an existing directory by its absolute path", capture)
         lib.check_trusted_dir(Path(capture), "a capture bundle")
-    return python
+    return _Sources(python, cfg, there)
 
 
 def install_pbs_classic(pbs_home: str, python: str, config: str, capture: str, dry_run: bool,
@@ -148,7 +160,7 @@ def install_pbs_classic(pbs_home: str, python: str, config: str, capture: str, d
     from gpuslurm import install as lib
     from gpuslurm.pbs import classic_install as classic
 
-    python = _checked_sources(python, config, capture)
+    python = _checked_sources(python, config, capture).python
     mom_priv = os.path.join(pbs_home or classic.pbs_home(), "mom_priv")
     lib.check_trusted_dir(Path(mom_priv), "PBS's mom_priv")
     steps = classic.plan_scripts(mom_priv, python, config, capture, force)
@@ -172,30 +184,12 @@ def install_pbs_classic(pbs_home: str, python: str, config: str, capture: str, d
 def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool) -> None:
     """Import every hook of :data:`gpuslurm.pbs.install.HOOK_FILES` into PBS (see that module)."""
     import os
-    import sys
 
-    from gpuslurm import install as lib
     from gpuslurm.config import load_config
-    from gpuslurm.errors import InputError
     from gpuslurm.pbs import install as pbs
 
     run = pbs.qmgr_runner(qmgr or pbs.default_qmgr())
-    python = python or os.path.abspath(sys.executable)
-    if not os.path.isabs(python) or "\n" in python:
-        raise InputError("the interpreter must be an absolute path", python)
-    lib.check_interpreter(python)
-    here = str(Path(lib.__file__).resolve().parent)
-    there = lib.probe_interpreter(python)
-    if there != here:
-        _warn(f"the hooks will run the gpuslurm in {there}, not this one ({here})")
-    cfg = None
-    if config:
-        lib.check_config_path(config)
-        cfg = load_config(config)  # a config that does not hold would fail every hook: refuse it now
-    if capture:
-        if not os.path.isabs(capture) or "\n" in capture or not os.path.isdir(capture):
-            raise InputError("--replay must name an existing directory by its absolute path", capture)
-        lib.check_trusted_dir(Path(capture), "a capture bundle")
+    python, cfg, there = _checked_sources(python, config, capture, runs="hooks")
     would = "would " if dry_run else ""
     steps = pbs.plan_resources(run)
     for name in pbs.HOOK_FILES:

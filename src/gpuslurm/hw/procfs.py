@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 PROC_ROOT = "/proc"
 _GONE = (errno.ENOENT, errno.ESRCH)
 _READ_SIZE = 65536
+_T = TypeVar("_T")
 
 
 class ProcessFacts(NamedTuple):
@@ -111,19 +113,23 @@ def parse_status(data: bytes) -> ProcStatus:
                       None if ppid is None else int(ppid.split()[0]))
 
 
-def read_status(pid: int, proc_root: str = PROC_ROOT) -> ProcStatus | ProcessProblem:
-    """``pid``'s status (one bounded read), or why it could not be read."""
-    path = f"{proc_root}/{pid}/status"
+def _read_parsed(pid: int, path: str, parse: Callable[[bytes], _T], what: str) -> _T | ProcessProblem:
+    """``parse`` of ``path`` (``pid``'s, one bounded read), or why it could not be read."""
     try:
         data = _read(path)
     except OSError as exc:
         return _problem(pid, path, exc)
     try:
-        return parse_status(data)
+        return parse(data)
     except (ValueError, IndexError):
-        if not data:
+        if not data:  # a process reaped while being read leaves an empty file behind
             return ProcessProblem(pid, "pid-gone", "the process exited")
-        return ProcessProblem(pid, "proc-unreadable", f"{path}: not a status file")
+        return ProcessProblem(pid, "proc-unreadable", f"{path}: not {what}")
+
+
+def read_status(pid: int, proc_root: str = PROC_ROOT) -> ProcStatus | ProcessProblem:
+    """``pid``'s status (one bounded read), or why it could not be read."""
+    return _read_parsed(pid, f"{proc_root}/{pid}/status", parse_status, "a status file")
 
 
 def read_environ(pid: int, proc_root: str = PROC_ROOT, limit: int = 1 << 20) -> list[bytes]:
@@ -149,17 +155,7 @@ def read_environ(pid: int, proc_root: str = PROC_ROOT, limit: int = 1 << 20) -> 
 
 def read_identity(pid: int, proc_root: str = PROC_ROOT) -> ProcIdentity | ProcessProblem:
     """Name and start time of ``pid`` (one read of its stat file)."""
-    path = f"{proc_root}/{pid}/stat"
-    try:
-        data = _read(path)
-    except OSError as exc:
-        return _problem(pid, path, exc)
-    try:
-        return parse_stat(data)
-    except (ValueError, IndexError):
-        if not data:  # a process reaped while being read leaves an empty file behind
-            return ProcessProblem(pid, "pid-gone", "the process exited")
-        return ProcessProblem(pid, "proc-unreadable", f"{path}: not a stat line")
+    return _read_parsed(pid, f"{proc_root}/{pid}/stat", parse_stat, "a stat line")
 
 
 def read_process(pid: int, proc_root: str = PROC_ROOT,

@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
-from gpuslurm.errors import GpuslurmError, HardwareError, InputError
+from gpuslurm.errors import GpuslurmError, HardwareError, InputError, exit_now
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
@@ -287,13 +287,7 @@ def run(kind: str | None = None, config: str | None = None, capture: str | None 
         env["GPUSLURM_CONFIG"] = config
     if capture:
         env["GPUSLURM_CAPTURE"] = capture
-    code = main(kind, argv, env, mom_priv=mom_priv)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    exit_now(main(kind, argv, env, mom_priv=mom_priv), run_atexit=False)
 
 
 if __name__ == "__main__":

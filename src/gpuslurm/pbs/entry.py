@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from gpuslurm.errors import GpuslurmError, HardwareError, InputError
+from gpuslurm.errors import GpuslurmError, HardwareError, InputError, exit_now
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -324,13 +324,4 @@ def run() -> NoReturn:
     import gc
 
     gc.disable()
-    code = main()
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    exit_now(main())

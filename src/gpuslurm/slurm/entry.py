@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from gpuslurm.errors import exit_now
+
 # hook name -> its --help line
 HOOKS = {"prolog": "gpuslurm prolog: Slurm Prolog, as root before each job: health gate, device "
                    "isolation, MPS, job map",
@@ -54,16 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run() -> NoReturn:
     """:func:`main` on ``sys.argv``, then exit with its code (see the module docstring)."""
-    code = main()
-    import atexit
-
-    atexit._run_exitfuncs()  # what interpreter shutdown would run first
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed by the caller: nothing more can be said
-            pass
-    os._exit(code)
+    exit_now(main())
 
 
 def _summary(hook: str) -> str:

@@ -121,15 +121,8 @@ def refuse_job(job_id: str, reason: str, *, scontrol: str, scancel: str = "/usr/
     an ``srun``/``salloc`` allocation) is cancelled instead (``scancel``). CommandError when
     neither worked.
     """
-    check_job_id(job_id)
-    run_command([scontrol, "update", f"JobId={job_id}", f"Comment={clean_reason(reason)}"],
-                timeout=timeout, check=False)  # best effort: the hold matters, the words help
-    try:
-        run_command([scontrol, "requeuehold", job_id], timeout=timeout)
-        return "requeued and held"
-    except CommandError:
-        run_command([scancel, job_id], timeout=timeout)
-        return "cancelled"
+    return _requeue_or_cancel(job_id, reason, "requeuehold", "requeued and held", scontrol=scontrol,
+                              scancel=scancel, timeout=timeout)
 
 
 def requeue_job(job_id: str, reason: str, *, scontrol: str, scancel: str = "/usr/bin/scancel",
@@ -141,12 +134,20 @@ def requeue_job(job_id: str, reason: str, *, scontrol: str, scancel: str = "/usr
     here once the node serves its other GPUs). A job Slurm cannot requeue (``--no-requeue``, an
     ``srun``/``salloc`` allocation) is cancelled. CommandError when neither worked.
     """
+    return _requeue_or_cancel(job_id, reason, "requeue", "requeued", scontrol=scontrol, scancel=scancel,
+                              timeout=timeout)
+
+
+def _requeue_or_cancel(job_id: str, reason: str, verb: str, done: str, *, scontrol: str, scancel: str,
+                       timeout: float) -> str:
+    """The job's Comment set to ``reason``, then ``scontrol <verb>`` (``done``), or ``scancel``
+    where Slurm cannot requeue it (``cancelled``)."""
     check_job_id(job_id)
     run_command([scontrol, "update", f"JobId={job_id}", f"Comment={clean_reason(reason)}"],
-                timeout=timeout, check=False)
+                timeout=timeout, check=False)  # best effort: the requeue matters, the words help
     try:
-        run_command([scontrol, "requeue", job_id], timeout=timeout)
-        return "requeued"
+        run_command([scontrol, verb, job_id], timeout=timeout)
+        return done
     except CommandError:
         run_command([scancel, job_id], timeout=timeout)
         return "cancelled"

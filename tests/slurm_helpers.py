@@ -1,0 +1,160 @@
+"""What the Slurm end-to-end modules share: a root of ours with gpuslurm's config for the hooks,
+the hooks named in the test cluster's slurm.conf, the node watched through scontrol, and real
+users for plugins/job_submit.lua (made with useradd, deleted after).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
+
+import pytest
+
+from gpuslurm.hw.source import BUILTIN_DIR
+
+if TYPE_CHECKING:
+    from cluster_fixture import SlurmCluster
+
+SCONTROL = "/usr/bin/scontrol"
+SCANCEL = "/usr/bin/scancel"
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "job_submit.lua"
+
+
+def short_hostname() -> str:
+    """This host's short name: the test cluster's one node."""
+    return subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def hooks_root(prefix: str) -> tuple[Path, Path]:
+    """A fresh 0755 directory (the task prolog runs as the job's user) with a copy of the dgx-h100
+    bundle in it: ``(root, bundle)``."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    bundle = root / "bundle"
+    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
+    return root, bundle
+
+
+def hooks_paths(root: Path, cluster: SlurmCluster) -> str:
+    """The config's ``[paths]``: run and state directories under ``root``, the cluster's scontrol
+    and its own cgroup.conf (ConstrainDevices=yes: Slurm isolates)."""
+    return (f'[paths]\nrun_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\n'
+            f'scontrol = "{SCONTROL}"\n'
+            f'slurm_cgroup_conf = "{cluster.conf.parent / "cgroup.conf"}"\n')
+
+
+def hook_lines(prefix: Path, task_prolog: bool = True) -> str:
+    """slurm.conf's lines naming the hooks ``gpuslurm install`` wrote under ``prefix``."""
+    lines = f"Prolog={prefix}/gpuslurm-prolog\nEpilog={prefix}/gpuslurm-epilog\n"
+    return lines + (f"TaskProlog={prefix}/gpuslurm-task-prolog\n" if task_prolog else "")
+
+
+def conf_with(original: str, lines: str) -> str:
+    """slurm.conf with ``lines`` before its NodeName= line (options after node lines are still
+    global, but keep it tidy)."""
+    return original.replace("\nNodeName=", f"\n{lines}NodeName=", 1)
+
+
+class NodeControl:
+    """scontrol on the cluster's node, for a class with ``cluster`` and ``node`` attributes."""
+
+    cluster: SlurmCluster
+    node: str
+    node_timeout: ClassVar[float] = 30
+
+    def scontrol(self, *args: str) -> str:
+        return subprocess.run([SCONTROL, *args], env=self.cluster.env, capture_output=True, text=True,
+                              check=True, timeout=30).stdout
+
+    def node_field(self, name: str) -> str:
+        out = self.scontrol("-o", "show", "node", self.node)
+        match = re.search(rf"\b{name}=(.*?)(?= \w+=|$)", out.strip())
+        return match.group(1) if match else ""
+
+    def node_detail(self) -> str:
+        """What a failure message adds about the node."""
+        return self.cluster.log_tail()
+
+    def wait_node(self, pattern: str, timeout: float | None = None) -> str:
+        """The node's State once it matches ``pattern``; TimeoutError if it does not in time."""
+        deadline = time.monotonic() + (self.node_timeout if timeout is None else timeout)
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.node_field("State")
+            if re.search(pattern, state):
+                return state
+            time.sleep(0.3)
+        raise TimeoutError(f"node {self.node} is {state}, not {pattern}\n{self.node_detail()}")
+
+    def restore(self, original_conf: str) -> None:
+        """slurm.conf back as it was, applied, and the node resumed and waited for (a failure to
+        come back is said on stderr, not raised: the module's tests have their verdicts)."""
+        self.cluster.conf.write_text(original_conf)
+        subprocess.run([SCONTROL, "reconfigure"], env=self.cluster.env, capture_output=True, timeout=30,
+                       check=False)
+        subprocess.run([SCONTROL, "update", f"NodeName={self.node}", "State=RESUME"], env=self.cluster.env,
+                       capture_output=True, timeout=30, check=False)
+        try:
+            self.wait_node(r"^IDLE")
+        except TimeoutError as exc:
+            print(f"node did not come back: {exc}", file=sys.stderr)
+
+
+class User(NamedTuple):
+    name: str
+    uid: int
+    gid: int
+
+
+def make_user(name: str) -> User:
+    """A new real user ``name`` (never one that exists: the test would delete it)."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        pass
+    else:
+        pytest.fail(f"user {name} already exists; not touching it")
+    subprocess.run(["/usr/sbin/useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                    "--user-group", name], check=True, timeout=30)
+    pw = pwd.getpwnam(name)
+    return User(name, pw.pw_uid, pw.pw_gid)
+
+
+@contextmanager
+def job_submit_plugin(cluster: SlurmCluster, tag: str) -> Iterator[tuple[User, User]]:
+    """plugins/job_submit.lua loaded by slurmctld (JobSubmitPlugins=lua, ``scontrol
+    reconfigure``) and two new users ``<tag>a`` and ``<tag>b``; afterwards their jobs cancelled,
+    slurm.conf restored and applied, the plugin and its throttle file removed, the users deleted."""
+    if not os.access("/usr/sbin/useradd", os.X_OK):
+        pytest.skip("useradd is missing")
+    etc = cluster.conf.parent
+    original = cluster.conf.read_text()
+    users: list[User] = []
+    try:
+        users += [make_user(f"{tag}a"), make_user(f"{tag}b")]
+        (etc / "job_submit.lua").write_text(PLUGIN.read_text())
+        cluster.conf.write_text(conf_with(original, "JobSubmitPlugins=lua\n"))
+        subprocess.run([SCONTROL, "reconfigure"], env=cluster.env, check=True, timeout=60,
+                       capture_output=True)
+        yield users[0], users[1]
+    finally:
+        for user in users:
+            subprocess.run([SCANCEL, "-u", user.name], env=cluster.env, capture_output=True,
+                           timeout=30, check=False)
+        cluster.conf.write_text(original)
+        subprocess.run([SCONTROL, "reconfigure"], env=cluster.env, capture_output=True,
+                       timeout=60, check=False)
+        for name in ("job_submit.lua", "gpuslurm-throttle"):
+            (etc / name).unlink(missing_ok=True)
+        for user in users:
+            subprocess.run(["/usr/sbin/userdel", user.name], capture_output=True, timeout=30, check=False)
