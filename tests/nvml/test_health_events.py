@@ -242,6 +242,12 @@ def test_a_gpu_lost_before_the_check_started_is_still_reported(
         "monitor", "--once", "--db", str(config.parent / "m.db"), extra_env={"GPUSLURM_CONFIG": str(config)}
     )
     assert "index:3: lost_gpu: GPU is lost (NVML answers GPU_IS_LOST" in done.stderr, done.stderr
+    # `status` has no row for a GPU without a UUID: it names it among its problems
+    shown = node.run("status", "--json", extra_env={"GPUSLURM_CONFIG": str(config)})
+    problems = [(p["kind"], p["subject"]) for p in json.loads(shown.stdout)["problems"]]
+    assert ("gpu-lost", "index:3") in problems, problems
+    text = node.run("status", extra_env={"GPUSLURM_CONFIG": str(config), "NO_COLOR": "1"}).stdout
+    assert "index:3" in text and "GPU_IS_LOST" in text, text
     # out of service already (by UUID, from before it was lost): `health` says "out", nothing to do
     from gpuslurm.state.out_of_service import take_out
 

@@ -72,6 +72,12 @@ class LiveView:
         stored, findings, problem = self._stored(cycle.ts)
         if problem is not None:
             cycle = cycle._replace(problems=(*cycle.problems, problem))
+        # GPUs NVML lost before this process opened it: no handle, no UUID, no row, but never unsaid
+        lost = tuple(ScanProblem(cycle.ts, "gpu-lost", f"index:{i}", "NVML answers GPU_IS_LOST: no "
+                                 "UUID, no readings (`gpuslurm health` reports it)")
+                     for i in self.node.lost)
+        if lost:
+            cycle = cycle._replace(problems=(*lost, *cycle.problems))  # first: never cut off
         violations = _merge(stored, live)
         return build_snapshot(self.node, cycle, violations, faults=self._faults(), source=self._what(),
                               findings=findings)
