@@ -121,7 +121,7 @@ def main():
             _log("lowered the Priority of a GPU job of a throttled user to %d" % priority)
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001 - fail open, whatever went wrong
+    except BaseException as exc:  # fail open, whatever went wrong
         _log("internal error, job let through: %s: %s" % (type(exc).__name__, str(exc)[:300]))
         action, message = "pass", ""
     if action == "reject":
