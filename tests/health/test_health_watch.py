@@ -282,3 +282,89 @@ def test_a_gpu_lost_before_the_node_was_read_drains_by_its_index(tmp_path: Path)
     again = Recorder()
     HealthWatch(node, cfg, Facts(), store, "node1", scheduler=again).check(3.0)
     assert [c for c in again.calls if c[0] == "drain"] == []
+
+
+# --- the kernel log as an attacker writes it ---------------------------------------------------
+
+# The records an ordinary user made the kernel log (tests/health/test_xid_kmsg.py holds them as
+# read from /dev/kmsg), aimed at this node's GPU 3 (bus 61), and the driver's line as root's
+# `echo '<3>NVRM: Xid ...' > /dev/kmsg` files it (LOG_USER: PRI 11).
+ATTACKS = (
+    "3,2,316543191,-;overlayfs: failed to resolve '/nonexistent/NVRM: Xid (PCI:0000:61:00): 48 DBE': -2\n",
+    "4,3,326670542,-;process 'python3' launched '/tmp/xidnull/NVRM: Xid (PCI:0000:61:00): 79, "
+    "GPU has fallen off the bus' with NULL argv: empty string added\n",
+    "11,4,326700000,-;NVRM: Xid (PCI:0000:61:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+)
+
+
+@pytest.mark.parametrize("action", ["drain", "gpu_out"])
+def test_a_users_xid_text_in_the_kernel_log_acts_on_nothing_and_the_drivers_line_still_does(
+        tmp_path: Path, action: str) -> None:
+    log, reader = _kmsg(tmp_path, *ATTACKS)
+    cfg = HealthConfig(xid=XidCheck(action=action))
+    watch, sched, store, said = _watch(tmp_path, cfg, reader)
+    assert watch.check(1.0) == ()
+    assert sched.calls == [] and store.read() == {}
+    assert not any("Xid" in s for s in said)
+    with log.open("a") as fh:  # then the driver itself logs one
+        fh.write(_xid(5, 48))
+    watch.check(2.0)
+    if action == "drain":
+        assert [c[0] for c in sched.calls] == ["drain"] and "Xid 48 (double-bit ECC" in sched.calls[0][2]
+    else:
+        assert list(store.read()) == [GPU3.uuid] and sched.calls == [("apply", "node1", (GPU3.uuid,))]
+
+
+# The driver's line names the process that faulted (name=, its comm: the user chooses it). Read
+# from /dev/kmsg a control byte arrives escaped (\x0a); read from a file, raw bytes can arrive too.
+HOSTILE_NAMES = (
+    '"; scontrol update NodeName=node1 State=DOWN #',
+    "a'b\"c;$(reboot)`id`",
+    "x\\x0aReason=pwned\\x0d",
+    "x\rReason=pwned\x1b[2J\x00",
+    "x\nReason=pwned",  # a raw newline ends the record: the rest is a line with no header
+)
+
+
+def _scontrol_stand_in(tmp_path: Path) -> tuple[str, Path]:
+    """An scontrol that records each call's argv, NUL-separated, one call per line."""
+    calls = tmp_path / "scontrol-calls"
+    script = tmp_path / "scontrol"
+    script.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" >> {calls}\necho >> {calls}\n")
+    script.chmod(0o755)
+    return str(script), calls
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_users_process_name_in_the_drivers_line_never_reaches_a_command(tmp_path: Path, name: str) -> None:
+    from gpuslurm.pbs.gpu_out import plan
+    from gpuslurm.slurm.adapter import SlurmScheduler
+    from gpuslurm.slurm.gpu_out import comment
+
+    line = f"3,2,2,-;NVRM: Xid (PCI:0000:61:00): 79, pid=4242, name={name}, GPU has fallen off the bus.\n"
+    scontrol, calls = _scontrol_stand_in(tmp_path)
+    (tmp_path / "drain").mkdir()
+    (tmp_path / "out").mkdir()
+    _, reader = _kmsg(tmp_path / "drain", line)
+    said: list[str] = []
+    slurm = SlurmScheduler(squeue="/nonexistent/squeue", scontrol=scontrol, timeout=10)
+    watch = HealthWatch(NODE, HealthConfig(), Facts(), OutOfServiceStore(str(tmp_path / "drain" / "state")),
+                        "node1", scheduler=slurm, kmsg=reader, warn=said.append)
+    assert watch.check(1.0) == ()
+    (argv,) = [c.split("\0")[:-1] for c in calls.read_text().splitlines()]
+    label = f"index 3 (/dev/nvidia{GPU3.minor}, {GPU3.uuid})"
+    assert argv == ["update", "NodeName=node1", "State=DRAIN",
+                    f"Reason=gpuslurm: GPU {label}: Xid 79 (GPU has fallen off the bus; needs reboot)"]
+    assert all(s.isprintable() and "\n" not in s for s in said)  # the log keeps the name, one line
+    assert any("name=x" in s or "name=a'b" in s or 'name="' in s for s in said)
+
+    _, reader = _kmsg(tmp_path / "out", line)  # the gpu_out path: the record, Slurm's and PBS's comments
+    watch, _, store, _ = _watch(tmp_path / "out", GPU_OUT, reader)
+    watch.check(1.0)
+    out = store.read()
+    assert out[GPU3.uuid].reason == "Xid 79 (GPU has fallen off the bus; needs reboot)"
+    assert "pwned" not in comment(out) and "\n" not in comment(out)
+    for vnode in plan(NODE, "pbshost", out, True):
+        directive = f'set node {vnode.vnode} comment = "{vnode.comment}"'
+        assert directive.count('"') == 2 and directive.isprintable()
+        assert "pwned" not in directive and "reboot)`" not in directive and "scontrol" not in directive

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gpuslurm.hw.kmsg_format import (
+    MAX_PRI,
+    XID_PREFIX,
     KmsgCursor,
     KmsgRecord,
     format_cursor,
@@ -26,12 +28,25 @@ REAL = (
     b"GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n"
 )
 BOOT = "4c6e53f2-19c9-4d03-a3bb-3747ff60f865"
+KERN_ERR = 3  # PRI of a kernel (facility 0) record at level 3, as the driver's Xid lines are
+
+# Read from /dev/kmsg on the project's test host (Linux 6.18) after `nobody` made them: an overlayfs
+# mount in an unprivileged user namespace (`unshare -Urm`, lowerdir holding the Xid text) and an
+# execve with a NULL argv of a file whose name holds it (logged once per boot, Linux >= 5.18). Both
+# are the kernel's own records (facility 0): the facility alone does not tell them from the driver.
+OVERLAYFS = (b"3,339,316543191,-;overlayfs: failed to resolve "
+             b"'/nonexistent/NVRM: Xid (PCI:0000:07:00): 48 DBE': -2\n")
+NULL_ARGV = (b"4,340,326670542,-;process 'python3' launched '/tmp/xidnull/NVRM: Xid (PCI:0000:07:00): 79, "
+             b"GPU has fallen off the bus' with NULL argv: empty string added\n")
+# What root's `echo '<3>NVRM: Xid ...' > /dev/kmsg` becomes (also with <0>): the kernel gives a
+# line written from user space LOG_USER, so PRI is 8 + 3.
+INJECTED = b"11,341,326700000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
 
 
 def test_real_xid_79_line() -> None:
     rec = parse_record(REAL)
-    assert rec == KmsgRecord(1234, 987654321, rec.message if rec else "")
-    assert rec is not None
+    assert rec == KmsgRecord(1234, 987654321, rec.message if rec else "", 4)
+    assert rec is not None and (rec.facility, rec.level) == (0, 4)
     line = parse_xid(rec)
     assert line is not None
     assert (line.seq, line.bus_id, line.code) == (1234, "00000000:3B:00.0", 79)
@@ -41,13 +56,13 @@ def test_real_xid_79_line() -> None:
 
 @pytest.mark.parametrize(("message", "want"), [
     ("NVRM: Xid (0000:9a:00): 48, pid=77, DBE (0x1) detected", ("00000000:9A:00.0", 48)),  # no "PCI:"
-    ("[  12.5] NVRM: Xid (PCI:0001:c3:00): 13, pid=9, Graphics Exception", ("00000001:C3:00.0", 13)),
+    ("NVRM: Xid (PCI:0001:c3:00): 13, pid=9, Graphics Exception", ("00000001:C3:00.0", 13)),
     ("NVRM: Xid (PCI:0000:3b:00.1): 94, Contained", ("00000000:3B:00.1", 94)),
     ("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
      "Required)", ("00000000:3B:00.0", 154)),
 ])
 def test_xid_variants(message: str, want: tuple[str, int]) -> None:
-    line = parse_xid(KmsgRecord(1, 0, message))
+    line = parse_xid(KmsgRecord(1, 0, message, KERN_ERR))
     assert line is not None and (line.bus_id, line.code) == want
 
 
@@ -56,9 +71,32 @@ def test_xid_variants(message: str, want: tuple[str, int]) -> None:
     "NVRM: Xid (PCI:0000:3b:00): 99999999, huge",
     "NVRM: Xid (PCI:zz:3b:00): 79, bad bus",
     "NVRM: Xid (PCI:0000:3b:00) 79 no colon",
+    "[  12.5] NVRM: Xid (PCI:0001:c3:00): 13, pid=9, dmesg's layout, not /dev/kmsg's",
+    " NVRM: Xid (PCI:0000:3b:00): 79, a space first",
 ])
 def test_not_xid(message: str) -> None:
-    assert parse_xid(KmsgRecord(1, 0, message)) is None
+    assert parse_xid(KmsgRecord(1, 0, message, KERN_ERR)) is None
+
+
+@pytest.mark.parametrize("raw", [OVERLAYFS, NULL_ARGV], ids=["overlayfs", "null-argv"])
+def test_a_users_text_inside_a_kernel_record_is_not_an_xid(raw: bytes) -> None:
+    rec = parse_record(raw)
+    assert rec is not None and rec.facility == 0  # the kernel's own record
+    assert "NVRM: Xid (PCI:0000:07:00): " in rec.message
+    assert parse_xid(rec) is None
+
+
+def test_a_line_written_to_dev_kmsg_is_not_an_xid() -> None:
+    rec = parse_record(INJECTED)
+    assert rec is not None and rec.facility == 1 and rec.message.startswith(XID_PREFIX)
+    assert parse_xid(rec) is None
+    kernel = parse_record(INJECTED.replace(b"11,", b"3,", 1))  # the same line from the driver
+    assert kernel is not None and parse_xid(kernel) is not None
+
+
+@pytest.mark.parametrize("pri", [b"-1", b"2048", b"99999999999"])
+def test_a_priority_the_kernel_cannot_write_is_not_a_record(pri: bytes) -> None:
+    assert parse_record(pri + INJECTED[2:]) is None
 
 
 def test_records_split_with_dictionary_lines() -> None:
@@ -123,6 +161,28 @@ def test_any_xid_record_round_trips(seq: int, ts: int, code: int, tail: str) -> 
     line = parse_xid(rec)
     assert line is not None and line.code == code and line.bus_id == "00000000:3B:00.0"
     assert line.text.isprintable() and len(line.text) <= 400
+
+
+DRIVER_LINE = st.builds("NVRM: Xid (PCI:0000:{}:00): {}, {}".format,
+                        st.sampled_from(["3b", "07", "61"]), st.integers(0, 65535), st.text(max_size=120))
+
+
+@given(st.text(min_size=1, max_size=120), DRIVER_LINE, st.integers(0, MAX_PRI), st.integers(0, 2**64 - 1))
+def test_xid_text_anywhere_but_at_the_start_is_never_an_xid(before: str, line: str, pri: int,
+                                                            seq: int) -> None:
+    message = before + line
+    assume(not message.startswith(XID_PREFIX))
+    for chunk in split_records(f"{pri},{seq},5,-;{message}\n".encode()):
+        rec = parse_record(chunk)
+        assert rec is None or parse_xid(rec) is None
+
+
+@given(st.integers(1, 255), st.integers(0, 7), DRIVER_LINE, st.integers(0, 2**64 - 1))
+def test_a_record_of_any_facility_but_the_kernels_is_never_an_xid(facility: int, level: int, line: str,
+                                                                    seq: int) -> None:
+    for chunk in split_records(f"{facility * 8 + level},{seq},5,-;{line}\n".encode()):
+        rec = parse_record(chunk)
+        assert rec is None or parse_xid(rec) is None
 
 
 @given(st.binary(max_size=600))
