@@ -55,9 +55,10 @@ class TemperatureCheck(NamedTuple):
 
 class XidCheck(NamedTuple):
     action: str = "drain"
-    # Xids a user's own program causes (13 graphics engine exception, 31 MMU fault, 43 GPU
-    # stopped processing, 45 preemptive cleanup): they say nothing about the GPU's health.
-    ignore: tuple[int, ...] = (13, 31, 43, 45)
+    # The Xids NVIDIA's catalog puts on the application (policy.xid's APPLICATION kind: 13 graphics
+    # engine exception, 31 MMU fault, 43 GPU stopped processing, 45 preemptive cleanup, ...): any
+    # user's program raises them at will, and they say nothing about the GPU's health.
+    ignore: tuple[int, ...] = (8, 11, 13, 25, 31, 32, 43, 45, 66, 67, 68, 69, 80, 137)
 
 
 class EccCheck(NamedTuple):

@@ -115,8 +115,13 @@ def test_xid_classes() -> None:
     assert xid.classify(4242).kind == xid.UNKNOWN and xid.is_fault(4242, ())
     text = "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
     assert xid.recovery_from_text(154, text) == xid.REBOOT
-    assert xid.recovery_from_text(154, "to 0x4 (Drain and Reset)") == xid.DRAIN
+    assert xid.recovery_from_text(154, "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and "
+                                       "Reset)") == xid.DRAIN
     assert xid.recovery_from_text(154, "garbled") == xid.RESET
+    assert xid.recovery_from_text(154, "from 0x0 (None) to 0x2 (Node Reboot Required)") == xid.RESET
+    # a process name before the driver's words is the user's: it never sets the recovery
+    assert xid.recovery_from_text(154, "pid=1, name=to 0x2, GPU recovery action changed from 0x0 (None) "
+                                       "to 0x1 (GPU Reset Required)") == xid.RESET
     assert xid.describe(79) == "Xid 79 (GPU has fallen off the bus; needs reboot)"
 
 

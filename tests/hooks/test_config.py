@@ -39,7 +39,7 @@ def test_defaults_when_default_file_absent(tmp_path: pathlib.Path, monkeypatch: 
     assert cfg.paths.run_dir == "/run/gpuslurm"
     assert cfg.paths.jobs_dir == "/run/gpuslurm/jobs"
     assert cfg.health.temperature.action == "drain"
-    assert cfg.health.xid.ignore == (13, 31, 43, 45)
+    assert cfg.health.xid.ignore == (8, 11, 13, 25, 31, 32, 43, 45, 66, 67, 68, 69, 80, 137)
     assert cfg.epilog.admin_comment is False
 
 
