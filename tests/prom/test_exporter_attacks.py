@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -136,11 +136,12 @@ def _cycles(m: Monitor) -> int:
     return m.stdout.read_text().count("\n")
 
 
-def _wait_for(ready: object, m: Monitor, what: str, limit_s: float = 60.0) -> None:
+def _wait_for(ready: Callable[[], bool], m: Monitor, what: str, limit_s: float = 60.0) -> None:
     end = time.monotonic() + limit_s
-    while not ready():  # type: ignore[operator]
-        assert m.proc.poll() is None, f"the monitor exited {m.proc.returncode}: {m.stderr.read_text()[-2000:]}"
-        assert time.monotonic() < end, f"no {what} in {limit_s:g} s: {m.stderr.read_text()[-2000:]}"
+    while not ready():
+        tail = m.stderr.read_text()[-2000:]
+        assert m.proc.poll() is None, f"the monitor exited {m.proc.returncode}: {tail}"
+        assert time.monotonic() < end, f"no {what} in {limit_s:g} s: {tail}"
         time.sleep(0.05)
 
 

@@ -45,8 +45,8 @@ def _write(store: Store) -> None:
 
 
 def _nobody_reads(db: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["/usr/bin/python3", "-c", READ, str(db)], user=NOBODY, group=NOBODY, extra_groups=[],
-                          cwd="/", capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(["/usr/bin/python3", "-c", READ, str(db)], user=NOBODY, group=NOBODY,
+                          extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_a_new_store_and_its_wal_are_0600_whatever_the_umask(state: Path) -> None:
@@ -74,7 +74,8 @@ def test_an_old_world_readable_store_is_made_root_only_when_opened(state: Path) 
             f.chmod(0o644)  # what gpuslurm made before, in a 0755 directory
         assert "GPU-aaaaaaaa" in _nobody_reads(db).stdout  # the leak: nobody read the history
         with Store.open(str(db)) as again:
-            assert sorted(again.tightened) == sorted(f"{db}{s}: mode 0644 -> 0600" for s in ("", "-wal", "-shm"))
+            want = sorted(f"{db}{s}: mode 0644 -> 0600" for s in ("", "-wal", "-shm"))
+            assert sorted(again.tightened) == want
             _write(again)
         assert {mode for mode, _gid in _files(db).values()} == {0o600}
     done = _nobody_reads(db)

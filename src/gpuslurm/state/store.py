@@ -161,7 +161,8 @@ class Store:
         self.checked = Checked(path)  # every value read back goes through it (store_values.py)
 
     @classmethod
-    def open(cls, path: str, readonly: bool = False, timeout_s: float = 5.0, group: int | None = None) -> Store:
+    def open(cls, path: str, readonly: bool = False, timeout_s: float = 5.0,
+             group: int | None = None) -> Store:
         """Open (for writing: create or upgrade) the store at ``path``; see the module docstring.
 
         Opened for writing, the store and its ``-wal``/``-shm`` are made root-only (0600), or

@@ -171,7 +171,7 @@ class MetricsState:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._body = render(())
+        self._body = render(()).encode()
         self._cycles = 0
         self._problems: dict[tuple[str, str], int] = {}
         self._started: dict[tuple[str, str], int] = {}
@@ -196,13 +196,13 @@ class MetricsState:
                     for (n, k), c in sorted(self._problems.items())]
         samples += [Sample("violations_started_total", (("node", n), ("kind", k)), float(c))
                     for (n, k), c in sorted(self._started.items())]
-        body = render(samples)
+        body = render(samples).encode()  # once per cycle: a scrape only copies bytes
         with self._lock:
             self._body = body
 
     def body(self) -> bytes:
         with self._lock:
-            return self._body.encode()
+            return self._body
 
 
 def _route(state: MetricsState) -> Responder:
