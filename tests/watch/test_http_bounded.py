@@ -30,6 +30,10 @@ def test_a_request_head_is_read_as_sent(method: str, tail: str, eol: str) -> Non
     assert request_line(head) == (method, "/" + tail.split("?", 1)[0])
 
 
+def test_the_head_ends_at_its_first_blank_line() -> None:
+    assert head_end(b"GET / HTTP/1.1\n\nX: y\r\n\r\n") == len(b"GET / HTTP/1.1\n\n")
+
+
 def test_what_is_not_a_request_line() -> None:
     for head in (b"", b"GET\r\n\r\n", b"GET /metrics\r\n\r\n", b"GET metrics HTTP/1.1\r\n\r\n",
                  b"GET /m\xe9trics HTTP/1.1\r\n\r\n", b"G T /metrics HTTP/1.1\r\n\r\n",

@@ -65,11 +65,8 @@ def request_line(head: bytes) -> tuple[str, str] | None:
 
 def head_end(data: bytes) -> int | None:
     """Where a request head ends in ``data`` (after its blank line), None while it has not."""
-    for sep in (b"\r\n\r\n", b"\n\n"):
-        at = data.find(sep)
-        if at >= 0:
-            return at + len(sep)
-    return None
+    ends = [at + len(sep) for sep in (b"\r\n\r\n", b"\n\n") if (at := data.find(sep)) >= 0]
+    return min(ends) if ends else None
 
 
 def response(status: int, content_type: str, body: bytes, *, head_only: bool = False) -> bytes:
