@@ -153,6 +153,7 @@ class HooksConfig(NamedTuple):
 class MonitorConfig(NamedTuple):
     interval_s: float = 10.0
     db: str = ""  # "": <paths.state_dir>/monitor.db
+    db_group: str = ""  # "": the store is root's alone (0600); a group name: 0640 for that group
     raw_window_s: float = 86400.0  # raw samples kept this long, then rolled up per minute
     node_name: str = ""  # "": the host's short name (set it with several slurmd per host)
     squeue_interval_s: float = 60.0  # the squeue fallback runs at most this often
@@ -162,6 +163,10 @@ class MonitorConfig(NamedTuple):
     # The kernel log read for Xid lines: "auto" is /dev/kmsg on a live node and none when replaying
     # a bundle (the host's log is not the replayed node's); a path is read either way; "" never.
     kmsg: str = "auto"
+    # The metrics server (--prometheus-port): each connection's whole life, and how many at once
+    # (lowered to a quarter of RLIMIT_NOFILE), so no client can hold the monitor's descriptors.
+    prometheus_timeout_s: float = 10.0
+    prometheus_max_connections: int = 64
 
 
 class RogueDetect(NamedTuple):
@@ -329,6 +334,8 @@ RULES: dict[str, Rule] = {
     "monitor.squeue_interval_s": Rule(lo=1, hi=86400),
     "monitor.command_timeout_s": Rule(lo=0.1, hi=600),
     "monitor.admin_comment_interval_s": Rule(lo=1, hi=7 * 86400),
+    "monitor.prometheus_timeout_s": Rule(lo=0.1, hi=300),
+    "monitor.prometheus_max_connections": Rule(lo=1, hi=4096),
     "throttle.file": Rule(abspath=True),
     "throttle.cap_gpus": Rule(lo=1, hi=1_000_000),
     "throttle.nice": Rule(lo=1, hi=2147483645),

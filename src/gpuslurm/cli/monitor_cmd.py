@@ -59,7 +59,9 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
     node_name = mc.node_name or socket.gethostname().split(".")[0]
     sampler, node = mon.open_sampler(source)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    store = Store.open(path)
+    store = Store.open(path, group=_db_group(mc.db_group))
+    for change in store.tightened:
+        _warn(f"the store is {'readable by its group only' if mc.db_group else 'root-only'}: {change}")
     if store.moved_aside:
         _warn(f"{path} was not a usable store; moved it to {store.moved_aside} and started a new one")
     detector, publish = _detection(cfg, node_name)
@@ -67,8 +69,10 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
     if prometheus_port is not None:
         from gpuslurm.watch.exporter import start_exporter
 
-        exporter = start_exporter(prometheus_addr, prometheus_port)
-        _warn(f"serving metrics on http://{prometheus_addr}:{prometheus_port}/metrics")
+        exporter = start_exporter(prometheus_addr, prometheus_port, timeout_s=mc.prometheus_timeout_s,
+                                  max_connections=mc.prometheus_max_connections, warn=_warn)
+        _warn(f"serving metrics on http://{prometheus_addr}:{prometheus_port}/metrics "
+              f"(at most {exporter.max_connections} connections, each closed after {exporter.timeout_s:g} s)")
     monitor_ = build_monitor(sampler, store, node_name, jobs_dir=cfg.paths.jobs_dir, node=node,
                              scheduler=_scheduler(cfg), squeue_interval_s=mc.squeue_interval_s,
                              raw_window_s=mc.raw_window_s, detector=detector, publish=publish, warn=_warn,
@@ -90,6 +94,20 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
         sampler.close()
     if monitor_.pending:
         raise InputError(f"{len(monitor_.pending)} cycle(s) could not be stored", source=path)
+
+
+def _db_group(name: str) -> int | None:
+    """The gid of ``[monitor] db_group``; None when it is empty (the store stays root's alone)."""
+    if not name:
+        return None
+    import grp
+
+    from gpuslurm.errors import InputError
+
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise InputError(f"no such group: {name!r}", source="monitor.db_group") from None
 
 
 def _scheduler(cfg: Any) -> Any:

@@ -26,6 +26,7 @@ Damage deeper in the file shows up later as :class:`StoreError`; :meth:`Store.ch
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sqlite3
@@ -44,6 +45,10 @@ __all__ = ["DEFAULT_NAME", "SCHEMA_VERSION", "GpuStats", "Store", "StoreError", 
 SCHEMA_VERSION = 1
 DEFAULT_NAME = "monitor.db"
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# The store names every user's processes, jobs and findings: root's alone unless a group is named
+# ([monitor] db_group). SQLite gives the -wal and -shm it creates the main file's mode and owner.
+PRIVATE_MODE = 0o600
+GROUP_MODE = 0o640
 
 _SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL, applied REAL NOT NULL);
@@ -149,15 +154,23 @@ class Store:
         self.path = path
         self.readonly = readonly
         self.moved_aside = moved_aside  # where an unusable file was moved when opening for writing
+        self.tightened: list[str] = []  # files whose mode or group opening for writing corrected
         self._devices: dict[str, int] = {}
         self._procs: dict[tuple[int, int, float | None, str | None], int] = {}
         self._node: str | None = None
         self.checked = Checked(path)  # every value read back goes through it (store_values.py)
 
     @classmethod
-    def open(cls, path: str, readonly: bool = False, timeout_s: float = 5.0) -> Store:
-        """Open (for writing: create or upgrade) the store at ``path``; see the module docstring."""
+    def open(cls, path: str, readonly: bool = False, timeout_s: float = 5.0,
+             group: int | None = None) -> Store:
+        """Open (for writing: create or upgrade) the store at ``path``; see the module docstring.
+
+        Opened for writing, the store and its ``-wal``/``-shm`` are made root-only (0600), or
+        0640 for ``group`` (a gid) when one is given, before SQLite reads them: created so, and
+        tightened when they were not (:attr:`tightened` says what changed).
+        """
         p = Path(path)
+        mode = PRIVATE_MODE if group is None else GROUP_MODE
         try:
             st = os.lstat(p)
         except FileNotFoundError:
@@ -169,6 +182,9 @@ class Store:
             raise StoreError(f"refusing to use: {what}", source=path)
         moved = None
         conn = None
+        tightened: list[str] = []
+        if st is not None and not readonly:
+            tightened = _restrict(p, mode, group)
         if st is not None:
             conn, why = _try_connect(p, readonly, timeout_s)
             if why is not None:
@@ -176,10 +192,13 @@ class Store:
                     raise StoreError(why, source=path)
                 moved = _move_aside(p)
         if conn is None:
+            _create(p, mode, group)
             conn = _connect(p, readonly=False, timeout_s=timeout_s)
         if not readonly:
             _prepare_writer(conn, path)
-        return cls(conn, path, readonly, moved)
+        store = cls(conn, path, readonly, moved)
+        store.tightened = tightened
+        return store
 
     def close(self) -> None:
         self._conn.close()
@@ -522,6 +541,51 @@ def _try_connect(p: Path, readonly: bool, timeout_s: float) -> tuple[sqlite3.Con
     if conn is not None:
         conn.close()
     return None, why
+
+
+def _create(p: Path, mode: int, group: int | None) -> None:
+    """Create an empty store file with ``mode`` (and ``group``) before SQLite opens it."""
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except FileExistsError:
+        return  # an empty file that was there: _restrict has seen to it
+    except OSError as exc:
+        raise StoreError(f"cannot create: {exc.strerror}", source=str(p)) from None
+    try:
+        if group is not None:
+            os.fchown(fd, -1, group)
+        os.fchmod(fd, mode)  # whatever the umask took away or left
+    finally:
+        os.close(fd)
+
+
+def _restrict(p: Path, mode: int, group: int | None) -> list[str]:
+    """Give the store and its -wal/-shm ``mode`` (and ``group``); what was changed, in words."""
+    changed = []
+    for f in (str(p), f"{p}-wal", f"{p}-shm"):
+        try:
+            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            why = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
+            raise StoreError(f"refusing to use: {why}", source=f) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError("refusing to use: not a regular file", source=f)
+            old = stat.S_IMODE(st.st_mode)
+            if group is not None and st.st_gid != group:
+                os.fchown(fd, -1, group)
+                changed.append(f"{f}: group {st.st_gid} -> {group}")
+            if old != mode:
+                os.fchmod(fd, mode)
+                changed.append(f"{f}: mode {old:04o} -> {mode:04o}")
+        except OSError as exc:
+            raise StoreError(f"cannot restrict its permissions: {exc.strerror}", source=f) from None
+        finally:
+            os.close(fd)
+    return changed
 
 
 def _move_aside(p: Path) -> str:

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -26,10 +25,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gpuslurm.errors import InputError
 from gpuslurm.samples import Allocation, Cycle, Violation
+from gpuslurm.watch.http_bounded import LISTEN_BACKLOG, BoundedHttpServer, Responder, connection_cap
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 MIB = 1 << 20
 PREFIX = "gpuslurm_"
+DEFAULT_TIMEOUT_S = 10.0  # a connection's whole life: Prometheus' default scrape_timeout
+DEFAULT_MAX_CONNECTIONS = 64
+INDEX = b'<html><body><a href="/metrics">gpuslurm metrics</a></body></html>\n'
 
 # name (without PREFIX) → (type, help); the exposition lists families in this order
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -168,7 +171,7 @@ class MetricsState:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._body = render(())
+        self._body = render(()).encode()
         self._cycles = 0
         self._problems: dict[tuple[str, str], int] = {}
         self._started: dict[tuple[str, str], int] = {}
@@ -193,72 +196,60 @@ class MetricsState:
                     for (n, k), c in sorted(self._problems.items())]
         samples += [Sample("violations_started_total", (("node", n), ("kind", k)), float(c))
                     for (n, k), c in sorted(self._started.items())]
-        body = render(samples)
+        body = render(samples).encode()  # once per cycle: a scrape only copies bytes
         with self._lock:
             self._body = body
 
     def body(self) -> bytes:
         with self._lock:
-            return self._body.encode()
+            return self._body
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    state: MetricsState
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "gpuslurm"
-
-    def do_GET(self) -> None:  # http.server's name
-        path = self.path.split("?", 1)[0]
+def _route(state: MetricsState) -> Responder:
+    def respond(method: str, path: str) -> tuple[int, str, bytes]:
         if path == "/metrics":
-            self._send(200, CONTENT_TYPE, self.server.state.body())
-        elif path == "/":
-            self._send(200, "text/html; charset=utf-8",
-                       b'<html><body><a href="/metrics">gpuslurm metrics</a></body></html>\n')
-        else:
-            self._send(404, "text/plain; charset=utf-8", b"not found; try /metrics\n")
-
-    def _send(self, code: int, content_type: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass  # one line per scrape would flood the monitor's log
+            return 200, CONTENT_TYPE, state.body()
+        if path == "/":
+            return 200, "text/html; charset=utf-8", INDEX
+        return 404, "text/plain; charset=utf-8", b"not found; try /metrics\n"
+    return respond
 
 
 class Exporter:
-    """An HTTP server for ``/metrics`` in a daemon thread; :func:`start_exporter` makes one."""
+    """The metrics server in a thread of its own; :func:`start_exporter` makes one."""
 
-    def __init__(self, server: _Server) -> None:
+    def __init__(self, server: BoundedHttpServer, state: MetricsState, address: tuple[str, int]) -> None:
         self._server = server
-        self.state = server.state
-        self.address: tuple[str, int] = server.server_address[:2]  # type: ignore[assignment]
-        self._thread = threading.Thread(target=server.serve_forever, name="gpuslurm-exporter", daemon=True)
-        self._thread.start()
+        self.state = state
+        self.address = address
+        self.max_connections = server.max_connections
+        self.timeout_s = server.timeout_s
+        server.start()
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._server.close()
 
 
-def start_exporter(addr: str, port: int, state: MetricsState | None = None) -> Exporter:
-    """Listen on ``addr:port`` (port 0: any free port) and serve ``state``; InputError if it cannot."""
-    cls = _Server6 if ":" in addr else _Server
+def start_exporter(addr: str, port: int, state: MetricsState | None = None, *,
+                   timeout_s: float = DEFAULT_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                   warn: Callable[[str], None] = lambda message: None) -> Exporter:
+    """Listen on ``addr:port`` (port 0: any free port) and serve ``state``; InputError if it cannot.
+
+    Each connection is closed ``timeout_s`` after it was accepted, whatever it is doing; at most
+    ``max_connections`` (lowered to a quarter of RLIMIT_NOFILE) are open at once, the next ones
+    wait in the kernel's listen backlog (see :mod:`gpuslurm.watch.http_bounded`).
+    """
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        server = cls((addr, port), _Handler)
-    except OSError as exc:
-        raise InputError(f"cannot listen on {addr}:{port}: {exc.strerror or exc}",
-                         source="--prometheus-port") from None
-    server.state = state or MetricsState()
-    return Exporter(server)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        sock.listen(LISTEN_BACKLOG)
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(f"cannot listen on {addr}:{port}: {why}", source="--prometheus-port") from None
+    state = state or MetricsState()
+    server = BoundedHttpServer(sock, _route(state), timeout_s=timeout_s,
+                               max_connections=connection_cap(max_connections), warn=warn)
+    return Exporter(server, state, sock.getsockname()[:2])
