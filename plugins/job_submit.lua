@@ -441,18 +441,21 @@ local SHAPE_STRINGS = { "req_nodes" }
 -- Every other shape field may add nodes (more tasks or CPUs, fewer per node or per thread).
 local SPREADS = { min_nodes = false, max_nodes = false, sockets_per_node = false }
 
--- A number an update sets (Slurm leaves the others NO_VAL, NO_VAL16 or INFINITE); else nil.
-local function set_number(n)
-    if type(n) == "number" and n ~= NO_VAL and n ~= NO_VAL16 and n ~= 4294967295 and n ~= 65535 then
-        return n
-    end
-    return nil
+-- Fields Slurm leaves 0, not NO_VAL16, when an update does not set them.
+local ZERO_UNSET = { ntasks_per_board = true, sockets_per_board = true, boards_per_node = true }
+
+-- A number an update sets (Slurm leaves the others NO_VAL or NO_VAL16, or 0 for ZERO_UNSET
+-- fields); else nil. INFINITE is set: `NumNodes=ALL`.
+local function set_number(n, field)
+    if type(n) ~= "number" or n == NO_VAL or n == NO_VAL16 then return nil end
+    if n == 0 and ZERO_UNSET[field] then return nil end
+    return n
 end
 
 -- The job as it will be after the update: the record's fields overlaid with those the update
 -- sets (on modify job_desc holds only the changed fields). Returns that job (tres_per_* fields,
--- nodes, sockets, tasks: nil where what the plugin sees cannot tell), and which of the GPU-count
--- fields and the nice the update sets.
+-- nodes, sockets, tasks: nil where what the plugin sees cannot tell), whether the update sets a
+-- field of the GPU count, and whether it sets the nice.
 function M.after_update(job_desc, job_rec)
     local job, shape, spreads = {}, false, false
     for _, field in ipairs(TRES_FIELDS) do
@@ -464,7 +467,7 @@ function M.after_update(job_desc, job_rec)
         end
     end
     for _, field in ipairs(SHAPE_NUMBERS) do
-        if set_number(job_desc[field]) then
+        if set_number(job_desc[field], field) then
             shape = true
             if SPREADS[field] == nil then spreads = true end
         end
@@ -472,9 +475,12 @@ function M.after_update(job_desc, job_rec)
     for _, field in ipairs(SHAPE_STRINGS) do
         if job_desc[field] ~= nil then shape, spreads = true, true end
     end
-    local min = known(set_number(job_desc.min_nodes) or job_rec.min_nodes)
-    local max = known(set_number(job_desc.max_nodes) or job_rec.max_nodes)
-    if max then
+    local min_set, max_set = set_number(job_desc.min_nodes), set_number(job_desc.max_nodes)
+    local min = known(min_set or job_rec.min_nodes)
+    local max = known(max_set or job_rec.max_nodes)
+    if (min_set and not known(min_set)) or (max_set and not known(max_set)) then
+        job.nodes = nil   -- NumNodes=ALL, 0, or no maximum: as many nodes as Slurm sees fit
+    elseif max then
         job.nodes = math.max(min or 1, max)
     elseif not spreads then
         job.nodes = min or 1
@@ -483,10 +489,10 @@ function M.after_update(job_desc, job_rec)
     job.sockets = known(set_number(job_desc.sockets_per_node) or job_rec.sockets_per_node)
     local tasks = known(set_number(job_desc.num_tasks) or job_rec.num_tasks)
     local per_node = known(set_number(job_desc.ntasks_per_node))
-    if tasks and job.nodes then
-        tasks = math.max(tasks, job.nodes, (per_node or 0) * job.nodes)
-    elseif per_node then
-        tasks = nil  -- a task count that follows ntasks_per_node x nodes, on top of one unknown
+    if per_node and not job.nodes then
+        tasks = nil  -- at least ntasks_per_node x nodes, of nodes unknown
+    elseif tasks and job.nodes then
+        tasks = math.max(tasks, job.nodes, (per_node or 0) * job.nodes)  -- Slurm raises it so
     end
     job.tasks = tasks
     local nice = set_number(job_desc.nice)

@@ -59,11 +59,13 @@ end
 local UPDATE_NUMBERS = { "min_nodes", "max_nodes", "num_tasks", "min_cpus", "max_cpus", "nice" }
 local UPDATE_NUMBERS16 = { "ntasks_per_node", "ntasks_per_socket", "sockets_per_node", "cores_per_socket",
                            "threads_per_core", "pn_min_cpus", "cpus_per_task", "ntasks_per_tres" }
+local UPDATE_ZEROS = { "ntasks_per_board", "sockets_per_board", "boards_per_node" }  -- 0 when unset (22.05)
 
 function update(fields, owner)
     local u = { user_id = owner or 1000 }
     for _, k in ipairs(UPDATE_NUMBERS) do u[k] = NO_VAL end
     for _, k in ipairs(UPDATE_NUMBERS16) do u[k] = NO_VAL16 end
+    for _, k in ipairs(UPDATE_ZEROS) do u[k] = 0 end
     for k, v in pairs(fields or {}) do u[k] = v end
     return setmetatable(u, { __index = function(t, k)
         if k == "user_name" then return PASSWD[rawget(t, "user_id")] end

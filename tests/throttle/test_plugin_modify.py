@@ -106,6 +106,8 @@ def test_cap_counts_the_gpus_after_the_update_and_refuses_what_it_cannot_count(t
 case("gres-8", {}, {tres_per_node = "gres:gpu:8"})
 case("gres-2", {}, {tres_per_node = "gres:gpu:2"})
 case("numnodes-only", {tres_per_node = "gres:gpu:2"}, {min_nodes = 4, max_nodes = 4})
+case("numnodes-all", {tres_per_node = "gres:gpu:1", max_nodes = 1}, {min_nodes = 4294967295})
+case("numnodes-open", {tres_per_node = "gres:gpu:1", max_nodes = 1}, {min_nodes = 1, max_nodes = 4294967295})
 case("numnodes-1", {tres_per_node = "gres:gpu:2", max_nodes = 4}, {min_nodes = 1, max_nodes = 1})
 case("record-max-nodes", {tres_per_node = "gres:gpu:1", min_nodes = 1, max_nodes = 2}, {tres_per_node = "gres:gpu:1"})
 case("record-max-nodes-4", {tres_per_node = "gres:gpu:1", min_nodes = 1, max_nodes = 4}, {tres_per_node = "gres:gpu:1"})
@@ -128,7 +130,7 @@ case("unreadable", {}, {tres_per_node = "gres:gpu:h100:4:foo"})
 case("mps", {}, {tres_per_node = "gres:mps:100"})
 case("time-limit", {tres_per_node = "gres:gpu:8"}, {time_limit = 10})
 """)
-    refused = ("gres-8", "numnodes-only", "numtasks-8", "per-task-numnodes", "per-task-new",
+    refused = ("gres-8", "numnodes-only", "numnodes-all", "numnodes-open", "numtasks-8", "per-task-numnodes", "per-task-new",
                "tasks-per-node", "record-max-nodes-4", "spread-tasks", "spread-cpus", "socket-unknown", "socket-4",
                "two-fields", "two-types", "unreadable")
     passed = ("gres-2", "numnodes-1", "record-max-nodes", "numtasks-2", "bounded-tasks", "socket-2",
