@@ -12,9 +12,11 @@ For a throttled user whose line has not expired, a job that asks for GPUs (--gre
     reject:   refused, with a message saying why, until when and whom to ask;
     cap:      given at most `value` GPUs in all, per job (see cap_request below);
     priority: given `value` more nice (a lower priority).
-Jobs without GPUs pass. The file is read at most every RELOAD_SECONDS; a missing, unreadable or
-broken file, or any error in this script's own logic, lets every job through (fail open) and is
-logged to slurmctld's log: a throttle must never become an outage.
+Jobs without GPUs pass. `scontrol update` of a job by its throttled owner is judged on the job as
+it will be after the update (see M.modify; docs/throttle.md). The file is read at most every
+RELOAD_SECONDS; a missing, unreadable or broken file, or any error in this script's own logic,
+lets every job through (fail open) and is logged to slurmctld's log: a throttle must never become
+an outage.
 --]]
 
 local RELOAD_SECONDS = 3
@@ -555,7 +557,8 @@ function M.decide_update(t, job_desc, job_rec)
     local count = M.gpu_count(job)
     if count ~= nil and count <= t.value then return "pass" end
     local why = count and string.format("the job would have %d GPU(s)", count)
-        or "the job's GPU count after this update cannot be told (name NumTasks=, ReqSockets= and NumNodes=N-N)"
+        or ("the job's GPU count after this update cannot be told "
+            .. "(name NumTasks=, ReqSockets= and NumNodes=N-N in it)")
     return "reject", string.format("gpuslurm: user %s is limited to %d GPU(s) per job: %s %s",
                                    t.user, t.value, why, tail)
 end

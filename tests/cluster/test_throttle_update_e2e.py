@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from test_throttle_e2e import SETTLE_S, Throttled
 
 from slurm_helpers import SCONTROL, SlurmRelease, User, job_submit_plugin, slurm_release
-from test_throttle_e2e import SETTLE_S, Throttled
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
@@ -42,7 +42,7 @@ class Updates(Throttled):
         """The throttled user's update fails and leaves the job as it was; root's same update passes."""
         before = self.job(jobid)
         proc = self.update(self.a, jobid, *fields)
-        assert proc.returncode != 0, f"{self.a.name}'s update {fields} of job {jobid} passed:\n{self.job(jobid)}"
+        assert proc.returncode != 0, f"{self.a.name}'s {fields} of job {jobid} passed:\n{self.job(jobid)}"
         assert self.job(jobid) == before, f"{fields}: job {jobid} changed:\n{before}\n{self.job(jobid)}"
         if self.release.shows_update_message:
             assert "gpuslurm:" in proc.stderr, proc.stderr

@@ -109,8 +109,9 @@ case("numnodes-only", {tres_per_node = "gres:gpu:2"}, {min_nodes = 4, max_nodes 
 case("numnodes-all", {tres_per_node = "gres:gpu:1", max_nodes = 1}, {min_nodes = 4294967295})
 case("numnodes-open", {tres_per_node = "gres:gpu:1", max_nodes = 1}, {min_nodes = 1, max_nodes = 4294967295})
 case("numnodes-1", {tres_per_node = "gres:gpu:2", max_nodes = 4}, {min_nodes = 1, max_nodes = 1})
-case("record-max-nodes", {tres_per_node = "gres:gpu:1", min_nodes = 1, max_nodes = 2}, {tres_per_node = "gres:gpu:1"})
-case("record-max-nodes-4", {tres_per_node = "gres:gpu:1", min_nodes = 1, max_nodes = 4}, {tres_per_node = "gres:gpu:1"})
+local one = {tres_per_node = "gres:gpu:1"}
+case("record-max-nodes", {tres_per_node = "gres:gpu:1", min_nodes = 1, max_nodes = 2}, one)
+case("record-max-nodes-4", {tres_per_node = "gres:gpu:1", min_nodes = 1, max_nodes = 4}, one)
 case("numtasks-8", {tres_per_task = "gres:gpu:1"}, {num_tasks = 8})
 case("numtasks-2", {tres_per_task = "gres:gpu:1"}, {num_tasks = 2})
 -- the record shows no task count: a per-task request after an update without NumTasks is unknown
@@ -130,9 +131,10 @@ case("unreadable", {}, {tres_per_node = "gres:gpu:h100:4:foo"})
 case("mps", {}, {tres_per_node = "gres:mps:100"})
 case("time-limit", {tres_per_node = "gres:gpu:8"}, {time_limit = 10})
 """)
-    refused = ("gres-8", "numnodes-only", "numnodes-all", "numnodes-open", "numtasks-8", "per-task-numnodes", "per-task-new",
-               "tasks-per-node", "record-max-nodes-4", "spread-tasks", "spread-cpus", "socket-unknown", "socket-4",
-               "two-fields", "two-types", "unreadable")
+    refused = ("gres-8", "numnodes-only", "numnodes-all", "numnodes-open", "numtasks-8",
+               "per-task-numnodes", "per-task-new", "tasks-per-node", "record-max-nodes-4",
+               "spread-tasks", "spread-cpus", "socket-unknown", "socket-4", "two-fields", "two-types",
+               "unreadable")
     passed = ("gres-2", "numnodes-1", "record-max-nodes", "numtasks-2", "bounded-tasks", "socket-2",
               "mps", "time-limit")
     assert {name for name in refused if not got[name].startswith("-1|")} == set(), got
@@ -177,12 +179,14 @@ case("operator-nice-0", {tres_per_node = "gres:gpu:1", nice = OFF + 5000}, {nice
 
 
 @pytest.mark.parametrize("throttle", [REJECT, CAP, PRIORITY], ids=lambda t: t.mode)
-def test_an_expired_throttle_or_another_user_lets_the_update_through(tmp_path: Path, throttle: Throttle) -> None:
+def test_an_expired_throttle_or_another_user_lets_the_update_through(tmp_path: Path,
+                                                                     throttle: Throttle) -> None:
     got = _verdicts(tmp_path, throttle._replace(until=NOW + 2), """
-case("bob", {user_id = 1001}, {tres_per_node = "gres:gpu:8", nice = slurm.NICE_OFFSET}, 1001)
-case("alice", {tres_per_node = "gres:gpu:1", nice = slurm.NICE_OFFSET + 5000}, {tres_per_node = "gres:gpu:8", nice = slurm.NICE_OFFSET})
+local more = {tres_per_node = "gres:gpu:8", nice = slurm.NICE_OFFSET}
+case("bob", {user_id = 1001}, more, 1001)
+case("alice", {tres_per_node = "gres:gpu:1", nice = slurm.NICE_OFFSET + 5000}, more)
 NOW = NOW + 2
-case("alice-later", {tres_per_node = "gres:gpu:1"}, {tres_per_node = "gres:gpu:8", nice = slurm.NICE_OFFSET})
+case("alice-later", {tres_per_node = "gres:gpu:1"}, more)
 """)
     assert got["bob"].startswith("0|") and got["alice"].startswith("-1|"), got
     assert got["alice-later"].startswith("0|"), got
