@@ -33,10 +33,12 @@ class Updates(Throttled):
 
     def update(self, user: User | None, jobid: int, *fields: str) -> subprocess.CompletedProcess[str]:
         """``scontrol update JobId=JOBID FIELDS`` as ``user`` (None: root)."""
-        as_user = {} if user is None else {"user": user.uid, "group": user.gid, "extra_groups": []}
-        return subprocess.run([SCONTROL, "update", f"JobId={jobid}", *fields], env=self.cluster.env,
-                              capture_output=True, text=True, timeout=60, check=False, cwd="/tmp",
-                              **as_user)  # type: ignore[call-overload]
+        argv = [SCONTROL, "update", f"JobId={jobid}", *fields]
+        if user is None:
+            return subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True, timeout=60,
+                                  check=False)
+        return subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True, timeout=60,
+                              check=False, cwd="/tmp", user=user.uid, group=user.gid, extra_groups=[])
 
     def refused_update(self, jobid: int, *fields: str) -> None:
         """The throttled user's update fails and leaves the job as it was; root's same update passes."""
