@@ -12,9 +12,11 @@ For a throttled user whose line has not expired, a job that asks for GPUs (--gre
     reject:   refused, with a message saying why, until when and whom to ask;
     cap:      given at most `value` GPUs in all, per job (see cap_request below);
     priority: given `value` more nice (a lower priority).
-Jobs without GPUs pass. The file is read at most every RELOAD_SECONDS; a missing, unreadable or
-broken file, or any error in this script's own logic, lets every job through (fail open) and is
-logged to slurmctld's log: a throttle must never become an outage.
+Jobs without GPUs pass. `scontrol update` of a job by its throttled owner is judged on the job as
+it will be after the update (see M.modify; docs/throttle.md). The file is read at most every
+RELOAD_SECONDS; a missing, unreadable or broken file, or any error in this script's own logic,
+lets every job through (fail open) and is logged to slurmctld's log: a throttle must never become
+an outage.
 --]]
 
 local RELOAD_SECONDS = 3
@@ -157,7 +159,7 @@ function M.throttles(now)
         log_info("throttle file %s: %d user(s) throttled", path, count)
     end
     cache.state, cache.users, cache.count, cache.text, cache.expires = "ok", users, count, text, expires
-    cache.names = {}  -- uid -> name cache: refreshed with the file
+    cache.names, cache.nnames = {}, 0  -- uid -> name cache: refreshed with the file
     return users, count
 end
 
@@ -350,12 +352,40 @@ function M.decide(t, job_desc)
     end
 end
 
+local MAX_NAMES = 65536   -- uid -> name entries kept; past this the cache starts again
+
+local function remember(uid, name)
+    if type(uid) ~= "number" or type(name) ~= "string" then return end
+    if cache.nnames and cache.nnames >= MAX_NAMES then cache.names, cache.nnames = {}, 0 end
+    if cache.names[uid] == nil then cache.nnames = (cache.nnames or 0) + 1 end
+    cache.names[uid] = name
+end
+
 local function user_name(job_desc)
     local uid = job_desc.user_id
     local name = uid and cache.names[uid]
     if name == nil then
         name = job_desc.user_name
-        if uid and name then cache.names[uid] = name end
+        remember(uid, name)
+    end
+    return name
+end
+
+-- The name of the job's owner on `scontrol update`. The owner is job_rec.user_id: Slurm leaves
+-- job_rec.user_name nil in slurmctld (22.05 and later), so a name read there matches no throttle.
+-- The name comes from the uid -> name cache the submissions fill, else from job_desc.user_name:
+-- before calling the plugin slurmctld sets the update's user_id to the owner's uid (unless root
+-- overrode it with `scontrol -u`), and job_desc.user_name resolves that uid through the system's
+-- own user database (NSS, as at submission: LDAP and sssd users included), once per uid until
+-- the throttle file changes. Reading /etc/passwd ourselves would miss every directory user.
+-- nil when neither names the owner: the update passes (fail open), as a submission would.
+local function owner_name(job_desc, job_rec)
+    local uid = job_rec.user_id
+    if type(uid) ~= "number" then return nil end
+    local name = cache.names[uid]
+    if name == nil and job_desc.user_id == uid then
+        name = job_desc.user_name
+        remember(uid, name)
     end
     return name
 end
@@ -385,17 +415,175 @@ function M.submit(job_desc, now)
     return apply(job_desc, name, action, message, changes)
 end
 
--- A pending job's owner may ask for more GPUs with `scontrol update`: apply the same throttle to
--- the fields the update sets. Operators (uid 0, or anyone with modify_uid ~= the job's user) pass.
+-- The uid slurmctld runs as: SlurmUser (slurmctld drops root's privileges to it at start). Read
+-- once from /proc/self/status (Lua 5.1 has no getuid); false when it cannot be read.
+function M.slurm_user_uid()
+    if M.slurm_uid == nil then
+        M.slurm_uid = false
+        local fh = io.open("/proc/self/status", "rb")
+        if fh then
+            local ok, text = pcall(fh.read, fh, 8192)
+            fh:close()
+            local uid = ok and type(text) == "string" and text:match("\nUid:%s+(%d+)")
+            if uid and #uid <= 10 then M.slurm_uid = tonumber(uid) end
+        end
+    end
+    return M.slurm_uid
+end
+
+-- Fields of an update that can change how many GPUs the job gets: its GPU requests, and the
+-- node, socket, task and CPU counts they are multiplied by (Slurm spreads a job over more nodes
+-- for more tasks or CPUs when its node count has no maximum). An update that sets none of them
+-- leaves the GPU count as it was judged at submission.
+local SHAPE_NUMBERS = { "min_nodes", "max_nodes", "num_tasks", "ntasks_per_node", "ntasks_per_socket",
+                        "ntasks_per_core", "ntasks_per_board", "ntasks_per_tres", "ntasks_per_gpu",
+                        "sockets_per_node", "sockets_per_board", "boards_per_node", "cores_per_socket",
+                        "threads_per_core", "min_cpus", "max_cpus", "pn_min_cpus", "cpus_per_task" }
+local SHAPE_STRINGS = { "req_nodes" }
+-- Every other shape field may add nodes (more tasks or CPUs, fewer per node or per thread).
+local SPREADS = { min_nodes = false, max_nodes = false, sockets_per_node = false }
+
+-- Fields Slurm leaves 0, not NO_VAL16, when an update does not set them.
+local ZERO_UNSET = { ntasks_per_board = true, sockets_per_board = true, boards_per_node = true }
+
+-- A number an update sets (Slurm leaves the others NO_VAL or NO_VAL16, or 0 for ZERO_UNSET
+-- fields); else nil. INFINITE is set: `NumNodes=ALL`.
+local function set_number(n, field)
+    if type(n) ~= "number" or n == NO_VAL or n == NO_VAL16 then return nil end
+    if n == 0 and ZERO_UNSET[field] then return nil end
+    return n
+end
+
+-- The job as it will be after the update: the record's fields overlaid with those the update
+-- sets (on modify job_desc holds only the changed fields). Returns that job (tres_per_* fields,
+-- nodes, sockets, tasks: nil where what the plugin sees cannot tell), whether the update sets a
+-- field of the GPU count, and whether it sets the nice.
+function M.after_update(job_desc, job_rec)
+    local job, shape, spreads = {}, false, false
+    for _, field in ipairs(TRES_FIELDS) do
+        local value = job_desc[field]
+        if value ~= nil then
+            job[field], shape = value, true
+        else
+            job[field] = job_rec[field]
+        end
+    end
+    for _, field in ipairs(SHAPE_NUMBERS) do
+        if set_number(job_desc[field], field) then
+            shape = true
+            if SPREADS[field] == nil then spreads = true end
+        end
+    end
+    for _, field in ipairs(SHAPE_STRINGS) do
+        if job_desc[field] ~= nil then shape, spreads = true, true end
+    end
+    local min_set, max_set = set_number(job_desc.min_nodes), set_number(job_desc.max_nodes)
+    local min = known(min_set or job_rec.min_nodes)
+    local max = known(max_set or job_rec.max_nodes)
+    if (min_set and not known(min_set)) or (max_set and not known(max_set)) then
+        job.nodes = nil   -- NumNodes=ALL, 0, or no maximum: as many nodes as Slurm sees fit
+    elseif max then
+        job.nodes = math.max(min or 1, max)
+    elseif not spreads then
+        job.nodes = min or 1
+    end
+    -- 22.05's job_rec shows neither the task count nor the sockets: known only from the update
+    job.sockets = known(set_number(job_desc.sockets_per_node) or job_rec.sockets_per_node)
+    local tasks = known(set_number(job_desc.num_tasks) or job_rec.num_tasks)
+    local per_node = known(set_number(job_desc.ntasks_per_node))
+    if per_node and not job.nodes then
+        tasks = nil  -- at least ntasks_per_node x nodes, of nodes unknown
+    elseif tasks and job.nodes then
+        tasks = math.max(tasks, job.nodes, (per_node or 0) * job.nodes)  -- Slurm raises it so
+    end
+    job.tasks = tasks
+    local nice = set_number(job_desc.nice)
+    job.nice = nice or set_number(job_rec.nice)
+    return job, shape, nice ~= nil
+end
+
+-- How many GPUs (gpu gres, not mps/shard shares) the job asks for in all; nil when a field with
+-- GPUs has a unit count (nodes, sockets, tasks) the plugin cannot see, or a request it cannot read.
+function M.gpu_count(job)
+    local total = 0
+    for _, field in ipairs(TRES_FIELDS) do
+        local value = job[field]
+        if value ~= nil and value ~= "" then
+            local sum = 0
+            for _, item in ipairs(split(value)) do
+                local r = M.parse_item(item)
+                if r and r.name_l == "gpu" then
+                    if r.unparsed then return nil end
+                    sum = sum + r.count
+                end
+            end
+            if sum > 0 then
+                local many
+                if field == "tres_per_job" then many = 1
+                elseif field == "tres_per_node" then many = job.nodes
+                elseif field == "tres_per_socket" then many = job.sockets and job.nodes and job.sockets * job.nodes
+                else many = job.tasks end
+                if not many then return nil end
+                total = total + sum * many
+            end
+        end
+    end
+    return total
+end
+
+-- What to do with an update of a throttled user's own job: ("pass"), ("reject", message) or
+-- ("nice", message, changes). Judged on the job as it will be after the update.
+function M.decide_update(t, job_desc, job_rec)
+    local job, shape, sets_nice = M.after_update(job_desc, job_rec)
+    local is_gpu = M.gpu_request(job)
+    local tail = string.format("until %s%s. Ask %s to lift it.", when(t), because(t), contact_of(t))
+    if t.mode == "priority" then
+        if not is_gpu or not (shape or sets_nice) then return "pass" end
+        local base = slurm.NICE_OFFSET or 2147483648
+        local floor = base + t.value
+        if sets_nice and job.nice < floor then
+            return "reject", string.format("gpuslurm: user %s cannot lower the nice of a GPU job below "
+                                           .. "%d %s", t.user, t.value, tail)
+        end
+        if not sets_nice and (job.nice == nil or job.nice < floor) then
+            return "nice", string.format("gpuslurm: your GPU job runs with nice %d (lower priority) %s",
+                                         t.value, tail), { nice = floor }
+        end
+        return "pass"
+    end
+    if not shape then return "pass" end
+    if t.mode == "reject" then return M.decide(t, job) end
+    if not is_gpu then return "pass" end
+    local count = M.gpu_count(job)
+    if count ~= nil and count <= t.value then return "pass" end
+    local why = count and string.format("the job would have %d GPU(s)", count)
+        or ("the job's GPU count after this update cannot be told "
+            .. "(name NumTasks=, ReqSockets= and NumNodes=N-N in it)")
+    return "reject", string.format("gpuslurm: user %s is limited to %d GPU(s) per job: %s %s",
+                                   t.user, t.value, why, tail)
+end
+
+-- `scontrol update` of a job by its owner is judged as the job will be after it (more GPUs, more
+-- nodes or tasks with GPUs, a lower nice): the throttle cannot be lifted by an update. Updates by
+-- anyone else pass: root, SlurmUser, and operators or coordinators updating another user's job
+-- (slurmctld itself refuses a plain user's update of a job not theirs).
 function M.modify(job_desc, job_rec, modify_uid, now)
     local users, count = M.throttles(now)
-    if count == 0 or modify_uid == 0 or job_rec == nil then return slurm.SUCCESS end
-    if job_rec.user_id ~= nil and job_rec.user_id ~= modify_uid then return slurm.SUCCESS end
-    local name = job_rec.user_name
+    if count == 0 or job_rec == nil then return slurm.SUCCESS end
+    local owner = job_rec.user_id
+    if modify_uid == 0 or owner ~= modify_uid or modify_uid == M.slurm_user_uid() then
+        return slurm.SUCCESS
+    end
+    local name = owner_name(job_desc, job_rec)
     local t = name and users[name]
     if not t or t["until"] <= now then return slurm.SUCCESS end
-    local action, message, changes = M.decide(t, job_desc)
-    if action == "pass" or action == "nice" then return slurm.SUCCESS end
+    local action, message, changes = M.decide_update(t, job_desc, job_rec)
+    if action == "pass" then return slurm.SUCCESS end
+    if action == "reject" then
+        log_info("refused an update of job %s of throttled user %s", tostring(job_rec.job_id), name)
+        slurm.log_user("%s", message)  -- shown by Slurm 23.02 and later; 22.05 drops it
+        return slurm.ERROR
+    end
     return apply(job_desc, name, action, message, changes)
 end
 

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 SCONTROL = "/usr/bin/scontrol"
 SCANCEL = "/usr/bin/scancel"
+SLURMCTLD = "/usr/sbin/slurmctld"
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "job_submit.lua"
 
 
@@ -108,6 +110,30 @@ class NodeControl:
             self.wait_node(r"^IDLE")
         except TimeoutError as exc:
             print(f"node did not come back: {exc}", file=sys.stderr)
+
+
+class SlurmRelease(NamedTuple):
+    """What the tests must know about the Slurm release the cluster runs; the one place that knows
+    how releases differ (add a field here, never a version check in a test)."""
+
+    version: tuple[int, int]
+    # job_submit.lua's slurm.log_user reaches the user on `scontrol update` (job_modify has an
+    # err_msg from 23.02; 22.05 drops the message, so a refusal shows only as an error)
+    shows_update_message: bool
+    # how `scontrol show job` spells a GPU gres in TresPer*= ("gres:gpu:1"; "gres/gpu:1" from 23.11)
+    gres_prefix: str
+
+
+@cache
+def slurm_release(slurmctld: str = SLURMCTLD) -> SlurmRelease:
+    """The release of the slurmctld the test cluster runs (``slurmctld -V``: "slurm-wlm 22.05.8")."""
+    out = subprocess.run([slurmctld, "-V"], capture_output=True, text=True, timeout=30, check=True).stdout
+    match = re.search(r"(\d+)\.(\d+)\.\d+", out)
+    if not match:
+        raise RuntimeError(f"{slurmctld} -V: no version in {out!r}")
+    version = (int(match.group(1)), int(match.group(2)))
+    return SlurmRelease(version, shows_update_message=version >= (23, 2),
+                        gres_prefix="gres:" if version < (23, 11) else "gres/")
 
 
 class User(NamedTuple):

@@ -89,3 +89,112 @@ def test_throttle_list_through_the_cli(text: str) -> None:
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
     if proc.returncode:
         assert one_line(proc.stderr), proc.stderr
+
+
+# --- slurm_job_modify: an update by the throttled owner never lifts the throttle (issue 18) ----
+
+GPU_ITEMS = ("gres:gpu:1", "gres:gpu:2", "gres/gpu:8", "gres:gpu:h100:3", "gres:gpu:h100:4:foo",
+             "gres:mps:50", "gres:nic:1", "gres:gpu:1,gres:gpu:a100:1", "")
+TRES = ("tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task")
+NO_VAL, NO_VAL16, INFINITE = 4294967294, 65534, 4294967295
+COUNTS = st.sampled_from((NO_VAL, 0, 1, 2, 4, 64, INFINITE))
+COUNTS16 = st.sampled_from((NO_VAL16, 0, 1, 2, 8))
+job_record = st.fixed_dictionaries({}, optional={
+    **{f: st.sampled_from(GPU_ITEMS) for f in TRES},
+    "min_nodes": st.sampled_from((1, 2)), "max_nodes": st.sampled_from((0, 1, 4)),
+    "nice": st.sampled_from((2147483648, 2147483648 + 100, 2147483648 + 9000)),
+})
+job_update = st.fixed_dictionaries({}, optional={
+    **{f: st.sampled_from(GPU_ITEMS) for f in TRES},
+    "min_nodes": COUNTS, "max_nodes": COUNTS, "num_tasks": COUNTS, "min_cpus": COUNTS,
+    "ntasks_per_node": COUNTS16, "sockets_per_node": COUNTS16, "cpus_per_task": COUNTS16,
+    "ntasks_per_board": st.just(0), "req_nodes": st.sampled_from(("node1", "node[1-8]")),
+    "nice": st.sampled_from((NO_VAL, 2147483648, 2147483648 + 50, 2147483648 + 6000)),
+    "time_limit": st.just(10), "comment": st.just("x"),
+})
+
+
+Fields = dict[str, object]
+
+
+def _lua_table(fields: Fields) -> str:
+    items = (f"{k} = {lua_str(v) if isinstance(v, str) else v}" for k, v in fields.items())
+    return "{" + ", ".join(items) + "}"
+
+
+def _gpus(value: str) -> int:
+    """GPUs (gpu gres) per unit in a tres string, -1 when an item is unreadable."""
+    total = 0
+    for item in filter(None, value.split(",")):
+        parts = item.replace("gres/", "").replace("gres:", "").split(":")
+        if parts[0] != "gpu":
+            continue
+        if len(parts) > 3 or not parts[-1].isdigit():
+            return -1
+        total += int(parts[-1])
+    return total
+
+
+def _known_over_cap(rec: Fields, upd: Fields, cap: int) -> bool:
+    """Whether the job after the update surely has more than ``cap`` GPUs, counting only what the
+    update itself states (``tres_per_job``; ``tres_per_node`` with a node count; ``tres_per_task``
+    with a task count)."""
+    def after(field: str) -> str:
+        return str(upd.get(field, rec.get(field, "")))
+    nodes = upd.get("min_nodes")
+    nodes = nodes if isinstance(nodes, int) and 0 < nodes < NO_VAL16 else None
+    tasks = upd.get("num_tasks")
+    tasks = tasks if isinstance(tasks, int) and 0 < tasks < NO_VAL16 else None
+    total = max(_gpus(after("tres_per_job")), 0)
+    if nodes:
+        total += max(_gpus(after("tres_per_node")), 0) * nodes
+    if tasks:
+        total += max(_gpus(after("tres_per_task")), 0) * tasks
+    return total > cap
+
+
+@settings(max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(job_record, job_update), min_size=1, max_size=40))
+def test_an_owners_update_never_lifts_the_throttle(cases: list[tuple[Fields, Fields]]) -> None:
+    if lua_missing():
+        return
+    throttles = [Throttle("alice", NOW + 3600, mode, value, NOW, "", "x")
+                 for mode, value in (("reject", 0), ("cap", 2), ("priority", 5000))]
+    calls = "\n".join(
+        f"case({i}, {_lua_table(rec)}, {_lua_table(upd)})" for i, (rec, upd) in enumerate(cases))
+    verdicts: dict[str, list[str]] = {}
+    for throttle in throttles:
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "gpuslurm-throttle"
+            path.write_text(format_throttle_file([throttle], "1-1"))
+            lines = run_lua(f"G.path = {lua_str(str(path))}\n" + """
+function case(i, rec, upd)
+  local u = update(upd)
+  out(i, slurm_job_modify(u, record(rec), {}, 1000), slurm_job_modify(update(upd), record(rec), {}, 0),
+      rawget(u, "nice") or "-")
+end
+""" + calls + "\ndump_logs()\n", now=NOW)
+        assert not any("internal error" in line for line in lines), lines
+        verdicts[throttle.mode] = [line for line in lines
+                                   if "|" in line and not line.startswith(("LOG", "USER"))]
+    shape = {"min_nodes", "max_nodes", "num_tasks", "min_cpus", "ntasks_per_node", "sockets_per_node",
+             "cpus_per_task", "req_nodes", *TRES}
+    for i, (rec, upd) in enumerate(cases):
+        sets_shape = any(k in shape and v not in (NO_VAL, NO_VAL16) for k, v in upd.items())
+        sets_nice = upd.get("nice", NO_VAL) != NO_VAL
+        gpus_after = any(_gpus(after) != 0 or "mps" in after
+                         for after in (str(upd.get(f, rec.get(f, ""))) for f in TRES))
+        for mode, lines in verdicts.items():
+            _, owner, root, nice = lines[i].split("|")
+            assert root == "0", (mode, rec, upd)   # root's update always passes
+            if not sets_shape and not sets_nice:
+                assert owner == "0", (mode, rec, upd)  # the GPU count judged at submission
+            if mode == "reject" and sets_shape and gpus_after:
+                assert owner == "-1", (rec, upd)
+            if mode == "cap" and sets_shape and _known_over_cap(rec, upd, 2):
+                assert owner == "-1", (rec, upd)
+            if mode == "priority" and owner == "0" and gpus_after and (sets_shape or sets_nice):
+                # the job after the update has at least the throttle's nice
+                set_nice = nice != "-" and int(nice) != NO_VAL
+                final = int(nice) if set_nice else int(str(rec.get("nice", 2 ** 31)))
+                assert final >= 2 ** 31 + 5000, (rec, upd, nice)

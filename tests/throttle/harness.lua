@@ -41,3 +41,34 @@ end
 local rc = dofile(PLUGIN)
 assert(rc == 0, "the plugin's chunk must return slurm.SUCCESS")
 G = gpuslurm_throttle
+
+-- What slurmctld hands slurm_job_modify (22.05 and later). The record: user_id set, user_name nil
+-- (slurmctld never fills it), numbers as Slurm keeps them (nice with NICE_OFFSET), no task count.
+-- The update: only the fields `scontrol update` sets, the rest NO_VAL/NO_VAL16/nil; user_id is
+-- the owner's (slurmctld sets it before calling the plugin) and user_name resolves it through the
+-- user database, as Slurm's uid_to_string_or_null does.
+PASSWD = { [0] = "root", [1000] = "alice", [1001] = "bob" }
+
+function record(fields)
+    local r = { job_id = 42, user_id = 1000, min_nodes = 1, max_nodes = 0,
+                nice = slurm.NICE_OFFSET }
+    for k, v in pairs(fields or {}) do r[k] = v end
+    return r
+end
+
+local UPDATE_NUMBERS = { "min_nodes", "max_nodes", "num_tasks", "min_cpus", "max_cpus", "nice" }
+local UPDATE_NUMBERS16 = { "ntasks_per_node", "ntasks_per_socket", "sockets_per_node", "cores_per_socket",
+                           "threads_per_core", "pn_min_cpus", "cpus_per_task", "ntasks_per_tres" }
+local UPDATE_ZEROS = { "ntasks_per_board", "sockets_per_board", "boards_per_node" }  -- 0 when unset (22.05)
+
+function update(fields, owner)
+    local u = { user_id = owner or 1000 }
+    for _, k in ipairs(UPDATE_NUMBERS) do u[k] = NO_VAL end
+    for _, k in ipairs(UPDATE_NUMBERS16) do u[k] = NO_VAL16 end
+    for _, k in ipairs(UPDATE_ZEROS) do u[k] = 0 end
+    for k, v in pairs(fields or {}) do u[k] = v end
+    return setmetatable(u, { __index = function(t, k)
+        if k == "user_name" then return PASSWD[rawget(t, "user_id")] end
+        return nil
+    end })
+end

@@ -359,17 +359,6 @@ dump_logs()
     assert any("internal error, job let through" in line and "exploded" in line for line in lines)
 
 
-def test_modify_applies_to_the_owner_but_not_to_operators(tmp_path: Path) -> None:
-    path = _file(tmp_path, ALICE)
-    lines = run_lua(_use(path) + """
-local rec = {user_id = 1000, user_name = "alice"}
-out(slurm_job_modify({tres_per_node = "gres:gpu:2"}, rec, {}, 1000))
-out(slurm_job_modify({tres_per_node = "gres:gpu:2"}, rec, {}, 0))
-out(slurm_job_modify({time_limit = 10}, rec, {}, 1000))
-""")
-    assert lines == ["-1", "0", "0"]
-
-
 def test_default_path_is_beside_the_script(tmp_path: Path) -> None:
     copy = tmp_path / "job_submit.lua"
     copy.write_text((Path(__file__).resolve().parents[2] / "plugins" / "job_submit.lua").read_text())
