@@ -15,6 +15,7 @@ import pytest
 from gpuslurm.cli.hogs_cmd import current
 from gpuslurm.hw.source import load_node
 from gpuslurm.samples import Violation
+from scheduler_stand_in import no_jobs_config
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -30,10 +31,8 @@ def monitored(tmp_path: Path) -> Iterator[tuple[dict[str, str], int, str]]:
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"gpus": {gpu: {"util": 97}},
                                     "procs": [{"pid": sleeper.pid, "gpu": gpu, "mem_mib": 4000}]}))
-    config = tmp_path / "gpuslurm.toml"
-    config.write_text(f'[paths]\nrun_dir = "{tmp_path / "run"}"\nstate_dir = "{tmp_path / "state"}"\n'
-                      f'violations_dir = "{tmp_path / "violations"}"\n'
-                      '[monitor]\nnode_name = "node07"\n')
+    config = no_jobs_config(tmp_path)  # no host's squeue: its answer is no part of this test
+    config.write_text(config.read_text() + '[monitor]\nnode_name = "node07"\n')
     env = {**os.environ, "GPUSLURM_CONFIG": str(config), "GPUSLURM_SCENARIO": str(scenario),
            "GPUSLURM_CAPTURE": "dgx-h100"}
     proc = _run(env, "monitor", "--once")

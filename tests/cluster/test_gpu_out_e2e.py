@@ -195,3 +195,44 @@ def test_xid_79_takes_gpu_3_out_and_the_node_serves_the_other_7(slurm_cluster: S
         subprocess.run([SCONTROL, "update", f"NodeName={HOST}", "Comment="], env=c.env,
                        capture_output=True, timeout=30, check=False)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _gres_of(c: SlurmCluster, job: int) -> str:
+    detail = subprocess.run([SCONTROL, "-o", "show", "job", "-d", str(job)], env=c.env, capture_output=True,
+                            text=True, timeout=30, check=True).stdout
+    m = re.search(r"GRES=(\S+)", detail.split(" Nodes=")[-1])
+    return m.group(1) if m else ""
+
+
+def test_a_users_job_named_as_the_holder_is_neither_cancelled_nor_counted_as_it(
+        slurm_cluster: SlurmCluster) -> None:
+    """As the attacker (nobody): eight one-GPU jobs named as root's holder (``gpuslurm-gpu-out-<node>``)
+    fill the node. ``gpu offline index:3`` neither scancels the seven on GPUs in service nor counts
+    the one on GPU 3 as its holder (that job is the GPU's user, told, and when it ends a real holder
+    takes the GPU); ``gpu online index:3`` cancels none of them either. Only root's job of that name
+    is the holder."""
+    root = Path(tempfile.mkdtemp(prefix="gpuslurm-gpu-out-"))
+    root.chmod(0o755)
+    site = Site(slurm_cluster, root)
+    c = slurm_cluster
+    attacker = ["--uid=nobody", "--chdir=/", "--output=/dev/null", "--gres=gpu:1",
+                f"--job-name=gpuslurm-gpu-out-{HOST}"]
+    jobs: list[int] = []
+    try:
+        jobs = [c.sbatch(attacker, "sleep 300") for _ in range(8)]
+        _wait_running(c, jobs)
+        [on_gpu3] = [j for j in jobs if "(IDX:3)" in _gres_of(c, j)]
+        out = site.gpuslurm("gpu", "offline", "index:3", "--reason", "test", "--node-name", HOST,
+                            "--from", "dgx-h100").stdout
+        assert f"in use by job(s) {on_gpu3}" in out and "held out by" not in out, out
+        assert _running(c, jobs), [(j, c.state(j)) for j in jobs]
+        out = site.gpuslurm("gpu", "online", "index:3", "--node-name", HOST, "--from", "dgx-h100").stdout
+        assert site.record() == {}, out
+        assert _running(c, jobs), ([(j, c.state(j)) for j in jobs], out)
+    finally:
+        subprocess.run([SCANCEL, *map(str, jobs)], env=c.env, capture_output=True, timeout=30, check=False)
+        for j in jobs:
+            c.wait(j, timeout=60)
+        subprocess.run([SCONTROL, "update", f"NodeName={HOST}", "Comment="], env=c.env,
+                       capture_output=True, timeout=30, check=False)
+        shutil.rmtree(root, ignore_errors=True)

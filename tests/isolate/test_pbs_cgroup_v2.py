@@ -234,3 +234,43 @@ def test_pbs_attach_cannot_move_the_users_process_out_of_another_jobs_cgroup(sit
             own.kill()
         own.wait()
         assert not Path(v2_pbs_dir(UNIFIED, other)).exists()
+
+
+@pytest.mark.parametrize("layout", ["v2", "v1"])
+def test_pbs_attach_cannot_move_the_users_mps_daemon_out_of_its_jobs_cgroup(site: Path, layout: str) -> None:
+    """Job 41 of ``nobody`` asked for MPS: its daemon runs as ``nobody`` in gpuslurm's MPS cgroup of
+    job 41 (v2 ``gpuslurm.mps/mps_<id>``, v1 ``devices/gpuslurm/mps_<id>``). ``pbs_attach -j 42 -p
+    DAEMON`` by the same user would take the daemon out of job 41's device limits into job 42's
+    (whose end would then kill it): refused, exit 2, it stays where it was."""
+    from gpuslurm.isolate.devices import cgroup_version, remove_cgroup, setup_mps_v2, setup_v1, v1_job_dir
+
+    other = "42.pbshost"
+    root = UNIFIED
+    if layout == "v1":
+        root = "/sys/fs/cgroup"
+        if cgroup_version(root) != 1:
+            pytest.skip("no cgroup v1 devices hierarchy here")
+        config = site.parent / "gpuslurm.toml"
+        config.write_text(config.read_text().replace(f'cgroup_root = "{UNIFIED}"', f'cgroup_root = "{root}"'))
+    mps = setup_mps_v2(root, JOB, ()) if layout == "v2" else setup_v1(root, JOB, None, (), kind="mps")
+    daemon = as_nobody(["/bin/sleep", "300"])
+    try:
+        rc, _, lines = call("execjob_begin", job_id=other)
+        assert rc == 0, lines
+        (Path(mps) / "cgroup.procs").write_text(str(daemon.pid))  # as the begin starts it: root's move
+        before = Path(f"/proc/{daemon.pid}/cgroup").read_text()
+        assert f"/mps_{JOB}" in before, before
+        rc, _, lines = call("execjob_attach", job_id=other, pid=daemon.pid)
+        assert rc == 2 and f"is in job {JOB}'s cgroup" in lines[-1], lines
+        assert Path(f"/proc/{daemon.pid}/cgroup").read_text() == before
+        rc, _, lines = call("execjob_end", job_id=other)
+        assert rc == 0, lines
+        assert daemon.poll() is None  # job 42's end left job 41's daemon alone
+    finally:
+        call("execjob_end", job_id=other)
+        if daemon.poll() is None:
+            daemon.kill()
+        daemon.wait()
+        assert remove_cgroup(mps)
+        if layout == "v1":
+            assert not Path(v1_job_dir(root, other)).exists()

@@ -21,6 +21,7 @@ from gpuslurm.hw.bundle import read_bundle
 from gpuslurm.hw.health import read_scenario
 from gpuslurm.hw.nvml_replay import dump_replay
 from gpuslurm.hw.scenario import parse_scenario, scenario_path
+from scheduler_stand_in import no_jobs_config
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "libnvml_replay.c"
@@ -143,12 +144,15 @@ class LiveNode:
     bundle: Path
     nvml_json: Path
     log: Path
+    config: Path  # the node's own config (scheduler_stand_in: no host's squeue); extra_env may name another
+
+    def env(self) -> dict[str, str]:
+        return {**self.lib.env(self.nvml_json, self.log), "GPUSLURM_CONFIG": str(self.config)}
 
     def run(self, *args: str, check: bool = True,
             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([sys.executable, "-m", "gpuslurm.cli.main", *args], capture_output=True,
-                              text=True, timeout=120, check=False,
-                              env={**self.lib.env(self.nvml_json, self.log), **(extra_env or {})})
+                              text=True, timeout=120, check=False, env={**self.env(), **(extra_env or {})})
         if check and done.returncode:
             raise AssertionError(f"gpuslurm {' '.join(args)} exit {done.returncode}:\n{done.stderr}"
                                  f"\nlibrary log: {self.log.read_text() if self.log.exists() else ''}")
@@ -156,7 +160,7 @@ class LiveNode:
 
     def python(self, code: str) -> str:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              check=False, env=self.lib.env(self.nvml_json, self.log))
+                              check=False, env=self.env())
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -228,7 +232,8 @@ def live_node(replay_lib: ReplayLib, tmp_path: Path) -> MakeLiveNode:
                                          processes=processes, health=health, reserved_mib=reserved_mib,
                                          scenario=scenario, start=start))
         lib = replay_lib.without(*driver_lacks(version))
-        return LiveNode(lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log")
+        config = no_jobs_config(tmp_path / f"{bundle.name}-site")
+        return LiveNode(lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log", config)
     return make
 
 

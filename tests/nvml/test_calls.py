@@ -65,7 +65,7 @@ def test_nothing_is_asked_of_a_library_that_did_not_start(live_node: MakeLiveNod
     node = live_node(BUILTIN / "l40s-4x")
     bad = tmp_path / "bad.nvml.json"
     bad.write_text('{"format": "gpuslurm-nvml", "version": 1}')  # no "replay": nvmlInit fails
-    got = _run(LiveNode(node.lib, node.bundle, bad, node.log), FAILED_INIT)
+    got = _run(LiveNode(node.lib, node.bundle, bad, node.log, node.config), FAILED_INIT)
     assert got["error"] == "NVML nvmlInit failed: Unknown Error"
     # nvidia-ml-py asks for the error's text; nothing else is asked
     assert got["calls"][0] == "nvmlInitWithFlags" and set(got["calls"][1:]) <= {"nvmlErrorString"}
@@ -114,7 +114,7 @@ OLD = ("nvmlSystemGetCudaDriverVersion_v2", "nvmlDeviceGetNvLinkRemoteDeviceType
 
 def test_old_driver_finds_the_switch_by_its_shared_remote(live_node: MakeLiveNode) -> None:
     node = live_node(BUILTIN / "dgx-h100")
-    old = LiveNode(node.lib.without(*OLD), node.bundle, node.nvml_json, node.log)
+    old = LiveNode(node.lib.without(*OLD), node.bundle, node.nvml_json, node.log, node.config)
     got = _run(old, READ)
     names = _names(got["calls"])
     assert got["cuda"] == "12.2"  # from nvmlSystemGetCudaDriverVersion (v1)
@@ -230,7 +230,7 @@ def test_sampler_asks_only_for_newer_samples_and_once_for_what_is_missing(
     # a driver without graphics process queries: FUNCTION_NOT_FOUND, remembered after one try
     lacking = LiveNode(node.lib.without("nvmlDeviceGetGraphicsRunningProcesses_v3",
                                         "nvmlDeviceGetGraphicsRunningProcesses_v2"),
-                       node.bundle, node.nvml_json, node.log)
+                       node.bundle, node.nvml_json, node.log, node.config)
     before = time.time()
     got = _run(lacking, SAMPLER)
     assert got["procs"] == 2 and got["problems"] == []

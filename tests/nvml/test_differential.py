@@ -94,7 +94,7 @@ def run_as_bundle_host(node: LiveNode, root: Path, *args: str,
         sys.executable, "-m", "gpuslurm.cli.main", *args]
     argv = [*unshare, "/bin/sh", "-c", script + ' && exec "$@"', "sh", *command]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
-                          env=node.lib.env(node.nvml_json, node.log))
+                          env=node.env())
     if done.returncode and done.stderr.startswith(("unshare:", "mount:")):  # before gpuslurm ran
         _unavailable(f"no mount namespace of our own here: {done.stderr.strip()[:200]}")
     return done

@@ -130,7 +130,7 @@ def test_timed_events_arrive_once_in_the_r450_layout(live_node: MakeLiveNode, tm
         ["error", TIMEOUT],  # nothing twice; Xid 13 happened before registration
     ]
     # the same under AddressSanitizer and UBSan (a memory error in the event code aborts)
-    sanitized = LiveNode(node.lib.sanitized(), node.bundle, node.nvml_json, node.log)
+    sanitized = LiveNode(node.lib.sanitized(), node.bundle, node.nvml_json, node.log, node.config)
     assert _run(sanitized, RAW) == out
 
 
@@ -232,7 +232,7 @@ def test_a_driver_without_the_event_api(live_node: MakeLiveNode, tmp_path: Path)
         (("nvmlEventSetCreate",), "nvmlEventSetCreate"),
         (("nvmlDeviceRegisterEvents", "nvmlDeviceGetSupportedEventTypes"), "no GPU supports"),
     ):
-        node = LiveNode(plain.lib.without(*missing), plain.bundle, plain.nvml_json, plain.log)
+        node = LiveNode(plain.lib.without(*missing), plain.bundle, plain.nvml_json, plain.log, plain.config)
         out = _run(node, THREAD, BUNDLE=repr(str(bundle)), WANT=1)
         assert said in out["why"] and "kernel log" in out["why"] and out["events"] == []
 

@@ -193,6 +193,7 @@ def test_a_driver_without_events_falls_back_and_says_so_once(live_node: MakeLive
         plain.bundle,
         plain.nvml_json,
         plain.log,
+        plain.config,
     )
     config = _config(tmp_path, "old", GPU_OUT)
     done = node.run(

@@ -18,7 +18,7 @@ DGX = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "dgx-h
 def _good(live_node: MakeLiveNode) -> tuple[LiveNode, dict[str, object]]:
     """The DGX served by the library built with AddressSanitizer and UBSan."""
     plain = live_node(DGX)
-    node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log)
+    node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log, plain.config)
     return node, json.loads(node.nvml_json.read_text())
 
 

@@ -86,7 +86,7 @@ ANY = st.recursive(
 def test_any_one_field_is_refused_or_served(live_node: MakeLiveNode, tmp_path: Path) -> None:
     plain = live_node(_with_faults(scenario_bundle(tmp_path, A100)), processes={1: [(1, 100)]},
                       reserved_mib={1: 300})
-    node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log)
+    node = LiveNode(plain.lib.sanitized(), plain.bundle, plain.nvml_json, plain.log, plain.config)
     doc = json.loads(node.nvml_json.read_text())
     # the parts the library reads (the rest of the model is gpuslurm's own, read in Python)
     paths = [p for p in _paths(doc) if not p or p[0] in ("replay", "gpus", "driver_version", "cuda_version",
@@ -132,4 +132,4 @@ def _with_faults(bundle: Path) -> Path:
 
 def _read_all(node: LiveNode) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", READ_ALL], capture_output=True, text=True, timeout=120,
-                          check=False, env=node.lib.env(node.nvml_json, node.log))
+                          check=False, env=node.env())

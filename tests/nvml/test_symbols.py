@@ -23,7 +23,7 @@ def test_the_library_exports_the_versioned_names_pynvml_resolves() -> None:
 def test_old_driver_without_cuda_version_v2_falls_back(live_node: MakeLiveNode) -> None:
     node = live_node(L40S)
     old = LiveNode(node.lib.without("nvmlSystemGetCudaDriverVersion_v2", "nvmlDeviceGetMigMode"),
-                   node.bundle, node.nvml_json, node.log)
+                   node.bundle, node.nvml_json, node.log, node.config)
     live = json.loads(old.python(NODE_DUMP))
     assert live["cuda_version"] == read_bundle(L40S).cuda_version
     assert [g["mig_mode"] for g in live["gpus"]] == [None] * 4  # FUNCTION_NOT_FOUND is "not supported"

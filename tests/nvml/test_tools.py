@@ -64,7 +64,7 @@ def tools_python() -> Path:
 
 def _run(node: LiveNode, *cmd: str) -> str:
     done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120, check=False,
-                          env=node.lib.env(node.nvml_json, node.log))
+                          env=node.env())
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

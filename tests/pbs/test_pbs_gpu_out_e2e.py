@@ -195,3 +195,32 @@ def test_a_job_on_the_gpu_taken_out_is_requeued_when_configured_and_runs_on_anot
         for job in jobs:
             (hooked.out / f"release-{job}").touch()
             hooked.cluster.run(QDEL, "-W", "force", job, check=False)
+
+
+QUOTED_REASONS = {
+    "a trailing backslash": "controller lost \\",
+    "double quotes and a trailing backslash": 'said "bad" \\',
+    "single and double quotes": "it's \"fan\" 'failed'",
+    "a backslash before a quote, then qmgr syntax": 'a\\"; unset node x #',
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUOTED_REASONS))
+def test_a_reason_with_quotes_or_a_trailing_backslash_reaches_the_vnode_comment_through_qmgr(
+        hooked: Hooked, admin: Path, name: str) -> None:  # noqa: F811
+    """The reason is the last thing in the double-quoted ``comment = "..."`` qmgr gets: a trailing
+    backslash must not swallow the closing quote, nor a quote end the value. The comment arrives
+    as written (double quotes as single: ``pbs.gpu_out.clean_value``), and ``online`` clears it."""
+    from gpuslurm.pbs.gpu_out import clean_value
+
+    reason = QUOTED_REASONS[name]
+    done = gpuslurm(hooked, admin, "gpu", "offline", "index:3", "--node-name", HOST, "--reason", reason)
+    assert done.returncode == 0, done.stderr
+    attrs = _vnode(hooked)
+    assert attrs["resources_available.ngpus"] == "3", attrs
+    assert attrs["comment"].endswith(f"): {clean_value(reason)}"), (attrs["comment"], reason)
+    assert "x" not in hooked.vnodes(), "qmgr ran a second command"
+    back = gpuslurm(hooked, admin, "gpu", "online", "index:3", "--node-name", HOST)
+    assert back.returncode == 0, back.stderr
+    attrs = _vnode(hooked)
+    assert attrs["resources_available.ngpus"] == "4" and "comment" not in attrs, attrs

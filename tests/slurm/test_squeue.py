@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpuslurm.errors import CommandError, InputError
 from gpuslurm.hw.source import load_node
@@ -95,3 +98,98 @@ def test_a_real_run_through_the_runner(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="timed out"):
         node_allocations(str(slow), "gpu02", NODE, timeout=0.3)
     assert os.access(fake, os.X_OK)
+
+
+def _job_text(**fields: str) -> str:
+    """One running job on gpu02 with ``fields`` as raw JSON text (``1e999`` is not json.dumps's)."""
+    job = {"job_id": "12", "user_id": "1000", "user_name": '"alice"', "job_state": '"RUNNING"',
+           "nodes": '"gpu02"', "start_time": "1700000000", "gres_detail": '["gpu:h100:1(IDX:0)"]', **fields}
+    return '{"errors": [], "jobs": [{' + ", ".join(f'"{k}": {v}' for k, v in job.items()) + "}]}"
+
+
+# What a job's user or a broken squeue can put in the answer (issue 18): each was exit 70.
+HOSTILE_SQUEUE = {
+    "IDX past the range parser's bound": _job_text(gres_detail='["gpu:h100:1(IDX:0-99999)"]'),
+    "user_id 1e999": _job_text(user_id="1e999"),
+    "5,000-deep nesting": _job_text(name="[" * 5000 + "]" * 5000),
+    "5,000-deep document": '{"jobs": ' + "[" * 5000 + "]" * 5000 + "}",
+    "start_time NaN": _job_text(start_time="NaN"),
+    "a name nested 900 deep": _job_text(name="[" * 900 + "]" * 900),
+    "errors as an object": '{"errors": {"error": "x"}, "jobs": []}',
+    "a 4,000-digit job id": _job_text(job_id="9" * 4000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_SQUEUE))
+def test_malformed_squeue_json_is_one_clear_input_error(name: str) -> None:
+    with pytest.raises(InputError) as caught:
+        parse_squeue_json(HOSTILE_SQUEUE[name])
+    message = str(caught.value)
+    assert message.startswith("squeue --json: ") and "\n" not in message and len(message) < 300, message
+
+
+def test_an_answer_past_the_size_bound_is_refused_before_it_is_parsed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuslurm.slurm import squeue
+
+    monkeypatch.setattr(squeue, "MAX_SQUEUE_CHARS", 1000)  # the real bound is 256 MiB
+    assert parse_squeue_json(_job_text(name='"' + "x" * 800 + '"'))[0].name == "x" * 800
+    with pytest.raises(InputError, match="longer than 1000 characters"):
+        parse_squeue_json(_job_text(name='"' + "x" * 1000 + '"'))
+
+
+def test_wrong_types_and_ranges_are_refused_by_name() -> None:
+    for fields, words in ((dict(user_id="-1"), "user_id"), (dict(user_id="1.5"), "user_id"),
+                          (dict(user_id="4294967296"), "user_id"), (dict(job_id="0"), "job_id"),
+                          (dict(job_id="true"), "job_id"), (dict(nodes="[1]"), "nodes"),
+                          (dict(gres_detail='[{"a": 1}]'), "gres_detail"), (dict(job_state="5"), "job_state"),
+                          (dict(start_time="-5"), "start_time"), (dict(account="{}"), "account")):
+        with pytest.raises(InputError, match=words):
+            parse_squeue_json(_job_text(**fields))
+    # 23.02+'s unset or infinite numbers are no number, not an error
+    job, = parse_squeue_json(_job_text(user_id='{"set": false, "number": 0}',
+                                       start_time='{"set": true, "infinite": true, "number": 0}'))
+    assert (job.uid, job.user, job.start) == (-1, "alice", 0.0)
+
+
+def _json_values() -> st.SearchStrategy[Any]:
+    leaves = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20) | \
+        st.sampled_from(["gpu:h100:2(IDX:0-1)", "gpu(IDX:0-99999)", "gpu(IDX:4095)", "gpu02", "n[1-3]",
+                         "RUNNING", "n[0-99999999999]"])
+    return st.recursive(leaves, lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+
+
+FIELDS = ("job_id", "user_id", "user_name", "account", "job_state", "nodes", "start_time", "gres_detail",
+          "name", "errors", "jobs")
+
+
+@given(changes=st.lists(st.tuples(st.sampled_from(FIELDS), _json_values()), max_size=4),
+       cut=st.integers(min_value=0, max_value=400), junk=st.text(max_size=3), mangle=st.booleans())
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_any_mangled_squeue_answer_parses_or_is_refused_and_every_reader_then_holds(
+        changes: list[tuple[str, Any]], cut: int, junk: str, mangle: bool) -> None:
+    """A squeue answer with any field replaced by any JSON value (inf, NaN, huge numbers, nesting),
+    or cut and spliced as text: an InputError or CommandError of one line, else jobs that every
+    reader (the monitor's allocations, placement's live jobs, throttle's count) reads without error."""
+    from gpuslurm.slurm.admission import gpus_held
+    from gpuslurm.slurm.job_detail import live_jobs
+
+    doc = json.loads(json.dumps(DOC_2205))
+    for field, value in changes:
+        if field in ("errors", "jobs"):
+            doc[field] = value
+        elif isinstance(doc["jobs"], list) and doc["jobs"] and isinstance(doc["jobs"][0], dict):
+            doc["jobs"][0][field] = value
+    text = json.dumps(doc)
+    if mangle:
+        text = text[:cut] + junk + text[cut + len(junk):]
+    try:
+        jobs = parse_squeue_json(text)
+    except (InputError, CommandError) as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 400
+        return
+    gpus_held(jobs)
+    for node in ("gpu01", "gpu02"):
+        allocations_on(jobs, node, NODE)
+        live_jobs(jobs, node, lambda job_id: "")

@@ -42,6 +42,28 @@ def test_cgroup_paths(path: str, job: CgroupJob | None) -> None:
     assert parse_cgroup_path(path) == job
 
 
+@pytest.mark.parametrize("job_id", ["5", "4294967294", "41.pbshost", "123[4].server"])
+def test_every_cgroup_gpuslurm_makes_for_a_job_names_that_job(job_id: str) -> None:
+    """The class, not the example: each cgroup gpuslurm.isolate.devices makes for a job (its tasks',
+    and its MPS daemon's, v1 and v2) is that job's, so PBS's execjob_attach refuses to move a
+    process out of it into another job and the monitor and the end count it as the job's."""
+    from gpuslurm.isolate.devices import v1_job_dir, v2_mps_dir, v2_pbs_dir
+
+    root = "/sys/fs/cgroup"
+    made = [v1_job_dir(root, job_id), v1_job_dir(root, job_id, "mps"), v2_mps_dir(root, job_id)]
+    if "." in job_id:  # PBS ids only: Slurm's v2 job cgroups are slurmstepd's
+        made.append(v2_pbs_dir(root, job_id))
+    for path in made:
+        relative = path[len(root):].removeprefix("/devices")
+        assert parse_cgroup_path(relative) == CgroupJob(job_id), relative
+        assert parse_cgroup(f"0::{relative}\n") == CgroupJob(job_id), relative
+    # only at a hierarchy's top, and only the kinds gpuslurm makes there
+    for path in (f"/user.slice/user-1.slice/user@1.service/gpuslurm.mps/mps_{job_id}",
+                 f"/system.slice/gpuslurm.mps/mps_{job_id}", f"/gpuslurm.mps/job_{job_id}",
+                 f"/gpuslurm.pbs/mps_{job_id}", f"/gpuslurm/other_{job_id}", "/gpuslurm.mps/mps_"):
+        assert parse_cgroup_path(path) is None, path
+
+
 def test_cgroup_file_prefers_the_freezer_and_unified_lines() -> None:
     text = ("12:memory:/slurm/uid_1/job_5/step_0/task_0\n"
             "9:freezer:/slurm/uid_1/job_6/step_0\n"

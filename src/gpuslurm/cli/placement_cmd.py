@@ -66,13 +66,16 @@ def placement_rows(node: Any, text: str | Iterable[JobDetail], node_name: str) -
 def _live(node_name: str) -> tuple[JobDetail, ...]:
     """This node's running jobs from ``squeue --json``, each read with its own ``scontrol show -d
     job ID`` (a user's job name or comment cannot reach another job's record there)."""
-    from gpuslurm.runner import run_command, which
+    from gpuslurm.config import load_config
+    from gpuslurm.runner import run_command
     from gpuslurm.slurm.job_detail import live_jobs
     from gpuslurm.slurm.squeue import parse_squeue_json
 
-    scontrol, squeue = which("scontrol"), which("squeue")
-    if scontrol is None or squeue is None:
-        raise CommandError("scontrol or squeue not found; record `scontrol show -d job` and pass --input")
+    paths = load_config().paths  # the commands every other one runs ([paths] scontrol, squeue)
+    scontrol, squeue = paths.scontrol, paths.squeue
+    if not (os.access(scontrol, os.X_OK) and os.access(squeue, os.X_OK)):
+        raise CommandError(f"{scontrol} or {squeue} not found; record `scontrol show -d job` "
+                           "and pass --input")
     listed = run_command([squeue, "--json", f"--nodelist={node_name}", "--states=RUNNING"], timeout=30)
     return live_jobs(parse_squeue_json(listed.stdout), node_name,
                      lambda job_id: run_command([scontrol, "show", "-d", "job", job_id], timeout=30).stdout)

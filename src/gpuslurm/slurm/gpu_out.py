@@ -18,7 +18,8 @@ New jobs never get the failed GPU; the node takes jobs all along; running jobs a
 While a job still runs on the failed GPU its GPU is taken when that job ends (or at once when
 ``[gpu_out] job_on_gpu = "requeue"``). A job that lands on the failed GPU in between is requeued
 by the prolog. The holder survives restarts of slurmctld and slurmd (a running job does); if it
-ends (a partition time limit, a reboot), :func:`reconcile` submits a new one.
+ends (a partition time limit, a reboot), :func:`reconcile` submits a new one. A holder is root's
+job of that name: any user can give a job the name, never the owner.
 
 :func:`reconcile` is safe to call every monitor cycle: the out-of-service record is the truth. The
 node's ``Comment`` names the GPUs out, so ``scontrol show node`` shows them (``sinfo -R`` lists only
@@ -88,14 +89,14 @@ def reconcile(node: Node, out: Mapping[str, OutOfService], opts: GpuOutOptions,
     holder = holder_name(name)
     held: dict[str, str] = {}
     for job in jobs:
-        if job.job.name != holder:
+        if not _is_holder(job, holder):
             continue
         uuid = job.uuids[0] if len(job.uuids) == 1 else ""
         if uuid in gone and uuid not in held:
             held[uuid] = job.job.job_id
         else:  # on a GPU back in service, or a second one: give the GPU back
             _scancel(opts, job.job.job_id)
-    busy = {u: j.job.job_id for j in jobs if j.job.name != holder for u in j.uuids}
+    busy = {u: j.job.job_id for j in jobs if not _is_holder(j, holder) for u in j.uuids}
     missing = [u for u in gone if u not in held]
     waiting = {u: busy[u] for u in missing if u in busy}
     if waiting and opts.job_on_gpu != "leave":
@@ -121,7 +122,7 @@ def _take(node: Node, opts: GpuOutOptions, wanted: set[str], busy: Mapping[str, 
     deadline = time.monotonic() + opts.start_wait_s
     kept: dict[str, str] = {}
     while True:
-        running = {j.job.job_id: j for j in _jobs(node, opts) if j.job.name == holder_name(name)}
+        running = {j.job.job_id: j for j in _jobs(node, opts) if _is_holder(j, holder_name(name))}
         if all(s in running for s in submitted) or time.monotonic() >= deadline:
             break
         sleep(0.5)
@@ -157,6 +158,12 @@ def _job_on_gpu(opts: GpuOutOptions, waiting: Mapping[str, str], gone: Mapping[s
                 set_admin_comment(job_id, why, scontrol=opts.scontrol, timeout=opts.timeout_s)
         except CommandError:
             continue  # it may have ended meanwhile; the next call sees
+
+
+def _is_holder(job: JobGpus, holder: str) -> bool:
+    """Root's job of the holder's name: any user may name a job so, and root would then scancel it
+    (or count it as the holder and let the failed GPU go back to jobs when it ends)."""
+    return job.job.name == holder and job.job.uid == 0
 
 
 def _jobs(node: Node, opts: GpuOutOptions) -> tuple[JobGpus, ...]:

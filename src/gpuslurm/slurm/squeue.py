@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from gpuslurm.errors import CommandError, InputError
+from gpuslurm.errors import CommandError, InputError, one_line
 from gpuslurm.hw.model import Node
 from gpuslurm.ranges import MAX_GPUS, parse_ranges
 from gpuslurm.runner import run_command
@@ -45,60 +45,132 @@ def gpu_indices(detail: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _number(value: Any) -> float | None:
+# What one answer may hold. A real ``squeue --json`` is a few kB per job (23.02+ about 6 kB), so
+# this is room for tens of thousands of jobs; past it the document is refused before json.loads
+# builds a copy several times its size. Slurm's ids and uids are 32-bit, its times 64-bit seconds.
+MAX_SQUEUE_CHARS = 256 << 20
+MAX_ID = 2**32 - 1
+MAX_TIME = 253402300799  # 9999-12-31T23:59:59Z: the last second datetime can show
+MAX_FIELD_CHARS = 1 << 16  # one string field (a name, a node list, one gres_detail item)
+
+
+def _number(value: Any, what: str, most: float, source: str) -> float | None:
+    """A number field: None when absent or unset (23.02+: ``{"set": false}``, ``"infinite"``);
+    InputError for anything but a finite number from 0 to ``most`` (JSON's ``1e999`` is inf)."""
     if isinstance(value, dict):  # 23.02+: {"set": bool, "infinite": bool, "number": n}
         if not value.get("set", True) or value.get("infinite"):
             return None
         value = value.get("number")
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= most:
+        raise InputError(f"{what} is not a number from 0 to {most:.0f}: {_shown(value)}", source=source)
     return float(value)
 
 
-def _state(value: Any) -> str:
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return str(value or "")
+def _text(value: Any, what: str, source: str) -> str:
+    """A string field ("" when absent); InputError for another type or a string past the bound."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"{what} is not a string: {_shown(value)}", source=source)
+    if len(value) > MAX_FIELD_CHARS:
+        raise InputError(f"{what} is longer than {MAX_FIELD_CHARS} characters", source=source)
+    return value
+
+
+def _texts(value: Any, what: str, source: str) -> tuple[str, ...]:
+    """A list of strings (``()`` when absent); 22.05's plain string is a list of one."""
+    if value is None or isinstance(value, str):
+        return (_text(value, what, source),) if value else ()
+    if not isinstance(value, list):
+        raise InputError(f"{what} is not a list: {_shown(value)}", source=source)
+    return tuple(_text(v, what, source) for v in value)
+
+
+def _shown(value: Any) -> str:
+    """A short description of a JSON value for a message (never its whole text: it can be nested
+    a thousand deep, or be a thousand digits long)."""
+    if isinstance(value, float | bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10**20 else "a number of more than 20 digits"
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return f"a JSON {'list' if isinstance(value, list) else 'object'}"
+
+
+def _errors(doc: dict[str, Any], source: str) -> None:
+    """``errors``: squeue exits 0 when it could not reach slurmctld; the reason is here."""
+    errors = doc.get("errors")
+    if errors is None or errors == []:
+        return
+    if not isinstance(errors, list):
+        raise InputError(f"'errors' is not a list: {_shown(errors)}", source=source)
+    first = errors[0]
+    why: Any = first
+    if isinstance(first, dict):
+        why = first.get("error") or first.get("description")
+    why = why[:200] if isinstance(why, str) and why else "an error it does not describe"
+    raise CommandError(one_line(f"{source}: {why}"), ("squeue", "--json"))
+
+
+def _job(item: Any, source: str) -> SqueueJob:
+    if not isinstance(item, dict):
+        raise InputError(f"a job that is not a JSON object: {_shown(item)}", source=source)
+    job_id = item.get("job_id")
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id <= MAX_ID:
+        raise InputError(f"a job without a numeric job_id from 1 to {MAX_ID}: {_shown(job_id)}",
+                         source=source)
+    where = f"{source}: job {job_id}"
+    uid = _number(item.get("user_id"), "user_id", MAX_ID, where)
+    if uid is not None and uid != int(uid):
+        raise InputError(f"user_id is not a whole number: {uid!r}", source=where)
+    nodes_text = _text(item.get("nodes"), "nodes", where)
+    try:
+        nodes = expand_hostlist(nodes_text)
+    except ValueError as exc:
+        raise InputError(f"nodes: {exc}", source=where) from None
+    detail = _texts(item.get("gres_detail"), "gres_detail", where)
+    for d in detail:  # every reader of the job's GPUs (gpu_indices) can trust what is kept
+        try:
+            gpu_indices(d)
+        except ValueError as exc:
+            raise InputError(f"gres_detail: {exc}", source=where) from None
+    user = _text(item.get("user_name"), "user_name", where)
+    return SqueueJob(
+        job_id=str(job_id),
+        user=user or (str(int(uid)) if uid is not None else ""),
+        uid=int(uid) if uid is not None else -1,
+        account=_text(item.get("account"), "account", where) or None,
+        state=",".join(_texts(item.get("job_state"), "job_state", where)),
+        nodes=nodes,
+        start=_number(item.get("start_time"), "start_time", MAX_TIME, where) or 0.0,
+        gres_detail=detail,
+        name=_text(item.get("name"), "name", where),
+    )
 
 
 def parse_squeue_json(text: str, source: str = "squeue --json") -> tuple[SqueueJob, ...]:
-    """The jobs in a ``squeue --json`` document; its ``errors`` become a CommandError."""
+    """The jobs in a ``squeue --json`` document; its ``errors`` become a CommandError, anything
+    malformed (a field of the wrong type, a number out of range, a GRES index past
+    :data:`~gpuslurm.ranges.MAX_GPUS`, nesting deeper than the parser's stack, a document past
+    :data:`MAX_SQUEUE_CHARS`) one InputError, whatever the document holds."""
+    if len(text) > MAX_SQUEUE_CHARS:
+        raise InputError(f"longer than {MAX_SQUEUE_CHARS} characters", source=source)
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except ValueError as exc:  # a number past int's digit limit is one too
         raise InputError(f"not valid JSON: {exc}", source=source) from None
+    except RecursionError:
+        raise InputError("not valid JSON: nested deeper than the parser's stack", source=source) from None
     if not isinstance(doc, dict):
         raise InputError("not a JSON object", source=source)
-    errors = doc.get("errors") or []
-    if errors:
-        first = errors[0]
-        why = first.get("error") or first.get("description") if isinstance(first, dict) else first
-        raise CommandError(f"{source}: {why}", ("squeue", "--json"))
+    _errors(doc, source)
     jobs = doc.get("jobs")
     if not isinstance(jobs, list):
         raise InputError("no 'jobs' list", source=source)
-    out: list[SqueueJob] = []
-    for item in jobs:
-        if not isinstance(item, dict) or not isinstance(item.get("job_id"), int):
-            raise InputError("a job without a numeric job_id", source=source)
-        uid = _number(item.get("user_id"))
-        detail = item.get("gres_detail") or []
-        try:
-            nodes = expand_hostlist(str(item.get("nodes") or ""))
-        except ValueError as exc:
-            raise InputError(str(exc), source=source) from None
-        out.append(SqueueJob(
-            job_id=str(item["job_id"]),
-            user=str(item.get("user_name") or (int(uid) if uid is not None else "")),
-            uid=int(uid) if uid is not None else -1,
-            account=str(item["account"]) if item.get("account") else None,
-            state=_state(item.get("job_state")),
-            nodes=nodes,
-            start=_number(item.get("start_time")) or 0.0,
-            gres_detail=tuple(str(d) for d in detail) if isinstance(detail, list) else (),
-            name=str(item.get("name") or ""),
-        ))
-    return tuple(out)
+    return tuple(_job(item, source) for item in jobs)
 
 
 class JobGpus(NamedTuple):

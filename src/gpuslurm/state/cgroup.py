@@ -10,7 +10,8 @@ Pure text parsing of ``/proc/PID/cgroup`` lines and cgroup paths; nothing here t
   hook's ``cgroup_prefix`` (default ``pbs_jobs``); PBS Pro before 19 used ``/pbspro/<id>``. The id
   is a full PBS id (``123.server``, ``123[4].server``).
 - gpuslurm's own job cgroups (``gpuslurm.isolate.devices``): v1 ``/gpuslurm/job_<id>`` in the
-  devices hierarchy, v2 ``/gpuslurm.pbs/job_<id>`` (PBS jobs); both only root makes.
+  devices hierarchy, v2 ``/gpuslurm.pbs/job_<id>`` (PBS jobs); a job's MPS daemon's, v1
+  ``/gpuslurm/mps_<id>``, v2 ``/gpuslurm.mps/mps_<id>``: its job's too. Only root makes them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from gpuslurm.jobid import valid_job_id
+
+# gpuslurm's own cgroups (gpuslurm.isolate.devices makes them; root alone): the directory at the
+# top of a hierarchy → the kinds of job cgroup below it. ``job_<id>``: the job's tasks; ``mps_<id>``:
+# the job's MPS daemon alone, the job's as much as its tasks.
+_OWN = {"gpuslurm": ("job", "mps"), "gpuslurm.pbs": ("job",), "gpuslurm.mps": ("mps",)}
 
 
 class CgroupJob(NamedTuple):
@@ -39,10 +45,10 @@ def parse_cgroup_path(path: str) -> CgroupJob | None:
                 or part == "pbspro":
             rest = parts[i + 2:] if part != "pbspro" else parts[i + 1:]
             return _pbs_job(rest)
-        if part in ("gpuslurm", "gpuslurm.pbs") and i == 1:  # at the hierarchy's top only
+        if part in _OWN and i == 1:  # at the hierarchy's top only
             rest = parts[i + 1:]
-            job = rest[0][4:] if rest and rest[0].startswith("job_") else ""
-            return CgroupJob(job) if job and valid_job_id(job) else None
+            kind, sep, job = rest[0].partition("_") if rest else ("", "", "")
+            return CgroupJob(job) if sep and kind in _OWN[part] and valid_job_id(job) else None
         if part == "slurm" or part.startswith("slurm_"):
             node = part[6:] or None
             rest = parts[i + 1:]
