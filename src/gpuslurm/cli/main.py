@@ -36,6 +36,15 @@ def from_option(f: F) -> F:
     return click.option("--from", "source", metavar="DIR|NAME", envvar=None, help=FROM_HELP)(f)
 
 
+SLURM_VERSION_HELP = ("Write MIG Types as this Slurm release names them (X.Y or X.Y.Z; 23.02.6 and "
+                      "later take NVIDIA's profile names). Default: what /usr/sbin/slurmd -V says, "
+                      "else 22.05's names.")
+
+
+def slurm_version_option(f: F) -> F:
+    return click.option("--slurm-version", metavar="X.Y[.Z]", help=SLURM_VERSION_HELP)(f)
+
+
 def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
 
@@ -142,16 +151,20 @@ def _positive(ctx: click.Context, param: click.Parameter, value: int | None) -> 
               help="Write to FILE (atomically) instead of standard output.")
 @click.option("--check", type=click.Path(path_type=Path), metavar="EXISTING",
               help="Compare EXISTING gres.conf with the hardware; print mismatches, exit 1 if any.")
+@slurm_version_option
 @click.option("--dev-root", default="", metavar="DIR", hidden=True,
               help="Prefix device paths (test clusters and containers).")
 def gres_conf(source: str | None, node_name: str | None, mps: int | None, shard: int | None,
               no_links: bool, template: Path | None, output: Path | None, check: Path | None,
-              dev_root: str) -> None:
+              slurm_version: str | None, dev_root: str) -> None:
     """Generate gres.conf for this node (or compare an existing one with --check)."""
     from gpuslurm.gres.records import GresOptions, plan_gres
+    from gpuslurm.slurm.mig_types import target_naming
 
+    naming = target_naming(slurm_version)
     node = _load(source)
-    opts = GresOptions(node_name=node_name, mps=mps, shard=shard, links=not no_links, dev_root=dev_root)
+    opts = GresOptions(node_name=node_name, mps=mps, shard=shard, links=not no_links, dev_root=dev_root,
+                       mig=naming)
     if check is not None:
         _check(node, opts, check)
         return
@@ -162,9 +175,10 @@ def gres_conf(source: str | None, node_name: str | None, mps: int | None, shard:
 
 
 def _check(node: Any, opts: Any, existing: Path) -> None:
-    from gpuslurm.gres.check import check_gres_conf
+    from gpuslurm.gres.check import check_gres_conf, renamed_later
     from gpuslurm.gres.conf_parse import parse_gres_conf
     from gpuslurm.gres.records import plan_gres
+    from gpuslurm.slurm.mig_types import later_naming
 
     try:
         from gpuslurm.safedir import read_regular_text
@@ -177,7 +191,10 @@ def _check(node: Any, opts: Any, existing: Path) -> None:
     plan = plan_gres(node, opts)
     entries = parse_gres_conf(text, str(existing), opts.node_name or None)
     problems = check_gres_conf(plan, entries)
-    for p in problems:
+    later = later_naming(opts.mig)
+    renamed = [] if later is None else renamed_later(entries, plan_gres(node, opts._replace(mig=later)),
+                                                     later.release or "")
+    for p in [*problems, *renamed]:
         where = f"{existing}:{p.line}" if p.line else str(existing)
         click.echo(f"{where}: {p.kind}: {p.message}")
     if problems:
@@ -192,13 +209,16 @@ def _check(node: Any, opts: Any, existing: Path) -> None:
               help="Render with this jinja2 template instead of gres-templates/node.conf.j2.")
 @click.option("--feature", "features", multiple=True, metavar="NAME",
               help="Features of your own for Features= (repeatable, or comma-separated), kept first.")
+@slurm_version_option
 def node_conf(source: str | None, node_name: str | None, template: Path | None,
-              features: tuple[str, ...]) -> None:
+              features: tuple[str, ...], slurm_version: str | None) -> None:
     """Print the slurm.conf NodeName= line (Sockets, CoresPerSocket, ThreadsPerCore, RealMemory, Gres,
     Features from the hardware: model, gpumem_<N>g, cc_X.Y, nvlink, mig; see docs/features.md)."""
     from gpuslurm.config import load_config
+    from gpuslurm.gres.records import GresOptions
     from gpuslurm.gres.render import render_node_conf
     from gpuslurm.hw.source import bundle_path, load_capabilities
+    from gpuslurm.slurm.mig_types import target_naming
 
     features = tuple(f for item in features for f in item.split(","))
     cfg = load_config()
@@ -209,7 +229,9 @@ def node_conf(source: str | None, node_name: str | None, template: Path | None,
         cc = load_capabilities(bundle_path(source))
     except HardwareError:  # the node was read; a driver without the query leaves the table
         cc = {}
-    click.echo(render_node_conf(node, node_name, template_file=template, features=features, cc=cc), nl=False)
+    opts = GresOptions(mig=target_naming(slurm_version))
+    click.echo(render_node_conf(node, node_name, opts, template_file=template, features=features, cc=cc),
+               nl=False)
 
 
 @cli.command("pbs-conf")

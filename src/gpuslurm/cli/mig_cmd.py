@@ -102,9 +102,11 @@ def assert_(layout: Path, source: str | None) -> None:
 @click.option("--wait-s", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="N",
               help="How long to wait for running jobs to end after draining.")
 @click.option("--poll-s", type=click.FloatRange(min=0.05), default=2.0, hidden=True)
+@click.option("--slurm-version", metavar="X.Y[.Z]",
+              help="Write gres.conf's MIG Types as this Slurm release names them (default: slurmd -V).")
 def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None, gres_conf: Path | None,
           gres_node_name: str | None, gres_template: Path | None, dev_root: str, no_drain: bool,
-          wait_s: float, poll_s: float) -> None:
+          wait_s: float, poll_s: float, slurm_version: str | None) -> None:
     """Make the node match LAYOUT: drain, reconfigure MIG, regenerate gres.conf, resume."""
     from gpuslurm.config import load_config
     from gpuslurm.gres.records import GresOptions
@@ -112,6 +114,7 @@ def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None
     from gpuslurm.isolate.mig import load_layout
     from gpuslurm.names import check_node_name
     from gpuslurm.slurm.mig_apply import ApplyOptions, MigApplier
+    from gpuslurm.slurm.mig_types import target_naming
 
     if node_name is not None:
         check_node_name(node_name, source="--node")
@@ -122,7 +125,8 @@ def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None
     opts = ApplyOptions(
         node_name=node_name or socket.gethostname().split(".")[0], drain=not no_drain, wait_s=wait_s,
         poll_s=poll_s, gres_conf=gres_conf,
-        gres=GresOptions(node_name=gres_node_name, dev_root=dev_root), gres_template=gres_template,
+        gres=GresOptions(node_name=gres_node_name, dev_root=dev_root, mig=target_naming(slurm_version)),
+        gres_template=gres_template,
         slurm_timeout_s=cfg.hooks.command_timeout_s,
     )
     applier = MigApplier(cfg.paths, opts, lambda: load_node(source), sys.stdout)

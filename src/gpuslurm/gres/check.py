@@ -51,6 +51,20 @@ def check_gres_conf(plan: GresPlan, entries: tuple[ConfEntry, ...]) -> list[Mism
     return out
 
 
+def renamed_later(entries: tuple[ConfEntry, ...], later: GresPlan, release: str) -> list[Mismatch]:
+    """MIG lines whose Type a later Slurm (``later``'s plan, ``release``) would not match."""
+    by_files = {_key(r.files): r for r in later.gpu_records if r.mig is not None}
+    out: list[Mismatch] = []
+    for entry in entries:
+        record = by_files.get(_key(entry.files)) if entry.name.lower() == "gpu" and entry.files else None
+        if record is None or entry.type is None or record.type is None or entry.type in record.type:
+            continue
+        out.append(Mismatch("renamed", entry.line, f"Type={entry.type}: Slurm {release} (AutoDetect=nvml) "
+                            f"names {_describe(record)} {record.type}; rename it here, in slurm.conf and "
+                            "wherever jobs ask for it when the cluster moves to such a Slurm"))
+    return out
+
+
 def _compare(entry: ConfEntry, record: GresRecord, by_index: dict[int, GresRecord]) -> list[Mismatch]:
     out: list[Mismatch] = []
     want_type = record.type or ""

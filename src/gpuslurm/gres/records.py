@@ -6,7 +6,8 @@ Decisions, each also in the README:
   what names the device file, and it differs from the index on real machines.
 - ``Cores=`` in Slurm's abstract core numbering (see ``gpuslurm.topo.cores``).
 - ``Type=`` as AutoDetect=nvml would name it, so a site can switch to AutoDetect later without
-  renaming anything in its partitions, QOS or job scripts.
+  renaming anything in its partitions, QOS or job scripts. MIG Types differ between Slurm
+  releases: the caller says which release through ``GresOptions.mig`` (gpuslurm.slurm.mig_types).
 - ``Links=`` from the NVLink counts of ``nvidia-smi topo -m``: -1 for the device itself, the bonded
   link count to each peer, 0 for PCIe-only peers. On NVSwitch machines every pair shows the same
   count (NV18 on a DGX H100) and that is what we write: it is the truth about bandwidth, it keeps
@@ -21,6 +22,7 @@ Decisions, each also in the README:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -29,12 +31,22 @@ from gpuslurm.hw.model import Gpu, LinkKind, MigDevice, Node, autodetect_mig_typ
 from gpuslurm.topo.cores import CoreMap, LayoutError, core_map, format_ranges
 
 
+class MigNaming(NamedTuple):
+    """What the target Slurm release does with MIG devices (gpuslurm.slurm.mig_types builds it)."""
+
+    # (parent GPU's NVML name, MIG device) -> the GRES Type AutoDetect=nvml gives it
+    type_of: Callable[[str, MigDevice], str] = autodetect_mig_type
+    splits_shared: bool = True  # Slurm bug 17482: MultipleFiles split per file with mps/shard
+    release: str | None = None  # for the generated file's note; None: not said
+
+
 class GresOptions(NamedTuple):
     node_name: str | None = None  # prefix every line with NodeName= (a cluster-wide gres.conf)
     mps: int | None = None  # Name=mps Count= per GPU
     shard: int | None = None  # Name=shard Count= per GPU
     links: bool = True
     dev_root: str = ""  # prepended to /dev paths; for test clusters and containers
+    mig: MigNaming = MigNaming()  # the target Slurm's MIG Types (22.05's by default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +141,9 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
         notes.append("no Links=: the capture has no link matrix (nvidia-smi-topo.txt)")
     elif opts.links and has_mig:
         notes.append("no Links=: MIG devices have no NVLink and would shift Links positions")
-    if has_mig:
+    if has_mig and opts.mig.release:
+        notes.append(f"MIG Types as Slurm {opts.mig.release} names them")
+    if has_mig and opts.mig.splits_shared:
         notes.append("Slurm before 23.02.7 counts each file of a MultipleFiles line as a GPU when "
                      "GresTypes has mps or shard (Slurm bug 17482): keep them out of GresTypes here")
     if write_links and _uniform_nvlink(node):
@@ -143,7 +157,7 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
                 notes.append(f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode with no MIG devices: "
                              "not schedulable until instances are created")
             for mig in gpu.mig_devices:
-                records.append(_mig_record(node, gpu, mig, cores, dev))
+                records.append(_mig_record(node, gpu, mig, cores, dev, opts.mig))
             continue
         links = None
         if write_links:
@@ -166,7 +180,8 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
     return GresPlan(tuple(records), tuple(notes), cmap)
 
 
-def _mig_record(node: Node, gpu: Gpu, mig: MigDevice, cores: tuple[int, ...], dev: str) -> GresRecord:
+def _mig_record(node: Node, gpu: Gpu, mig: MigDevice, cores: tuple[int, ...], dev: str,
+                naming: MigNaming) -> GresRecord:
     if mig.gi_minor is None or mig.ci_minor is None:
         raise CaptureError(f"MIG device {mig.index} of GPU {gpu.index} (GI {mig.gi_id}, CI {mig.ci_id}) "
                            "has no capability minors: the bundle needs mig-minors", bundle_path(node))
@@ -174,7 +189,7 @@ def _mig_record(node: Node, gpu: Gpu, mig: MigDevice, cores: tuple[int, ...], de
         raise CaptureError(f"MIG device {mig.index} of GPU {gpu.index} has no profile name: the bundle "
                            "needs nvidia-smi-L.txt or nvml.json", bundle_path(node))
     try:
-        mig_type = autodetect_mig_type(gpu.name, mig)
+        mig_type = naming.type_of(gpu.name, mig)
     except ValueError as exc:
         raise CaptureError(str(exc), bundle_path(node)) from None
     files = tuple(f"{dev}{f}" for f in mig.device_files(gpu.minor))

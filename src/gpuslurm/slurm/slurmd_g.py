@@ -34,6 +34,16 @@ running it and reading its source:
 * Any character-device major is accepted (MIG caps files need not use the real nvidia-caps major),
   and block devices too. Debian's build has no gpu/nvml plugin: ``AutoDetect=nvml`` only prints a
   note and goes on.
+
+What changed in later releases (Debian's 24.11.5 and 26.05.5, recorded in tests/slurm/slurmd_g/):
+
+* 24.11 writes ``warning:`` in lower case, and appends ``Flags=HAS_FILE,HAS_TYPE,ENV_NVML,...`` to
+  every record.
+* 26.05 starts every line with a timestamp, ``[2026-11-26T18:19:07.210] ``, and no ``slurmd-NODE:``.
+* Both need munged (at the socket slurm.conf's AuthInfo names) even for ``-G``: without it slurmd
+  exits 1 after ``error: Munge encode failed: ... (Did you start munged?)``.
+* Both print ``Node configuration differs from hardware: ...`` (a note) when the node line is not
+  this machine's.
 """
 
 from __future__ import annotations
@@ -49,10 +59,14 @@ from gpuslurm.topo.hostlist import expand_hostlist
 
 SLURMD = "/usr/sbin/slurmd"
 
-# slurmd prefixes its log lines with "slurmd: " until it knows its node name, then "slurmd-NODE: ".
-_PREFIX = re.compile(r"^slurmd(?:-\S+)?: ")
-_PROBLEM = re.compile(r"^(error|fatal|WARNING): (.*)$")
+# slurmd prefixes its log lines with "slurmd: " until it knows its node name, then "slurmd-NODE: "
+# (22.05, 24.11); 26.05 puts a timestamp in brackets there instead.
+_PREFIX = re.compile(r"^(?:\[[^\]\s]{1,64}\] )?(?:slurmd(?:-\S+)?: )?")
+# "WARNING:" until 24.11, "warning:" since
+_PROBLEM = re.compile(r"^(error|fatal|WARNING|warning): (.*)$")
 _NULL = "(null)"
+# slurmd -G of 24.11 and later fails without munged (22.05 never asks for it)
+_NO_MUNGE = re.compile(r"Munge encode failed|Did you start munged|auth/munge")
 
 
 @dataclass(frozen=True)
@@ -69,6 +83,8 @@ class SlurmGres:
     cores: str | None  # as written in gres.conf
     core_count: int | None
     links: str | None
+    # printed since 24.11 (HAS_FILE, HAS_TYPE, ENV_NVML...); not part of what the record is
+    flags: tuple[str, ...] = field(default=(), compare=False)
     line: str = field(default="", compare=False, repr=False)
 
     @property
@@ -82,7 +98,7 @@ class SlurmdReport:
     """Everything slurmd -G said: its records, its complaints and any other lines."""
 
     records: tuple[SlurmGres, ...]
-    problems: tuple[str, ...]  # "error: ...", "fatal: ...", "WARNING: ...", duplicates dropped
+    problems: tuple[str, ...]  # "error: ...", "fatal: ...", "WARNING: ..." as printed, duplicates dropped
     notes: tuple[str, ...]
 
 
@@ -134,6 +150,7 @@ def _parse_record(line: str) -> SlurmGres:
             cores=fields.get("Cores"),
             core_count=_int_or_none(fields.get("CoreCnt")),
             links=_nullable(fields.get("Links")),
+            flags=tuple(f for f in fields.get("Flags", "").split(",") if f),
             line=line,
         )
     except ValueError as exc:
@@ -173,6 +190,8 @@ def run_slurmd_report(conf_dir: Path, slurmd: str = SLURMD, timeout: float = 30,
     report = parse_slurmd_report(output)
     if result.returncode != 0:
         why = "; ".join(report.problems) or output.strip() or "no output"
+        if _NO_MUNGE.search(output):
+            why = f"munged is not running (slurmd -G needs it since Slurm 24.11): {why}"
         raise CommandError(f"slurmd -G exited {result.returncode}: {why}", result.argv,
                            result.returncode, result.stderr)
     return report
@@ -182,8 +201,8 @@ def run_slurmd_g(conf_dir: Path, slurmd: str = SLURMD, timeout: float = 30,
                  node_name: str | None = None) -> tuple[SlurmGres, ...]:
     """The records ``slurmd -G`` prints for ``conf_dir``; CommandError on any error, fatal or warning.
 
-    slurmd exits 0 after most errors in gres.conf, so its error, fatal and WARNING lines count as
-    failure too; the CommandError message lists them, separated by "; ".
+    slurmd exits 0 after most errors in gres.conf, so its error, fatal and warning lines (in either
+    case) count as failure too; the CommandError message lists them, separated by "; ".
     """
     report = run_slurmd_report(conf_dir, slurmd, timeout, node_name)
     if report.problems:

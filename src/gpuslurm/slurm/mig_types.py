@@ -1,0 +1,106 @@
+"""The GRES Type each Slurm release gives a MIG device, and which release a gres.conf is written for.
+
+Read from Slurm's ``src/plugins/gpu/nvml/gpu_nvml.c`` (``_handle_mig`` and its caller), per tag:
+
+* Every release: the MIG device's Type is the parent's NVML name lower-cased with spaces turned
+  into ``_`` (``gpu_common_underscorify_tolower``), cut at its first ``-``, then a suffix.
+* Before 23.02.6 the suffix is ``_<GI slices>g.<GiB>gb`` from ``nvmlDeviceGetAttributes``, GiB being
+  ``roundl(memorySizeMB / 1024)``: an A100-80GB's 3g.40gb (40192 MiB) is ``nvidia_a100_3g.39gb``, and
+  two compute instances of one GPU instance get one Type.
+* From 23.02.6 (commits 04f0e4c, a7b8997, e199093; bugs 17705 and the like) the suffix is NVIDIA's
+  own profile name, taken from the MIG device's NVML name after ``mig`` ("NVIDIA A100-SXM4-80GB MIG
+  3g.40gb" → ``_3g.40gb``, an H200's ``_1c.3g.71gb``). Only when that name has no ``mig_`` does
+  Slurm rebuild it: ``_[<CI slices>c.]<GI slices>g.<GiB>gb`` with GiB rounded *up*. gpuslurm always
+  has NVIDIA's name (a capture without it is refused), so it writes the first form.
+* Bug 17482 (a MultipleFiles MIG line counted once per file when GresTypes has mps or shard) is
+  fixed in 23.02.7.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from gpuslurm.errors import InputError
+from gpuslurm.gres.records import MigNaming
+from gpuslurm.hw.model import MIG_PROFILE_RE, MigDevice, autodetect_mig_type, autodetect_type
+from gpuslurm.runner import run_command
+
+SLURMD = "/usr/sbin/slurmd"
+
+
+class SlurmVersion(NamedTuple):
+    """A Slurm release, compared as numbers (22.05.8 < 23.02.6 < 24.11)."""
+
+    major: int
+    minor: int
+    micro: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor:02d}.{self.micro}"
+
+
+NVML_PROFILE_NAMES = SlurmVersion(23, 2, 6)  # MIG Types take NVIDIA's profile names
+SHARED_MIG_FIXED = SlurmVersion(23, 2, 7)  # bug 17482 fixed
+# "24.11", "24.11.5", "slurm-wlm 24.11.5" (Debian's slurmd -V), "slurm 23.02.6"; a pre-release
+# suffix ("-0rc1") is allowed and ignored
+_VERSION = re.compile(r"^(?:slurm(?:-wlm)? )?(\d{2})\.(\d{1,2})(?:\.(\d{1,3}))?(?:-[0-9A-Za-z.]{1,16})?$")
+
+
+def parse_slurm_version(text: str) -> SlurmVersion:
+    """``X.Y[.Z]`` or what ``slurmd -V`` prints; InputError (exit 2) for anything else."""
+    m = _VERSION.match(text.strip())
+    if m is None:
+        raise InputError(f"not a Slurm version: {text.strip()[:40]!r} (want X.Y or X.Y.Z, e.g. 24.11)")
+    major, minor, micro = m.groups()
+    return SlurmVersion(int(major), int(minor), int(micro or 0))
+
+
+def installed_slurm_version(slurmd: str = SLURMD) -> SlurmVersion | None:
+    """The release of this host's slurmd (``slurmd -V``); None when there is no slurmd here."""
+    from gpuslurm.errors import CommandError
+
+    try:
+        result = run_command([slurmd, "-V"], timeout=10, check=False,
+                             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
+    except CommandError:  # not installed (or it hung): no release to follow
+        return None
+    if result.returncode != 0:
+        return None
+    line = (result.stdout.strip() or result.stderr.strip()).splitlines()
+    return parse_slurm_version(line[0]) if line else None
+
+
+def nvml_profile_type(gpu_name: str, mig: MigDevice) -> str:
+    """The Type Slurm 23.02.6 and later give a MIG device: the parent's name up to its first '-',
+    then NVIDIA's profile name ("NVIDIA H200", 1c.3g.71gb → "nvidia_h200_1c.3g.71gb")."""
+    if MIG_PROFILE_RE.match(mig.profile) is None:
+        raise ValueError(f"unknown MIG profile {mig.profile!r}")
+    return autodetect_type(f"{gpu_name.split('-', 1)[0]}_{mig.profile}")
+
+
+def mig_naming(version: SlurmVersion, source: str) -> MigNaming:
+    """How ``version`` names and counts MIG devices; ``source`` says where the version came from."""
+    newer = version >= NVML_PROFILE_NAMES
+    return MigNaming(type_of=nvml_profile_type if newer else autodetect_mig_type,
+                     splits_shared=version < SHARED_MIG_FIXED, release=f"{version} ({source})")
+
+
+def later_naming(naming: MigNaming) -> MigNaming | None:
+    """How a later release names the MIG devices ``naming`` names otherwise; None when none does."""
+    if naming.type_of is autodetect_mig_type:
+        return MigNaming(type_of=nvml_profile_type, splits_shared=False,
+                         release=f"{NVML_PROFILE_NAMES} and later")
+    return None
+
+
+def target_naming(option: str | None, slurmd: str = SLURMD) -> MigNaming:
+    """The naming for ``--slurm-version`` when given, else this host's slurmd, else 22.05's
+    (what gpuslurm wrote before it knew releases apart), saying so in the generated file."""
+    if option is not None:
+        return mig_naming(parse_slurm_version(option), "--slurm-version")
+    found = installed_slurm_version(slurmd)
+    if found is not None:
+        return mig_naming(found, f"{slurmd} -V")
+    return MigNaming(release="unknown: no slurmd here and no --slurm-version; MIG Types as 22.05 "
+                             "names them")
