@@ -253,6 +253,21 @@ local function units(job_desc, field)
     return known(job_desc.num_tasks) or (per_node and per_node * nodes) or nodes, "task(s)"
 end
 
+-- The tres_per_* fields that ask for GPUs (gpu gres only: shares do not add GPUs): a set.
+local function gpu_fields(job_desc)
+    local found = {}
+    for _, field in ipairs(TRES_FIELDS) do
+        local value = job_desc[field]
+        if value ~= nil and value ~= "" then
+            for _, item in ipairs(split(value)) do
+                local r = M.parse_item(item)
+                if r and r.name_l == "gpu" and (r.unparsed or r.count > 0) then found[field] = true end
+            end
+        end
+    end
+    return found
+end
+
 -- Limit the gpu counts in the request so the job gets at most `cap` GPUs in all (the cap is per
 -- job): the GPU items of each field are summed (gres:gpu:h100:2,gres:gpu:a100:2 is 4 per unit),
 -- and if that sum times the units exceeds the cap, the field keeps floor(cap / units) per unit,
@@ -298,6 +313,16 @@ function M.cap_request(job_desc, cap)
             end
         end
     end
+    -- Per-node, per-socket and per-task counts were judged on nodes_of(job_desc) nodes. With no
+    -- maximum, Slurm gives the job as many nodes as its tasks or CPUs need (`-n 64 --gres=gpu:2`
+    -- on 32-CPU nodes: 2 nodes, 4 GPUs), each with the same GPUs: hold it to the nodes judged.
+    -- A known task count fixes per-task GPUs whatever the nodes.
+    local per_unit = gpu_fields(job_desc)
+    if (per_unit.tres_per_node or per_unit.tres_per_socket
+            or (per_unit.tres_per_task and not known(job_desc.num_tasks)))
+            and not known(job_desc.max_nodes) then
+        changes.max_nodes = nodes_of(job_desc)
+    end
     return changes
 end
 
@@ -338,8 +363,15 @@ function M.decide(t, job_desc)
                                            t.user, t.value, why, t.value, tail)
         end
         if next(changes) == nil then return "pass" end
-        return "cap", string.format("gpuslurm: your GPU request was reduced to %d GPU(s) %s",
-                                    t.value, tail), changes
+        if changes.max_nodes and next(changes, nil) == "max_nodes" and next(changes, "max_nodes") == nil then
+            return "cap", string.format("gpuslurm: your GPU job may use at most %d node(s), so that it "
+                                        .. "has at most %d GPU(s) %s", changes.max_nodes, t.value, tail),
+                changes
+        end
+        local nodes = changes.max_nodes
+            and string.format(" on at most %d node(s)", changes.max_nodes) or ""
+        return "cap", string.format("gpuslurm: your GPU request was reduced to %d GPU(s)%s %s",
+                                    t.value, nodes, tail), changes
     else
         local current = job_desc.nice
         local base = slurm.NICE_OFFSET or 2147483648

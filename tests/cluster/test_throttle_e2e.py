@@ -139,6 +139,12 @@ def test_cap_reduces_the_gpus_and_priority_adds_nice(throttled: Throttled) -> No
     assert re.search(r"\bTresPerNode=gres:gpu:1\b", job), job
     job = t.job(t.accepted(a, "--gpus=3"))
     assert re.search(r"\bTresPerJob=gres:gpu:1\b", job), job
+    # 1 GPU per node and 2 tasks with no --nodes: Slurm would spread the tasks over nodes, each
+    # with a GPU; the job is held to the one node its cap was judged on
+    proc = t.submit(a, "--gres=gpu:1", "-n", "2")
+    assert proc.returncode == 0 and "at most 1 node(s)" in proc.stderr, proc.stderr
+    job = t.job(int(proc.stdout.strip()))
+    assert re.search(r"\bNumNodes=1(-1)?\b", job) and "internal error" not in t.ctld_log(), job
     t.gpuslurm("add", a.name, "--nice", "4321", "--for", "1h")
     time.sleep(SETTLE_S)
     assert re.search(r"\bNice=4321\b", t.job(t.accepted(a, "--gres=gpu:1")))

@@ -21,7 +21,7 @@ NO_VAL, NO_VAL16 = 4294967294, 65534
 -- A job descriptor as the 22.05 plugin shows it: unset numbers are NO_VAL, unset strings nil.
 function job(fields)
     local j = { user_id = 1000, user_name = "alice", nice = NO_VAL, num_tasks = NO_VAL,
-                sockets_per_node = NO_VAL16, min_nodes = NO_VAL }
+                sockets_per_node = NO_VAL16, min_nodes = NO_VAL, max_nodes = NO_VAL }
     for k, v in pairs(fields or {}) do j[k] = v end
     return j
 end

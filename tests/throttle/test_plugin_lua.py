@@ -444,3 +444,37 @@ show("tasks-per-node-na", {tres_per_task = "gres:gpu:1", ntasks_per_node = NO_VA
     assert got["tasks-per-node-2"] == ["0", "", "", "gres:gpu:1"]
     assert got["tasks-per-node-na"] == ["0", "", "", "gres:gpu:1"]
     assert any("8 task(s) with GPUs exceed the cap of 2" in line for line in user)
+
+
+def test_a_capped_job_cannot_spread_its_per_node_gpus_over_more_nodes(tmp_path: Path) -> None:
+    # The attacker (cap 2) asks for 2 GPUs per node and 64 tasks with no --nodes: Slurm spreads
+    # the tasks over as many nodes as they need, each with 2 GPUs. The cap is judged on one node,
+    # so the job must be held to the node count it was judged on.
+    path = _file(tmp_path, Throttle("alice", NOW + HOUR, "cap", 2, NOW, "", "idle GPUs"))
+    lines = run_lua(_use(path) + """
+local function show(name, fields)
+  local j = job(fields)
+  local rc = slurm_job_submit(j, {}, 1000)
+  out(name, rc, j.tres_per_node or "", j.tres_per_socket or "", j.tres_per_task or "", j.max_nodes)
+end
+show("tasks", {tres_per_node = "gres:gpu:2", num_tasks = 64})
+show("cpus", {tres_per_node = "gres:gpu:2", min_cpus = 512})
+show("per-node-tasks", {tres_per_task = "gres:gpu:1", ntasks_per_node = 2})
+show("socket", {tres_per_socket = "gres:gpu:1", sockets_per_node = 2, num_tasks = 64})
+show("min-only", {tres_per_node = "gres:gpu:1", min_nodes = 2, num_tasks = 64})
+show("fixed", {tres_per_node = "gres:gpu:2", min_nodes = 1, max_nodes = 1, num_tasks = 64})
+show("tasks-known", {tres_per_task = "gres:gpu:1", num_tasks = 2})
+show("per-job", {tres_per_job = "gres:gpu:2", num_tasks = 64})
+dump_logs()
+""")
+    got = {line.split("|")[0]: line.split("|")[1:] for line in lines if "|" in line}
+    assert got["tasks"] == ["0", "gres:gpu:2", "", "", "1"], got
+    assert got["cpus"] == ["0", "gres:gpu:2", "", "", "1"], got
+    assert got["per-node-tasks"] == ["0", "", "", "gres:gpu:1", "1"], got
+    assert got["socket"] == ["0", "", "gres:gpu:1", "", "1"], got
+    assert got["min-only"] == ["0", "gres:gpu:1", "", "", "2"], got
+    # a node count already bounded, a known task count or a per-job count: nothing to pin
+    assert got["fixed"] == ["0", "gres:gpu:2", "", "", "1"], got
+    assert got["tasks-known"] == ["0", "", "", "gres:gpu:1", "4294967294"], got
+    assert got["per-job"] == ["0", "", "", "", "4294967294"], got
+    assert any("at most 1 node(s)" in line for line in lines if line.startswith("USER")), lines

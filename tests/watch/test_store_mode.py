@@ -102,3 +102,22 @@ def test_a_symlinked_wal_is_refused(state: Path) -> None:
     os.symlink(state / "elsewhere", f"{db}-wal")
     with pytest.raises(StoreError, match="refusing to use: a symlink"):
         Store.open(str(db))
+
+
+def test_a_users_own_file_in_a_directory_they_can_write_is_refused(state: Path) -> None:
+    # A store in a directory ``nobody`` can write ([monitor] db or --db under a shared path): the
+    # attacker makes the -wal before root's monitor opens the store. Root's chmod 0600 leaves the
+    # file theirs, so they would read every user's processes and jobs through it (and chmod it
+    # back): a store file root does not own is refused, never made private.
+    state.chmod(0o1777)
+    db = state / "monitor.db"
+    Store.open(str(db)).close()
+    for f in state.glob("monitor.db-*"):
+        f.unlink()
+    made = subprocess.run(["/usr/bin/python3", "-c", "import sys; open(sys.argv[1], 'wb').close()",
+                           f"{db}-wal"], user=NOBODY, group=NOBODY, extra_groups=[], cwd="/",
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert made.returncode == 0, made.stderr
+    with pytest.raises(StoreError, match="owned by uid 65534"):
+        Store.open(str(db))
+    assert Path(f"{db}-wal").stat().st_uid == NOBODY

@@ -574,6 +574,11 @@ def _restrict(p: Path, mode: int, group: int | None) -> list[str]:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise StoreError("refusing to use: not a regular file", source=f)
+            if st.st_uid != os.geteuid():
+                # a file another user made (in a directory they can write) stays theirs whatever
+                # mode root gives it: they would read every job through it, or chmod it back
+                raise StoreError(f"refusing to use: owned by uid {st.st_uid}, not {os.geteuid()}",
+                                 source=f)
             old = stat.S_IMODE(st.st_mode)
             if group is not None and st.st_gid != group:
                 os.fchown(fd, -1, group)
