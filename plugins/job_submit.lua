@@ -472,9 +472,6 @@ local SHAPE_NUMBERS = { "min_nodes", "max_nodes", "num_tasks", "ntasks_per_node"
                         "sockets_per_node", "sockets_per_board", "boards_per_node", "cores_per_socket",
                         "threads_per_core", "min_cpus", "max_cpus", "pn_min_cpus", "cpus_per_task" }
 local SHAPE_STRINGS = { "req_nodes" }
--- Every other shape field may add nodes (more tasks or CPUs, fewer per node or per thread).
-local SPREADS = { min_nodes = false, max_nodes = false, sockets_per_node = false }
-
 -- Fields Slurm leaves 0, not NO_VAL16, when an update does not set them.
 local ZERO_UNSET = { ntasks_per_board = true, sockets_per_board = true, boards_per_node = true }
 
@@ -491,7 +488,7 @@ end
 -- nodes, sockets, tasks: nil where what the plugin sees cannot tell), whether the update sets a
 -- field of the GPU count, and whether it sets the nice.
 function M.after_update(job_desc, job_rec)
-    local job, shape, spreads = {}, false, false
+    local job, shape = {}, false
     for _, field in ipairs(TRES_FIELDS) do
         local value = job_desc[field]
         if value ~= nil then
@@ -501,13 +498,10 @@ function M.after_update(job_desc, job_rec)
         end
     end
     for _, field in ipairs(SHAPE_NUMBERS) do
-        if set_number(job_desc[field], field) then
-            shape = true
-            if SPREADS[field] == nil then spreads = true end
-        end
+        if set_number(job_desc[field], field) then shape = true end
     end
     for _, field in ipairs(SHAPE_STRINGS) do
-        if job_desc[field] ~= nil then shape, spreads = true, true end
+        if job_desc[field] ~= nil then shape = true end
     end
     local min_set, max_set = set_number(job_desc.min_nodes), set_number(job_desc.max_nodes)
     local min = known(min_set or job_rec.min_nodes)
@@ -516,9 +510,10 @@ function M.after_update(job_desc, job_rec)
         job.nodes = nil   -- NumNodes=ALL, 0, or no maximum: as many nodes as Slurm sees fit
     elseif max then
         job.nodes = math.max(min or 1, max)
-    elseif not spreads then
-        job.nodes = min or 1
     end
+    -- With no node maximum (neither in the record nor in the update) Slurm may spread the job over
+    -- more nodes than its minimum when it has many tasks or CPUs, which the record does not show
+    -- (22.05 has no task count in job_rec): a GPU count per node, socket or task is then unknown.
     -- 22.05's job_rec shows neither the task count nor the sockets: known only from the update
     job.sockets = known(set_number(job_desc.sockets_per_node) or job_rec.sockets_per_node)
     local tasks = known(set_number(job_desc.num_tasks) or job_rec.num_tasks)

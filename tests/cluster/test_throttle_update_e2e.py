@@ -106,8 +106,11 @@ def test_cap_mode_the_owner_cannot_update_past_the_cap(updates: Updates) -> None
     capped = u.accepted(u.a, "--gres=gpu:4")                  # capped to 1 at submission
     assert u.field(capped, "TresPerNode") == u.gpus(1)
     u.refused_update(capped, "Gres=gpu:2")
-    # within the cap, or not about GPUs: passes
-    within = u.accepted(u.a)
+    # no node maximum: Slurm could spread it over more nodes, one GPU each, so the count is unknown
+    open_nodes = u.accepted(u.a)
+    u.refused_update(open_nodes, "Gres=gpu:1")
+    # within the cap on one node, or not about GPUs: passes
+    within = u.accepted(u.a, "-N", "1")
     assert u.update(u.a, within, "Gres=gpu:1").returncode == 0
     assert u.field(within, "TresPerNode") == u.gpus(1)
     assert u.update(u.a, within, "TimeLimit=5").returncode == 0

@@ -104,7 +104,9 @@ case("gpu-comment", {tres_per_node = "gres/gpu:8"}, {comment = "x"})
 def test_cap_counts_the_gpus_after_the_update_and_refuses_what_it_cannot_count(tmp_path: Path) -> None:
     got = _verdicts(tmp_path, CAP, """
 case("gres-8", {}, {tres_per_node = "gres:gpu:8"})
-case("gres-2", {}, {tres_per_node = "gres:gpu:2"})
+case("gres-2", {max_nodes = 1}, {tres_per_node = "gres:gpu:2"})
+-- no node maximum: Slurm may spread the job (its tasks unseen) over more nodes, 2 GPUs on each
+case("gres-2-open", {}, {tres_per_node = "gres:gpu:2"})
 case("numnodes-only", {tres_per_node = "gres:gpu:2"}, {min_nodes = 4, max_nodes = 4})
 case("numnodes-all", {tres_per_node = "gres:gpu:1", max_nodes = 1}, {min_nodes = 4294967295})
 case("numnodes-open", {tres_per_node = "gres:gpu:1", max_nodes = 1}, {min_nodes = 1, max_nodes = 4294967295})
@@ -123,8 +125,9 @@ case("spread-tasks", {tres_per_node = "gres:gpu:1"}, {num_tasks = 64})
 case("spread-cpus", {tres_per_node = "gres:gpu:1"}, {min_cpus = 512})
 case("bounded-tasks", {tres_per_node = "gres:gpu:1", max_nodes = 1}, {num_tasks = 64})
 case("socket-unknown", {}, {tres_per_socket = "gres:gpu:1"})
-case("socket-2", {}, {tres_per_socket = "gres:gpu:1", sockets_per_node = 2})
-case("socket-4", {}, {tres_per_socket = "gres:gpu:1", sockets_per_node = 4})
+case("socket-2", {max_nodes = 1}, {tres_per_socket = "gres:gpu:1", sockets_per_node = 2})
+case("socket-2-open", {}, {tres_per_socket = "gres:gpu:1", sockets_per_node = 2})
+case("socket-4", {max_nodes = 1}, {tres_per_socket = "gres:gpu:1", sockets_per_node = 4})
 case("two-fields", {tres_per_node = "gres:gpu:1"}, {tres_per_job = "gres:gpu:2"})
 case("two-types", {}, {tres_per_job = "gres:gpu:h100:2,gres:gpu:a100:1"})
 case("unreadable", {}, {tres_per_node = "gres:gpu:h100:4:foo"})
@@ -134,7 +137,7 @@ case("time-limit", {tres_per_node = "gres:gpu:8"}, {time_limit = 10})
     refused = ("gres-8", "numnodes-only", "numnodes-all", "numnodes-open", "numtasks-8",
                "per-task-numnodes", "per-task-new", "tasks-per-node", "record-max-nodes-4",
                "spread-tasks", "spread-cpus", "socket-unknown", "socket-4", "two-fields", "two-types",
-               "unreadable")
+               "unreadable", "gres-2-open", "socket-2-open")
     passed = ("gres-2", "numnodes-1", "record-max-nodes", "numtasks-2", "bounded-tasks", "socket-2",
               "mps", "time-limit")
     assert {name for name in refused if not got[name].startswith("-1|")} == set(), got
@@ -145,7 +148,7 @@ def test_cap_refusal_says_why(tmp_path: Path) -> None:
     path = tmp_path / "gpuslurm-throttle"
     write_throttle_file(str(path), (CAP,), now=NOW)
     lines = run_lua(f"G.path = {lua_str(str(path))}\n" + """
-out(slurm_job_modify(update({tres_per_node = "gres:gpu:8"}), record({}), {}, 1000))
+out(slurm_job_modify(update({tres_per_node = "gres:gpu:8"}), record({max_nodes = 1}), {}, 1000))
 out(slurm_job_modify(update({tres_per_task = "gres:gpu:1"}), record({}), {}, 1000))
 dump_logs()
 """)
