@@ -182,34 +182,50 @@ def _owned_by_nobody(root: str) -> set[str]:
     return found
 
 
-def _world_reachable(path: str) -> bool:
-    """Whether a user with no rights of its own can reach ``path`` (every ancestor o+x)."""
-    parts = Path(os.path.realpath(path)).parents
-    return all(os.stat(p).st_mode & 0o001 for p in parts)
+def _blocked(path: str) -> list[str]:
+    """The directories on the way to ``path`` (through its links) that a user with no rights of its
+    own cannot pass (no o+x), top first."""
+    blocked: list[str] = []
+    for way in (os.path.abspath(path), os.path.realpath(path)):
+        for parent in reversed(Path(way).parents):
+            if os.path.isdir(parent) and not os.stat(parent).st_mode & 0o001 and str(parent) not in blocked:
+                blocked.append(str(parent))
+    return blocked
 
 
 def _as_nobody(argv: list[str], scratch: Path, env: dict[str, str],
                cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run this interpreter with ``argv`` as nobody, with only ``env``; no capabilities kept.
 
-    The interpreter may live under /root, which nobody cannot enter: then the test binds it,
-    read-only, at a reachable place in a private mount namespace (the demo never sees root's files).
+    The interpreter is this one as the test runs it (``sys.executable``: a venv stays a venv),
+    with gpuslurm installed however it is: editable (the checkout's src), a wheel in a venv, or the
+    system's. Where nobody cannot pass a directory on the way to the interpreter, its standard
+    library or the packages (a pyenv under /root), the test gives that directory o+x in a private
+    mount namespace, on an overlay whose upper layer lies in ``scratch``: the paths stay the same,
+    the host's directories are untouched, and nothing else under them becomes readable.
     """
-    python = os.path.realpath(sys.executable)
-    prefix = os.path.realpath(sys.base_prefix)
+    import gpuslurm
+
     drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
             "env", "-i", *(f"{k}={v}" for k, v in env.items())]
-    if _world_reachable(python) and _world_reachable(os.path.dirname(demo_run.__file__)):
-        return subprocess.run([*drop, python, *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
-    bindable = sys.prefix == sys.base_prefix and python.startswith(prefix + "/")
-    if not bindable or shutil.which("unshare") is None:
-        pytest.skip("nobody cannot reach this interpreter, and it cannot be bound elsewhere")
-    mnt = scratch / "python"
-    mnt.mkdir()
-    moved = str(mnt) + python[len(prefix):]
-    script = 'mount --bind -o ro "$1" "$2" && shift 2 && exec "$@"'
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", prefix,
-                           str(mnt), *drop, f"LD_LIBRARY_PATH={mnt}/lib", moved, *argv],
+    needed = [sys.executable, sys.base_prefix, os.path.dirname(gpuslurm.__file__),
+              os.path.dirname(demo_run.__file__), *(p for p in sys.path if p and os.path.isdir(p))]
+    blocked = sorted({d for p in needed for d in _blocked(p)}, key=lambda d: d.count("/"))
+    if not blocked:
+        return subprocess.run([*drop, sys.executable, *argv], capture_output=True, text=True, timeout=120,
+                              cwd=cwd)
+    if shutil.which("unshare") is None:
+        pytest.skip(f"nobody cannot pass {blocked[0]}, and unshare(1) is absent to open it in a namespace")
+    layers = Path(tempfile.mkdtemp(prefix="layers-", dir=scratch))
+    script, tops = [], [d for d in blocked if not any(d.startswith(t + "/") for t in blocked)]
+    for i, top in enumerate(tops):
+        (layers / f"u{i}").mkdir()
+        (layers / f"w{i}").mkdir()
+        script.append(f'mount -t overlay overlay -o "lowerdir={top},upperdir={layers}/u{i},'
+                      f'workdir={layers}/w{i}" "{top}"')
+    script += [f'chmod o+x "{d}"' for d in blocked]
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           " && ".join(script) + ' && exec "$@"', "sh", *drop, sys.executable, *argv],
                           capture_output=True, text=True, timeout=120, cwd=cwd)
 
 

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from types import FrameType
 from typing import IO, Any
@@ -95,15 +94,15 @@ def run_watch(live: Any, out: IO[str], interval: float, count: int | None = None
     from gpuslurm.watch.view import plain, render
 
     tty = out.isatty()
-    wake = threading.Event()
-    stop = threading.Event()
+    wake = _Wakeup()
+    stopped: list[int] = []
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        wake.set()
+        stopped.append(signum)
+        wake.poke()
 
     def on_resize(signum: int, frame: FrameType | None) -> None:
-        wake.set()
+        wake.poke()
 
     old = {sig: signal.signal(sig, handler) for sig, handler in
            ((signal.SIGINT, on_stop), (signal.SIGTERM, on_stop), (signal.SIGWINCH, on_resize))}
@@ -113,7 +112,7 @@ def run_watch(live: Any, out: IO[str], interval: float, count: int | None = None
     try:
         snap = None
         due = True
-        while not stop.is_set():
+        while not stopped:
             wake.clear()  # before drawing: a signal that comes while drawing must cut the wait short
             if due:
                 snap = live.snapshot()
@@ -131,14 +130,53 @@ def run_watch(live: Any, out: IO[str], interval: float, count: int | None = None
                 break
             woke = wake.wait(interval)
             # a resize redraws the frame it has; only the interval takes a new sample
-            due = not woke or stop.is_set()
+            due = not woke or bool(stopped)
     finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+        wake.close()
         if tty:
             out.write(LEAVE)
             out.flush()
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
     return frames
+
+
+class _Wakeup:
+    """What the signal handlers poke to cut the loop's wait short: a pipe, not a lock.
+
+    A handler runs in the main thread between any two bytecodes; one that took a lock the loop
+    held at that moment (an Event's, in clear() or at the start of wait()) waited for itself, and
+    watch hung for good, Ctrl-C included. Writing a byte to a non-blocking pipe takes no lock, and a
+    byte written before the wait begins still ends it.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def poke(self) -> None:
+        try:
+            os.write(self._write, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: the wait ends anyway
+
+    def clear(self) -> None:
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """Whether a poke came (now or since the last clear) within ``timeout`` seconds."""
+        import select
+
+        return bool(select.select([self._read], [], [], timeout)[0])
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
 
 
 def _draw(out: IO[str], lines: Sequence[Any], rows: int) -> None:
