@@ -10,8 +10,9 @@ concurrent sessions build once and never see half a root.
 
 Each root holds slurmctld, slurmd, the Slurm clients, munge, Lua 5.1 (job_submit.lua), the
 release's Python and a venv at ``/opt/gpuslurm/venv`` (the hooks' interpreter) whose
-``gpuslurm.pth`` names ``/opt/gpuslurm/src``: the cluster bind-mounts the checkout's ``src``
-there, so the hooks run this checkout's code with the root's own Python. docker-slurm/cluster.sh
+``gpuslurm.pth`` names ``/opt/gpuslurm/checkout/src``: the cluster bind-mounts the checkout at
+``/opt/gpuslurm/checkout``, so the hooks run this checkout's code (and ``gpuslurm install`` finds
+its hook templates beside ``src``) with the root's own Python. docker-slurm/cluster.sh
 (``GPUSLURM_SLURM_ROOT``) runs the daemons chrooted into the root in a mount namespace of its own.
 
 Every difference between releases that the harness knows of lives in ``RELEASES`` below.
@@ -37,7 +38,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-BUILDER_VERSION = 1
+import pytest
+
+BUILDER_VERSION = 2
 CACHE = Path(os.environ.get("GPUSLURM_ROOTS_CACHE", "/var/cache/gpuslurm-roots"))
 RELEASE_VAR = "GPUSLURM_SLURM_RELEASE"
 HOST_RELEASE = "22.05"
@@ -47,11 +50,11 @@ CHROOT = "/usr/sbin/chroot"
 UNSHARE = "/usr/bin/unshare"
 NSENTER = "/usr/bin/nsenter"
 
-# Inside every root: the hooks' venv, where the checkout's src is mounted, where the host's /etc
+# Inside every root: the hooks' venv, where the checkout is mounted, where the host's /etc
 # is mounted (passwd, group and hosts are links into it, so users made by tests exist there too).
 VENV = "/opt/gpuslurm/venv"
 VENV_PYTHON = f"{VENV}/bin/python"
-SRC = "/opt/gpuslurm/src"
+CHECKOUT = "/opt/gpuslurm/checkout"
 HOST_ETC = "/.host-etc"
 HOST_ETC_FILES = ("passwd", "group", "shadow", "gshadow", "hosts")
 LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -99,28 +102,53 @@ def selected() -> Release | None:
     return RELEASES[name]
 
 
+def _selected_or_none() -> Release | None:
+    try:
+        return selected()
+    except RootError:  # said by the slurm_cluster fixture
+        return None
+
+
+def without_cgroups(reason: str = "") -> pytest.MarkDecorator:
+    """xfail (strict) for a test that needs Slurm's cgroups, on a release run without them."""
+    release = _selected_or_none()
+    off = release is not None and release.cgroup_plugin == "disabled"
+    name = release.name if release else HOST_RELEASE
+    return pytest.mark.xfail(off, strict=True, reason=f"Slurm {name} runs here with CgroupPlugin=disabled "
+                             f"(docs/compatibility.md){': ' + reason if reason else ''}")
+
+
 def host_mirror() -> str:
     """The Debian archive the host's apt uses (deb822 ``.sources`` or one-line ``sources.list``)."""
-    uris: list[str] = []
     etc = Path("/etc/apt")
-    for path in sorted((etc / "sources.list.d").glob("*.sources")):
-        for stanza in path.read_text(errors="replace").split("\n\n"):
-            fields = dict(re.findall(r"^(\w[\w-]*):\s*(.*)$", stanza, re.M))
-            suites = fields.get("Suites", "").split()
-            if "deb" in fields.get("Types", "").split() and any(s.isalpha() for s in suites) \
-                    and "main" in fields.get("Components", "").split():
-                uris += fields.get("URIs", "").split()
-    for path in [etc / "sources.list", *sorted((etc / "sources.list.d").glob("*.list"))]:
-        if path.exists():
-            for line in path.read_text(errors="replace").splitlines():
-                parts = line.split("#", 1)[0].split()
-                parts = [p for p in parts if not p.startswith("[")]
-                if len(parts) >= 4 and parts[0] == "deb" and parts[2].isalpha() and "main" in parts[3:]:
-                    uris.append(parts[1])
-    archives = [u.rstrip("/") for u in uris if not u.rstrip("/").endswith("-security")]
-    if not archives:
+    sources = [p.read_text(errors="replace") for p in sorted((etc / "sources.list.d").glob("*.sources"))]
+    lists = [p.read_text(errors="replace")
+             for p in [etc / "sources.list", *sorted((etc / "sources.list.d").glob("*.list"))] if p.exists()]
+    mirror = mirror_from(sources, lists)
+    if mirror is None:
         raise RootError("the host's apt configuration names no Debian archive (main) to debootstrap from")
-    return archives[0]
+    return mirror
+
+
+def mirror_from(sources: list[str], lists: list[str]) -> str | None:
+    """The first archive of binary packages with a ``main`` component and a release suite (not
+    ``-security``, ``-updates``) in apt's deb822 ``sources`` and one-line ``lists`` texts."""
+    uris: list[str] = []
+    for text in sources:
+        for stanza in re.split(r"\n\s*\n", text):
+            fields = {k.lower(): v for k, v in re.findall(r"^([A-Za-z][\w-]*):[ \t]*(.*)$", stanza, re.M)}
+            if fields.get("enabled", "yes").strip().lower() == "no":
+                continue
+            if "deb" in fields.get("types", "").split() and "main" in fields.get("components", "").split() \
+                    and any(s.isalpha() for s in fields.get("suites", "").split()):
+                uris += fields.get("uris", "").split()
+    for text in lists:
+        for line in text.splitlines():
+            parts = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
+            if len(parts) >= 4 and parts[0] == "deb" and parts[2].isalpha() and "main" in parts[3:]:
+                uris.append(parts[1])
+    archives = [u.rstrip("/") for u in uris if re.fullmatch(r"(https?|file)://\S+", u)]
+    return archives[0] if archives else None
 
 
 def _pynvml_version() -> str:
@@ -131,7 +159,7 @@ def root_key(release: Release, mirror: str) -> str:
     """What the root is made of, hashed: a change to any of it builds a new root."""
     facts = {"builder": BUILDER_VERSION, "suite": release.suite, "script": release.script,
              "packages": sorted(PACKAGES), "mirror": mirror, "pynvml": _pynvml_version(),
-             "venv": VENV, "src": SRC, "host_etc": [HOST_ETC, *HOST_ETC_FILES]}
+             "venv": VENV, "checkout": CHECKOUT, "host_etc": [HOST_ETC, *HOST_ETC_FILES]}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -192,14 +220,16 @@ def _build(release: Release, mirror: str, work: Path, final: Path) -> None:
     wheels.mkdir(parents=True)
     _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(wheels),
           f"{PYNVML}=={_pynvml_version()}"], log, timeout=300)
-    (work / SRC.lstrip("/")).mkdir(parents=True)
+    (work / CHECKOUT.lstrip("/")).mkdir(parents=True)
     (work / HOST_ETC.lstrip("/")).mkdir()
     inside = (f"set -e; {release.python} -m venv --system-site-packages {VENV}; "
               f"{VENV}/bin/pip install --no-index --find-links /opt/gpuslurm/wheels {PYNVML}; "
-              f"echo {SRC} > $({VENV_PYTHON} -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
-              "/gpuslurm.pth")
-    _run([UNSHARE, "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
-          'mount --rbind /dev "$1/dev" && mount -t proc proc "$1/proc" && exec chroot "$1" /usr/bin/env -i PATH=/usr/sbin:/usr/bin /bin/sh -c "$2"',
+              f"echo {CHECKOUT}/src > "
+              f"$({VENV_PYTHON} -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')/gpuslurm.pth")
+    # A clean environment inside: none of the host's PIP_* or PYTHON* settings.
+    in_chroot = ('mount --rbind /dev "$1/dev" && mount -t proc proc "$1/proc" && '
+                 'exec chroot "$1" /usr/bin/env -i PATH=/usr/sbin:/usr/bin /bin/sh -c "$2"')
+    _run([UNSHARE, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", in_chroot,
           "build", str(work), inside], log, timeout=600)
     etc = work / "etc"
     for name in HOST_ETC_FILES:
@@ -210,13 +240,15 @@ def _build(release: Release, mirror: str, work: Path, final: Path) -> None:
     inner = work / str(final).lstrip("/")
     inner.parent.mkdir(parents=True, exist_ok=True)
     inner.symlink_to("/")
-    versions = subprocess.run([CHROOT, str(work), "dpkg-query", "-W", "slurmctld", "munge", "python3", "lua5.1"],
-                              capture_output=True, text=True, timeout=60, check=True).stdout
+    versions = subprocess.run([CHROOT, str(work), "dpkg-query", "-W", "slurmctld", "munge", "python3",
+                               "lua5.1"], capture_output=True, text=True, timeout=60, check=True).stdout
+    packages = dict(line.split("\t", 1) for line in versions.splitlines() if "\t" in line)
     facts = {"release": release.name, "suite": release.suite, "mirror": mirror, "builder": BUILDER_VERSION,
-             "packages": dict(line.split("\t", 1) for line in versions.splitlines() if "\t" in line)}
-    slurm = facts["packages"].get("slurmctld", "")
+             "packages": packages}
+    slurm = packages.get("slurmctld", "")
     if not slurm.startswith(release.name):
-        raise RootError(f"Debian {release.suite} carries slurmctld {slurm or 'nothing'}, not Slurm {release.name}")
+        raise RootError(f"Debian {release.suite} carries slurmctld {slurm or 'nothing'}, "
+                        f"not Slurm {release.name}")
     (work / ".gpuslurm-root.json").write_text(json.dumps(facts, indent=1) + "\n")
 
 
