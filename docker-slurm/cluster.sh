@@ -26,7 +26,7 @@
 #   GPUSLURM_SLURM_ROOT          a Debian root with another Slurm release (tests/slurm_roots.py makes
 #                                them): munged, slurmctld and slurmd run chrooted into it, in a mount
 #                                namespace of their own (its holder's pid in run/ns.pid) where the
-#                                host's /dev, /proc, /sys and /tmp, the host's /etc at /.host-etc and
+#                                host's /dev, /proc, /sys, /tmp and /run, the host's /etc at /.host-etc and
 #                                GPUSLURM_CHECKOUT (this checkout, at /opt/gpuslurm/checkout) and the
 #                                directories GPUSLURM_ROOT_BINDS lists (':'-separated; each at its
 #                                own path, read-only: the checkout, the test session's Python) are
@@ -123,7 +123,7 @@ start_namespace() {
     # shellcheck disable=SC2016  # expanded by the inner shell
     local setup='set -e; r=$1
         mount --rbind /dev "$r/dev"; mount -t proc proc "$r/proc"; mount --rbind /sys "$r/sys"
-        mount --rbind /tmp "$r/tmp"; mount -t tmpfs -o mode=755 tmpfs "$r/run"
+        mount --rbind /tmp "$r/tmp"; mount --rbind /run "$r/run"
         mount --bind /etc "$r/.host-etc"; mount -o remount,bind,ro "$r/.host-etc"
         if [[ -n $2 ]]; then mount --bind "$2" "$r/opt/gpuslurm/checkout"; mount -o remount,bind,ro "$r/opt/gpuslurm/checkout"; fi
         IFS=: read -ra binds <<<"$3"

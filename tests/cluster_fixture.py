@@ -180,7 +180,7 @@ def install_hooks(root: Path, config: Path, bundle: Path | None, python: str | N
     etc.mkdir(exist_ok=True)
     # In a root, the hooks run with the root's Python: install runs (and checks it) there.
     active = slurm_roots.active()
-    runner = [sys.executable] if active is None else active.inside(python or slurm_roots.VENV_PYTHON)
+    runner = [sys.executable] if active is None else active.inside(slurm_roots.VENV_PYTHON)
     if active is not None:
         python = python or slurm_roots.VENV_PYTHON
     done = subprocess.run([*runner, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
@@ -332,8 +332,10 @@ def _use_release(env: dict[str, str], state_dir: Path) -> None:
     # Jobs run what tests write into them: this checkout and this session's interpreter.
     env["GPUSLURM_ROOT_BINDS"] = ":".join(dict.fromkeys([str(checkout), sys.base_prefix, sys.prefix]))
     env.setdefault("GPUSLURM_CLUSTER_CGROUP", release.cgroup_plugin)
-    slurm_roots.use_clients(slurm_roots.client_wrappers(root, state_dir / "bin"))
-    slurm_roots.activate(slurm_roots.ActiveRoot(release, root, state_dir / "run" / "ns.pid"))
+    active = slurm_roots.ActiveRoot(release, root, state_dir / "run" / "ns.pid")
+    slurm_roots.use_clients({**slurm_roots.client_wrappers(root, state_dir / "bin"),
+                             **slurm_roots.daemon_wrappers(active, state_dir / "sbin")})
+    slurm_roots.activate(active)
 
 
 @pytest.fixture(scope="module")

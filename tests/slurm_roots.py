@@ -60,6 +60,7 @@ HOST_ETC_FILES = ("passwd", "group", "shadow", "gshadow", "hosts")
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 LOADER = f"{LIBDIR}/ld-linux-x86-64.so.2"
 PLUGIN_DIR = f"{LIBDIR}/slurm-wlm"
+DAEMONS = ("slurmctld", "slurmd")
 # The clients tests and hooks run; the host's copies are replaced by the root's in the test session.
 CLIENTS = ("sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol",
            "sdiag", "sinfo", "sprio", "squeue", "sreport", "srun", "sshare", "sstat", "strigger")
@@ -109,13 +110,14 @@ def _selected_or_none() -> Release | None:
         return None
 
 
-def without_cgroups(reason: str = "") -> pytest.MarkDecorator:
-    """xfail (strict) for a test that needs Slurm's cgroups, on a release run without them."""
+def without_cgroups(reason: str = "", run: bool = True) -> pytest.MarkDecorator:
+    """xfail (strict) for a test that needs Slurm's cgroups, on a release run without them;
+    ``run=False`` for one that would leave the session cluster broken for the tests after it."""
     release = _selected_or_none()
     off = release is not None and release.cgroup_plugin == "disabled"
     name = release.name if release else HOST_RELEASE
-    return pytest.mark.xfail(off, strict=True, reason=f"Slurm {name} runs here with CgroupPlugin=disabled "
-                             f"(docs/compatibility.md){': ' + reason if reason else ''}")
+    why = f"Slurm {name} runs here with CgroupPlugin=disabled (docs/compatibility.md)"
+    return pytest.mark.xfail(off, strict=True, run=run, reason=f"{why}: {reason}" if reason else why)
 
 
 def host_mirror() -> str:
@@ -268,7 +270,22 @@ def client_wrappers(root: Path, bin_dir: Path) -> dict[str, Path]:
                            f"exec {root / LOADER} --library-path {libs} --argv0 {name} "
                            f"{root / 'usr' / 'bin' / name} \"$@\"\n")
         wrapper.chmod(0o755)
-        made[name] = wrapper
+        made[f"/usr/bin/{name}"] = wrapper
+    return made
+
+
+def daemon_wrappers(active: ActiveRoot, sbin_dir: Path) -> dict[str, Path]:
+    """Scripts in ``sbin_dir`` that run the root's slurmctld and slurmd (as root: tests restart
+    them, ``slurmd -G``, ``-V``) in the cluster's namespace, chrooted into the root."""
+    sbin_dir.mkdir(parents=True, exist_ok=True)
+    made = {}
+    for name in DAEMONS:
+        wrapper = sbin_dir / name
+        wrapper.write_text(f"#!/bin/sh\n# Slurm's {name} from {active.root}, in the cluster's namespace\n"
+                           f"exec {NSENTER} --target=\"$(cat {active.holder_pidfile})\" --mount --root "
+                           f"--wd=/ -- /usr/sbin/{name} \"$@\"\n")
+        wrapper.chmod(0o755)
+        made[f"/usr/sbin/{name}"] = wrapper
     return made
 
 
@@ -277,9 +294,10 @@ _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 
 
 def use_clients(wrappers: dict[str, Path]) -> None:
-    """From now on this process and its children see the root's clients at /usr/bin/<name>:
-    a mount namespace of its own (the host's mounts are untouched) with each wrapper bound over
-    the host's client. Tests and the gpuslurm commands they run name /usr/bin/scontrol etc."""
+    """From now on this process and its children see the root's programs at the host's paths
+    (the keys: /usr/bin/scontrol ...): a mount namespace of its own (the host's mounts are
+    untouched) with each wrapper bound over the host's program. Tests and the gpuslurm commands
+    they run name /usr/bin/scontrol etc."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     def check(rc: int, what: str) -> None:
@@ -289,8 +307,8 @@ def use_clients(wrappers: dict[str, Path]) -> None:
 
     check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
-    for name, wrapper in wrappers.items():
-        target = Path("/usr/bin") / name
+    for path, wrapper in wrappers.items():
+        target = Path(path)
         if target.exists():
             check(libc.mount(str(wrapper).encode(), str(target).encode(), None, _MS_BIND, None),
                   f"mount --bind {wrapper} {target}")
