@@ -331,6 +331,11 @@ class ActiveRoot:
 _active: ActiveRoot | None = None
 
 
+def on_node(argv: list[str]) -> list[str]:
+    """argv as root where the cluster's jobs run: as is with the host's Slurm, else in the root."""
+    return argv if _active is None else _active.inside(*argv)
+
+
 def activate(active: ActiveRoot | None) -> None:
     global _active
     _active = active
