@@ -23,6 +23,15 @@
 #   GPUSLURM_GRES_ARGS           extra `gpuslurm gres-conf` options, e.g. "--mps 100"; the GresTypes
 #                                line follows the gres names the generated file uses
 #   GPUSLURM_CLUSTER_GRES_CONF   use this gres.conf instead of generating one (e.g. one without Cores=)
+#   GPUSLURM_SLURM_ROOT          a Debian root with another Slurm release (tests/slurm_roots.py makes
+#                                them): munged, slurmctld and slurmd run chrooted into it, in a mount
+#                                namespace of their own (its holder's pid in run/ns.pid) where the
+#                                host's /dev, /proc, /sys, /tmp and /run, the host's /etc at /.host-etc and
+#                                GPUSLURM_CHECKOUT (this checkout, at /opt/gpuslurm/checkout) and the
+#                                directories GPUSLURM_ROOT_BINDS lists (':'-separated; each at its
+#                                own path, read-only: the checkout, the test session's Python) are
+#                                mounted; the network and pids stay the host's, so clients reach it
+#                                on loopback as they do the host's Slurm. Default: the host's Slurm.
 set -euo pipefail
 
 STATE=${GPUSLURM_CLUSTER_DIR:-/run/gpuslurm-test-cluster}
@@ -35,6 +44,9 @@ TIMEOUT=${GPUSLURM_CLUSTER_TIMEOUT:-60}
 CONSTRAIN_DEVICES=${GPUSLURM_CLUSTER_CONSTRAIN_DEVICES:-yes}
 GRES_ARGS=${GPUSLURM_GRES_ARGS:-}
 GRES_CONF=${GPUSLURM_CLUSTER_GRES_CONF:-}
+ROOT=${GPUSLURM_SLURM_ROOT:-}
+CHECKOUT=${GPUSLURM_CHECKOUT:-}
+ROOT_BINDS=${GPUSLURM_ROOT_BINDS:-}
 
 SLURMCTLD=/usr/sbin/slurmctld
 SLURMD=/usr/sbin/slurmd
@@ -70,6 +82,10 @@ MARK_VAR=GPUSLURM_TEST_CLUSTER
 # shellcheck source=fake-devices.sh
 . "$(dirname "${BASH_SOURCE[0]}")/fake-devices.sh"
 
+NS_PIDFILE=$STATE/run/ns.pid
+NSENTER=/usr/bin/nsenter
+UNSHARE=/usr/bin/unshare
+
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 note() { echo "cluster.sh: $*" >&2; }
 
@@ -84,7 +100,48 @@ gpuslurm_bin() {
 }
 
 slurm_env() {
-    env SLURM_CONF="$CONF" "$@"
+    in_root env SLURM_CONF="$CONF" "$@"
+}
+
+# in_root CMD...: CMD as is with the host's Slurm; with GPUSLURM_SLURM_ROOT, in the cluster's
+# namespace and chrooted into the root, so that /usr/sbin/slurmd etc. are the root's.
+in_root() {
+    if [[ -z $ROOT ]]; then
+        "$@"
+        return
+    fi
+    alive "$NS_PIDFILE" || die "the namespace holding $ROOT is gone ($NS_PIDFILE)"
+    "$NSENTER" --target="$(<"$NS_PIDFILE")" --mount --root --wd=/ -- "$@"
+}
+
+# The mount namespace the root's daemons run in: a process chrooted into the root that sleeps, its
+# pid in $NS_PIDFILE; the namespace lives as long as it or any daemon does.
+start_namespace() {
+    local i
+    [[ -n $ROOT ]] || return 0
+    alive "$NS_PIDFILE" && return 0
+    # shellcheck disable=SC2016  # expanded by the inner shell
+    local setup='set -e; r=$1
+        mount --rbind /dev "$r/dev"; mount -t proc proc "$r/proc"; mount --rbind /sys "$r/sys"
+        mount --rbind /tmp "$r/tmp"; mount --rbind /run "$r/run"
+        mount --bind /etc "$r/.host-etc"; mount -o remount,bind,ro "$r/.host-etc"
+        if [[ -n $2 ]]; then mount --bind "$2" "$r/opt/gpuslurm/checkout"; mount -o remount,bind,ro "$r/opt/gpuslurm/checkout"; fi
+        IFS=: read -ra binds <<<"$3"
+        for dir in "${binds[@]}"; do
+            [[ -d $dir ]] || continue
+            mkdir -p "$r$dir"; mount --bind "$dir" "$r$dir"; mount -o remount,bind,ro "$r$dir"
+        done
+        exec /usr/sbin/chroot "$r" /bin/sleep infinity'
+    env "$MARK_VAR=$STATE" setsid "$UNSHARE" --mount --propagation private -- /bin/bash -c "$setup" ns \
+        "$ROOT" "$CHECKOUT" "$ROOT_BINDS" </dev/null >>"$LOG/namespace.log" 2>&1 &
+    echo $! >"$NS_PIDFILE"
+    for ((i = 0; i < 100; i++)); do
+        # Set up and chrooted once the holder is sleep itself.
+        [[ $(cat "/proc/$(<"$NS_PIDFILE")/comm" 2>/dev/null) == sleep ]] && return 0
+        alive "$NS_PIDFILE" || break
+        sleep 0.1
+    done
+    die "the namespace for $ROOT did not start; $LOG/namespace.log says: $(tail -n 5 "$LOG/namespace.log")"
 }
 
 alive() {  # alive PIDFILE: the pid in PIDFILE is a running process
@@ -113,6 +170,16 @@ stop_pidfile() {  # stop_pidfile NAME PIDFILE [SECONDS]: SIGTERM, then SIGKILL a
 check_prerequisites() {
     [[ $(id -u) -eq 0 ]] || die "must run as root (slurmd, munged and mknod need it)"
     local bin
+    if [[ -n $ROOT ]]; then
+        [[ -s $ROOT/.gpuslurm-root.json ]] || die "$ROOT is not a finished root: python3 tests/slurm_roots.py build RELEASE"
+        for bin in "$SLURMCTLD" "$SLURMD" "$MUNGED" "$SBATCH" "$SINFO"; do
+            [[ -x $ROOT$bin ]] || die "$ROOT$bin is missing: rebuild the root"
+        done
+        [[ -x $NSENTER && -x $UNSHARE ]] || die "$NSENTER and $UNSHARE are needed (util-linux)"
+        [[ -x $(gpuslurm_bin) ]] || die "$(gpuslurm_bin) is not executable: set GPUSLURM_BIN"
+        [[ -z $WITH_DBD ]] || die "--with-slurmdbd: the roots have no slurmdbd yet"
+        return 0
+    fi
     for bin in "$SLURMCTLD" "$SLURMD" "$MUNGED" "$SBATCH" "$SINFO"; do
         [[ -x $bin ]] || die "$bin is missing: apt-get install -y slurm-wlm munge"
     done
@@ -181,8 +248,17 @@ write_configs() {
         echo "SelectType=select/cons_tres"
         echo "SelectTypeParameters=CR_Core"
         echo "GresTypes=$gres_types"
-        echo "ProctrackType=proctrack/cgroup"
-        echo "TaskPlugin=task/cgroup,task/affinity"
+        if [[ ${GPUSLURM_CLUSTER_CGROUP:-autodetect} == disabled ]]; then
+            # No cgroups at all: processes tracked through their parents, no task/cgroup.
+            echo "ProctrackType=proctrack/linuxproc"
+            echo "TaskPlugin=task/affinity"
+        else
+            echo "ProctrackType=proctrack/cgroup"
+            echo "TaskPlugin=task/cgroup,task/affinity"
+        fi
+        # The root's plugins, for the daemons inside it and the root's clients run on the host
+        # alike (the root's own path leads back to its top inside it).
+        [[ -z $ROOT ]] || echo "PluginDir=$ROOT/usr/lib/x86_64-linux-gnu/slurm-wlm"
         echo "JobAcctGatherType=jobacct_gather/none"
         if [[ -n $WITH_DBD ]]; then
             echo "AccountingStorageType=accounting_storage/slurmdbd"
@@ -218,10 +294,11 @@ write_configs() {
     fi
 
     # Only devices are constrained: the bundle's cores and memory do not exist on this machine.
+    # CgroupAutomount is defunct from 24.05 (the roots' releases log an error for it).
     cat >"$ETC/cgroup.conf" <<EOF
 CgroupPlugin=${GPUSLURM_CLUSTER_CGROUP:-autodetect}
 CgroupMountpoint=/sys/fs/cgroup
-CgroupAutomount=yes
+${ROOT:+#}CgroupAutomount=yes
 ConstrainDevices=$CONSTRAIN_DEVICES
 ConstrainCores=no
 ConstrainRAMSpace=no
@@ -287,7 +364,7 @@ start_munged() {
     chmod 400 "$MUNGE_DIR/munge.key"
     # --force: munged refuses a socket directory it did not expect unless forced; as root it
     # only warns about running as root.
-    env "$MARK_VAR=$STATE" "$MUNGED" --force --key-file="$MUNGE_DIR/munge.key" --socket="$MUNGE_SOCKET" \
+    in_root env "$MARK_VAR=$STATE" "$MUNGED" --force --key-file="$MUNGE_DIR/munge.key" --socket="$MUNGE_SOCKET" \
         --pid-file="$RUN/munged.pid" --log-file="$LOG/munged.log" --seed-file="$MUNGE_DIR/munged.seed" \
         || die "munged failed to start: $(tail -n 5 "$LOG/munged.log" 2>/dev/null)"
 }
@@ -300,7 +377,7 @@ start_daemon() {  # start_daemon NAME BINARY PIDFILE ARGS...
     local name=$1 bin=$2 pidfile=$3 i
     shift 3
     alive "$pidfile" && return 0
-    env "$MARK_VAR=$STATE" SLURM_CONF="$CONF" "$bin" -f "$CONF" "$@" \
+    in_root env "$MARK_VAR=$STATE" SLURM_CONF="$CONF" "$bin" -f "$CONF" "$@" \
         || die "$name failed to start; last lines of its log:"$'\n'"$(tail -n 20 "$LOG/$name.log" 2>/dev/null)"
     for ((i = 0; i < 50; i++)); do
         alive "$pidfile" && return 0
@@ -426,6 +503,7 @@ cmd_up() {
         write_configs "$host"
     fi
     make_devices
+    start_namespace
     start_munged
     if [[ -n $WITH_DBD ]]; then
         # Before slurmctld, so that it finds its cluster registered when it connects.
@@ -483,6 +561,7 @@ cmd_down() {
         kill -KILL $pids 2>/dev/null || true
     fi
     stop_pidfile munged "$RUN/munged.pid"
+    stop_pidfile namespace "$NS_PIDFILE" 2
     remove_devices
     remove_cgroups
     note "down ($STATE)"

@@ -14,6 +14,11 @@ is restarted. In such a cluster ``cluster.sacctmgr("add", "account", "team")`` a
 ``cluster.sacctmgr("add", "user", "nobody", "account=team", "fairshare=5")`` add associations,
 which ``sshare -P -a`` then lists; ``sacct`` shows finished jobs.
 
+Slurm release: ``GPUSLURM_SLURM_RELEASE`` (22.05, the host's own Slurm, by default; 24.11 or
+26.05: the daemons run from a cached Debian root that tests/slurm_roots.py makes, and this session
+sees that root's clients at /usr/bin/sbatch, /usr/bin/scontrol ... so tests need no change).
+``install_hooks`` and ``users_python`` then install with the root's Python, inside the root.
+
 Environment: ``GPUSLURM_BUNDLE`` (default dgx-h100), ``GPUSLURM_BIN`` (the gpuslurm executable),
 ``GPUSLURM_CLUSTER_EXTRA_CONF`` (extra slurm.conf lines), ``GPUSLURM_KEEP_CLUSTER=1`` keeps the
 state directory (configs and logs) after the session.
@@ -37,6 +42,8 @@ from pathlib import Path
 
 import pytest
 
+import slurm_roots
+
 CLUSTER_SH = Path(__file__).resolve().parents[1] / "docker-slurm" / "cluster.sh"
 SBATCH = "/usr/bin/sbatch"
 SCONTROL = "/usr/bin/scontrol"
@@ -55,6 +62,14 @@ def cluster_unavailable() -> str | None:
     """Why this machine cannot run the test cluster, or None when it can."""
     if os.geteuid() != 0:
         return "the Slurm test cluster needs root (slurmd, munged, mknod in /dev)"
+    try:
+        release = slurm_roots.selected()
+    except slurm_roots.RootError as exc:
+        return str(exc)
+    if release is not None:
+        ok = (slurm_roots.root_path(release) / ".gpuslurm-root.json").exists() \
+            or os.access(slurm_roots.DEBOOTSTRAP, os.X_OK)
+        return None if ok else f"Slurm {release.name} needs a root: apt-get install -y debootstrap"
     missing = [path for path in NEEDED if not os.access(path, os.X_OK)]
     if missing:
         return f"{', '.join(missing)} missing: apt-get install -y slurm-wlm munge"
@@ -63,6 +78,8 @@ def cluster_unavailable() -> str | None:
 
 def accounting_unavailable() -> str | None:
     """Why this machine cannot add slurmdbd and MariaDB to the test cluster, or None."""
+    if slurm_roots.active() is not None:
+        return "the Slurm roots have no slurmdbd and MariaDB yet (docs/compatibility.md)"
     missing = [path for path in ACCOUNTING_NEEDS if not os.access(path, os.X_OK)]
     if missing:
         return f"{', '.join(missing)} missing: apt-get install -y slurmdbd mariadb-server"
@@ -161,7 +178,12 @@ def install_hooks(root: Path, config: Path, bundle: Path | None, python: str | N
     prefix = root / "libexec" / "gpuslurm"
     etc = root / "slurm-etc"
     etc.mkdir(exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
+    # In a root, the hooks run with the root's Python: install runs (and checks it) there.
+    active = slurm_roots.active()
+    runner = [sys.executable] if active is None else active.inside(slurm_roots.VENV_PYTHON)
+    if active is not None:
+        python = python or slurm_roots.VENV_PYTHON
+    done = subprocess.run([*runner, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
                            "--prefix", str(prefix), "--config", str(config),
                            *(["--replay", str(bundle)] if bundle is not None else []),
                            *(["--python", python] if python else [])],
@@ -183,7 +205,9 @@ def users_python(root: Path) -> str:
     as on a real node, where admins install gpuslurm where users can run it.
     """
     venv = root / "users-venv"
-    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True,
+    active = slurm_roots.active()  # jobs run in the root: its Python
+    argv = [SYSTEM_PYTHON] if active is None else active.inside(SYSTEM_PYTHON)
+    subprocess.run([*argv, "-m", "venv", "--without-pip", str(venv)], check=True,
                    capture_output=True, timeout=120)
     [site] = (venv / "lib").glob("python3*/site-packages")
     src = Path(importlib.util.find_spec("gpuslurm").origin or "").resolve().parents[1]  # type: ignore[union-attr]
@@ -274,8 +298,9 @@ def slurm_cluster(host_cluster_lock: None) -> Iterator[SlurmCluster]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("SLURM_", "SBATCH_"))}
     env["GPUSLURM_CLUSTER_DIR"] = str(state_dir)
     env["GPUSLURM_BIN"] = _gpuslurm_bin(state_dir)
-    cluster = SlurmCluster(state_dir, {**env, "SLURM_CONF": str(state_dir / "etc" / "slurm.conf")})
     try:
+        _use_release(env, state_dir)
+        cluster = SlurmCluster(state_dir, {**env, "SLURM_CONF": str(state_dir / "etc" / "slurm.conf")})
         accounting = ["--with-slurmdbd"] if os.environ.get("GPUSLURM_CLUSTER_SLURMDBD") else []
         up = _cluster_sh("up", env, *accounting)
         if up.returncode != 0:
@@ -289,6 +314,28 @@ def slurm_cluster(host_cluster_lock: None) -> Iterator[SlurmCluster]:
             print(f"kept the test cluster's state in {state_dir}", file=sys.stderr)
         else:
             shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _use_release(env: dict[str, str], state_dir: Path) -> None:
+    """With ``GPUSLURM_SLURM_RELEASE`` naming a root: build or reuse it, have cluster.sh run the
+    daemons in it, and give this session the root's clients at /usr/bin/<client>."""
+    release = slurm_roots.selected()
+    if release is None:
+        return
+    try:
+        root = slurm_roots.ensure_root(release)
+    except (slurm_roots.RootError, subprocess.SubprocessError, OSError) as exc:
+        pytest.fail(f"no root for Slurm {release.name}: {exc}", pytrace=False)
+    checkout = CLUSTER_SH.parents[1]
+    env["GPUSLURM_SLURM_ROOT"] = str(root)
+    env["GPUSLURM_CHECKOUT"] = str(checkout)
+    # Jobs run what tests write into them: this checkout and this session's interpreter.
+    env["GPUSLURM_ROOT_BINDS"] = ":".join(dict.fromkeys([str(checkout), sys.base_prefix, sys.prefix]))
+    env.setdefault("GPUSLURM_CLUSTER_CGROUP", release.cgroup_plugin)
+    active = slurm_roots.ActiveRoot(release, root, state_dir / "run" / "ns.pid")
+    slurm_roots.use_clients({**slurm_roots.client_wrappers(root, state_dir / "bin"),
+                             **slurm_roots.daemon_wrappers(active, state_dir / "sbin")})
+    slurm_roots.activate(active)
 
 
 @pytest.fixture(scope="module")

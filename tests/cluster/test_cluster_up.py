@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import slurm_roots
+
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
 
@@ -62,6 +64,23 @@ def test_node_is_the_bundles_dgx_h100(slurm_cluster: SlurmCluster) -> None:
     assert "State=IDLE" in out
 
 
+def test_clients_and_daemons_are_the_selected_release(slurm_cluster: SlurmCluster) -> None:
+    """GPUSLURM_SLURM_RELEASE picks the Slurm every test talks to: the clients at /usr/bin that
+    tests name and the daemons that answer them."""
+    release = slurm_roots.selected()
+    want = release.name if release else slurm_roots.HOST_RELEASE
+    client = subprocess.run(["/usr/bin/scontrol", "--version"], env=slurm_cluster.env, capture_output=True,
+                            text=True, check=True, timeout=30).stdout
+    assert client.startswith(f"slurm-wlm {want}.") or client.startswith(f"slurm {want}."), client
+    shown = subprocess.run(["/usr/bin/scontrol", "-o", "show", "node"], env=slurm_cluster.env,
+                           capture_output=True, text=True, check=True, timeout=30).stdout
+    assert re.search(rf"\bVersion={re.escape(want)}\.", shown), shown
+
+
+_NO_DEVICE_CGROUP = slurm_roots.without_cgroups("no device cgroup, so every job opens every GPU")
+
+
+@_NO_DEVICE_CGROUP
 def test_four_gpu_job_opens_only_its_devices(slurm_cluster: SlurmCluster) -> None:
     env, devices = _run_probe(slurm_cluster, ["--gres=gpu:4"])
     job_gpus = [int(i) for i in env["SLURM_JOB_GPUS"].split(",")]
@@ -79,6 +98,7 @@ def test_four_gpu_job_opens_only_its_devices(slurm_cluster: SlurmCluster) -> Non
     assert devices["/dev/nvidia-uvm"] == "ENXIO"
 
 
+@_NO_DEVICE_CGROUP
 def test_concurrent_jobs_get_disjoint_gpus(slurm_cluster: SlurmCluster) -> None:
     release = slurm_cluster.state_dir / "release-holder"
     holder = slurm_cluster.sbatch(

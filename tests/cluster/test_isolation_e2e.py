@@ -11,6 +11,7 @@ Both files are restored and slurmd restarted afterwards.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import slurm_roots
 from cluster_fixture import CLUSTER_SH, install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
 
@@ -64,7 +66,8 @@ class Site:
 
     def run_probe(self, gres: str) -> tuple[int, str]:
         out = self.root / "out"
-        jobid = self.cluster.sbatch([f"--gres={gres}", "--uid=nobody", "--chdir=/",
+        # the uid, not the name: 26.05's sbatch refuses --uid=nobody ("Invalid --uid specification")
+        jobid = self.cluster.sbatch([f"--gres={gres}", f"--uid={pwd.getpwnam('nobody').pw_uid}", "--chdir=/",
                                      f"--output={out}/slurm-%j.out"], PROBE)
         state = self.cluster.wait(jobid, timeout=60)
         path = out / f"slurm-{jobid}.out"
@@ -173,6 +176,7 @@ def test_without_gpuslurm_isolation_every_gpu_opens(site: Site) -> None:
 
 def _runs_as_nobody(python: str) -> bool:
     """Whether nobody can start ``python`` and import gpuslurm with it (as the task prolog does)."""
-    done = subprocess.run(["/usr/sbin/runuser", "-u", "nobody", "--", python, "-I", "-c",
-                           "import gpuslurm.slurm.entry"], capture_output=True, timeout=60, check=False)
+    done = subprocess.run(slurm_roots.on_node(["/usr/sbin/runuser", "-u", "nobody", "--", python, "-I", "-c",
+                                               "import gpuslurm.slurm.entry"]),
+                          capture_output=True, timeout=60, check=False)
     return done.returncode == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import slurm_roots
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
 
@@ -27,6 +28,7 @@ def _wait_for(path: Path, timeout: float = 30) -> str:
     raise TimeoutError(f"{path} never appeared")
 
 
+@slurm_roots.without_cgroups("the monitor attributes a process by its Slurm job cgroup, which is not made")
 def test_a_real_job_process_is_attributed(slurm_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     node = load_node(os.environ.get("GPUSLURM_BUNDLE", "dgx-h100"))
     mark = slurm_cluster.state_dir / f"monitor-{os.getpid()}.txt"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+import slurm_roots
 from cluster_fixture import install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
 from mps_helpers import devices_cgroup, fake_control, live_with_pipe_under, probe_devices
@@ -260,6 +261,9 @@ def _restart_slurmd(mc: MpsCluster) -> None:
     _wait_idle(mc, timeout=60)
 
 
+# Not run there: its slurmd restart races the re-exec that `scontrol reconfigure` does from 23.11
+# and once left the session's slurmd dead.
+@slurm_roots.without_cgroups("it looks for Slurm's extern step cgroup", run=False)
 def test_with_prolog_contain_the_daemon_runs_inside_the_jobs_device_limits(mps_cluster: MpsCluster) -> None:
     """Slurm constrains devices here (ConstrainDevices=yes), gpuslurm does not. Slurm 22.05 makes
     the job's cgroups only after the prolog, also with PrologFlags=Contain (slurmd restarted with

@@ -7,6 +7,7 @@ choose GPUs 0 and 1, so the second job (given other GPUs) shows that pick kept t
 from __future__ import annotations
 
 import json
+import pwd
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,7 +108,8 @@ def test_placement_is_not_fooled_by_a_job_name_holding_scontrol_lines(slurm_clus
               f"   JobState=RUNNING\n     Nodes={host} CPU_IDs=0-7 Mem=0 GRES=gpu:8(IDX:0-7)")
     invented = (f"JobId=999999 JobName=ghost\n   UserId=nobody(65534) GroupId=nogroup(65534)\n"
                 f"   JobState=RUNNING\n     Nodes={host} CPU_IDs=0-1 Mem=0 GRES=gpu:8(IDX:0-7)")
-    attacker = ["--uid=nobody", "--chdir=/", "--output=/dev/null", "--gres=gpu:1"]
+    # the uid, not the name: 26.05's sbatch refuses --uid=nobody ("Invalid --uid specification")
+    attacker = [f"--uid={pwd.getpwnam('nobody').pw_uid}", "--chdir=/", "--output=/dev/null", "--gres=gpu:1"]
     jobs = [victim,
             slurm_cluster.sbatch([*attacker, "-J", f"a JobId={victim} UserId=nobody(65534) "
                                   "JobState=RUNNING"], "sleep 60"),

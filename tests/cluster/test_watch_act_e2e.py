@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 
+import slurm_roots
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
 from slurm_helpers import SCANCEL, User, job_submit_plugin
@@ -95,6 +96,7 @@ def scene(slurm_cluster: SlurmCluster) -> Iterator[Scene]:
         yield Scene(slurm_cluster, root, a, b)
 
 
+@slurm_roots.without_cgroups("the monitor attributes a process by its Slurm job cgroup, which is not made")
 def test_a_rogue_process_gets_its_user_throttled_until_expiry(scene: Scene) -> None:
     bundle = os.environ.get("GPUSLURM_BUNDLE", "dgx-h100")
     node = load_node(bundle)
