@@ -109,3 +109,67 @@ def test_apply_dry_run_prints_the_plan_with_the_configured_nvidia_smi(tmp_path: 
         "    /opt/nvidia/bin/nvidia-smi -i 1 -mig 1",
         "    /opt/nvidia/bin/nvidia-smi mig -i 1 -cgi 3g.40gb,3g.40gb -C",
     ]
+
+
+def _real_h200_bundle(real_fixtures: Path, tmp_path: Path) -> Path:
+    """The real H200 capture imported, with an lscpu.csv and the mig-minors of its GPU 0."""
+    from gpuslurm.hw.importer import import_multi_capture
+
+    bundle = tmp_path / "h200"
+    import_multi_capture(real_fixtures / "multi" / "h200-mig__590.48.01.txt", bundle)
+    (bundle / "lscpu.csv").write_text("# CPU,Core,Socket,Node\n" + "".join(
+        f"{c},{c},0,0\n" for c in range(24)))
+    minors = ["config 1", "monitor 2"]
+    for gi in range(15):
+        minors.append(f"gpu0/gi{gi}/access {3 + gi * 9}")
+        minors += [f"gpu0/gi{gi}/ci{ci}/access {4 + gi * 9 + ci}" for ci in range(8)]
+    (bundle / "mig-minors").write_text("\n".join(minors) + "\n")
+    return bundle
+
+
+def test_real_h200_with_split_gpu_instance_matches_its_own_layout(real_fixtures: Path,
+                                                                  tmp_path: Path) -> None:
+    # GI 2 holds two compute instances, 1c.3g.71gb and 2c.3g.71gb: show --as-layout writes them and
+    # assert accepts the file; before, assert refused it with two equal strings as the difference
+    bundle = _real_h200_bundle(real_fixtures, tmp_path)
+    code, layout, err = run("mig", "show", "--from", str(bundle), "--as-layout")
+    assert code == 0, err
+    assert 'profiles = [["1c.3g.71gb", "2c.3g.71gb"], "2g.35gb", "1g.18gb", "1g.18gb"]' in layout
+    (tmp_path / "layout.toml").write_text(layout)
+    code, out, err = run("mig", "assert", str(tmp_path / "layout.toml"), "--from", str(bundle))
+    assert (code, err) == (0, ""), out
+    code, out, err = run("mig", "show", "--from", str(bundle))
+    assert "MIG 3g.71gb[1c.3g.71gb,2c.3g.71gb]+2g.35gb+1g.18gb+1g.18gb" in out.splitlines()[1]
+    # a layout that gives GI 2 one full compute instance differs, and the message says how
+    (tmp_path / "whole.toml").write_text('[gpus.0]\nprofiles = ["3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]\n')
+    code, out, err = run("mig", "assert", str(tmp_path / "whole.toml"), "--from", str(bundle))
+    assert code == 1, err
+    is_part, wants_part = out.split(": is ", 1)[1].split(", layout [gpus.\"0\"] wants ")
+    assert is_part != wants_part.strip()
+    assert wants_part.strip() == "MIG 3g.71gb+2g.35gb+1g.18gb+1g.18gb"
+
+
+def test_apply_refuses_to_create_split_gpu_instances_before_draining(real_fixtures: Path,
+                                                                     tmp_path: Path) -> None:
+    bundle = _real_h200_bundle(real_fixtures, tmp_path)
+    (tmp_path / "l.toml").write_text('[gpus.0]\nprofiles = [["1c.3g.71gb", "2c.3g.71gb"], "3g.71gb"]\n')
+    code, out, err = run("mig", "apply", str(tmp_path / "l.toml"), "--from", str(bundle), "--no-drain")
+    assert code == 2 and out == "", out
+    assert len(err.splitlines()) == 1 and "nvidia-smi mig -cci" in err
+
+
+def test_real_a100_xml_without_profile_names_says_so(real_fixtures: Path, tmp_path: Path) -> None:
+    # nvidia-smi -q -x names no MIG profiles: show printed "MIG +++" and a layout of empty names
+    bundle = tmp_path / "a100"
+    bundle.mkdir()
+    (bundle / "nvidia-smi-q.xml").write_text((real_fixtures / "nvidia-smi-q-x" / "a100-sxm4-mig-v12.xml")
+                                             .read_text())
+    code, out, err = run("mig", "show", "--from", str(bundle))
+    assert code == 0, err
+    assert out.splitlines()[1].endswith(
+        "MIG on, 4 GPU instance(s) whose profiles the capture does not name (nvidia-smi -L names them)")
+    code, layout, err = run("mig", "show", "--from", str(bundle), "--as-layout")
+    assert code == 0 and '""' not in layout and "profiles =" not in layout, layout
+    (tmp_path / "l.toml").write_text('[gpus.0]\nprofiles = ["1g.20gb", "1g.20gb", "1g.20gb", "1g.20gb"]\n')
+    code, out, err = run("mig", "assert", str(tmp_path / "l.toml"), "--from", str(bundle))
+    assert code == 1 and "whose profiles the capture does not name" in out

@@ -119,6 +119,13 @@ BAD_LAYOUTS = [
     ("[gpus.0]\nprofiles = [3]", "profiles must be a list"),
     ('[gpus.0]\nprofiles = ["3g40gb"]', "'3g40gb' is not a GPU-instance profile name"),
     ('[gpus.0]\nprofiles = ["1c.3g.40gb"]', "'1c.3g.40gb' is not a GPU-instance profile name"),
+    ('[gpus.0]\nprofiles = [[]]', "a list of 1 to 7 compute-instance profile names"),
+    ('[gpus.0]\nprofiles = [["1c.1g.10gb"] ]', "'1c.1g.10gb' is not a compute-instance profile name"),
+    ('[gpus.0]\nprofiles = [["3g.40gb"]]', "'3g.40gb' is not a compute-instance profile name"),
+    ('[gpus.0]\nprofiles = [[1]]', "a list of 1 to 7 compute-instance profile names"),
+    ('[gpus.0]\nprofiles = [["1c.3g.40gb", "1c.4g.40gb"]]', "are not of one GPU instance profile"),
+    ('[gpus.0]\nprofiles = [["1c.3g.40gb"]] \n[gpus.1]\nmig = false\n[gpus.2]\nprofiles = [{}]',
+     "profiles must be a list"),
     ("[gpus.0]", 'say what these GPUs should be'),
     ('[gpus.0]\nmig = false\nprofiles = ["7g.80gb"]', "mig = false but profiles are given"),
     ('[gpus.first]\nmig = false', '[gpus."first"]: not a GPU selector'),
@@ -149,6 +156,9 @@ BAD_FOR_THE_NODE = [
     ('[gpus.0]\nprofiles = ["4g.40gb", "4g.40gb"]', "4g.40gb+4g.40gb needs 8 compute slices, the GPU has 7"),
     ('[gpus.0]\nprofiles = ["3g.40gb", "1g.10gb", "3g.40gb"]', "do not fit together"),
     ('[gpus.0]\nprofiles = ["1g.10gb+me", "1g.10gb+me"]', "only one profile per GPU can have media"),
+    ('[gpus.0]\nprofiles = [["2c.3g.40gb", "2c.3g.40gb"]]', "2c.3g.40gb+2c.3g.40gb need 4 compute slices, "
+     "3g.40gb has 3"),
+    ('[gpus.0]\nprofiles = [["1c.3g.20gb", "2c.3g.20gb"]]', "unknown profile '3g.20gb'"),
 ]
 
 
@@ -210,9 +220,28 @@ def test_split_compute_instances_differ_from_the_default_one() -> None:
     node = A100._replace(gpus=(gpu, A100.gpus[1]))
     wanted = resolve('[gpus.0]\nprofiles = ["3g.40gb"]', node)
     assert diff_lines(node, wanted) == [
-        f'GPU 0 ({GPU0}): is MIG 3g.40gb (GI 1 split into several compute instances), '
-        'layout [gpus."0"] wants MIG 3g.40gb']
+        f'GPU 0 ({GPU0}): is MIG 3g.40gb[1c.3g.40gb,2c.3g.40gb], layout [gpus."0"] wants MIG 3g.40gb']
     assert [s.kind for s in plan_changes(node, wanted)[0].steps] == ["destroy-ci", "destroy-gi", "create"]
+
+
+def test_split_compute_instances_round_trip_through_the_layout() -> None:
+    # NVML-style names (3g.39gb) are named on the table (3g.40gb), the compute instances too
+    gpu = A100.gpus[0]._replace(mig_devices=(
+        MigDevice(0, 1, 0, "1c.3g.39gb", 40192), MigDevice(1, 1, 1, "2c.3g.39gb", 40192),
+        MigDevice(2, 2, 0, "3g.39gb", 40192)))
+    node = A100._replace(gpus=(gpu, A100.gpus[1]))
+    text = layout_toml(node)
+    assert 'profiles = [["1c.3g.40gb", "2c.3g.40gb"], "3g.40gb"]' in text
+    assert diff_lines(node, resolve(text, node)) == []
+    assert plan_changes(node, resolve(text, node)) == ()
+    # order of the instances and of the compute instances within one does not count
+    assert diff_lines(node, resolve('[gpus.0]\nprofiles = ["3g.40gb", ["2c.3g.40gb", "1c.3g.40gb"]]', node)) == []
+    other = resolve('[gpus.0]\nprofiles = [["1c.3g.40gb", "1c.3g.40gb"], "3g.40gb"]', node)
+    assert diff_lines(node, other) == [
+        f'GPU 0 ({GPU0}): is MIG 3g.40gb[1c.3g.40gb,2c.3g.40gb]+3g.40gb, layout [gpus."0"] wants '
+        'MIG 3g.40gb[1c.3g.40gb,1c.3g.40gb]+3g.40gb']
+    with pytest.raises(InputError, match="apply creates one full compute instance per GPU instance"):
+        plan_changes(node, other)
 
 
 def test_plan_rebuilds_only_the_gpus_that_differ_in_the_documented_order() -> None:

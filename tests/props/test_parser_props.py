@@ -152,7 +152,8 @@ def test_config_toml(text: str) -> None:
     _refuses_in_one_line(parse_config, text, "/etc/gpuslurm/gpuslurm.toml")
 
 
-LAYOUT = """[gpus."0-1"]\nprofiles = ["3g.20gb", "3g.20gb"]\n[gpus."2"]\nmig = false\n"""
+LAYOUT = ("""[gpus."0-1"]\nprofiles = ["3g.20gb", "3g.20gb"]\n[gpus."2"]\nmig = false\n"""
+          """[gpus."3"]\nprofiles = [["1c.3g.20gb", "2c.3g.20gb"], "2g.10gb"]\n""")
 
 
 @PARSER

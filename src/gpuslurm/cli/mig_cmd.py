@@ -48,6 +48,7 @@ def _show_dict(node: Any) -> dict[str, Any]:
             "index": g.index, "uuid": g.uuid, "name": g.name, "mig_mode": g.mig_mode,
             "profile_table": board.model if board else None,
             "profiles": list(state.profiles), "split_gpu_instances": list(state.split),
+            "compute_instances": [list(c) for c in state.compute or ((),) * len(state.profiles)],
             "devices": [{"index": m.index, "gi_id": m.gi_id, "ci_id": m.ci_id, "profile": m.profile,
                          "memory_mib": m.memory_mib, "uuid": m.uuid} for m in g.mig_devices],
         })

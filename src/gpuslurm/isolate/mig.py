@@ -10,6 +10,9 @@ and says what they should be (see docs/mig.md)::
     [gpus."4-7"]
     mig = false
 
+    [gpus."8"]                          # a list in profiles: one GPU instance split into
+    profiles = [["1c.3g.71gb", "2c.3g.71gb"], "2g.35gb"]   # these compute instances
+
 GPUs the layout does not select are left as they are. Comparison ignores the order of profiles
 and the media-extension suffix ``+me``, which NVML's MIG device facts do not show.
 """
@@ -29,6 +32,7 @@ from gpuslurm.ranges import MAX_GPUS, format_ranges, parse_ranges
 from gpuslurm.safedir import read_regular
 
 MAX_LAYOUT_BYTES = 1 << 20
+MAX_COMPUTE_INSTANCES = 7  # a 7g GPU instance holds at most seven 1c compute instances
 
 
 class LayoutEntry(NamedTuple):
@@ -36,7 +40,8 @@ class LayoutEntry(NamedTuple):
 
     selector: str
     mig: bool
-    profiles: tuple[str, ...]
+    profiles: tuple[str, ...]  # GPU-instance profiles
+    compute: tuple[tuple[str, ...], ...] = ()  # per profile: its compute instances when split, else ()
 
     @property
     def label(self) -> str:
@@ -57,6 +62,7 @@ class WantedGpu:
     mig: bool
     profiles: tuple[str, ...]  # in creation order (biggest first)
     entry: str  # the table that selected it
+    compute: tuple[tuple[str, ...], ...] = ()  # per profile: its compute instances when split, else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ class GpuMigState:
     mode: bool | None  # None: the GPU has no MIG
     profiles: tuple[str, ...]  # one per GPU instance, in GI id order, as the board names them
     split: tuple[int, ...] = ()  # GI ids whose compute instances are not one full instance
+    compute: tuple[tuple[str, ...], ...] = ()  # per profile: its compute instances when split, else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,7 @@ class GpuChange(NamedTuple):
 
 
 ALLOWED_KEYS = ("mig", "profiles")
+UNKNOWN_PROFILE = "?"  # a GPU instance whose profile the capture does not name
 
 
 def _fail(source: str, message: str) -> NoReturn:
@@ -137,17 +145,46 @@ def _entry(selector: str, table: dict[str, object], source: str, label: str) -> 
     profiles = table.get("profiles")
     if mig is not None and not isinstance(mig, bool):
         _fail(source, f"{label}: mig must be true or false, not {mig!r}")
+    gi_names: list[str] = []
+    compute: list[tuple[str, ...]] = []
     if profiles is not None:
-        if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+        if not isinstance(profiles, list):
             _fail(source, f"{label}: profiles must be a list of profile names such as [\"3g.40gb\"]")
         for p in profiles:
-            if MIG_PROFILE_RE.match(p) is None or p.split(".")[0].endswith("c"):
-                _fail(source, f"{label}: {p!r} is not a GPU-instance profile name (like 3g.40gb)")
+            if isinstance(p, list):
+                gi, cis = _split_instance(p, source, label)
+            elif isinstance(p, str):
+                if MIG_PROFILE_RE.match(p) is None or p.split(".")[0].endswith("c"):
+                    _fail(source, f"{label}: {p!r} is not a GPU-instance profile name (like 3g.40gb)")
+                gi, cis = p, ()
+            else:
+                _fail(source, f"{label}: profiles must be a list of profile names such as [\"3g.40gb\"]")
+            gi_names.append(gi)
+            compute.append(cis)
     if mig is None and profiles is None:
         _fail(source, f"{label}: say what these GPUs should be: profiles = [...] or mig = false")
     if mig is False and profiles:
         _fail(source, f"{label}: mig = false but profiles are given")
-    return LayoutEntry(selector, mig is not False, tuple(profiles or ()))
+    return LayoutEntry(selector, mig is not False, tuple(gi_names), tuple(compute))
+
+
+def _split_instance(cis: list[object], source: str, label: str) -> tuple[str, tuple[str, ...]]:
+    """The GPU-instance profile and sorted compute instances of a ``["1c.3g.40gb", "2c.3g.40gb"]``."""
+    example = '["1c.3g.40gb", "2c.3g.40gb"]'
+    if not cis or len(cis) > MAX_COMPUTE_INSTANCES or not all(isinstance(c, str) for c in cis):
+        _fail(source, f"{label}: a GPU instance split into compute instances is a list of 1 to "
+                      f"{MAX_COMPUTE_INSTANCES} compute-instance profile names such as {example}")
+    gis = set()
+    for ci in cis:
+        assert isinstance(ci, str)
+        m = MIG_PROFILE_RE.match(ci)
+        if m is None or not m.group("c") or int(m.group("c")) >= int(m.group("g")):
+            _fail(source, f"{label}: {ci!r} is not a compute-instance profile name (like 1c.3g.40gb)")
+        gis.add(ci.split(".", 1)[1])
+    if len(gis) != 1:
+        _fail(source, f"{label}: the compute instances {'+'.join(map(str, cis))} are not of one GPU "
+                      "instance profile")
+    return gis.pop(), tuple(sorted(map(str, cis)))
 
 
 def parse_selector(selector: str, source: str, label: str) -> tuple[str, tuple[int, ...] | str | None]:
@@ -206,7 +243,17 @@ def _check_gpu(entry: LayoutEntry, gpu: Gpu, src: str) -> WantedGpu:
     if board is None:
         _fail(src, f"{where}: gpuslurm has no MIG profile table for this model")
     check_profiles(board, entry.profiles, where, src)
-    return WantedGpu(gpu.uuid, gpu.index, True, creation_order(board, entry.profiles), entry.label)
+    split: dict[str, list[tuple[str, ...]]] = {}
+    for gi, cis in zip(entry.profiles, entry.compute or ((),) * len(entry.profiles), strict=True):
+        shape = board.profile(gi)
+        used = sum(int(c.split("c.", 1)[0]) for c in cis)
+        if shape is not None and used > shape.compute:
+            _fail(src, f"{where}: {'+'.join(cis)} need {used} compute slices, {gi} has {shape.compute}")
+        split.setdefault(gi, []).append(cis)
+    order = creation_order(board, entry.profiles)
+    compute = tuple(split[gi].pop(0) for gi in order)  # equal profiles are interchangeable
+    return WantedGpu(gpu.uuid, gpu.index, True, order, entry.label,
+                     compute if any(compute) else ())
 
 
 def check_profiles(board: MigBoard, profiles: tuple[str, ...], where: str, src: str) -> None:
@@ -234,14 +281,27 @@ def gpu_state(gpu: Gpu) -> GpuMigState:
         by_gi.setdefault(dev.gi_id, []).append((dev.profile, dev.memory_mib))
     profiles = []
     split = []
+    compute: list[tuple[str, ...]] = []
     for gi in sorted(by_gi):
         cis = by_gi[gi]
         first, memory = cis[0]
-        profiles.append(canonical_profile(board, first, memory))
+        # a capture without the names (the XML alone carries none) leaves the profile unknown
+        profile = canonical_profile(board, first, memory) if first else UNKNOWN_PROFILE
+        profiles.append(profile)
         m = MIG_PROFILE_RE.match(first)
         if len(cis) > 1 or (m is not None and m.group("c")):
             split.append(gi)
-    return GpuMigState(gpu.uuid, gpu.index, gpu.name, gpu.mig_mode, tuple(profiles), tuple(split))
+            compute.append(tuple(sorted(_ci_name(name, profile) for name, _ in cis)))
+        else:
+            compute.append(())
+    return GpuMigState(gpu.uuid, gpu.index, gpu.name, gpu.mig_mode, tuple(profiles), tuple(split),
+                       tuple(compute) if split else ())
+
+
+def _ci_name(name: str, gi_profile: str) -> str:
+    """A compute instance's profile named on its GPU instance's table name ("1c.3g.39gb" -> "1c.3g.40gb")."""
+    m = MIG_PROFILE_RE.match(name)
+    return f"{m.group('c')}c.{gi_profile}" if m is not None and m.group("c") else gi_profile
 
 
 def describe_state(state: GpuMigState) -> str:
@@ -251,28 +311,37 @@ def describe_state(state: GpuMigState) -> str:
         return "MIG off"
     if not state.profiles:
         return "MIG on, no instances"
-    text = "MIG " + "+".join(state.profiles)
-    if state.split:
-        text += f" (GI {format_ranges(list(state.split))} split into several compute instances)"
-    return text
+    if UNKNOWN_PROFILE in state.profiles:
+        return (f"MIG on, {len(state.profiles)} GPU instance(s) whose profiles the capture does not "
+                "name (nvidia-smi -L names them)")
+    return "MIG " + _instances(state.profiles, state.compute)
 
 
 def describe_wanted(wanted: WantedGpu) -> str:
     if not wanted.mig:
         return "MIG off"
-    return "MIG " + "+".join(wanted.profiles) if wanted.profiles else "MIG on, no instances"
+    return "MIG " + _instances(wanted.profiles, wanted.compute) if wanted.profiles else "MIG on, no instances"
 
 
-def _profile_key(names: tuple[str, ...]) -> Counter[str]:
-    return Counter(n.removesuffix("+me") for n in names)
+def _instances(profiles: tuple[str, ...], compute: tuple[tuple[str, ...], ...]) -> str:
+    """``3g.71gb[1c.3g.71gb,2c.3g.71gb]+2g.35gb``: each GPU instance, a split one with its compute instances."""
+    cis = compute or ((),) * len(profiles)
+    return "+".join(p + (f"[{','.join(c)}]" if c else "") for p, c in zip(profiles, cis, strict=True))
+
+
+def _instance_key(profiles: tuple[str, ...], compute: tuple[tuple[str, ...], ...]) -> Counter[tuple[str, ...]]:
+    cis = compute or ((),) * len(profiles)
+    return Counter((p.removesuffix("+me"), *(n.removesuffix("+me") for n in c))
+                   for p, c in zip(profiles, cis, strict=True))
 
 
 def matches(state: GpuMigState, wanted: WantedGpu) -> bool:
-    """Whether the GPU already is what the layout asks."""
+    """Whether the GPU already is what the layout asks (split GPU instances compared with their
+    compute instances)."""
     if not wanted.mig:
         return not state.mode and not state.profiles
-    return (state.mode is True and not state.split
-            and _profile_key(state.profiles) == _profile_key(wanted.profiles))
+    return (state.mode is True and UNKNOWN_PROFILE not in state.profiles
+            and _instance_key(state.profiles, state.compute) == _instance_key(wanted.profiles, wanted.compute))
 
 
 def diff_lines(node: Node, wanted: tuple[WantedGpu, ...]) -> list[str]:
@@ -298,6 +367,10 @@ def plan_changes(node: Node, wanted: tuple[WantedGpu, ...]) -> tuple[GpuChange, 
         state = gpu_state(node.gpu(w.uuid))
         if matches(state, w):
             continue
+        if any(w.compute):
+            raise InputError(f"GPU {w.index}: {w.entry} wants GPU instances split into compute "
+                             f"instances ({describe_wanted(w)}); apply creates one full compute "
+                             "instance per GPU instance: split them with nvidia-smi mig -cci")
         i = str(w.index)
         steps = []
         if state.mode and state.profiles:
@@ -332,8 +405,8 @@ def layout_toml(node: Node) -> str:
         state = gpu_state(gpu)
         prev = groups[-1] if groups else None
         if (prev is not None and prev[0][-1].index == gpu.index - 1 and prev[0][-1].name == gpu.name
-                and (prev[1].mode, prev[1].profiles, bool(prev[1].split))
-                == (state.mode, state.profiles, bool(state.split))):
+                and (prev[1].mode, prev[1].profiles, prev[1].compute)
+                == (state.mode, state.profiles, state.compute)):
             prev[0].append(gpu)
         else:
             groups.append(([gpu], state))
@@ -342,12 +415,17 @@ def layout_toml(node: Node) -> str:
         if state.mode is None:
             out += [f"# GPU {sel} ({gpus[0].name}): no MIG support", ""]
             continue
+        if UNKNOWN_PROFILE in state.profiles:
+            out += [f"# GPU {sel} ({gpus[0].name}): {describe_state(state)}", ""]
+            continue
         out.append(f'[gpus."{sel}"]  # {gpus[0].name}')
         if state.split:
-            out.append("# some GPU instances are split into several compute instances; a layout "
-                       "gives each one full compute instance")
+            out.append("# a list in profiles is one GPU instance split into these compute instances")
         if state.mode:
-            out.append("profiles = [" + ", ".join(f'"{p}"' for p in state.profiles) + "]")
+            cis = state.compute or ((),) * len(state.profiles)
+            out.append("profiles = [" + ", ".join(
+                "[" + ", ".join(f'"{n}"' for n in c) + "]" if c else f'"{p}"'
+                for p, c in zip(state.profiles, cis, strict=True)) + "]")
         else:
             out.append("mig = false")
         out.append("")
