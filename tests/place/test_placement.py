@@ -156,3 +156,40 @@ def test_any_name_leaves_the_other_jobs_as_they_were(name: str) -> None:
         if j.job_id in clean:
             assert j == clean[j.job_id] or j.job_id in name
     assert set(clean) - {j.job_id for j in jobs} <= set(jobs.doubtful)
+
+
+def test_a_recording_of_another_node_is_bad_input_naming_its_nodes(
+        real_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the real dual A5000: a recording made on a5000-01 read for the bundle's own name said
+    # "0 GPU job(s)" and exit 0, as if the node were empty
+    bundle = tmp_path / "a5000"
+    bundle.mkdir()
+    (bundle / "nvidia-smi-q.xml").write_text((real_fixtures / "nvidia-smi-q-x" / "dual_a5000-v13.xml").read_text())
+    (bundle / "lscpu.csv").write_text("# CPU,Core,Socket,Node\n0,0,0,0\n1,1,0,0\n2,2,0,0\n3,3,0,0\n")
+    rec = tmp_path / "rec.txt"
+    rec.write_text("JobId=7 JobName=train\n   UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A\n"
+                   "   JobState=RUNNING Reason=None Dependency=(null)\n   NodeList=a5000-01\n"
+                   "     Nodes=a5000-01 CPU_IDs=0-1 Mem=0 GRES=gpu:nvidia_rtx_a5000:1(IDX:1)\n"
+                   "JobId=8 JobName=cpu\n   UserId=bob(1002) GroupId=bob(1002) MCS_label=N/A\n"
+                   "   JobState=RUNNING Reason=None Dependency=(null)\n   NodeList=cpu-01\n"
+                   "     Nodes=cpu-01 CPU_IDs=0-1 Mem=0\n")
+    assert main(["placement", "--from", str(bundle), "--input", str(rec)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("gpuslurm: scontrol show -d job: no running GPU job on a5000; its running "
+                                 "GPU jobs are on a5000-01 (name the node with --node)\n")
+    assert main(["placement", "--from", str(bundle), "--input", str(rec), "--node", "a5000-01"]) == 0
+    assert "a5000-01: 1 GPU job(s)" in capsys.readouterr().out
+    # a recording with no running GPU job anywhere is a true "0 GPU job(s)"
+    rec.write_text(rec.read_text().split("JobId=8")[0].replace("RUNNING", "PENDING"))
+    assert main(["placement", "--from", str(bundle), "--input", str(rec)]) == 0
+    assert "a5000: 0 GPU job(s)" in capsys.readouterr().out
+
+
+def test_a_whole_cluster_recording_names_a_bounded_list_of_nodes(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    rec = tmp_path / "rec.txt"
+    rec.write_text("".join(f"JobId={i}\n   JobState=RUNNING\n     Nodes=gn{i:03d} CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n"
+                           for i in range(100)))
+    assert main(["placement", "--from", "l40s-4x", "--node", "l40s01", "--input", str(rec)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "gn000,gn001," in err and "gn007 and 92 more" in err

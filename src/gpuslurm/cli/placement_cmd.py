@@ -23,6 +23,8 @@ from gpuslurm.errors import CommandError, InputError
 if TYPE_CHECKING:
     from gpuslurm.slurm.job_detail import JobDetail
 
+MAX_NODES_NAMED = 8  # the nodes an error names (a recording of a whole cluster is one line)
+
 
 def placement_rows(node: Any, text: str | Iterable[JobDetail], node_name: str) -> list[dict[str, Any]]:
     """One row per running job holding GPUs on ``node_name``: from a recorded ``scontrol show -d
@@ -60,7 +62,21 @@ def placement_rows(node: Any, text: str | Iterable[JobDetail], node_name: str) -
                      "slurm_cpus": format_ranges(share.cpu_ids), "cpus": format_ranges(q.os_cpus),
                      "cpu_numa": list(q.cpu_numa), "gpu_numa": list(q.gpu_numa),
                      "numa_affine": q.affine, "weakest_link": q.weakest_link})
+    if not rows and isinstance(text, str):  # live, squeue chose this node's jobs
+        _none_here(jobs, node_name)
     return rows
+
+
+def _none_here(jobs: Iterable[JobDetail], node_name: str) -> None:
+    """Bad input when no running GPU job is on ``node_name`` but some are elsewhere: a recording
+    of another node (or a wrong --node) would otherwise read as a node with no GPU jobs."""
+    elsewhere = sorted({n for job in jobs if job.state == "RUNNING"
+                        for share in job.shares if share.gpu_idx for n in share.nodes})
+    if elsewhere:
+        shown = ",".join(elsewhere[:MAX_NODES_NAMED])
+        more = f" and {len(elsewhere) - MAX_NODES_NAMED} more" if len(elsewhere) > MAX_NODES_NAMED else ""
+        raise InputError(f"no running GPU job on {node_name}; its running GPU jobs are on {shown}{more} "
+                         "(name the node with --node)", "scontrol show -d job")
 
 
 def _live(node_name: str) -> tuple[JobDetail, ...]:
