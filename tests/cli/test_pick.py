@@ -93,11 +93,60 @@ def test_explain_format(capsys: pytest.CaptureFixture[str]) -> None:
     assert "runner-up {GPU 0, GPU 2} lost on weaker weakest link (PXB vs NV4)" in out
 
 
-def test_mig_one_line_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = pick(capsys, "2", "--from", "a100-mig", "--mig", "1g.10gb")
+def test_mig_one_export_per_line_a_block_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    # as whole GPUs: one export per line (it printed both of a rank's on one line); rank k's
+    # block is lines 2k + 2 and 2k + 3
+    code, out, err = pick(capsys, "2", "--from", "a100-mig", "--mig", "1g.10gb")
     lines = out.splitlines()
-    assert code == 0 and len(lines) == 3 and lines[0] == "export CUDA_DEVICE_ORDER=PCI_BUS_ID"
-    assert all(line.startswith("export CUDA_VISIBLE_DEVICES=MIG-") for line in lines[1:])
+    assert (code, err) == (0, "") and len(lines) == 5 and lines[0] == "export CUDA_DEVICE_ORDER=PCI_BUS_ID"
+    assert all(line.startswith("export CUDA_VISIBLE_DEVICES=MIG-") for line in lines[1::2])
+    assert all(line.startswith("export GPUSLURM_CPUS=") and len(line) > 21 for line in lines[2::2])
+    assert all(line.count("export ") == 1 and " " not in line.split("=", 1)[1] for line in lines)
+    code, one, _ = pick(capsys, "1", "--from", "a100-mig", "--mig", "1g.10gb")
+    assert one.splitlines() == lines[:3]  # N = 1: the same three lines as one whole GPU
+
+
+UNCONFINED = pytest.mark.skipif(len(os.sched_getaffinity(0)) < (os.cpu_count() or 0),
+                                reason="confined (taskset/cpuset): pick prints the allowed CPUs instead")
+
+
+def _real_bundle(real_fixtures: Path, tmp_path: Path, xml: str) -> str:
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "nvidia-smi-q.xml").write_text((real_fixtures / "nvidia-smi-q-x" / xml).read_text())
+    return str(bundle)
+
+
+@UNCONFINED
+def test_no_cpu_list_unsets_gpuslurm_cpus_with_a_note(capsys: pytest.CaptureFixture[str],
+                                                       real_fixtures: Path, tmp_path: Path) -> None:
+    # the real dual A5000's XML has no CPU affinity: `export GPUSLURM_CPUS=` made
+    # `taskset -c $GPUSLURM_CPUS` fail, and kept no earlier value from being used
+    code, out, err = pick(capsys, "1", "--from", _real_bundle(real_fixtures, tmp_path, "dual_a5000-v13.xml"))
+    assert code == 0
+    assert out.splitlines() == ["export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+                                "export CUDA_VISIBLE_DEVICES=GPU-12345678-aaaa-bbbb-cccc-0123456789ab",
+                                "unset GPUSLURM_CPUS"]
+    assert err.count("\n") == 1 and "GPUSLURM_CPUS is unset" in err
+    shell = subprocess.run(["/bin/sh", "-c", 'GPUSLURM_CPUS=0-3; eval "$1"; echo "[${GPUSLURM_CPUS-unset}]"',
+                            "sh", out], capture_output=True, text=True, timeout=30)
+    assert shell.stdout == "[unset]\n", shell.stderr
+
+
+@UNCONFINED
+def test_mig_without_a_cpu_list_keeps_each_ranks_block(capsys: pytest.CaptureFixture[str],
+                                                      real_fixtures: Path, tmp_path: Path) -> None:
+    from gpuslurm.hw.importer import import_multi_capture
+
+    bundle = tmp_path / "h200"
+    import_multi_capture(real_fixtures / "multi" / "h200-mig__590.48.01.txt", bundle)
+    (bundle / "nvidia-smi-topo.txt").unlink()  # the text -q and -L: no CPU affinity
+    code, out, err = pick(capsys, "2", "--from", str(bundle), "--mig", "1g.18gb")
+    assert code == 0 and out.splitlines() == [
+        "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "export CUDA_VISIBLE_DEVICES=MIG-00000003-0000-0000-0000-000000000003", "unset GPUSLURM_CPUS",
+        "export CUDA_VISIBLE_DEVICES=MIG-00000004-0000-0000-0000-000000000004", "unset GPUSLURM_CPUS"]
+    assert err.count("\n") == 1 and "GPUSLURM_CPUS is unset" in err
 
 
 def scenario(tmp_path: Path, body: dict[str, object]) -> str:

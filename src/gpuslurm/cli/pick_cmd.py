@@ -39,15 +39,17 @@ usage: gpuslurm pick N [--from DIR] [--mem SIZE] [--min-cc X.Y] [--type TEXT] [-
 Choose N GPUs (or N MIG devices with --mig) of this node, or of the job's own GPUs inside a
 Slurm job: only healthy ones meeting every constraint; the strongest weakest link first
 (NV#, PIX, PXB, PHB, NODE, SYS), then fewest NUMA nodes, most NVLinks, most free (memory,
-utilisation), lowest index. Prints shell exports (env), JSON, or the ranking in words; with
--- CMD, runs CMD with CUDA_VISIBLE_DEVICES set and its CPUs narrowed to the GPUs' local CPUs.
+utilisation), lowest index. Prints shell exports (env: one per line; `unset GPUSLURM_CPUS`
+when the node facts give no local CPUs), JSON, or the ranking in words; with -- CMD, runs CMD
+with CUDA_VISIBLE_DEVICES set and its CPUs narrowed to the GPUs' local CPUs.
 
   --from DIR|NAME   replay a capture bundle (dgx-h100, l40s-4x, a100-mig) instead of NVML;
                     live load from $GPUSLURM_SCENARIO or the bundle's scenario.json
   --mem SIZE        free memory per device, e.g. 6GiB, 512MiB, 40G
   --min-cc X.Y      minimum compute capability
   --type TEXT       the GPU name contains TEXT (case-insensitive), e.g. h100
-  --mig PROFILE     MIG devices of PROFILE (e.g. 1g.10gb), one per rank
+  --mig PROFILE     MIG devices of PROFILE (e.g. 1g.10gb), one per rank: env prints rank k's
+                    two export lines as lines 2k+2 and 2k+3
   --exclusive       no process of another user or job on a chosen device
   --max-util PCT    utilisation at most PCT percent
   --format F        env (default), json, explain
@@ -355,7 +357,7 @@ def capabilities(bundle: str | None) -> dict[str, tuple[int, int]]:
     return load_capabilities(bundle)
 
 
-def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> None:
+def write_result(node: Node, placement: Placement, fmt: str, out: TextIO, err: TextIO) -> None:
     """Print the chosen set in ``fmt`` (the placement has a chosen set)."""
     from gpuslurm.place.explain import explain_lines, local_cpus
     from gpuslurm.ranges import format_ranges
@@ -382,14 +384,20 @@ def write_result(node: Node, placement: Placement, fmt: str, out: TextIO) -> Non
                "runners_up": [{"uuids": [d.uuid for d in r.devices], "weakest_link": r.weakest_link,
                                "score": round(r.availability, 4)} for r in placement.runners_up]}
         out.write(json.dumps(doc, indent=2) + "\n")
-    elif win.devices[0].mig is None:
-        for name, value in env_values(node, placement):
-            out.write(f"export {name}={value}\n")
-    else:  # one line per rank: rank k evaluates line k + 2
-        out.write("export CUDA_DEVICE_ORDER=PCI_BUS_ID\n")
-        for d in win.devices:
-            rank_cpus = format_ranges(within_allowed(d.gpu.cpu_affinity))
-            out.write(f"export CUDA_VISIBLE_DEVICES={d.uuid} GPUSLURM_CPUS={rank_cpus}\n")
+    else:
+        if win.devices[0].mig is None:
+            values = env_values(node, placement)
+        else:  # a block of two lines per rank: rank k evaluates lines 2k + 2 and 2k + 3
+            values = [("CUDA_DEVICE_ORDER", "PCI_BUS_ID")]
+            for d in win.devices:
+                values += [("CUDA_VISIBLE_DEVICES", d.uuid),
+                           ("GPUSLURM_CPUS", format_ranges(within_allowed(d.gpu.cpu_affinity)))]
+        for name, value in values:
+            # no CPU list: `taskset -c $GPUSLURM_CPUS` must not get an empty (or an earlier) one
+            out.write(f"export {name}={value}\n" if value else f"unset {name}\n")
+        if any(not value for _, value in values):
+            err.write("gpuslurm pick: the node facts give no local CPUs for the chosen GPU(s): "
+                      "GPUSLURM_CPUS is unset (nvidia-smi-topo.txt or NVML's affinity gives them)\n")
 
 
 def within_allowed(cpus: Iterable[int]) -> tuple[int, ...]:
@@ -522,7 +530,7 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
             return EXIT_UNSATISFIED
     if args.command:
         exec_command(node, placement, args.command, err)
-    write_result(node, placement, args.fmt, out)
+    write_result(node, placement, args.fmt, out, err)
     return 0
 
 
