@@ -141,7 +141,8 @@ def test_real_h200_with_split_gpu_instance_matches_its_own_layout(real_fixtures:
     code, out, err = run("mig", "show", "--from", str(bundle))
     assert "MIG 3g.71gb[1c.3g.71gb,2c.3g.71gb]+2g.35gb+1g.18gb+1g.18gb" in out.splitlines()[1]
     # a layout that gives GI 2 one full compute instance differs, and the message says how
-    (tmp_path / "whole.toml").write_text('[gpus.0]\nprofiles = ["3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]\n')
+    (tmp_path / "whole.toml").write_text(
+        '[gpus.0]\nprofiles = ["3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]\n')
     code, out, err = run("mig", "assert", str(tmp_path / "whole.toml"), "--from", str(bundle))
     assert code == 1, err
     is_part, wants_part = out.split(": is ", 1)[1].split(", layout [gpus.\"0\"] wants ")

@@ -235,7 +235,8 @@ def test_split_compute_instances_round_trip_through_the_layout() -> None:
     assert diff_lines(node, resolve(text, node)) == []
     assert plan_changes(node, resolve(text, node)) == ()
     # order of the instances and of the compute instances within one does not count
-    assert diff_lines(node, resolve('[gpus.0]\nprofiles = ["3g.40gb", ["2c.3g.40gb", "1c.3g.40gb"]]', node)) == []
+    reordered = resolve('[gpus.0]\nprofiles = ["3g.40gb", ["2c.3g.40gb", "1c.3g.40gb"]]', node)
+    assert diff_lines(node, reordered) == []
     other = resolve('[gpus.0]\nprofiles = [["1c.3g.40gb", "1c.3g.40gb"], "3g.40gb"]', node)
     assert diff_lines(node, other) == [
         f'GPU 0 ({GPU0}): is MIG 3g.40gb[1c.3g.40gb,2c.3g.40gb]+3g.40gb, layout [gpus."0"] wants '

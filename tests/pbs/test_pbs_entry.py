@@ -74,6 +74,24 @@ def test_startup_publishes_one_vnode_per_numa_node(dgx: Site) -> None:
     assert answer["vnodes"] == want
 
 
+def test_startup_without_meminfo_publishes_no_mem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  real_fixtures: Path) -> None:
+    # the real H200 capture has no meminfo: every vnode got mem = 0mb, which no job asking for
+    # memory (select=1:ncpus=1:nmigs=1:mem=100mb) could ever fit
+    from gpuslurm.hw.importer import import_multi_capture
+
+    site = Site(tmp_path, "dgx-h100", monkeypatch)
+    shutil.rmtree(site.bundle)
+    import_multi_capture(real_fixtures / "multi" / "h200-mig__590.48.01.txt", site.bundle)
+    (site.bundle / "lscpu.csv").write_text("# CPU,Core,Socket,Node\n"
+                                           + "".join(f"{c},{c},0,0\n" for c in range(24)))
+    rc, answer, lines = site.call("exechost_startup", vnodes=["pbshost"])
+    assert rc == 0 and answer is not None and answer["accept"] is True, lines
+    assert answer["vnodes"] == {"pbshost": {"ncpus": 0, "ngpus": 0, "nmigs": 0},
+                                "pbshost[0]": {"ncpus": 24, "ngpus": 0, "nmigs": 5}}
+    assert any("mem left out: the capture has no meminfo" in line for line in lines), lines
+
+
 def test_begin_chooses_numa_local_gpus_and_a_second_job_gets_others(dgx: Site) -> None:
     rc, answer, lines = dgx.begin("1.pbshost", "(pbshost[1]:ncpus=4:ngpus=2)")
     assert (rc, answer) == (0, {"format": 1, "accept": True}), lines
@@ -121,6 +139,12 @@ def test_a_drain_fault_takes_the_vnode_offline_naming_gpu_and_device_file(dgx: S
     assert not (dgx.jobs / "7.pbshost.json").exists()
     summary = json.loads((dgx.root / "state" / "jobs" / "7.pbshost-summary.json").read_text())
     assert summary["refused_by"] == "prolog" and summary["faults"][0]["check"] == "xid"
+    assert summary["start"] is None and [g["uuid"] for g in summary["gpus"]] == [bad.uuid]
+    # docs/pbs.md names every key of it (refused_by was documented nowhere)
+    doc = Path(__file__).resolve().parents[2] / "docs" / "pbs.md"
+    if doc.is_file():
+        said = doc.read_text().split("**The summary of a refused job.**", 1)[1].split("\n\n", 1)[0]
+        assert [k for k in summary if f"`{k}`" not in said and f'`"{k}"' not in said] == []
     # the other NUMA node's vnode is healthy: a job there starts
     assert dgx.begin("8.pbshost", "(pbshost[1]:ncpus=1:ngpus=1)")[1] == {"format": 1, "accept": True}
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +167,35 @@ def test_the_cli_needs_slurm_etc_or_pbs_and_not_both(tmp_path: os.PathLike[str])
     assert both.returncode == 2 and "leave out --slurm-etc" in both.stderr
     bad = subprocess.run([*run, "--pbs", "--qmgr", "qmgr"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "--qmgr: must be an absolute path" in bad.stderr
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "pbs.md"
+
+
+def _doc_block(after: str) -> list[str]:
+    """The lines of the first ``` block after ``after`` in docs/pbs.md."""
+    if not DOC.is_file():
+        pytest.skip("docs/pbs.md is not in this checkout (sdist)")
+    text = DOC.read_text().split(after, 1)[1]
+    return text.split("```\n", 2)[1].splitlines()
+
+
+def test_the_docs_show_what_install_pbs_prints_on_a_new_server(tmp_path: Path) -> None:
+    # docs/pbs.md showed bare qmgr lines, not "<what>: qmgr -c '...'", and no throttle hook
+    qmgr = tmp_path / "qmgr"  # a server with none of it: list and export answer "not found"
+    qmgr.write_text('#!/bin/sh\ncase "$2" in list*|export*) echo "qmgr obj= svr=default: not found" >&2; '
+                    "exit 1;; esac\nexit 0\n")
+    qmgr.chmod(0o755)
+    (tmp_path / "site.toml").write_text("")  # the shipped defaults, not this host's config
+    env = {"PATH": "/usr/bin:/bin", "GPUSLURM_CONFIG": str(tmp_path / "site.toml")}
+    done = subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--pbs", "--qmgr", str(qmgr)],
+                          capture_output=True, text=True, check=False, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = _doc_block("On a server that has none of\nit yet")
+    assert done.stdout.splitlines() == shown
+    assert any(line.startswith("create hook gpuslurm_throttle: ") for line in shown)
+    dry = subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--pbs", "--dry-run",
+                          "--qmgr", str(qmgr)],
+                         capture_output=True, text=True, check=False, env=env, timeout=120)
+    would = [f"would {line}" if not line.startswith("#") else line for line in shown]
+    assert dry.stdout.splitlines() == would

@@ -164,7 +164,8 @@ def test_a_recording_of_another_node_is_bad_input_naming_its_nodes(
     # "0 GPU job(s)" and exit 0, as if the node were empty
     bundle = tmp_path / "a5000"
     bundle.mkdir()
-    (bundle / "nvidia-smi-q.xml").write_text((real_fixtures / "nvidia-smi-q-x" / "dual_a5000-v13.xml").read_text())
+    xml = real_fixtures / "nvidia-smi-q-x" / "dual_a5000-v13.xml"
+    (bundle / "nvidia-smi-q.xml").write_text(xml.read_text())
     (bundle / "lscpu.csv").write_text("# CPU,Core,Socket,Node\n0,0,0,0\n1,1,0,0\n2,2,0,0\n3,3,0,0\n")
     rec = tmp_path / "rec.txt"
     rec.write_text("JobId=7 JobName=train\n   UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A\n"
@@ -188,8 +189,8 @@ def test_a_recording_of_another_node_is_bad_input_naming_its_nodes(
 def test_a_whole_cluster_recording_names_a_bounded_list_of_nodes(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     rec = tmp_path / "rec.txt"
-    rec.write_text("".join(f"JobId={i}\n   JobState=RUNNING\n     Nodes=gn{i:03d} CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n"
-                           for i in range(100)))
+    rec.write_text("".join(f"JobId={i}\n   JobState=RUNNING\n"
+                           f"     Nodes=gn{i:03d} CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n" for i in range(100)))
     assert main(["placement", "--from", "l40s-4x", "--node", "l40s01", "--input", str(rec)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "gn000,gn001," in err and "gn007 and 92 more" in err

@@ -239,9 +239,12 @@ def node_conf(source: str | None, node_name: str | None, template: Path | None,
 @click.option("--node-name", metavar="NAME", help="PBS host name (default: the captured hostname).")
 def pbs_conf(source: str | None, node_name: str | None) -> None:
     """Print a PBS vnode definition file (pbs_mom -s insert): one vnode per NUMA node."""
-    from gpuslurm.gres.pbs_vnodes import render_pbs_vnodes
+    from gpuslurm.gres.pbs_vnodes import MEMORY_LEFT_OUT, memory_known, render_pbs_vnodes
 
-    click.echo(render_pbs_vnodes(_load(source), node_name), nl=False)
+    node = _load(source)
+    click.echo(render_pbs_vnodes(node, node_name), nl=False)
+    if not memory_known(node):  # the file has no comment syntax: the note goes to stderr
+        click.echo(f"gpuslurm pbs-conf: {MEMORY_LEFT_OUT}", err=True)
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})

@@ -23,7 +23,7 @@ class NumaVnode(NamedTuple):
 
     numa_node: int
     cpus: tuple[int, ...]
-    memory_mib: int
+    memory_mib: int | None  # None: the capture has no meminfo, and the vnodes say no mem
     gpu_minors: tuple[int, ...]  # whole GPUs (not MIG instances)
     nmigs: int = 0  # MIG devices of the node's GPUs in MIG mode
 
@@ -64,31 +64,45 @@ def plan_vnodes(node: Node) -> tuple[NumaVnode, ...]:
             gpus[numa].append(gpu.minor)
         else:
             migs[numa] += len(gpu.mig_devices)
-    memory = node.memory_mib or 0
-    share = memory // len(by_numa)
+    # no meminfo: no mem at all rather than 0mb, which no job asking for memory could ever get
+    share = node.memory_mib // len(by_numa) if node.memory_mib else None
     return tuple(NumaVnode(numa, tuple(sorted(by_numa[numa])), share, tuple(sorted(gpus[numa])), migs[numa])
                  for numa in sorted(by_numa))
 
 
+MEMORY_LEFT_OUT = ("mem left out: the capture has no meminfo (pbs_mom's own figure stays on the "
+                   "natural vnode)")
+
+
+def memory_known(node: Node) -> bool:
+    """Whether the vnodes carry ``mem`` (else :data:`MEMORY_LEFT_OUT`)."""
+    return bool(node.memory_mib)
+
+
 def render_pbs_vnodes(node: Node, node_name: str | None = None) -> str:
-    """The vnode definition file text: the natural vnode holds nothing, ``NAME[n]`` holds NUMA node n."""
+    """The vnode definition file text: the natural vnode holds nothing, ``NAME[n]`` holds NUMA node n.
+
+    Without meminfo no vnode has a ``mem`` line, the natural one included, so pbs_mom's own
+    figure stays (``mem = 0mb`` on every vnode would refuse every job that asks for memory).
+    """
     from gpuslurm.names import check_node_name  # here: execjob_begin imports this module, not this
 
     host = check_node_name(node_name or node.hostname,
                            source="--node-name" if node_name else "captured hostname")
     # No comment lines: pbs_mom's vnode file parser has no comment syntax.
-    lines = ["$configversion 2",
-             f"{host}: resources_available.ncpus = 0",
-             f"{host}: resources_available.mem = 0kb",
-             f"{host}: resources_available.ngpus = 0"]
+    lines = ["$configversion 2", f"{host}: resources_available.ncpus = 0"]
+    if memory_known(node):
+        lines.append(f"{host}: resources_available.mem = 0kb")
+    lines.append(f"{host}: resources_available.ngpus = 0")
     migs = has_migs(node)
     if migs:
         lines.append(f"{host}: resources_available.nmigs = 0")
     for vnode in plan_vnodes(node):
         name = f"{host}[{vnode.numa_node}]"
-        lines += [f"{name}: resources_available.ncpus = {len(vnode.cpus)}",
-                  f"{name}: resources_available.mem = {vnode.memory_mib}mb",
-                  f"{name}: resources_available.ngpus = {len(vnode.gpu_minors)}"]
+        lines.append(f"{name}: resources_available.ncpus = {len(vnode.cpus)}")
+        if vnode.memory_mib is not None:
+            lines.append(f"{name}: resources_available.mem = {vnode.memory_mib}mb")
+        lines.append(f"{name}: resources_available.ngpus = {len(vnode.gpu_minors)}")
         if migs:
             lines.append(f"{name}: resources_available.nmigs = {vnode.nmigs}")
         lines.append(f"{name}: sharing = default_shared")

@@ -324,12 +324,13 @@ def describe_wanted(wanted: WantedGpu) -> str:
 
 
 def _instances(profiles: tuple[str, ...], compute: tuple[tuple[str, ...], ...]) -> str:
-    """``3g.71gb[1c.3g.71gb,2c.3g.71gb]+2g.35gb``: each GPU instance, a split one with its compute instances."""
+    """The GPU instances, each split one with its compute instances: ``3g.71gb[1c.3g.71gb,2c.3g.71gb]``."""
     cis = compute or ((),) * len(profiles)
     return "+".join(p + (f"[{','.join(c)}]" if c else "") for p, c in zip(profiles, cis, strict=True))
 
 
-def _instance_key(profiles: tuple[str, ...], compute: tuple[tuple[str, ...], ...]) -> Counter[tuple[str, ...]]:
+def _instance_key(profiles: tuple[str, ...],
+                  compute: tuple[tuple[str, ...], ...]) -> Counter[tuple[str, ...]]:
     cis = compute or ((),) * len(profiles)
     return Counter((p.removesuffix("+me"), *(n.removesuffix("+me") for n in c))
                    for p, c in zip(profiles, cis, strict=True))
@@ -341,7 +342,8 @@ def matches(state: GpuMigState, wanted: WantedGpu) -> bool:
     if not wanted.mig:
         return not state.mode and not state.profiles
     return (state.mode is True and UNKNOWN_PROFILE not in state.profiles
-            and _instance_key(state.profiles, state.compute) == _instance_key(wanted.profiles, wanted.compute))
+            and _instance_key(state.profiles, state.compute)
+            == _instance_key(wanted.profiles, wanted.compute))
 
 
 def diff_lines(node: Node, wanted: tuple[WantedGpu, ...]) -> list[str]:

@@ -85,7 +85,7 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
     spec = os.environ.get("GPUSLURM_CAPTURE") or None
     answer = HookAnswer()
     if event == "exechost_startup":
-        _startup(req, cfg, spec, answer)
+        _startup(req, cfg, spec, log, answer)
     elif event == "execjob_begin":
         _begin(req, cfg, spec, log, answer)
     elif event == "execjob_launch":
@@ -97,9 +97,9 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
     return answer
 
 
-def _startup(req: PbsRequest, cfg: Config, spec: str | None, answer: HookAnswer) -> None:
+def _startup(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
     """The NUMA vnodes, each GPU out of service (the record) taken from its vnode's ``ngpus``."""
-    from gpuslurm.gres.pbs_vnodes import has_migs, plan_vnodes
+    from gpuslurm.gres.pbs_vnodes import MEMORY_LEFT_OUT, has_migs, memory_known, plan_vnodes
     from gpuslurm.hw.source import load_node
     from gpuslurm.pbs.gpu_out import startup_counts
     from gpuslurm.state.out_of_service import OutOfServiceStore
@@ -109,12 +109,16 @@ def _startup(req: PbsRequest, cfg: Config, spec: str | None, answer: HookAnswer)
     counts = startup_counts(node, host, OutOfServiceStore(cfg.paths.state_dir).read())
     migs = has_migs(node)  # nmigs only where MIG instances are: a server may not have the resource
     answer.vnodes[host] = {"ncpus": 0, "mem": "0kb", "ngpus": 0}  # as pbs-conf: it all goes to NUMA vnodes
+    if not memory_known(node):
+        del answer.vnodes[host]["mem"]
+        log.info(MEMORY_LEFT_OUT)
     if migs:
         answer.vnodes[host]["nmigs"] = 0
     for vnode in plan_vnodes(node):
         name = f"{host}[{vnode.numa_node}]"
-        answer.vnodes[name] = {"ncpus": len(vnode.cpus), "mem": f"{vnode.memory_mib}mb",
-                               "ngpus": counts[name]}
+        answer.vnodes[name] = {"ncpus": len(vnode.cpus), "ngpus": counts[name]}
+        if vnode.memory_mib is not None:
+            answer.vnodes[name]["mem"] = f"{vnode.memory_mib}mb"
         if migs:
             answer.vnodes[name]["nmigs"] = vnode.nmigs
 
