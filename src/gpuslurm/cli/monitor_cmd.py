@@ -215,9 +215,11 @@ def _detection(cfg: Any, node_name: str) -> tuple[Any, Any]:
 
 
 def _print_json(cycle: Any) -> None:
+    from gpuslurm.jsondoc import document
     from gpuslurm.watch.monitor import cycle_dict
 
-    sys.stdout.write(json.dumps(cycle_dict(cycle), separators=(",", ":")) + "\n")
+    doc = document("monitor-cycle", cycle_dict(cycle), cycle.node)
+    sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
