@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,9 +51,7 @@ def write_scenario(path: Path, start: float, utils: dict[str, tuple[int, int]]) 
 
 @pytest.fixture
 def root(slurm_cluster: SlurmCluster) -> Iterator[Path]:
-    path = slurm_cluster.state_dir / "admin-comment"
-    path.mkdir()
-    yield path
+    yield Path(tempfile.mkdtemp(prefix="admin-comment-", dir=slurm_cluster.state_dir))  # one per test
 
 
 def test_the_monitor_sets_a_running_jobs_admin_comment(slurm_cluster: SlurmCluster, root: Path) -> None:
@@ -128,7 +127,8 @@ def test_the_monitor_leaves_another_tools_admin_comment_alone(slurm_cluster: Slu
     holds nothing else. A job whose AdminComment holds it keeps it; the job beside it, with an
     empty field, gets gpuslurm's payload. The user (nobody) cannot set AdminComment but writes
     their own Comment, shaped as scontrol's AdminComment line and as gpuslurm's payload: gpuslurm
-    reads the field by name (squeue --json), so the Comment changes nothing."""
+    reads the field by name (squeue --json), so the Comment changes nothing (scontrol's text shows
+    the forged line as an AdminComment, the reason gpuslurm never reads it there)."""
     import pwd
 
     cluster = slurm_cluster
@@ -142,7 +142,7 @@ def test_the_monitor_leaves_another_tools_admin_comment_alone(slurm_cluster: Slu
         refused = subprocess.run([SCONTROL, "update", f"JobId={theirs}", "AdminComment=gpuslurm/1: mine"],
                                  env=cluster.env, capture_output=True, text=True, timeout=30,
                                  user=nobody.pw_uid, group=nobody.pw_gid)
-        assert refused.returncode != 0 and admin_comment(cluster, theirs) == ""  # admins only
+        assert refused.returncode != 0 and _admin_comment_by_name(cluster, theirs) == ""  # admins only
         subprocess.run([SCONTROL, "update", f"JobId={theirs}", f"AdminComment={JOBSTATS}"], env=cluster.env,
                        check=True, timeout=30)
         deadline = time.monotonic() + 30
@@ -163,11 +163,20 @@ def test_the_monitor_leaves_another_tools_admin_comment_alone(slurm_cluster: Slu
         cycle = json.loads(done.stdout)
         assert sorted(a["job_id"] for a in cycle["allocations"]) == sorted([str(theirs), str(ours)]), cycle
         assert not [p for p in cycle["problems"] if p["kind"] == "admin-comment"], cycle["problems"]
-        assert admin_comment(cluster, theirs) == JOBSTATS
+        assert _admin_comment_by_name(cluster, theirs) == JOBSTATS
         assert re.fullmatch(r"gpuslurm/1: 1 GPU, (no monitor data|util mean 0% max 0%, peak mem 0\.0 GiB)",
-                            admin_comment(cluster, ours)), admin_comment(cluster, ours)
+                            _admin_comment_by_name(cluster, ours)), _admin_comment_by_name(cluster, ours)
     finally:
         subprocess.run([SCANCEL, str(theirs), str(ours)], env=cluster.env, timeout=30, check=False)
+
+
+def _admin_comment_by_name(cluster: SlurmCluster, job: int) -> str:
+    """The job's AdminComment field from ``squeue --json``: `scontrol show job` text is no witness
+    here, the user's Comment (newlines kept) puts an ``AdminComment=`` line of its own into it."""
+    listed = subprocess.run(["/usr/bin/squeue", "--json"], env=cluster.env, capture_output=True, text=True,
+                            timeout=30, check=True).stdout
+    [found] = [j for j in json.loads(listed)["jobs"] if j["job_id"] == job]
+    return str(found.get("admin_comment") or "")
 
 
 def _state(cluster: SlurmCluster, job: int) -> str:
