@@ -46,7 +46,7 @@ def test_hogs_lists_the_rogue_process_the_monitor_saw(monitored: tuple[dict[str,
     env, pid, gpu = monitored
     out = _run(env, "hogs", "--json")
     assert out.returncode == 0, out.stderr
-    [v] = json.loads(out.stdout)
+    [v] = json.loads(out.stdout)["violations"]
     assert (v["kind"], v["node"], v["pid"], v["gpu_uuid"], v["process"], v["job_id"]) == \
         ("rogue", "node07", pid, gpu, "sleep", None)
     table = _run(env, "hogs")
@@ -54,7 +54,8 @@ def test_hogs_lists_the_rogue_process_the_monitor_saw(monitored: tuple[dict[str,
     assert "rogue      node07" in table.stdout and str(pid) in table.stdout and gpu in table.stdout
     shared_dir = Path(env["GPUSLURM_CONFIG"]).parent / "violations"
     shared = _run(env, "hogs", "--json", "--violations-dir", str(shared_dir))
-    assert [(v["kind"], v["pid"]) for v in json.loads(shared.stdout)] == [("rogue", pid)], shared.stderr
+    listed = json.loads(shared.stdout)["violations"]
+    assert [(v["kind"], v["pid"]) for v in listed] == [("rogue", pid)], shared.stderr
 
 
 def test_a_missing_store_is_one_line_and_exit_2(tmp_path: Path) -> None:

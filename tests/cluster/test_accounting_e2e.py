@@ -23,6 +23,7 @@ import pytest
 
 from cluster_fixture import install_hooks, slurm_accounting_cluster  # noqa: F401 - module fixture
 from gpuslurm.hooks.epilog import admin_comment
+from gpuslurm.slurm.scontrol import own_admin_comment
 from slurm_helpers import SCONTROL, conf_with, hook_lines, hooks_paths, hooks_root
 
 if TYPE_CHECKING:
@@ -111,8 +112,8 @@ def test_epilog_summary_lands_in_sacct_after_the_job_ended(hooked: Hooked) -> No
         time.sleep(0.2)
     assert hooked.summary(jobid).exists(), hooked.diagnostics()
     # no monitor ran: the summary says so; sacctmgr 22.05 stores the value lowercased
-    expected = admin_comment(2, [], 0)
-    assert expected == "gpuslurm: 2 GPU, no monitor data"
+    expected = own_admin_comment(admin_comment(2, [], 0))
+    assert expected == "gpuslurm/1: 2 GPU, no monitor data"
     assert _sacct_admin_comment(cluster, jobid) == expected.lower(), hooked.diagnostics()
     # (the epilog's info line saying so goes to its stderr, which slurmd does not log for a
     # hook that succeeded: the sacct record above is what shows it)

@@ -153,7 +153,7 @@ def test_a_rogue_process_gets_its_user_throttled_until_expiry(scene: Scene) -> N
     sync = scene.gpuslurm("throttle", "sync")
     assert a.name in sync.stdout, sync.stdout
     listed = scene.gpuslurm("throttle", "list", "--json").stdout
-    assert [t["user"] for t in json.loads(listed)] == [a.name], listed
+    assert [t["user"] for t in json.loads(listed)["throttles"]] == [a.name], listed
     for job in (job_a, job_b, idle_b):
         subprocess.run([SCANCEL, str(job.job)], env=scene.cluster.env, check=False, timeout=30)
 

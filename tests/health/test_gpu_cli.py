@@ -47,14 +47,15 @@ def test_offline_list_online(site: Path) -> None:
                          "--no-slurm")
     assert (code, err) == (0, "") and "index 3" in out
     code, out, _ = run(site, "gpu", "list", "--json", "--from", b)
-    rows = json.loads(out)
+    rows = json.loads(out)["gpus"]
     assert [r["index"] for r in rows if not r["in_service"]] == [3]
     assert rows[3]["reason"] == "Xid 79 seen by hand" and rows[3]["by"] == "admin"
     code, out, _ = run(site, "health", "--from", b)
     assert code == 0 and f"{NODE.gpus[3].uuid}): out" in out
     code, out, err = run(site, "gpu", "online", NODE.gpus[3].uuid, "--from", b, "--no-slurm")
     assert (code, err) == (0, "") and "back in service" in out
-    assert all(r["in_service"] for r in json.loads(run(site, "gpu", "list", "--json", "--from", b)[1]))
+    listed = json.loads(run(site, "gpu", "list", "--json", "--from", b)[1])["gpus"]
+    assert all(r["in_service"] for r in listed)
 
 
 def test_online_rechecks_health(site: Path) -> None:
@@ -76,7 +77,7 @@ def test_health_verdicts_and_json(site: Path) -> None:
     }))
     code, out, err = run(site, "health", "--json", "--from", b)
     assert code == 1, err
-    report = {r["index"]: r for r in json.loads(out)}
+    report = {r["index"]: r for r in json.loads(out)["gpus"]}
     assert report[1]["verdict"] == "unhealthy" and report[1]["faults"][0]["action"] == "gpu_out"
     assert report[4]["verdict"] == "healthy" and report[5]["verdict"] == "healthy"
     code, out, _ = run(site, "health", "--gpu", "index:4", "--from", b)

@@ -75,6 +75,7 @@ class HookSite:
             f'run_dir = "{self.root / "run"}"\n'
             f'state_dir = "{self.root / "state"}"\n'
             f'scontrol = "{self.root / "scontrol"}"\n'
+            f'squeue = "{self.root / "squeue"}"\n'
             # As on a node where Slurm constrains devices: "auto" leaves isolation to Slurm, so
             # these tests make no cgroups (tests/isolate covers gpuslurm's own).
             f'slurm_cgroup_conf = "{self.root / "cgroup.conf"}"\n'
@@ -96,6 +97,12 @@ def make_site(root: Path, *, scontrol_exit: int = 0, builtin: str = "dgx-h100") 
     script.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\0" "$a"; done | sed "s/\\x00$//" '
                       f'>> {log}\nprintf "\\0END\\n" >> {log}\nexit {scontrol_exit}\n')
     script.chmod(0o755)
+    # Lists job 1234 with the AdminComment in admin-comment.json (a JSON string; none: empty).
+    squeue = root / "squeue"
+    squeue.write_text(f'#!/bin/sh\nc=$(cat {root / "admin-comment.json"} 2>/dev/null || echo \'""\')\n'
+                      'printf \'{"errors": [], "jobs": [{"job_id": 1234, "user_id": 0, "nodes": "", '
+                      '"job_state": "RUNNING", "admin_comment": %s}]}\\n\' "$c"\n')
+    squeue.chmod(0o755)
     (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainDevices=yes\n")
     site = HookSite(root, bundle, root / "gpuslurm.toml", log,
                     [g.uuid for g in load_node(str(bundle)).gpus])

@@ -315,7 +315,7 @@ def test_summary_and_admin_comment_from_the_store(site: HookSite) -> None:
     assert (g5["util_mean_pct"], g5["util_max_pct"], g5["mem_peak_mib"]) == (35.0, 60.0, 2167.0)
     [call] = site.scontrol_calls()
     assert call == ["update", "JobId=1234",
-                    "AdminComment=gpuslurm: 2 GPU, util mean 30% max 60%, peak mem 2.1 GiB"]
+                    "AdminComment=gpuslurm/1: 2 GPU, util mean 30% max 60%, peak mem 2.1 GiB"]
 
 
 def test_summary_without_a_store_does_not_load_sqlite(site: HookSite) -> None:
@@ -346,7 +346,7 @@ def test_bad_store_or_failing_scontrol_never_drains(tmp_path: Path) -> None:
     assert summary(site)["monitor"] == "no monitor data"
     assert (site.root / "state" / "monitor.db").read_bytes() == b"garbage" * 100  # a reader moves nothing
     [call] = site.scontrol_calls()
-    assert call[2] == "AdminComment=gpuslurm: 2 GPU, no monitor data"
+    assert call[2] == "AdminComment=gpuslurm/1: 2 GPU, no monitor data"
 
 
 def test_admin_comment_text() -> None:
@@ -385,3 +385,29 @@ def test_summary_has_min_mean_temperature_power_and_the_gpus_taken_out(site: Hoo
         (54.5, 59.0, 245.0, 290.0)
     [out] = s["gpus_out_of_service"]  # type: ignore[misc]
     assert out["uuid"] == site.uuids[4] and out["reason"].startswith("Xid 79")
+
+
+JOBSTATS = "JS1:H4sIAAAAAAAAA6tWKkktLlGyUlAqS8wpTVWqBQBKxZvUEgAAAA=="  # Princeton jobstats' form
+
+
+@pytest.mark.parametrize(("held", "written"), [
+    ("", True), ("gpuslurm: 2 GPU, no monitor data", True),  # empty, or gpuslurm's (old or new)
+    ("gpuslurm/1: 2 GPU, util mean 5% max 9%", True),
+    (JOBSTATS, False), ("reboot after this job, ask ops", False), ("JS1:", False),
+])
+def test_admin_comment_written_only_into_an_empty_field_or_over_gpuslurms(
+        tmp_path: Path, held: str, written: bool) -> None:
+    """AdminComment is shared: jobstats writes it whole (JS1:...) and decodes it only when it holds
+    nothing else, so the epilog leaves another tool's content alone and says so."""
+    site = make_site(tmp_path)
+    site.write_config("[epilog]\nadmin_comment = true\n")
+    (site.root / "admin-comment.json").write_text(json.dumps(held))
+    prolog(site)
+    log = quiet("epilog")
+    assert run_epilog(site.environ(gpus="0,1"), log) == 0, log.lines
+    calls = site.scontrol_calls()
+    if written:
+        assert calls == [["update", "JobId=1234", "AdminComment=gpuslurm/1: 2 GPU, no monitor data"]]
+    else:
+        assert calls == []
+        assert any("AdminComment left alone, it holds another tool's content" in line for line in log.lines)

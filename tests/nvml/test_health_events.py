@@ -162,7 +162,7 @@ def _health(node: LiveNode, config: Path, *args: str) -> tuple[int, list[dict[st
     keys = ("verdict", "faults")
     report = [
         {k: g[k] for k in keys} | {f: g["facts"][f] for f in ("ecc_uncorrectable", "temperature_c", "lost")}
-        for g in json.loads(done.stdout)
+        for g in json.loads(done.stdout)["gpus"]
     ]
     return done.returncode, report
 
@@ -235,9 +235,9 @@ def test_a_gpu_lost_before_the_check_started_is_still_reported(
         "health", "--json", "--from", str(bundle), check=False, extra_env={"GPUSLURM_CONFIG": str(strict)}
     )
     assert (live.returncode, replayed.returncode) == (1, 1), live.stderr
-    rows = {r["index"]: r for r in json.loads(live.stdout)}
+    rows = {r["index"]: r for r in json.loads(live.stdout)["gpus"]}
     assert (rows[3]["uuid"], rows[3]["verdict"], rows[3]["facts"]) == (None, "unhealthy", {"lost": True})
-    assert [r["verdict"] for r in json.loads(replayed.stdout) if r["index"] == 3] == ["unhealthy"]
+    assert [r["verdict"] for r in json.loads(replayed.stdout)["gpus"] if r["index"] == 3] == ["unhealthy"]
     # the monitor started after the fall: its policy names the GPU by its index
     done = node.run(
         "monitor", "--once", "--db", str(config.parent / "m.db"), extra_env={"GPUSLURM_CONFIG": str(config)}
@@ -255,6 +255,6 @@ def test_a_gpu_lost_before_the_check_started_is_still_reported(
     take_out(OutOfServiceStore(str(strict.parent / "state")), GPUS, g3, "Xid 79", "admin", now=1.0)
     again = node.run("health", "--json", check=False, extra_env={"GPUSLURM_CONFIG": str(strict)})
     assert again.returncode == 0
-    assert [(r["uuid"], r["verdict"]) for r in json.loads(again.stdout) if r["index"] == 3] == [
+    assert [(r["uuid"], r["verdict"]) for r in json.loads(again.stdout)["gpus"] if r["index"] == 3] == [
         (g3.uuid, "out")
     ]

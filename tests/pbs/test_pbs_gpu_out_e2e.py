@@ -77,7 +77,8 @@ def test_gpu_offline_lowers_the_vnodes_ngpus_and_no_new_job_gets_it_until_online
         assert gpu3.uuid in attrs["comment"] and "fan 'failed'; #1" in attrs["comment"], attrs
         assert attrs["state"] != "offline", attrs
         assert all(hooked.state(j) == "R" for j in jobs)  # the running jobs are not disturbed
-        assert json.loads(gpuslurm(hooked, admin, "gpu", "list", "--json").stdout)[3]["in_service"] is False
+        listed = json.loads(gpuslurm(hooked, admin, "gpu", "list", "--json").stdout)["gpus"]
+        assert listed[3]["in_service"] is False
 
         # a new job on that vnode: PBS counts 3 GPUs, all assigned, so it waits...
         waiting = hooked.cluster.qsub(pinned, script)
@@ -161,7 +162,7 @@ def test_a_gpu_out_fault_at_execjob_begin_takes_only_that_gpu_and_the_job_runs_o
         assert _job_report(hooked, job)["CVD"] != first.uuid
         attrs = _vnode(hooked)
         assert attrs["state"] != "offline" and attrs["resources_available.ngpus"] == "3", attrs
-        listed = json.loads(gpuslurm(hooked, admin, "gpu", "list", "--json").stdout)
+        listed = json.loads(gpuslurm(hooked, admin, "gpu", "list", "--json").stdout)["gpus"]
         assert [r["uuid"] for r in listed if not r["in_service"]] == [first.uuid]
     finally:
         hooked.config.write_text(saved)

@@ -66,7 +66,7 @@ def test_each_command_refuses_a_malformed_answer_in_one_line_exit_2(tmp_path: Pa
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and "squeue --json: " in lines[0] and "Traceback" not in done.stderr, lines
     if command == "gpu offline":  # what was recorded stays: the GPU is out, Slurm is told next time
-        listed = json.loads(_gpuslurm(env, "gpu", "list", "--json", "--from", "dgx-h100").stdout)
+        listed = json.loads(_gpuslurm(env, "gpu", "list", "--json", "--from", "dgx-h100").stdout)["gpus"]
         assert [r["in_service"] for r in listed if r["index"] == 1] == [False]
 
 

@@ -26,7 +26,7 @@ def test_add_list_remove(tmp_path: Path) -> None:
     rc, out, _ = gs("add", "daemon", "--cap", "2", "--for", "30m", "--file", f)
     assert rc == 0 and "capped to 2" in out
     rc, out, _ = gs("list", "--json", "--file", f)
-    rows = {r["user"]: r for r in json.loads(out)}
+    rows = {r["user"]: r for r in json.loads(out)["throttles"]}
     assert rows["root"]["mode"] == "reject" and rows["root"]["contact"] == "ops"
     assert rows["daemon"]["mode"] == "cap" and rows["daemon"]["value"] == 2
     assert 7100 < rows["root"]["until"] - time.time() <= 7200

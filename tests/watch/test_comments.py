@@ -290,9 +290,13 @@ def test_the_monitor_command_follows_the_epilog_switch(tmp_path: Path, admin_com
     write_map(JobMap("77", "alice", 1000, (MappedDevice(U[2], 2),), time.time() - 5),
               str(tmp_path / "run" / "jobs"))
     (tmp_path / "scenario.json").write_text(json.dumps({"gpus": {U[2]: {"util": 40}}}))
+    squeue = tmp_path / "squeue"  # job 77, its AdminComment empty (gpuslurm writes only into its own)
+    listed = json.dumps({"errors": [], "jobs": [{"job_id": 77, "nodes": "", "admin_comment": ""}]})
+    squeue.write_text(f"#!/bin/sh\necho '{listed}'\n")
+    squeue.chmod(0o755)
     config = tmp_path / "gpuslurm.toml"
     config.write_text(f'[paths]\nrun_dir = "{tmp_path / "run"}"\nstate_dir = "{tmp_path / "state"}"\n'
-                      f'scontrol = "{scontrol}"\nsqueue = "{tmp_path / "no-squeue"}"\n'
+                      f'scontrol = "{scontrol}"\nsqueue = "{squeue}"\n'
                       f'[epilog]\nadmin_comment = {str(admin_comment_on).lower()}\n'
                       "[monitor]\nadmin_comment_interval_s = 600\n")
     env = {"GPUSLURM_CONFIG": str(config), "GPUSLURM_SCENARIO": str(tmp_path / "scenario.json"),
@@ -302,7 +306,7 @@ def test_the_monitor_command_follows_the_epilog_switch(tmp_path: Path, admin_com
     assert result.exit_code == 0, result.output
     assert len(calls(log)) == expected
     if expected:
-        assert calls(log)[0][2] == "AdminComment=gpuslurm: 1 GPU, util mean 40% max 40%, peak mem 0.0 GiB"
+        assert calls(log)[0][2] == "AdminComment=gpuslurm/1: 1 GPU, util mean 40% max 40%, peak mem 0.0 GiB"
 
 
 def test_the_monitor_command_warns_when_scontrol_is_missing(tmp_path: Path) -> None:

@@ -131,7 +131,9 @@ def list_(as_json: bool, source: str | None) -> None:
             rows.append({"index": rec.index, "minor": rec.minor, "uuid": uuid, "in_service": False,
                          "reason": rec.reason, "by": rec.by, "since": rec.since, "missing": True})
     if as_json:
-        json.dump(rows, sys.stdout, indent=1)
+        from gpuslurm.jsondoc import document
+
+        json.dump(document("gpu-list", {"gpus": rows}, node.hostname), sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
     click.echo(f"{'INDEX':>5} {'MINOR':>5}  {'UUID':<40}  {'STATE':<7}  REASON")
@@ -190,7 +192,10 @@ def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, so
         report += _lost_rows(node.lost, out, cfg.health.lost_gpu.action)
         unhealthy |= any(r["verdict"] == "unhealthy" for r in report)
     if as_json:
-        json.dump(report, sys.stdout, indent=1, default=list)
+        from gpuslurm.jsondoc import document
+
+        doc = document("health", {"healthy": not unhealthy, "gpus": report}, node.hostname)
+        json.dump(doc, sys.stdout, indent=1, default=list)
         sys.stdout.write("\n")
     else:
         for r in report:

@@ -85,8 +85,11 @@ def hogs(as_json: bool, db: str | None, directory: str | None) -> None:
         with Store.open(path, readonly=True) as store:
             found = current(store.violations(now - slack, now), now, slack)
     if as_json:
-        doc = [{**v._asdict(), "start_iso": datetime.fromtimestamp(v.start).astimezone().isoformat()}
-               for v in found]
+        from gpuslurm.jsondoc import document
+
+        doc = document("hogs", {"violations": [
+            {**v._asdict(), "start_iso": datetime.fromtimestamp(v.start).astimezone().isoformat()}
+            for v in found]})
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     elif not found:
         click.echo("no current violations")

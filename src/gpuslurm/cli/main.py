@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -24,6 +24,9 @@ from gpuslurm.errors import (
     InputError,
     one_line,
 )
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpuslurm, not in the input
@@ -73,6 +76,7 @@ LAZY_COMMANDS = {
     "placement": "gpuslurm.cli.placement_cmd:placement",
     "gpu": "gpuslurm.cli.gpu_cmd:gpu",
     "health": "gpuslurm.cli.gpu_cmd:health",
+    "man-pages": "gpuslurm.cli.manpages:man_pages",
 }
 
 
@@ -120,7 +124,20 @@ def topo(source: str | None, as_json: bool) -> None:
     write_topo(_load(source), sys.stdout, as_json)
 
 
-@cli.command(add_help_option=False, context_settings={"ignore_unknown_options": True})
+class _PickCommand(click.Command):
+    """``pick`` parses its own arguments (cli/pick_cmd.py); shell completion offers its options."""
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
+        from gpuslurm.cli.pick_cmd import OPTION_NAMES
+
+        if not incomplete.startswith("-"):
+            return []
+        return [CompletionItem(name) for name in OPTION_NAMES if name.startswith(incomplete)]
+
+
+@cli.command(cls=_PickCommand, add_help_option=False, context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def pick(args: tuple[str, ...]) -> int:
     """Choose N GPUs (or MIG devices) topology first, then load; print env/JSON or run a command.
@@ -291,12 +308,20 @@ def _say(message: str) -> None:
     click.echo(one_line(message), err=True)
 
 
+# Shell completion: `eval "$(_GPUSLURM_COMPLETE=bash_source gpuslurm)"` (zsh_source, fish_source).
+COMPLETE_VAR = "_GPUSLURM_COMPLETE"
+
+
 def run_cli(argv: list[str] | None = None) -> int | None:
     """Parse and run one command; click's exceptions reach :func:`main` as raised.
 
     Not ``cli.main()``: that turns a write to a closed pipe into ``sys.exit(1)`` even outside
     standalone mode, which would report `gpuslurm discover | head -1` as a failed check (exit 1).
     """
+    if COMPLETE_VAR in os.environ:  # the shell asks for completions (click's main() would see to it)
+        from click.shell_completion import shell_complete
+
+        return shell_complete(cli, {}, "gpuslurm", COMPLETE_VAR, os.environ[COMPLETE_VAR])
     args = sys.argv[1:] if argv is None else argv
     with cli.make_context("gpuslurm", list(args)) as ctx:
         code = cli.invoke(ctx)

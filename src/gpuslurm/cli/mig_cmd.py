@@ -52,7 +52,9 @@ def _show_dict(node: Any) -> dict[str, Any]:
             "devices": [{"index": m.index, "gi_id": m.gi_id, "ci_id": m.ci_id, "profile": m.profile,
                          "memory_mib": m.memory_mib, "uuid": m.uuid} for m in g.mig_devices],
         })
-    return {"hostname": node.hostname, "source": node.source, "gpus": gpus}
+    from gpuslurm.jsondoc import document
+
+    return document("mig-show", {"source": node.source, "gpus": gpus}, node.hostname)
 
 
 def _show_table(node: Any) -> None:

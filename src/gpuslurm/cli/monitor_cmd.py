@@ -174,11 +174,12 @@ def _comments(cfg: Any, store: Any) -> Any:
         _warn(f"{cfg.paths.scontrol} is missing: jobs' AdminComment is not kept current")
         return None
     from gpuslurm.hooks.epilog import admin_comment
-    from gpuslurm.slurm.scontrol import refused_as_finished, set_admin_comment
+    from gpuslurm.slurm.scontrol import refused_as_finished, set_own_admin_comment
     from gpuslurm.watch.comments import CommentUpdater
 
-    def send(job_id: str, text: str) -> None:
-        set_admin_comment(job_id, text, scontrol=cfg.paths.scontrol, timeout=cfg.monitor.command_timeout_s)
+    def send(job_id: str, text: str) -> None:  # never over another tool's AdminComment (jobstats')
+        set_own_admin_comment(job_id, text, squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol,
+                              timeout=cfg.monitor.command_timeout_s)
 
     return CommentUpdater(cfg.monitor.admin_comment_interval_s, stats=store.gpu_stats, text=admin_comment,
                           send=send, finished=refused_as_finished)
@@ -215,9 +216,11 @@ def _detection(cfg: Any, node_name: str) -> tuple[Any, Any]:
 
 
 def _print_json(cycle: Any) -> None:
+    from gpuslurm.jsondoc import document
     from gpuslurm.watch.monitor import cycle_dict
 
-    sys.stdout.write(json.dumps(cycle_dict(cycle), separators=(",", ":")) + "\n")
+    doc = document("monitor-cycle", cycle_dict(cycle), cycle.node)
+    sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 

@@ -79,6 +79,7 @@ _VALUED = {"--from": "source", "--mem": "mem", "--min-cc": "min_cc", "--type": "
            "--mig": "mig", "--max-util": "max_util", "--format": "fmt", "--timeout": "timeout",
            "--poll": "poll"}
 _FLAGS = {"--exclusive": "exclusive", "--wait": "wait"}
+OPTION_NAMES = (*_VALUED, *_FLAGS, "--help")  # what shell completion offers after `gpuslurm pick`
 
 
 class HelpRequested(Exception):  # noqa: N818 - a signal, not an error
@@ -377,12 +378,15 @@ def write_result(node: Node, placement: Placement, fmt: str, out: TextIO, err: T
             if d.mig is not None:
                 item.update(gpu_uuid=d.gpu.uuid, mig_index=d.mig.index, profile=d.mig.profile)
             gpus.append(item)
-        doc = {"gpus": gpus, "cpus": format_ranges(within_allowed(cpus.os_cpus)),
+        from gpuslurm.jsondoc import document
+
+        doc = document("pick", {"gpus": gpus, "cpus": format_ranges(within_allowed(cpus.os_cpus)),
                "numa_nodes": list(cpus.numa_nodes),
                "slurm_cores": None if cpus.slurm_cores is None else format_ranges(cpus.slurm_cores),
                "weakest_link": win.weakest_link, "score": round(win.availability, 4),
                "runners_up": [{"uuids": [d.uuid for d in r.devices], "weakest_link": r.weakest_link,
-                               "score": round(r.availability, 4)} for r in placement.runners_up]}
+                               "score": round(r.availability, 4)} for r in placement.runners_up]},
+                       node.hostname)
         out.write(json.dumps(doc, indent=2) + "\n")
     else:
         if win.devices[0].mig is None:

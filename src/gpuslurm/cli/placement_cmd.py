@@ -132,7 +132,10 @@ def placement(source: str | None, as_json: bool, node_name: str | None, input_fi
             raise InputError(f"cannot read: {exc.strerror}", source=input_file) from None
     rows = placement_rows(node, source_text, name)
     if as_json:
-        json.dump({"node": name, "jobs": rows, "summary": summary(name, rows)}, sys.stdout, indent=2)
+        from gpuslurm.jsondoc import document
+
+        doc = document("placement", {"jobs": rows, "summary": summary(name, rows)}, name)
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
     if rows:

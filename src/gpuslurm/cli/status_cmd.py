@@ -59,7 +59,9 @@ def status(source: str | None, as_json: bool, db: str | None) -> None:
     finally:
         live.close()
     if as_json:
-        sys.stdout.write(json.dumps(snapshot_dict(snap), indent=2) + "\n")
+        from gpuslurm.jsondoc import document
+
+        sys.stdout.write(json.dumps(document("status", snapshot_dict(snap), snap.node), indent=2) + "\n")
         return
     lines = render(snap, _width(sys.stdout))
     if _colour(sys.stdout):

@@ -79,8 +79,11 @@ def list_cmd(path: str | None, as_json: bool, show_all: bool) -> None:
     _warn_junk(file, content)
     rows = content.throttles if show_all else active_throttles(content.throttles, now)
     if as_json:
-        doc = [{**t._asdict(), "until_iso": datetime.fromtimestamp(t.until).astimezone().isoformat(),
-                "active": t.active(now)} for t in rows]
+        from gpuslurm.jsondoc import document
+
+        doc = document("throttle-list", {"file": file, "throttles": [
+            {**t._asdict(), "until_iso": datetime.fromtimestamp(t.until).astimezone().isoformat(),
+             "active": t.active(now)} for t in rows]})
         click.echo(json.dumps(doc, indent=2))
         return
     if not rows:

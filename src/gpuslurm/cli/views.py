@@ -7,6 +7,7 @@ from typing import IO, Any
 
 from gpuslurm.gres.records import node_core_map
 from gpuslurm.hw.model import Node
+from gpuslurm.jsondoc import document
 from gpuslurm.topo.cores import CoreMap, format_ranges
 
 
@@ -69,9 +70,9 @@ DISCOVER_COLUMNS = [
 def write_discover(node: Node, fp: IO[str], as_json: bool = False) -> None:
     rows = discover_rows(node)
     if as_json:
-        json.dump({"hostname": node.hostname, "source": node.source,
-                   "driver_version": node.driver_version, "cuda_version": node.cuda_version,
-                   "warnings": list(node.warnings), "devices": rows}, fp, indent=1)
+        json.dump(document("discover", {"source": node.source, "driver_version": node.driver_version,
+                                        "cuda_version": node.cuda_version, "warnings": list(node.warnings),
+                                        "devices": rows}, node.hostname), fp, indent=1)
         fp.write("\n")
         return
     write_table(rows, DISCOVER_COLUMNS, fp)
@@ -82,14 +83,13 @@ def topo_view(node: Node) -> dict[str, Any]:
     cmap = _core_map_or_none(node)
     labels = [f"GPU{g.index}" for g in node.gpus]
     matrix = None if node.links is None else [[str(c) for c in row] for row in node.links]
-    return {
-        "hostname": node.hostname,
+    return document("topo", {
         "gpus": [{"label": lab, "uuid": g.uuid, "minor": g.minor, "bus_id": g.bus_id,
                   "numa_node": g.numa_node, "os_cpus": format_ranges(g.cpu_affinity) or None,
                   "slurm_cores": _cores(cmap, g.cpu_affinity)}
                  for lab, g in zip(labels, node.gpus, strict=True)],
         "matrix": matrix,
-    }
+    }, node.hostname)
 
 
 def write_topo(node: Node, fp: IO[str], as_json: bool = False) -> None:

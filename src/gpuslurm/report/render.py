@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any, TextIO
 
+from gpuslurm.jsondoc import document
 from gpuslurm.policy.wording import pct
 from gpuslurm.report.compute import Report, Row
 
@@ -47,7 +48,7 @@ def _row_dict(r: Row) -> dict[str, Any]:
 def as_json(report: Report) -> dict[str, Any]:
     """The report as plain JSON values: times in ISO 8601 and Unix seconds, units in every name."""
     t = report.totals
-    return {
+    return document("fairshare-report", {
         "source": report.source, "by": report.by,
         "since": _iso(report.since), "until": _iso(report.until),
         "since_unix_s": report.since, "until_unix_s": report.until,
@@ -59,7 +60,7 @@ def as_json(report: Report) -> dict[str, Any]:
                    "violations": t.violations},
         "rows": [_row_dict(r) for r in report.rows],
         "recommendations": list(report.recommendations),
-    }
+    })
 
 
 def write_csv(report: Report, fp: TextIO) -> None:

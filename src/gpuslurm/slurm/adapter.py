@@ -97,9 +97,10 @@ class SlurmScheduler:
         return refuse_job(job_id, reason, scontrol=self.scontrol, scancel=self.scancel, timeout=self.timeout)
 
     def set_admin_comment(self, job_id: str, text: str) -> None:
-        from gpuslurm.slurm.scontrol import set_admin_comment
+        """gpuslurm's payload in the job's AdminComment, unless another tool's content is there."""
+        from gpuslurm.slurm.scontrol import set_own_admin_comment
 
-        set_admin_comment(job_id, text, scontrol=self.scontrol, timeout=self.timeout)
+        set_own_admin_comment(job_id, text, squeue=self.squeue, scontrol=self.scontrol, timeout=self.timeout)
 
     def apply_gpus_out(self, node_name: str, node: Node, out: Mapping[str, OutOfService]) -> str:
         """Holder jobs on the GPUs out of service (:mod:`gpuslurm.slurm.gpu_out`), per ``[gpu_out]``."""
@@ -117,20 +118,31 @@ class SlurmScheduler:
         its record in slurmdbd, where there is one. What happened, for the log."""
         from gpuslurm.errors import GpuslurmError
         from gpuslurm.slurm.scontrol import (
+            accounting_admin_comment,
+            admin_comment_is_ours,
+            own_admin_comment,
             refused_as_finished,
             set_accounting_admin_comment,
-            set_admin_comment,
+            set_own_admin_comment,
         )
 
         try:
-            set_admin_comment(job_id, text, scontrol=self.scontrol, timeout=self.timeout)
-            return f"AdminComment: {text}"
+            held = set_own_admin_comment(job_id, text, squeue=self.squeue, scontrol=self.scontrol,
+                                         timeout=self.timeout)
+            if held is None:
+                return f"AdminComment: {own_admin_comment(text)}"
+            return f"AdminComment left alone, it holds another tool's content: {held[:80]}"
         except GpuslurmError as exc:
             if not refused_as_finished(exc):
                 raise
         stands = "Slurm does not update a finished job: the monitor's last AdminComment stands"
-        if not os.access(self.sacctmgr, os.X_OK):
+        sacct = os.path.join(os.path.dirname(self.sacctmgr), "sacct")
+        if not (os.access(self.sacctmgr, os.X_OK) and os.access(sacct, os.X_OK)):
             return stands
-        if set_accounting_admin_comment(job_id, text, sacctmgr=self.sacctmgr, timeout=self.timeout):
-            return f"AdminComment (in slurmdbd, the job has finished): {text}"
+        held = accounting_admin_comment(job_id, sacct=sacct, timeout=self.timeout)
+        if held is not None and not admin_comment_is_ours(held):  # jobstats writes slurmdbd's copy
+            return f"AdminComment in slurmdbd left alone, it holds another tool's content: {held[:80]}"
+        if held is not None and set_accounting_admin_comment(job_id, own_admin_comment(text),
+                                                             sacctmgr=self.sacctmgr, timeout=self.timeout):
+            return f"AdminComment (in slurmdbd, the job has finished): {own_admin_comment(text)}"
         return stands  # no slurmdbd: slurmctld's copy is all there is

@@ -147,7 +147,7 @@ def _submit(opts: GpuOutOptions) -> str:
 
 def _job_on_gpu(opts: GpuOutOptions, waiting: Mapping[str, str], gone: Mapping[str, OutOfService]) -> None:
     """``job_on_gpu``: tell the job on a failed GPU (its AdminComment), or requeue it."""
-    from gpuslurm.slurm.scontrol import requeue_job, set_admin_comment
+    from gpuslurm.slurm.scontrol import requeue_job, set_own_admin_comment
 
     for uuid, job_id in sorted(waiting.items()):
         why = f"gpuslurm: GPU {uuid} of this job is out of service: {gone[uuid].reason}"
@@ -155,7 +155,8 @@ def _job_on_gpu(opts: GpuOutOptions, waiting: Mapping[str, str], gone: Mapping[s
             if opts.job_on_gpu == "requeue":
                 requeue_job(job_id, why, scontrol=opts.scontrol, scancel=opts.scancel, timeout=opts.timeout_s)
             else:
-                set_admin_comment(job_id, why, scontrol=opts.scontrol, timeout=opts.timeout_s)
+                set_own_admin_comment(job_id, why, squeue=opts.squeue, scontrol=opts.scontrol,
+                                      timeout=opts.timeout_s)
         except CommandError:
             continue  # it may have ended meanwhile; the next call sees
 

@@ -6,6 +6,8 @@ still kept to one printable line, since Slurm shows it in ``sinfo -R`` and logs.
 
 from __future__ import annotations
 
+import re
+
 from gpuslurm.errors import CommandError, InputError
 from gpuslurm.names import check_node_name as _check_name
 from gpuslurm.runner import CommandResult, run_command
@@ -37,6 +39,56 @@ def resume_node(node: str, *, scontrol: str, timeout: float) -> CommandResult:
 
 
 MAX_ADMIN_COMMENT = 1000  # a short line for people; sacct and scontrol show it whole
+
+# AdminComment is one field that other tools write whole too (Princeton jobstats: "JS1:" and its
+# payload, decoded only when the field holds nothing else). gpuslurm writes "gpuslurm/1: <summary>"
+# and only into an empty field or over its own: this version's, a later one's, or the unversioned
+# "gpuslurm: ..." of before (issue 21). Users cannot set AdminComment; their field is Comment,
+# which gpuslurm neither reads here nor writes.
+ADMIN_COMMENT_TAG = "gpuslurm/1: "
+_OURS = re.compile(r"gpuslurm(?:/[0-9]{1,4})?:(?: |$)")
+
+
+def own_admin_comment(text: str) -> str:
+    """``text`` as gpuslurm's AdminComment payload: ``gpuslurm/1: <text>`` (an old "gpuslurm: " dropped)."""
+    body = text.strip()
+    if match := _OURS.match(body):
+        body = body[match.end():]
+    return ADMIN_COMMENT_TAG + body
+
+
+def admin_comment_is_ours(current: str) -> bool:
+    """Whether gpuslurm may write over ``current``: empty, or a payload of gpuslurm's own."""
+    return not current.strip() or _OURS.match(current.strip()) is not None
+
+
+def current_admin_comment(job_id: str, *, squeue: str, timeout: float) -> str | None:
+    """The job's AdminComment as slurmctld holds it (``squeue --json``: the field by name, where no
+    user's text can pose as it), or None when squeue does not list the job."""
+    from gpuslurm.slurm.squeue import parse_squeue_json
+
+    wanted = check_job_id(job_id)
+    listed = run_command([squeue, "--json", f"--jobs={wanted}"], timeout=timeout)  # 22.05 lists all
+    found = [j for j in parse_squeue_json(listed.stdout) if j.job_id == wanted]
+    return found[0].admin_comment if found else None
+
+
+def set_own_admin_comment(job_id: str, text: str, *, squeue: str, scontrol: str,
+                          timeout: float) -> str | None:
+    """Set the job's AdminComment to :func:`own_admin_comment` of ``text`` unless it holds another
+    tool's content (or squeue no longer lists the job); what it holds then, else None.
+
+    Read, then written: a tool that writes between the two loses its line to gpuslurm's (slurmctld
+    has no compare-and-set); jobstats writes once the job has ended, when slurmctld refuses
+    gpuslurm's update anyway.
+    """
+    current = current_admin_comment(job_id, squeue=squeue, timeout=timeout)
+    if current is None:
+        return "(the job is not listed by squeue)"
+    if not admin_comment_is_ours(current):
+        return current
+    set_admin_comment(job_id, own_admin_comment(text), scontrol=scontrol, timeout=timeout)
+    return None
 
 
 def check_job_id(job_id: str) -> str:
@@ -79,6 +131,18 @@ def refused_as_finished(exc: Exception) -> bool:
 # (AccountingStorageType=accounting_storage/none), or there is no Slurm configuration to read
 NO_ACCOUNTING = ("not running a supported accounting_storage plugin",
                  "Could not establish a configuration source", "Unable to process configuration file")
+
+
+def accounting_admin_comment(job_id: str, *, sacct: str, timeout: float) -> str | None:
+    """The job's AdminComment in slurmdbd (``sacct -X -n -P -o AdminComment``), or None when
+    there is no accounting database or no record of the job yet (nothing to compare: not written)."""
+    main = check_job_id(job_id).partition("_")[0]
+    result = run_command([sacct, "-X", "-n", "-P", "-j", main, "-o", "AdminComment"], timeout=timeout,
+                         check=False)
+    lines = result.stdout.splitlines()
+    if result.returncode != 0 or not lines:
+        return None
+    return lines[-1].strip()  # sacct's last record of the job (a requeued job has several)
 
 
 def set_accounting_admin_comment(job_id: str, text: str, *, sacctmgr: str, timeout: float) -> bool:

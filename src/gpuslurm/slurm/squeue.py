@@ -34,6 +34,7 @@ class SqueueJob(NamedTuple):
     start: float
     gres_detail: tuple[str, ...]
     name: str = ""  # the job's name (gpu_out finds its holder jobs by it)
+    admin_comment: str = ""  # set by admins and their tools only (users cannot); the user's is "comment"
 
 
 def gpu_indices(detail: str) -> tuple[int, ...]:
@@ -148,6 +149,7 @@ def _job(item: Any, source: str) -> SqueueJob:
         start=_number(item.get("start_time"), "start_time", MAX_TIME, where) or 0.0,
         gres_detail=detail,
         name=_text(item.get("name"), "name", where),
+        admin_comment=_text(item.get("admin_comment"), "admin_comment", where),
     )
 
 
