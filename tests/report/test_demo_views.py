@@ -84,3 +84,92 @@ def test_tenths_rounds_halves_up_through_binary_noise() -> None:
 def test_tenths_never_lets_noise_change_a_figure(hundredths: int, noise: float) -> None:
     value = hundredths / 100
     assert tenths(value + noise) == tenths(value)
+
+
+def _page_tables(text: str) -> dict[str, list[list[str]]]:
+    from html.parser import HTMLParser
+
+    class Tables(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tables: dict[str, list[list[str]]] = {}
+            self.current: list[list[str]] | None = None
+            self.cell: list[str] | None = None
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "table":
+                self.current = self.tables.setdefault(dict(attrs).get("id") or "", [])
+            elif tag == "tr" and self.current is not None:
+                self.current.append([])
+            elif tag in ("td", "th"):
+                self.cell = []
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag in ("td", "th") and self.cell is not None and self.current is not None:
+                self.current[-1].append("".join(self.cell).strip())
+                self.cell = None
+            elif tag == "table":
+                self.current = None
+
+        def handle_data(self, data: str) -> None:
+            if self.cell is not None:
+                self.cell.append(data)
+
+    parser = Tables()
+    parser.feed(text)
+    return parser.tables
+
+
+def test_the_html_page_is_the_report_in_tables(demo: Demo) -> None:
+    page = demo.out / "report.html"
+    demo.report("--by", "user", "--plot", str(page))
+    text = page.read_text()
+    assert "<pre>" not in text
+    tables = _page_tables(text)
+    data = json.loads(demo.report("--format", "json", "--by", "user"))
+    rows = {r[0].removesuffix(" (over quota)"): r for r in tables["rows"][1:]}
+    for r in data["rows"]:
+        shown = rows[r["key"]]
+        assert shown[1:5] == [tenths(r["allocated_gpu_hours"]), tenths(r["used_gpu_hours"]),
+                              tenths(r["outside_jobs_gpu_hours"]), tenths(r["idle_gpu_hours"])]
+    totals = dict(zip(tables["totals"][0], tables["totals"][1], strict=True))
+    assert totals["allocated (GPU-h)"] == tenths(data["totals"]["allocated_gpu_hours"])
+    assert text.count("data:image/png;base64,") == 3
+
+
+def test_the_chart_draws_allocation_and_idle_per_user_and_labels_gpus_by_index(demo: Demo) -> None:
+    from gpuslurm.report.charts import build_figure, zone
+    from gpuslurm.report.compute import Policy, compute
+    from gpuslurm.report.query import load_sqlite
+
+    since, until = (float(w.lstrip("@")) for w in demo.window[1::2])
+    data = load_sqlite(str(demo.out / "monitor.db"), since, until, 600.0)
+    report = compute(data, "user", Policy(lambda user, account: 1.0, {}))
+    hours, gpus = build_figure(data, report).axes[:2]
+    labels = [h.get_label() for h in hours.containers]
+    assert labels == ["allocated", "used", "used outside any job", "idle (allocated, not busy)"]
+    dave = [t.get_text() for t in hours.get_xticklabels()].index("dave")
+    alloc, used, outside, idle = (c.patches[dave].get_height() for c in hours.containers)
+    row = next(r for r in report.rows if r.key == "dave")
+    assert (alloc, used, outside, idle) == (row.allocated_gpu_hours, row.used_gpu_hours,
+                                            row.outside_gpu_hours, row.idle_gpu_hours)
+    assert [t.get_text() for t in gpus.get_yticklabels()] == [str(i) for i in range(8)]
+    assert gpus.get_xlabel() == f"time ({zone(report.since)})" and zone(report.since)
+
+
+def test_names_from_the_store_are_escaped_in_the_page(demo: Demo) -> None:
+    """A user names a process (its comm) or a job so that it is markup: the page shows it as text."""
+    from gpuslurm.report.compute import Policy, compute
+    from gpuslurm.report.html import render_page
+    from gpuslurm.report.query import load_sqlite
+
+    since, until = (float(w.lstrip("@")) for w in demo.window[1::2])
+    data = load_sqlite(str(demo.out / "monitor.db"), since, until, 600.0)
+    report = compute(data, "process", Policy(lambda user, account: 1.0, {}))
+    evil = "<img src=x onerror=alert(1)>"
+    first = report.rows[0]._replace(key=evil, evidence=(evil,))
+    page = render_page(report._replace(rows=(first, *report.rows[1:]), recommendations=(evil,)),
+                       evil, "UTC", [(evil, b"png")])
+    assert "<img src=x" not in page
+    # the row, its evidence line (key and text), the recommendation, the heading, the chart's alt and caption
+    assert page.count("&lt;img src=x onerror=alert(1)&gt;") == 7

@@ -229,8 +229,8 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                 gh = f * dur_h[b] * w
                 # a process row holds what its process held (below); a job none of whose processes
                 # is there keeps its row "(no process, job …)", whoever else is on the device
-                mine = by == "process" and any(whos[id(p)].job == a.job_id for p in present)
-                for into in (total,) if mine else (total, acc):
+                own = by == "process" and any(whos[id(p)].job == a.job_id for p in present)
+                for into in (total,) if own else (total, acc):
                     into.allocated += gh
                     if util is None:
                         into.unmeasured += gh
