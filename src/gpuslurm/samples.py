@@ -37,6 +37,9 @@ class ProcessReading(NamedTuple):
     mig_uuid: str | None = None
     mem_mib: float | None = None
     sm_util_pct: float | None = None
+    # set only for a process a replayed capture recorded: its PID was another machine's, so it is
+    # shown by this name and never looked up in this machine's /proc
+    name: str | None = None
 
 
 class Reading(NamedTuple):

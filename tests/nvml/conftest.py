@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.bundle import read_bundle, read_captured_state
 from gpuslurm.hw.health import read_scenario
 from gpuslurm.hw.nvml_replay import dump_replay
 from gpuslurm.hw.scenario import parse_scenario, scenario_path
@@ -230,7 +230,8 @@ def live_node(replay_lib: ReplayLib, tmp_path: Path) -> MakeLiveNode:
         nvml_json = tmp_path / f"{bundle.name}.nvml.json"
         nvml_json.write_text(dump_replay(model, driver_version=driver_version, privileged=privileged,
                                          processes=processes, health=health, reserved_mib=reserved_mib,
-                                         scenario=scenario, start=start))
+                                         scenario=scenario, start=start,
+                                         captured=read_captured_state(bundle, model)))
         lib = replay_lib.without(*driver_lacks(version))
         config = no_jobs_config(tmp_path / f"{bundle.name}-site")
         return LiveNode(lib, bundle, nvml_json, tmp_path / f"{bundle.name}.log", config)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from tests.nvml.conftest import MakeLiveNode
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.bundle import read_bundle, read_captured_state
 from gpuslurm.hw.health import read_scenario
 
 BUILTIN = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin"
@@ -59,10 +59,14 @@ def test_health_reader_sees_the_bundles_facts(name: str, live_node: MakeLiveNode
         want = json.loads(json.dumps(replayed[gpu.uuid]._asdict()))  # tuples as JSON lists
         assert {k: live[gpu.uuid][k] for k in facts} == {k: want[k] for k in facts}, gpu.index
     assert live[gpus[3].uuid]["lost"] is True
-    # a GPU without facts: nothing unsupported is made up
+    # a GPU without facts: nothing unsupported is made up; its temperature is the capture's
     bare = live[gpus[4].uuid] if len(gpus) > 4 else None
     if bare is not None:
-        assert (bare["temperature_c"], bare["ecc_uncorrectable"], bare["remap_pending"]) == (None, None, None)
+        state = read_captured_state(bundle, read_bundle(bundle))
+        assert state is not None
+        captured = next(d.temp_c for d in state.devices if d.gpu_uuid == gpus[4].uuid)
+        assert (bare["temperature_c"], bare["ecc_uncorrectable"], bare["remap_pending"]) == \
+            (captured, None, None)
 
 
 def _faults(status: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:

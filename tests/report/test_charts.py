@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 from PIL import Image
-from report_helpers import END, G0, G1, G2, T0, make_store
+from report_helpers import END, T0, make_store
 from test_compute import POLICY
 
-from gpuslurm.report.charts import TITLES, build_figure, write_plot
+from gpuslurm.report.charts import build_figure, titles, write_plot, zone
 from gpuslurm.report.compute import compute
 from gpuslurm.report.query import load_sqlite
 
@@ -24,14 +23,18 @@ def built(tmp_path: Path) -> tuple[object, object]:
 def test_figure_series(built: tuple[object, object]) -> None:
     data, report = built
     fig = build_figure(data, report)
-    ax_gpu, ax_user, ax_share = fig.axes
-    assert [a.get_title() for a in fig.axes] == list(TITLES)
-    lines = {line.get_label(): list(line.get_ydata()) for line in ax_gpu.get_lines()}
-    assert set(lines) == {u[:16] + "…" for u in (G0, G1, G2)}
-    assert lines[G1[:16] + "…"] == [0.0] * 6 + [50.0] * 6
-    assert ax_user.get_legend_handles_labels()[1] == ["alice", "carol"]
-    top = ax_user.collections[-1].get_paths()[0].vertices[:, 1].max()  # alice 0.9 + carol 0.5
-    assert math.isclose(top, 1.4)
+    ax_hours, ax_gpu, ax_share = fig.axes[:3]
+    assert [a.get_title() for a in (ax_hours, ax_gpu, ax_share)] == list(titles(report))
+    # what the report says, per user: allocated, used, used outside any job, idle
+    ticks = [t.get_text() for t in ax_hours.get_xticklabels()]
+    assert ticks == ["alice", "carol", "bob"]
+    bars = [round(b.get_height(), 6) for b in ax_hours.patches]
+    assert bars == [2.0, 0.0, 4.0, 1.8, 0.5, 0.0, 0.0, 0.5, 0.0, 0.2, 0.0, 3.5]
+    # one heat-map row per GPU, labelled by index (first written: NVML order), not by UUID
+    assert [t.get_text() for t in ax_gpu.get_yticklabels()] == ["0", "1", "2"]
+    rows = ax_gpu.images[0].get_array()
+    assert list(rows[1]) == [0.0] * 6 + [50.0] * 6
+    assert ax_gpu.get_xlabel() == f"time ({zone(report.since)})"
     ticks = ax_share.get_xticklabels()
     bars = [(t.get_text(), round(b.get_height(), 6)) for t, b in zip(ticks, ax_share.patches, strict=True)]
     assert bars == [("alice", 30.0), ("carol", round(50 / 6, 6)), ("bob", 0.0)]

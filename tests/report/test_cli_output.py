@@ -47,7 +47,7 @@ def test_json(db: Path, tmp_path: Path) -> None:
                                      ("account", ["phys", "(no account)", "chem"]),
                                      ("job", ["1", "(no job)", "2", "3"]),
                                      ("process", ["python (PID 100, job 1)", "miner (PID 200, no job)",
-                                                  "(no process, job 3)", "(no process, job 2)"])])
+                                                  "(no process, job 2)", "(no process, job 3)"])])
 def test_csv_each_by(db: Path, tmp_path: Path, by: str, keys: list[str]) -> None:
     r = run(["--db", str(db), *WINDOW, "--format", "csv", "--by", by], tmp_path)
     assert r.returncode == 0, r.stderr

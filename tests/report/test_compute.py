@@ -62,10 +62,25 @@ def test_by_account_job_process(store: Path) -> None:
                          "3": (2.0, 0.0, 2.0)}
     assert {r.key: r.idle_jobs for r in job.rows} == {"1": 0, "(no job)": 0, "2": 0, "3": 1}
     proc = compute(data, "process", POLICY)
+    # a process in no job holds no allocation; job 2 keeps what it held while the miner was on its GPU
     assert rows(proc) == {"python (PID 100, job 1)": (2.0, 1.8, 0.2),
-                          "miner (PID 200, no job)": (1.0, 0.5, 0.5),
-                          "(no process, job 2)": (1.0, 0.0, 1.0),
+                          "miner (PID 200, no job)": (0.0, 0.5, 0.0),
+                          "(no process, job 2)": (2.0, 0.0, 1.5),
                           "(no process, job 3)": (2.0, 0.0, 2.0)}
+    assert {r.key: round(r.outside_gpu_hours, 6) for r in proc.rows if r.outside_gpu_hours} == \
+        {"miner (PID 200, no job)": 0.5}
+
+
+def test_the_totals_are_one_computation_whatever_the_grouping(store: Path) -> None:
+    """Before: allocated 6.0 GPU-h by user, account and job, 7.0 by process (the miner in no job
+    counted as allocated)."""
+    data = load_sqlite(str(store), T0, END, 60.0)
+    totals = {by: compute(data, by, POLICY).totals for by in ("user", "account", "job", "process")}
+    assert {tuple(round(x, 9) for x in t) for t in totals.values()} == \
+        {tuple(round(x, 9) for x in totals["user"])}
+    t = totals["process"]
+    assert (round(t.allocated_gpu_hours, 6), round(t.used_gpu_hours, 6), round(t.outside_gpu_hours, 6)) == \
+        (6.0, 2.3, 0.5)
 
 
 def test_partial_window_and_user_series(store: Path) -> None:

@@ -95,7 +95,7 @@ def test_an_idle_job_is_marked_and_busy_ones_are_not() -> None:
 
 def test_gpu_rows_carry_figures_health_and_the_jobs_holding_them() -> None:
     lines = texts()
-    gpu0 = next(line for line in lines if line.startswith("   0 44922a5a"))
+    gpu0 = next(line for line in lines if line.startswith("   0 H100 80GB… 1B:00.0 "))
     assert "93%" in gpu0 and "62.5/79.6 GiB" in gpu0 and "62C" in gpu0 and "630W" in gpu0
     assert gpu0.split()[-2:] == ["1001", "alice"] and " ok " in gpu0
     gpu7 = next(line for line in lines if line.startswith("   7 "))

@@ -97,7 +97,7 @@ def online(spec: str, force: bool, node_name: str | None, no_slurm: bool, source
     if target.uuid not in store.read():
         click.echo(f"GPU index {target.index} ({target.uuid}) is in service")
     else:
-        facts = read_health([target], source)[target.uuid]
+        facts = read_health([target], source, captured=True)[target.uuid]
         faults = [f for f in gate_faults(facts, cfg.health) if f.action != "log"]
         if faults and not force:
             raise HardwareError(f"GPU index {target.index} ({target.uuid}) is still unhealthy: "
@@ -175,7 +175,7 @@ def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, so
     gpus = [resolve_gpu(spec, node.gpus)] if spec else list(node.gpus)
     store = OutOfServiceStore(cfg.paths.state_dir)
     out = store.read()
-    facts = read_health(gpus, source)
+    facts = read_health(gpus, source, captured=True)
     report: list[dict[str, Any]] = []
     unhealthy = False
     for g in gpus:

@@ -159,7 +159,7 @@ def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
             events = None
     else:
         def read(gpus: Any) -> Any:
-            return read_health(gpus, source)
+            return read_health(gpus, source, captured=True)
 
     watch = HealthWatch(node, cfg.health, read, OutOfServiceStore(cfg.paths.state_dir), node_name,
                         scheduler=scheduler, kmsg=kmsg, events=events, warn=_warn)

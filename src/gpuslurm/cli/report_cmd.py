@@ -34,8 +34,6 @@ def fairshare_report(last: str | None, since: str | None, until: str | None, by:
                      plot: str | None, source: str | None, db: str | None, step: float | None) -> None:
     """Allocated, used and idle GPU-hours per user/account/job/process, shares against quotas,
     violations with evidence, and what to do about them."""
-    import io
-
     from gpuslurm.config import load_config
     from gpuslurm.errors import InputError
     from gpuslurm.policy.share import Quotas
@@ -59,9 +57,7 @@ def fairshare_report(last: str | None, since: str | None, until: str | None, by:
     if plot is not None:
         from gpuslurm.report.charts import write_plot
 
-        text = io.StringIO()
-        write_report(report, "table", text)
-        write_plot(plot, data, report, text.getvalue())
+        write_plot(plot, data, report)
         click.echo(f"wrote {plot}", err=True)
 
 

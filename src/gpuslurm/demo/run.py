@@ -284,5 +284,5 @@ def write_report(run: DemoRun, fp: TextIO, *, plot: bool = True) -> Path | None:
     from gpuslurm.report.charts import write_plot
 
     chart = run.out / CHART_NAME
-    write_plot(str(chart), data, report, text.getvalue())
+    write_plot(str(chart), data, report)
     return chart

@@ -17,6 +17,10 @@ from gpuslurm.hw.model import Cpu, Gpu, Link, MigDevice, Node
 from gpuslurm.hw.smi_xml import SmiReport, parse_smi_xml
 from gpuslurm.hw.topo_text import TopoMatrix, parse_topo
 from gpuslurm.ranges import format_ranges
+from gpuslurm.tuples import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuslurm.samples import Reading
 from gpuslurm.safedir import read_regular_text
 
 NVML_JSON = "nvml.json"
@@ -92,6 +96,16 @@ def read_bundle(path: Path) -> Node:
         source=f"replay:{path}",
         warnings=tuple(warnings),
     )
+
+
+def read_captured_state(path: Path, node: Node) -> Reading | None:
+    """What the bundle's ``nvidia-smi -q -x`` recorded ``node``'s GPUs doing (utilisation, memory
+    used, temperature, power, processes), or None when the bundle has no XML capture."""
+    if not (path / SMI_XML).is_file():
+        return None
+    from gpuslurm.hw.smi_state import parse_smi_state
+
+    return parse_smi_state(read_text(path / SMI_XML), str(path / SMI_XML), node)
 
 
 def _smi_report(path: Path) -> tuple[SmiReport, str] | None:

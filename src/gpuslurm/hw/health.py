@@ -22,6 +22,7 @@ kept by NVML for a one-shot query (they arrive as events), so live Xids are left
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 
@@ -82,15 +83,42 @@ _BOOL_KEYS = ("lost", "retired_pages_pending", "remap_pending", "remap_failed")
 _INT_KEYS = ("temperature_c", "ecc_uncorrectable", "memory_used_mib")
 
 
-def read_health(gpus: Sequence[AnyGpu], source: str | None) -> dict[str, GpuHealth]:
-    """Health of ``gpus`` (physical GPUs) keyed by UUID, from the bundle ``source`` names or NVML."""
+def read_health(gpus: Sequence[AnyGpu], source: str | None, *,
+                captured: bool = False) -> dict[str, GpuHealth]:
+    """Health of ``gpus`` (physical GPUs) keyed by UUID, from the bundle ``source`` names or NVML.
+
+    ``captured``: a GPU's temperature that ``health.json`` does not give is the one the bundle's
+    ``nvidia-smi -q -x`` recorded, as the replay NVML library serves it (the commands and the
+    monitor; the hooks read ``health.json`` alone and stay free of the XML parser).
+    """
     from gpuslurm.hw.source import bundle_path
 
     bundle = bundle_path(source)
     if bundle is None:
         return NvmlHealthReader().read(gpus)
     facts = read_scenario(os.path.join(bundle, SCENARIO_FILE), [g.uuid for g in gpus])
+    if captured:
+        facts = _captured_temperatures(bundle, source, facts)
     return _timed(bundle, source, facts)
+
+
+def _captured_temperatures(bundle: str, source: str | None,
+                           facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:
+    from pathlib import Path
+
+    from gpuslurm.hw.bundle import read_captured_state
+    from gpuslurm.hw.source import load_node
+
+    node = _nodes.get(bundle) or _nodes.setdefault(bundle, load_node(source, links=False))
+    state = read_captured_state(Path(bundle), node)
+    temps = {d.gpu_uuid: d.temp_c for d in state.devices if d.mig_uuid is None} if state else {}
+    out = {}
+    for uuid, fact in facts.items():
+        temp = temps.get(uuid)
+        if fact.temperature_c is None and not fact.lost and temp is not None:
+            fact = fact._replace(temperature_c=math.floor(temp + 0.5))  # NVML's whole degrees
+        out[uuid] = fact
+    return out
 
 
 def _timed(bundle: str, source: str | None, facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:

@@ -19,6 +19,7 @@ from gpuslurm.hw.health import CLOCK_EVENTS, GpuHealth
 from gpuslurm.hw.model import LinkKind, Node
 from gpuslurm.hw.nvml_json import node_to_dict
 from gpuslurm.hw.scenario import Scenario, readings
+from gpuslurm.samples import Reading
 
 __all__ = ["dump_replay", "replay_dict"]
 
@@ -35,7 +36,8 @@ EVENT_GPU_UNAVAILABLE = 0x4000
 def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bool = True,
                 processes: Mapping[int, list[tuple[int, int | None]]] | None = None,
                 health: Mapping[str, GpuHealth] | None = None, reserved_mib: Mapping[int, int] | None = None,
-                scenario: Scenario | None = None, start: float = 0.0) -> dict[str, Any]:
+                scenario: Scenario | None = None, start: float = 0.0,
+                captured: Reading | None = None) -> dict[str, Any]:
     """The model as nvml.json with an added ``"replay"`` section for the C library.
 
     ``driver_version`` replaces the node's (the library's struct layouts and entry points follow
@@ -44,7 +46,10 @@ def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bo
     has before any scenario step, as (pid, used MiB or None); ``health`` gives each GPU's facts by UUID
     (:func:`gpuslurm.hw.health.read_scenario`); ``reserved_mib`` the driver's reserved memory
     per GPU index (memory v1's "used" includes it, v2's does not); ``scenario`` its steps, the
-    first beginning at ``start`` (Unix seconds).
+    first beginning at ``start`` (Unix seconds); ``captured`` the state the bundle's capture
+    recorded (:func:`gpuslurm.hw.bundle.read_captured_state`), served from the epoch until the
+    first step and carried into the steps as the replay sampler carries it: utilisation, memory
+    used, temperature, power and processes (NVML has no process names).
     """
     out = node_to_dict(node)
     if driver_version is not None:
@@ -78,9 +83,31 @@ def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bo
         per_gpu.append(entry)
     base = [{"gpu": pos, "mig": -1, "pid": pid, "used_mib": mib}
             for pos, g in enumerate(gpus) for pid, mib in (processes or {}).get(g.index, [])]
-    out["replay"] = {"gpus": per_gpu, "privileged": privileged, "processes": base,
-                     "steps": _steps(node, scenario, start, facts) if scenario is not None else []}
+    steps = _steps(node, scenario, start, facts, captured) if scenario is not None else []
+    if captured is not None:  # in force from the epoch until the scenario's first step
+        steps.insert(0, _captured_step(node, captured, base, facts))
+    out["replay"] = {"gpus": per_gpu, "privileged": privileged, "processes": base, "steps": steps}
     return out
+
+
+def _captured_step(node: Node, captured: Reading, processes: list[dict[str, Any]],
+                   facts: Mapping[str, GpuHealth]) -> dict[str, Any]:
+    """The capture's state as the library's first step. Given ``processes`` (a test's, as the base
+    state holds them) replace the capture's, and ``health.json``'s memory used and temperature
+    win over the capture's figures, as they do before any step."""
+    step = _served(node, readings(node, None, captured=captured), 0.0, [])
+    said = {pos: facts.get(g.uuid.lower()) for pos, g in enumerate(node.gpus)}
+    for d in step["devices"]:
+        fact = said.get(d["gpu"]) if d["mig"] < 0 else None
+        if processes:  # memory used is then theirs, as before any step
+            del d["mem_used_mib"]
+        if fact is not None and fact.memory_used_mib is not None:
+            d["mem_used_mib"] = fact.memory_used_mib
+        if fact is not None and fact.temperature_c is not None:
+            d["temp_c"] = fact.temperature_c
+    if processes:
+        step["processes"] = processes
+    return step
 
 
 def _health(fact: GpuHealth | None, reserved: int | None) -> dict[str, Any]:
@@ -97,23 +124,46 @@ def _health(fact: GpuHealth | None, reserved: int | None) -> dict[str, Any]:
     return out
 
 
-def _steps(node: Node, scenario: Scenario, start: float,
-           facts: Mapping[str, GpuHealth]) -> list[dict[str, Any]]:
-    """Each step as NVML serves it, with its ``events``: the Xids it logs, a double-bit ECC event
-    where the ECC count rises, and a GPU falling off the bus (nvmlEventTypeGpuUnavailableError;
-    the library answers GPU_IS_LOST to a set not registered for it)."""
-    where: dict[str, tuple[int, int]] = {}  # GPU or MIG UUID -> (GPU position, MIG slot or -1)
+def _where(node: Node) -> dict[str, tuple[int, int]]:
+    """GPU or MIG UUID -> (GPU position, MIG slot or -1)."""
+    where: dict[str, tuple[int, int]] = {}
     for pos, g in enumerate(node.gpus):
         where[g.uuid] = (pos, -1)
         for slot, m in enumerate(g.mig_devices):
             if m.uuid:
                 where[m.uuid] = (pos, slot)
+    return where
+
+
+def _served(node: Node, reading: Reading, at: float, devices: list[dict[str, Any]],
+            ecc: Mapping[str, int | None] | None = None,
+            events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One step of the library's ``steps``: ``reading``'s devices after ``devices`` (lost ones)."""
+    where = _where(node)
+    ecc = ecc or {}
+    for d in reading.devices:
+        pos, mig = where[d.mig_uuid or d.gpu_uuid]
+        devices.append({"gpu": pos, "mig": mig, "util": d.util_pct, "mem_used_mib": d.mem_used_mib,
+                        "power_w": d.power_w, "temp_c": d.temp_c,
+                        **({"ecc_uncorrectable": ecc[d.gpu_uuid]}
+                           if mig < 0 and ecc.get(d.gpu_uuid) is not None else {})})
+    procs = [{"gpu": where[p.gpu_uuid][0], "mig": where[p.mig_uuid][1] if p.mig_uuid else -1,
+              "pid": p.pid, "used_mib": p.mem_mib, "sm": p.sm_util_pct} for p in reading.processes]
+    return {"at": at, "devices": devices, "processes": procs, "events": events or []}
+
+
+def _steps(node: Node, scenario: Scenario, start: float,
+           facts: Mapping[str, GpuHealth], captured: Reading | None = None) -> list[dict[str, Any]]:
+    """Each step as NVML serves it, with its ``events``: the Xids it logs, a double-bit ECC event
+    where the ECC count rises, and a GPU falling off the bus (nvmlEventTypeGpuUnavailableError;
+    the library answers GPU_IS_LOST to a set not registered for it)."""
+    where = _where(node)
     base = {g.uuid: facts.get(g.uuid.lower()) for g in node.gpus}
     ecc: dict[str, int | None] = {u: f.ecc_uncorrectable if f is not None else None for u, f in base.items()}
     was_lost = {u for u, f in base.items() if f is not None and f.lost}
     steps: list[dict[str, Any]] = []
     for step in scenario.steps:
-        reading = readings(node, step)
+        reading = readings(node, step, captured=captured)
         lost = {uuid for kind, uuid, _ in reading.problems if kind == "gpu-lost"}
         devices: list[dict[str, Any]] = [{"gpu": where[uuid][0], "mig": -1, "lost": True}
                                          for uuid in sorted(lost)]
@@ -127,23 +177,15 @@ def _steps(node: Node, scenario: Scenario, start: float,
         events += [{"gpu": where[uuid][0], "mig": -1, "type": EVENT_GPU_UNAVAILABLE, "data": 0}
                    for uuid in sorted(lost - was_lost)]
         was_lost = lost | {u for u, f in base.items() if f is not None and f.lost}
-        for d in reading.devices:
-            pos, mig = where[d.mig_uuid or d.gpu_uuid]
-            devices.append({"gpu": pos, "mig": mig, "util": d.util_pct, "mem_used_mib": d.mem_used_mib,
-                            "power_w": d.power_w, "temp_c": d.temp_c,
-                            **({"ecc_uncorrectable": ecc[d.gpu_uuid]}
-                               if mig < 0 and ecc[d.gpu_uuid] is not None else {})})
-        procs = [{"gpu": where[p.gpu_uuid][0], "mig": where[p.mig_uuid][1] if p.mig_uuid else -1,
-                  "pid": p.pid, "used_mib": p.mem_mib, "sm": p.sm_util_pct} for p in reading.processes]
-        steps.append({"at": start + step.at, "devices": devices, "processes": procs, "events": events})
+        steps.append(_served(node, reading, start + step.at, devices, ecc, events))
     return steps
 
 
 def dump_replay(node: Node, *, driver_version: str | None = None, privileged: bool = True,
                 processes: Mapping[int, list[tuple[int, int | None]]] | None = None,
                 health: Mapping[str, GpuHealth] | None = None, reserved_mib: Mapping[int, int] | None = None,
-                scenario: Scenario | None = None, start: float = 0.0) -> str:
+                scenario: Scenario | None = None, start: float = 0.0, captured: Reading | None = None) -> str:
     """:func:`replay_dict` as the text of an nvml.json."""
     return json.dumps(replay_dict(node, driver_version=driver_version, privileged=privileged,
                                   processes=processes, health=health, reserved_mib=reserved_mib,
-                                  scenario=scenario, start=start), indent=1) + "\n"
+                                  scenario=scenario, start=start, captured=captured), indent=1) + "\n"

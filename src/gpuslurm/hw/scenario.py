@@ -71,7 +71,7 @@ MAX_PID = 1 << 30
 class Step(NamedTuple):
     at: float
     gpus: dict[str, GpuSample]  # by GPU or MIG UUID (lower case): the values the step sets, ts 0
-    procs: tuple[ProcessReading, ...]
+    procs: tuple[ProcessReading, ...] | None  # None: the step lists none ("procs" absent)
     lost: frozenset[str] = frozenset()  # GPU UUIDs (lower case) that fell off the bus
     xids: tuple[tuple[str, str | None, int], ...] = ()  # (GPU UUID, MIG UUID or None, Xid) at ``at``
     ecc: tuple[tuple[str, int], ...] = ()  # (GPU UUID, volatile uncorrectable ECC count) from ``at`` on
@@ -215,7 +215,9 @@ def _step(item: Any, where: str, source: str, parents: dict[str, tuple[str, str 
             else:
                 raise CaptureError(f"{here}: unknown key {_label(key)!r}", source=source)
         gpus[uuid.lower()] = GpuSample(0.0, uuid, **values)
-    raw_procs = item.get("procs", [])
+    if "procs" not in item:
+        return Step(float(at), gpus, None, frozenset(lost), tuple(xids), tuple(ecc))
+    raw_procs = item["procs"]
     if not isinstance(raw_procs, list):
         raise CaptureError("'procs' must be a list", source=f"{source} {where}".strip())
     procs: list[ProcessReading] = []
@@ -313,11 +315,23 @@ def health_at(scenario: Scenario, start: float, now: float,
     return out
 
 
-def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
-    """What NVML would report for ``node`` in ``step`` (None: idle, no processes), stamped ``now``."""
+def readings(node: Node, step: Step | None, now: float = 0.0, captured: Reading | None = None) -> Reading:
+    """What NVML would report for ``node`` in ``step``, stamped ``now``.
+
+    ``captured`` is the state the bundle's capture recorded (:mod:`gpuslurm.hw.smi_state`): with
+    no step in force (None) it is the node's state; a step sets what it names and leaves the rest
+    as captured (utilisation, temperature, power; the processes until a step lists its own, and
+    memory used while they are the capture's). Without either: idle, no processes.
+    """
     gpus = step.gpus if step is not None else {}
+    was = {(d.mig_uuid or d.gpu_uuid).lower(): d for d in (captured.devices if captured else ())}
     lost = {g.uuid for g in node.gpus if step is not None and g.uuid.lower() in step.lost}
-    procs = tuple(p for p in (step.procs if step else ()) if p.gpu_uuid not in lost)
+    listed = step is not None and step.procs is not None
+    if step is not None and step.procs is not None:
+        procs = step.procs
+    else:
+        procs = captured.processes if captured is not None else ()
+    procs = tuple(p for p in procs if p.gpu_uuid not in lost)
     # NVML has no utilisation, whole or per process, on a GPU in MIG mode (nvidia-smi: N/A)
     mig_mode = {g.uuid for g in node.gpus if g.mig_mode}
     procs = tuple(p._replace(sm_util_pct=None) if p.gpu_uuid in mig_mode else p for p in procs)
@@ -333,7 +347,7 @@ def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
         if g.uuid in lost:
             problems.append(("gpu-lost", g.uuid, "the scenario says the GPU fell off the bus"))
             continue
-        st = gpus.get(g.uuid.lower(), _UNSET)
+        st = _over(gpus.get(g.uuid.lower(), _UNSET), was.get(g.uuid.lower()), listed)
         devices.append(GpuSample(
             now, g.uuid, None,
             None if g.mig_mode else st.util_pct if st.util_pct is not None else 0.0,
@@ -342,7 +356,7 @@ def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
         for m in g.mig_devices if g.mig_mode else ():
             if not m.uuid:
                 continue
-            ms = gpus.get(m.uuid.lower(), _UNSET)
+            ms = _over(gpus.get(m.uuid.lower(), _UNSET), was.get(m.uuid.lower()), listed)
             devices.append(GpuSample(
                 now, g.uuid, m.uuid, ms.util_pct,  # NVML gives no utilisation for a MIG device
                 ms.mem_used_mib if ms.mem_used_mib is not None else used.get(m.uuid.lower(), 0.0),
@@ -350,12 +364,25 @@ def readings(node: Node, step: Step | None, now: float = 0.0) -> Reading:
     return Reading(tuple(devices), procs, tuple(problems))
 
 
+def _over(step: GpuSample, captured: GpuSample | None, listed: bool) -> GpuSample:
+    """A step's values over the captured ones; memory used stays the capture's only while the
+    processes are (a step that lists processes makes it theirs)."""
+    if captured is None:
+        return step
+    return step._replace(
+        util_pct=step.util_pct if step.util_pct is not None else captured.util_pct,
+        mem_used_mib=step.mem_used_mib if step.mem_used_mib is not None or listed else captured.mem_used_mib,
+        power_w=step.power_w if step.power_w is not None else captured.power_w,
+        temp_c=step.temp_c if step.temp_c is not None else captured.temp_c)
+
+
 class ScenarioSampler:
     """The replay counterpart of :class:`gpuslurm.hw.nvml_sampler.NvmlSampler`."""
 
-    def __init__(self, node: Node, path: Path | None) -> None:
+    def __init__(self, node: Node, path: Path | None, captured: Reading | None = None) -> None:
         self.node = node
         self.path = path
+        self.captured = captured  # the bundle's recorded state, which the scenario moves on from
         self._stamp: tuple[int, int, int] | None = None
         self._scenario: Scenario | None = None
         self._start = 0.0
@@ -391,7 +418,7 @@ class ScenarioSampler:
     def read(self, now: float) -> Reading:
         problem = self._load() if self.path is not None else None
         step = step_at(self._scenario, self._start, now) if self._scenario is not None else None
-        reading = readings(self.node, step, now)
+        reading = readings(self.node, step, now, self.captured)
         if problem is not None:
             reading = reading._replace(problems=(*reading.problems,
                                                  ("scenario-error", str(self.path), problem)))

@@ -39,6 +39,7 @@ __all__ = [
     "parse_smi_xml",
     "synthetic_gpu_uuid",
     "synthetic_mig_uuid",
+    "xml_root",
 ]
 
 
@@ -257,8 +258,8 @@ def _parse_gpu(elem: ET.Element, index: int, source: str) -> Gpu:
     )
 
 
-def parse_smi_xml(text: str, source: str) -> SmiReport:
-    """Parse the output of ``nvidia-smi -q -x``; ``source`` names the file for error messages."""
+def xml_root(text: str, source: str) -> ET.Element:
+    """The ``<nvidia_smi_log>`` element of ``nvidia-smi -q -x`` output, parsed safely."""
     if "<!ENTITY" in text:
         # nvidia-smi never declares entities; refusing them rules out entity-expansion bombs.
         raise CaptureError("XML declares entities, which nvidia-smi never does", source)
@@ -271,6 +272,12 @@ def parse_smi_xml(text: str, source: str) -> SmiReport:
         raise CaptureError(f"not well-formed XML: {ErrorString(exc.code)} (line {line})", source) from None
     if root.tag != "nvidia_smi_log":
         raise CaptureError(f"root element is <{root.tag}>, expected <nvidia_smi_log>", source)
+    return root
+
+
+def parse_smi_xml(text: str, source: str) -> SmiReport:
+    """Parse the output of ``nvidia-smi -q -x``; ``source`` names the file for error messages."""
+    root = xml_root(text, source)
     attached_text = _text(root, "attached_gpus")
     attached = None if attached_text is None else parse_int(attached_text, "<attached_gpus>", source)
     gpus = [_parse_gpu(elem, i, source) for i, elem in enumerate(root.findall("gpu"))]

@@ -21,6 +21,16 @@ def pct(value: float) -> str:
     return f"{value:.0f} %" if value >= 10 or value == int(value) else f"{value:.1f} %"
 
 
+def tenths(value: float) -> str:
+    """GPU-hours (or any amount) to one decimal place, halves rounded up, the same figure wherever
+    it is printed: binary noise (142.24999… from one sum, 142.25000… from another) is dropped first,
+    so one amount never prints as both 142.2 and 142.3."""
+    import math
+
+    whole = math.floor(round(value, 6) * 10 + 0.5)
+    return f"{whole / 10:.1f}"
+
+
 def name_proc(proc: ProcSample) -> str:
     """``python (PID 12345, job 812)``."""
     job = f", job {proc.job_id}" if proc.job_id is not None else ""

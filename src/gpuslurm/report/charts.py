@@ -1,68 +1,107 @@
-"""Charts for the fair-share report: utilisation per GPU and per user over time, share against quota.
+"""Charts for the fair-share report: what the report says, per row and over time.
+
+Three panels: each row's allocated, used and idle GPU-hours (the report's own figures, use outside
+any job hatched), every GPU's utilisation over time as a heat map with one row per GPU labelled as
+users know it (its index, ``node:index`` when the window spans nodes), and each row's share of
+capacity against its quota. Time axes name their time zone.
 
 matplotlib is imported here only, and this module only when ``--plot`` is given. Figures are
 built with ``matplotlib.figure.Figure`` (no pyplot: no global state, no GUI backend) and drawn by
-Agg. A ``.png`` gets the three charts stacked in one image; a ``.html`` page gets them as three
-base64-embedded PNGs with the text report underneath.
+Agg. A ``.png`` gets the three charts stacked in one image; a ``.html`` page is the report as
+tables (:mod:`gpuslurm.report.html`) with the charts embedded.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 import math
 import os
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from gpuslurm.errors import InputError
-from gpuslurm.report.compute import NOBODY, Report
-from gpuslurm.report.data import ReportData
+from gpuslurm.policy.wording import tenths
+from gpuslurm.report.compute import NOBODY, Report, Row
+from gpuslurm.report.data import GpuSeries, ReportData
 
 PLOT_SUFFIXES = (".png", ".html")
-TITLES = ("GPU utilisation over time", "GPUs busy per user", "Share of GPU capacity against quota")
+TITLES = ("GPU-hours per {by}: allocated, used and idle", "GPU utilisation over time",
+          "Share of GPU capacity against quota")
+MAX_ROWS = 20  # rows drawn in the bar charts, most used first
 
 
-def _times(report: Report) -> list[datetime]:
-    return [datetime.fromtimestamp(t) for t in report.times]
+def titles(report: Report) -> tuple[str, ...]:
+    """The panels' titles for this report (the first names its grouping)."""
+    return (TITLES[0].format(by=report.by), *TITLES[1:])
+
+
+def zone(ts: float) -> str:
+    """The time zone the report's times are in, as the axes and the page name it."""
+    return time.strftime("%Z", time.localtime(ts)) or time.strftime("%z", time.localtime(ts))
+
+
+def gpu_label(g: GpuSeries, nodes: int) -> str:
+    """A GPU as users know it: its index, ``node:index`` across nodes; the UUID where the source
+    cannot say (Prometheus series carry no index)."""
+    if not g.label:
+        return f"{g.node}:{g.uuid}" if nodes > 1 else g.uuid
+    return f"{g.node}:{g.label}" if nodes > 1 else g.label
 
 
 def _nan(values: Sequence[float | None]) -> list[float]:
-    return [math.nan if v is None else v for v in values]  # a gap in the line, not a drop to 0
+    return [math.nan if v is None else v for v in values]  # a gap, not a drop to 0
 
 
-def draw_gpus(ax: Any, data: ReportData, report: Report) -> None:
-    """One line per device (GPU or MIG device), utilisation in %."""
-    nodes = {g.node for g in data.gpus}
-    times = _times(report)
-    for g in data.gpus:
-        label = g.uuid if len(g.uuid) <= 16 else g.uuid[:16] + "…"
-        ax.plot(times, _nan(g.util), label=f"{g.node}:{label}" if len(nodes) > 1 else label, linewidth=1)
-    ax.set_title(TITLES[0])
-    ax.set_ylabel("utilisation (%)")
-    # Headroom above 100 % holds the legend, so it never hides a busy GPU's line.
-    ax.set_ylim(0, 100 + 12 * ((len(data.gpus) + 3) // 4))
-    ax.set_yticks(range(0, 101, 20))
-    if data.gpus:
-        ax.legend(fontsize="small", ncol=4, loc="upper left")
+def _rows(report: Report) -> list[Row]:
+    return [r for r in report.rows if r.key != NOBODY or r.used_gpu_hours > 0][:MAX_ROWS]
 
 
-def draw_users(ax: Any, report: Report) -> None:
-    """A stacked area per user: how many GPUs they kept busy on average in each bucket."""
-    series = [(u, s) for u, s in report.user_gpus if any(s)]
-    if series:
-        ax.stackplot(_times(report), *[s for _, s in series], labels=[u for u, _ in series], alpha=0.85)
-        ax.legend(fontsize="small", loc="upper left")
+def draw_hours(ax: Any, report: Report) -> None:
+    """Per row, three bars: allocated, used (its part outside any job hatched) and idle GPU-hours."""
+    rows = _rows(report)
+    xs = list(range(len(rows)))
+    width = 0.27
+    ax.bar([x - width for x in xs], [r.allocated_gpu_hours for r in rows], width, label="allocated",
+           color="tab:blue")
+    ax.bar(xs, [r.used_gpu_hours for r in rows], width, label="used", color="tab:green")
+    ax.bar(xs, [r.outside_gpu_hours for r in rows], width, label="used outside any job", color="none",
+           edgecolor="black", hatch="//")
+    ax.bar([x + width for x in xs], [r.idle_gpu_hours for r in rows], width,
+           label="idle (allocated, not busy)", color="tab:orange")
+    ax.set_xticks(xs, [r.key for r in rows], rotation=30 if len(rows) > 4 else 0,
+                  ha="right" if len(rows) > 4 else "center")
+    ax.set_title(titles(report)[0])
+    ax.set_ylabel("GPU-hours")
+    if rows:
+        ax.legend(fontsize="small", loc="upper right")
+
+
+def draw_gpus(ax: Any, data: ReportData, report: Report) -> Any:
+    """A heat map: one row per GPU (index order), utilisation % per bucket, blank where unknown."""
+    from matplotlib import dates
+
+    nodes = len({g.node for g in data.gpus})
+    gpus = list(data.gpus)
     ax.set_title(TITLES[1])
-    ax.set_ylabel("GPUs busy")
-    ax.set_ylim(0, max(report.totals.gpus, 1))
+    ax.set_xlabel(f"time ({zone(report.since)})")
+    if not gpus or not report.times:
+        return None
+    x0 = dates.date2num(datetime.fromtimestamp(data.start))  # type: ignore[no-untyped-call]
+    x1 = dates.date2num(  # type: ignore[no-untyped-call]
+        datetime.fromtimestamp(data.start + data.buckets * data.step_s))
+    image = ax.imshow([_nan(g.util) for g in gpus], aspect="auto", interpolation="nearest", vmin=0, vmax=100,
+                      cmap="viridis", extent=(x0, x1, len(gpus) - 0.5, -0.5))
+    ax.xaxis_date()
+    ax.set_yticks(range(len(gpus)), [gpu_label(g, nodes) for g in gpus])
+    ax.set_ylabel("GPU")
+    return image
 
 
 def draw_share(ax: Any, report: Report) -> None:
     """Bars: each row's share of capacity; a black tick: its quota (none when no quota applies)."""
-    rows = [r for r in report.rows if r.key != NOBODY][:20]
+    rows = [r for r in report.rows if r.key != NOBODY][:MAX_ROWS]
     names = [r.key for r in rows]
     xs = list(range(len(rows)))
     colors = ["tab:red" if r.over_quota else "tab:blue" for r in rows]
@@ -80,16 +119,25 @@ def draw_share(ax: Any, report: Report) -> None:
         ax.legend(fontsize="small", loc="upper right")
 
 
+def _draw(i: int, fig: Any, ax: Any, data: ReportData, report: Report) -> None:
+    if i == 0:
+        draw_hours(ax, report)
+    elif i == 1:
+        image = draw_gpus(ax, data, report)
+        if image is not None:
+            fig.colorbar(image, ax=ax, label="utilisation (%)")
+    else:
+        draw_share(ax, report)
+
+
 def build_figure(data: ReportData, report: Report) -> Any:
     """All three charts stacked in one Figure (what a PNG holds)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 12), layout="constrained")
-    ax_gpu, ax_user, ax_share = fig.subplots(3, 1)
-    draw_gpus(ax_gpu, data, report)
-    draw_users(ax_user, report)
-    draw_share(ax_share, report)
-    fig.suptitle(_heading(report))
+    for i, ax in enumerate(fig.subplots(3, 1)):
+        _draw(i, fig, ax, data, report)
+    fig.suptitle(heading(report))
     return fig
 
 
@@ -100,23 +148,19 @@ def build_figures(data: ReportData, report: Report) -> list[Any]:
     figs = []
     for i in range(3):
         fig = Figure(figsize=(11, 4.5), layout="constrained")
-        ax = fig.subplots()
-        if i == 0:
-            draw_gpus(ax, data, report)
-        elif i == 1:
-            draw_users(ax, report)
-        else:
-            draw_share(ax, report)
+        _draw(i, fig, fig.subplots(), data, report)
         figs.append(fig)
     return figs
 
 
-def _heading(report: Report) -> str:
+def heading(report: Report) -> str:
+    """One line: the window with its time zone, the GPUs and what they did."""
     fmt = "%Y-%m-%d %H:%M"
     t = report.totals
     return (f"{datetime.fromtimestamp(report.since).strftime(fmt)} → "
-            f"{datetime.fromtimestamp(report.until).strftime(fmt)}: {t.gpus} GPUs, "
-            f"used {t.used_gpu_hours:.1f} of {t.capacity_gpu_hours:.1f} GPU-hours")
+            f"{datetime.fromtimestamp(report.until).strftime(fmt)} {zone(report.until)}: {t.gpus} GPUs, "
+            f"allocated {tenths(t.allocated_gpu_hours)}, used {tenths(t.used_gpu_hours)}, "
+            f"idle {tenths(t.idle_gpu_hours)} of {tenths(t.capacity_gpu_hours)} GPU-hours")
 
 
 def _png(fig: Any) -> bytes:
@@ -125,22 +169,19 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def write_plot(path: str, data: ReportData, report: Report, text: str = "") -> None:
-    """Write ``path``: a PNG, or an HTML page with the charts embedded and ``text`` (the report) below."""
+def write_plot(path: str, data: ReportData, report: Report) -> None:
+    """Write ``path``: a PNG of the charts, or an HTML page of the report's tables with them."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in PLOT_SUFFIXES:
         raise InputError("the chart file must end in .png or .html", source="--plot")
     if suffix == ".png":
         payload = _png(build_figure(data, report))
     else:
-        images = "\n".join(
-            f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,'
-            f'{base64.b64encode(_png(fig)).decode("ascii")}"></figure>'
-            for title, fig in zip(TITLES, build_figures(data, report), strict=True))
-        heading = html.escape(_heading(report))
-        payload = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>GPU fair-share report"
-                   f"</title></head>\n<body>\n<h1>GPU fair-share report</h1>\n<p>{heading}"
-                   f"</p>\n{images}\n<pre>{html.escape(text)}</pre>\n</body></html>\n").encode()
+        from gpuslurm.report.html import render_page
+
+        charts = [(title, _png(fig)) for title, fig in zip(titles(report), build_figures(data, report),
+                                                            strict=True)]
+        payload = render_page(report, heading(report), zone(report.until), charts).encode()
     from gpuslurm.safedir import replace_file
 
     try:

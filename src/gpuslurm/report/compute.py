@@ -3,7 +3,9 @@
 Definitions (GPU-hours count a MIG device as its fraction of the physical GPU):
 
 - **allocated**: the time a job held a device, clipped to the window. For ``--by process``: the
-  time the process held a context on it.
+  time the process held a context on it; a process in no job held no allocation (0).
+  The totals do not depend on the grouping: they are the jobs' allocations and the devices' use,
+  summed once, whatever ``--by`` says.
 - **used**: utilisation-weighted time. A device's busy time in a bucket (its mean utilisation ×
   the covered part of the bucket) goes to the processes seen on it: when all of them report an SM
   utilisation, each its own busy time (seen × utilisation, at most the device's); else as much as
@@ -17,6 +19,8 @@ Definitions (GPU-hours count a MIG device as its fraction of the physical GPU):
   allocation in a bucket less the device's busy time in that bucket (allocation × (1 −
   utilisation) for a bucket it holds whole), never below 0. So used + idle never exceeds
   allocated + the use outside any job, per row and in total.
+- **outside jobs**: used time of processes in no job (and busy time nobody held): use without
+  an allocation. A row whose used exceeds its allocated shows it here.
 - **unmeasured**: allocated time with no utilisation sample: neither idle nor used. A bucket the
   monitor sampled only in part (``GpuSeries.cover``) is measured for that part only: its mean
   utilisation makes busy and idle time of the covered part, the rest is unmeasured.
@@ -29,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
-from gpuslurm.policy.wording import pct
+from gpuslurm.policy.wording import pct, tenths
 from gpuslurm.report.data import AllocationSpan, ProcSeries, ReportData
 from gpuslurm.samples import Violation
 
@@ -68,6 +72,7 @@ class Row(NamedTuple):
     violations: int
     rogue_processes: int  # distinct processes found running outside any job
     evidence: tuple[str, ...]
+    outside_gpu_hours: float = 0.0  # of used: by processes in no job, or by nobody
 
 
 class Totals(NamedTuple):
@@ -81,6 +86,7 @@ class Totals(NamedTuple):
     utilisation_pct: float  # used / capacity
     allocated_pct: float  # allocated / capacity
     violations: int
+    outside_gpu_hours: float = 0.0  # of used: outside any job
 
 
 class Report(NamedTuple):
@@ -109,11 +115,11 @@ class Who(NamedTuple):
 
 
 class _Acc:
-    __slots__ = ("allocated", "busy_h", "idle", "jobs", "unmeasured", "used", "violations", "who")
+    __slots__ = ("allocated", "busy_h", "idle", "jobs", "outside", "unmeasured", "used", "violations", "who")
 
     def __init__(self, who: Who) -> None:
         self.who = who
-        self.allocated = self.used = self.idle = self.unmeasured = 0.0
+        self.allocated = self.used = self.idle = self.unmeasured = self.outside = 0.0
         self.jobs: dict[tuple[str, str], bool] = {}  # (node, job id) → idle?
         self.busy_h: dict[str, float] = {}  # process label → hours above busy_pct
         self.violations: list[Violation] = []
@@ -190,7 +196,8 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
 
     groups = _Groups(by)
     user_series: dict[str, list[float]] = {}
-    total_used = 0.0
+    # the totals: one computation whatever the grouping (the jobs' allocations, the devices' use)
+    total = _Acc(Who(None, None, None, None, None, None))
     for g in data.gpus:
         dev = (g.node, g.uuid)
         if g.uuid == g.gpu_uuid and dev in migs:
@@ -219,30 +226,37 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                 overlaps.append((a, f))
                 acc = groups.get(Who(a.user, a.account, a.job_id, None, a.node, None))
                 acc.jobs[(a.node, a.job_id)] = (a.node, a.job_id) in idle_jobs
-                if by == "process" and present:
-                    continue  # a process row holds what its process held (below)
                 gh = f * dur_h[b] * w
-                acc.allocated += gh
-                if util is None:
-                    acc.unmeasured += gh
-                else:
-                    measured = gh * cover  # its busy time cannot exceed the device's in the bucket
-                    acc.idle += measured - min(measured, busy if busy is not None else 0.0)
-                    acc.unmeasured += gh - measured
+                # a process row holds what its process held (below); a job none of whose processes
+                # is there keeps its row "(no process, job …)", whoever else is on the device
+                own = by == "process" and any(whos[id(p)].job == a.job_id for p in present)
+                for into in (total,) if own else (total, acc):
+                    into.allocated += gh
+                    if util is None:
+                        into.unmeasured += gh
+                    else:
+                        measured = gh * cover  # its busy time cannot exceed the device's in the bucket
+                        into.idle += measured - min(measured, busy if busy is not None else 0.0)
+                        into.unmeasured += gh - measured
             if util is None or busy is None:
                 if by == "process":
                     for p in present:
+                        if whos[id(p)].job is None:
+                            continue  # in no job: it held no allocation
                         acc = groups.get(whos[id(p)])
                         acc.allocated += p.seen[b] * dur_h[b] * w
                         acc.unmeasured += p.seen[b] * dur_h[b] * w
                 continue
-            total_used += busy
+            total.used += busy
             for who, seen, frac in _split(present, whos, overlaps, b, util):
                 acc = groups.get(who)
                 acc.used += busy * frac
+                if who.job is None:
+                    acc.outside += busy * frac
+                    total.outside += busy * frac
                 if who.user is not None:
                     user_series.setdefault(who.user, [0.0] * n)[b] += busy * frac / dur_h[b]
-                if by == "process" and seen > 0:
+                if by == "process" and seen > 0 and who.job is not None:
                     held_h = seen * dur_h[b] * w
                     acc.allocated += held_h
                     acc.idle += max(held_h * cover - busy * frac, 0.0)
@@ -262,11 +276,10 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
     rows = tuple(sorted((_row(k, acc, by, capacity, policy, data) for k, acc in groups.accs.items()
                          if acc.allocated or acc.used or acc.violations),
                         key=lambda r: (-r.used_gpu_hours, -r.allocated_gpu_hours, r.key)))
-    allocated = sum(r.allocated_gpu_hours for r in rows)
-    totals = Totals(hours, physical, capacity, allocated, total_used,
-                    sum(r.idle_gpu_hours for r in rows), sum(r.unmeasured_gpu_hours for r in rows),
-                    100.0 * total_used / capacity if capacity else 0.0,
-                    100.0 * allocated / capacity if capacity else 0.0, len(data.violations))
+    totals = Totals(hours, physical, capacity, total.allocated, total.used, total.idle, total.unmeasured,
+                    100.0 * total.used / capacity if capacity else 0.0,
+                    100.0 * total.allocated / capacity if capacity else 0.0, len(data.violations),
+                    total.outside)
     return Report(data.source, data.since, data.until, data.step_s, by, totals, rows,
                   _recommendations(rows), tuple((lo + hi) / 2 for lo, hi in spans),
                   tuple((u, tuple(s)) for u, s in sorted(user_series.items())))
@@ -397,11 +410,12 @@ def _row(key: str, acc: _Acc, by: str, capacity: float, policy: Policy, data: Re
     evidence = [_violation_line(v) for v in merged]
     if over and quota is not None:
         for label, h in sorted(acc.busy_h.items(), key=lambda kv: (-kv[1], kv[0])):
-            evidence.append(f"{label}: {h:.1f} h at >{pct(policy.busy_pct)} (expected quota: {pct(quota)})")
+            evidence.append(f"{label}: {tenths(h)} h at >{pct(policy.busy_pct)} "
+                            f"(expected quota: {pct(quota)})")
     rogue = len({(v.node, v.pid) for v in merged if v.kind == "rogue"})
     return Row(key, w.user, w.account, w.job, w.pid, w.node, acc.allocated, acc.used, acc.idle,
                acc.unmeasured, share, quota, over, len(acc.jobs), sum(acc.jobs.values()),
-               len(merged), rogue, tuple(evidence))
+               len(merged), rogue, tuple(evidence), acc.outside)
 
 
 def _merged(vs: list[Violation], data: ReportData) -> list[Violation]:
@@ -417,7 +431,7 @@ def _merged(vs: list[Violation], data: ReportData) -> list[Violation]:
 
 
 def _violation_line(v: Violation) -> str:
-    hours = f"{v.duration_s / 3600:.1f} h in the window"
+    hours = f"{tenths(v.duration_s / 3600)} h in the window"
     if v.evidence:  # the detector's sentence already names the process, job and GPU
         return f"{v.kind} ({hours}): {v.evidence}"
     who = (_label(v.process, v.pid, v.job_id) if v.pid is not None
@@ -433,7 +447,7 @@ def _recommendations(rows: tuple[Row, ...]) -> tuple[str, ...]:
             continue
         if r.idle_jobs:
             what = "idle allocation" if r.idle_jobs == 1 else "idle allocations"
-            out.append(f"{r.key}: {r.idle_jobs} {what}, {r.idle_gpu_hours:.1f} idle GPU-hours"
+            out.append(f"{r.key}: {r.idle_jobs} {what}, {tenths(r.idle_gpu_hours)} idle GPU-hours"
                        " — ask to release GPUs or use --time")
         if r.over_quota and r.quota_pct is not None:
             out.append(f"{r.key}: used {pct(r.share_pct)} of GPU capacity against a {pct(r.quota_pct)}"

@@ -30,6 +30,8 @@ class GpuSeries(NamedTuple):
     # fraction (0–1) of each bucket the samples behind ``util`` cover (samples × sampling interval
     # over the bucket); () means every bucket with a ``util`` is fully covered
     cover: tuple[float, ...] = ()
+    # how users know it: its index ("3"; a MIG device "3.1"); "" when the source cannot say
+    label: str = ""
 
 
 class ProcSeries(NamedTuple):

@@ -101,6 +101,25 @@ def minute_edges(store: Store, since: float, until: float) -> tuple[float, float
     return since, until
 
 
+def _index_labels(devices: dict[int, tuple[str, str]]) -> dict[int, str]:
+    """Each device's index as users know it ("3", a MIG device "3.1"): the store numbers devices in
+    the order the monitor first wrote them, which is NVML's index order (a cycle lists the GPUs by
+    index, each GPU's MIG devices after it)."""
+    whole: dict[str, int] = {}
+    migs: dict[str, int] = {}
+    out: dict[int, str] = {}
+    for _, (uuid, parent) in sorted(devices.items()):
+        if uuid == parent:
+            whole.setdefault(uuid, len(whole))
+    for dev, (uuid, parent) in sorted(devices.items()):
+        if uuid == parent:
+            out[dev] = str(whole[uuid])
+        else:
+            migs[parent] = migs.get(parent, -1) + 1
+            out[dev] = f"{whole[parent]}.{migs[parent]}" if parent in whole else ""
+    return out
+
+
 def _load(store: Store, path: str, since: float, until: float, step_s: float) -> ReportData:
     conn = store._conn
     since, until = minute_edges(store, since, until)
@@ -127,8 +146,10 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
     gpu_n: dict[tuple[int, int], float] = {k: v[0] for k, v in gpu.items()}
     interval = sampling_interval(store)
     durations = [min(start + (b + 1) * step_s, until) - max(start + b * step_s, since) for b in range(n)]
-    gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n), _cover(gpu, dev, durations, interval))
-                 for dev, (uuid, parent) in sorted(devices.items(), key=lambda d: d[1])
+    labels = _index_labels(devices)
+    gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n), _cover(gpu, dev, durations, interval),
+                           labels[dev])
+                 for dev, (uuid, parent) in sorted(devices.items())
                  if any((dev, b) in gpu for b in range(n)))
 
     proc: _Acc = {}

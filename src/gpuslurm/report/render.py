@@ -8,13 +8,13 @@ import time
 from typing import Any, TextIO
 
 from gpuslurm.jsondoc import document
-from gpuslurm.policy.wording import pct
+from gpuslurm.policy.wording import pct, tenths
 from gpuslurm.report.compute import Report, Row
 
 FORMATS = ("table", "json", "csv")
 CSV_FIELDS = ("key", "user", "account", "job_id", "pid", "node", "allocated_gpu_hours", "used_gpu_hours",
               "idle_gpu_hours", "unmeasured_gpu_hours", "share_pct", "quota_pct", "over_quota", "jobs",
-              "idle_jobs", "violations", "rogue_processes", "evidence")
+              "idle_jobs", "violations", "rogue_processes", "evidence", "outside_jobs_gpu_hours")
 
 
 def write_report(report: Report, fmt: str, fp: TextIO) -> None:
@@ -42,7 +42,8 @@ def _row_dict(r: Row) -> dict[str, Any]:
             "unmeasured_gpu_hours": _r(r.unmeasured_gpu_hours), "share_pct": _r(r.share_pct),
             "quota_pct": None if r.quota_pct is None else _r(r.quota_pct), "over_quota": r.over_quota,
             "jobs": r.jobs, "idle_jobs": r.idle_jobs, "violations": r.violations,
-            "rogue_processes": r.rogue_processes, "evidence": list(r.evidence)}
+            "rogue_processes": r.rogue_processes, "evidence": list(r.evidence),
+            "outside_jobs_gpu_hours": _r(r.outside_gpu_hours)}
 
 
 def as_json(report: Report) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def as_json(report: Report) -> dict[str, Any]:
                    "allocated_gpu_hours": _r(t.allocated_gpu_hours), "used_gpu_hours": _r(t.used_gpu_hours),
                    "idle_gpu_hours": _r(t.idle_gpu_hours), "unmeasured_gpu_hours": _r(t.unmeasured_gpu_hours),
                    "utilisation_pct": _r(t.utilisation_pct), "allocated_pct": _r(t.allocated_pct),
-                   "violations": t.violations},
+                   "violations": t.violations, "outside_jobs_gpu_hours": _r(t.outside_gpu_hours)},
         "rows": [_row_dict(r) for r in report.rows],
         "recommendations": list(report.recommendations),
     })
@@ -78,18 +79,19 @@ def write_table(report: Report, fp: TextIO) -> None:
     start = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.since))
     end = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(report.until))
     fp.write(f"GPU fair-share report from {report.source}\n")
-    fp.write(f"Window {start} → {end} ({t.hours:.1f} h), {t.gpus} GPUs, "
-             f"capacity {t.capacity_gpu_hours:.1f} GPU-hours\n")
-    fp.write(f"Allocated {t.allocated_gpu_hours:.1f} GPU-h ({pct(t.allocated_pct)}), "
-             f"used {t.used_gpu_hours:.1f} GPU-h ({pct(t.utilisation_pct)}), "
-             f"idle {t.idle_gpu_hours:.1f} GPU-h, unmeasured {t.unmeasured_gpu_hours:.1f} GPU-h, "
+    fp.write(f"Window {start} → {end} ({tenths(t.hours)} h), {t.gpus} GPUs, "
+             f"capacity {tenths(t.capacity_gpu_hours)} GPU-hours\n")
+    fp.write(f"Allocated {tenths(t.allocated_gpu_hours)} GPU-h ({pct(t.allocated_pct)}), "
+             f"used {tenths(t.used_gpu_hours)} GPU-h ({pct(t.utilisation_pct)}; "
+             f"{tenths(t.outside_gpu_hours)} outside any job), "
+             f"idle {tenths(t.idle_gpu_hours)} GPU-h, unmeasured {tenths(t.unmeasured_gpu_hours)} GPU-h, "
              f"{t.violations} violation(s)\n\n")
-    head = (report.by.upper(), "ALLOC GPU-h", "USED GPU-h", "IDLE GPU-h", "SHARE", "QUOTA", "JOBS",
-            "IDLE JOBS", "VIOLATIONS")
-    lines = [head] + [(r.key + (" !" if r.over_quota else ""), f"{r.allocated_gpu_hours:.1f}",
-                       f"{r.used_gpu_hours:.1f}", f"{r.idle_gpu_hours:.1f}", pct(r.share_pct),
-                       "-" if r.quota_pct is None else pct(r.quota_pct), str(r.jobs), str(r.idle_jobs),
-                       str(r.violations)) for r in report.rows]
+    head = (report.by.upper(), "ALLOC GPU-h", "USED GPU-h", "NO-JOB USE", "IDLE GPU-h", "SHARE", "QUOTA",
+            "JOBS", "IDLE JOBS", "VIOLATIONS")
+    lines = [head] + [(r.key + (" !" if r.over_quota else ""), tenths(r.allocated_gpu_hours),
+                       tenths(r.used_gpu_hours), tenths(r.outside_gpu_hours), tenths(r.idle_gpu_hours),
+                       pct(r.share_pct), "-" if r.quota_pct is None else pct(r.quota_pct), str(r.jobs),
+                       str(r.idle_jobs), str(r.violations)) for r in report.rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     for line in lines:
         cells = [line[0].ljust(widths[0])] + [c.rjust(wd) for c, wd in zip(line[1:], widths[1:], strict=True)]
@@ -98,6 +100,9 @@ def write_table(report: Report, fp: TextIO) -> None:
         fp.write("(nothing allocated or used in this window)\n")
     if any(r.over_quota for r in report.rows):
         fp.write("! over quota\n")
+    if any(r.outside_gpu_hours >= 0.05 for r in report.rows):
+        fp.write("NO-JOB USE: of USED, GPU-hours of processes in no job (or of nobody): use without an "
+                 "allocation, so USED may exceed ALLOC GPU-h\n")
     evidence = [(r.key, e) for r in report.rows for e in r.evidence]
     if evidence:
         fp.write("\nEvidence:\n")

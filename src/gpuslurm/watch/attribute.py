@@ -225,6 +225,10 @@ class Attributor:
         looked: dict[int, tuple[str, _Known] | str] = {}
         samples: list[ProcSample] = []
         for r in readings:
+            if r.name is not None:  # a replayed capture's process: its PID is another machine's
+                samples.append(ProcSample(now, r.gpu_uuid, r.pid, r.mig_uuid, r.name, mem_mib=r.mem_mib,
+                                          sm_util_pct=r.sm_util_pct))
+                continue
             if r.pid in looked:
                 found = looked[r.pid]
             else:

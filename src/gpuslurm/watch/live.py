@@ -51,11 +51,13 @@ class LiveView:
 
         self.cfg = cfg
         self.source = source
-        self.node_name = cfg.monitor.node_name or socket.gethostname().split(".")[0]
         self.db = db or cfg.monitor.db or default_path(cfg.paths.state_dir)
         self.clock = clock
         self.warnings: deque[str] = deque(maxlen=20)  # the monitor's complaints, latest only
         self.sampler, self.node = open_sampler(source)
+        # a replay is of the captured node (named as gres-conf names it), not of this machine
+        self.node_name = self.node.hostname if self.node.source != "nvml" else \
+            cfg.monitor.node_name or socket.gethostname().split(".")[0]
         # the scheduler describes the real node, not a replayed one; and only then is it worth its cost
         self.detector = Detector(cfg.detect)
         self.monitor = build_monitor(
@@ -86,7 +88,8 @@ class LiveView:
         self.sampler.close()
 
     def _what(self) -> str:
-        return "NVML" if self.node.source == "nvml" else f"replay of {self.node.source or self.source}"
+        what = self.node.source or self.source or ""
+        return "NVML" if self.node.source == "nvml" else f"replay of {what.removeprefix('replay:')}"
 
     def _stored(self, now: float) -> tuple[list[Violation], str, ScanProblem | None]:
         """The violations the monitor's store holds as current, where the view's came from, and
@@ -112,7 +115,7 @@ class LiveView:
         from gpuslurm.policy.health import gate_faults
 
         try:
-            health = read_health(self.node.gpus, self.source)
+            health = read_health(self.node.gpus, self.source, captured=True)
         except GpuslurmError as exc:
             return {g.uuid: [f"health unknown: {exc}"] for g in self.node.gpus}
         out: dict[str, list[str]] = {}

@@ -270,7 +270,8 @@ def stop_on_signals(stop: threading.Event) -> Callable[[], None]:
 def open_sampler(source: str | None) -> tuple[Sampler, Any]:
     """The sampler for ``source`` (a bundle or builtin name: replay; None: live NVML), and the Node.
 
-    Replay takes its activity from the scenario (see :mod:`gpuslurm.hw.scenario`); a scenario
+    Replay starts from the state the bundle's capture recorded and takes its activity from the
+    scenario (see :mod:`gpuslurm.hw.scenario`); a scenario
     naming an unknown GPU is a CaptureError here, before the first cycle.
     """
     from gpuslurm.hw.source import load_node, resolve_source
@@ -278,9 +279,10 @@ def open_sampler(source: str | None) -> tuple[Sampler, Any]:
     bundle = resolve_source(source)
     node = load_node(source)
     if bundle is not None:
+        from gpuslurm.hw.bundle import read_captured_state
         from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
 
-        return ScenarioSampler(node, scenario_path(bundle)), node
+        return ScenarioSampler(node, scenario_path(bundle), read_captured_state(bundle, node)), node
     from gpuslurm.hw.nvml_sampler import NvmlSampler
 
     return NvmlSampler(), node

@@ -33,6 +33,7 @@ class GpuLine(NamedTuple):
     label: str  # "0", or "0.1" for MIG device 1 of GPU 0
     uuid: str  # the device's own UUID (MIG UUID for a MIG device)
     model: str
+    bus_id: str  # the GPU's PCI bus id (a MIG device's: its GPU's), as NVML prints it
     util_pct: float | None
     mem_used_mib: float | None
     mem_total_mib: float | None
@@ -111,10 +112,12 @@ def build_snapshot(node: Node, cycle: Cycle, violations: Sequence[Violation], *,
     faults = faults or {}
     labels = device_labels(node)
     models = {g.uuid: g.name for g in node.gpus}
+    buses = {g.uuid: g.bus_id for g in node.gpus}
     for g in node.gpus:
         for m in g.mig_devices:
             if m.uuid:
                 models[m.uuid] = f"{g.name} {m.profile}".strip()
+                buses[m.uuid] = g.bus_id
     lost = {p.subject for p in cycle.problems if p.kind == "gpu-lost"}
     v = view(cycle)
     by_dev: dict[str, list[str]] = {}
@@ -128,13 +131,15 @@ def build_snapshot(node: Node, cycle: Cycle, violations: Sequence[Violation], *,
         dev = s.mig_uuid or s.gpu_uuid
         seen.add(dev)
         said = tuple(faults.get(dev, ()))
-        gpu_lines.append(GpuLine(labels.get(dev, _short(dev)), dev, models.get(dev, ""), s.util_pct,
+        gpu_lines.append(GpuLine(labels.get(dev, dev), dev, models.get(dev, ""), buses.get(dev, ""),
+                                 s.util_pct,
                                  s.mem_used_mib, s.mem_total_mib, s.temp_c, s.power_w,
                                  said[0] if said else "ok", said, tuple(by_dev.get(dev, ()))))
     for g in node.gpus:  # a lost GPU has no sample, but the admin must see it is missing
         if g.uuid not in seen:
             said = tuple(faults.get(g.uuid, ())) or (("GPU is lost",) if g.uuid in lost else ("not sampled",))
-            gpu_lines.append(GpuLine(labels[g.uuid], g.uuid, g.name, None, None, float(g.memory_mib),
+            gpu_lines.append(GpuLine(labels[g.uuid], g.uuid, g.name, g.bus_id, None, None,
+                                     float(g.memory_mib),
                                      None, None, "lost" if g.uuid in lost else said[0], said,
                                      tuple(by_dev.get(g.uuid, ()))))
     order = {g.uuid: i for i, g in enumerate(node.gpus)}
@@ -158,7 +163,7 @@ def build_snapshot(node: Node, cycle: Cycle, violations: Sequence[Violation], *,
         else:
             marks.discard("rogue")  # a stored finding from before the job's map appeared
         user = p.user or (v.allocs[p.job_id].user if p.job_id in v.allocs else None)
-        proc_lines.append(ProcLine(labels.get(dev, _short(dev)), p.pid, p.name, user, p.job_id, p.mem_mib,
+        proc_lines.append(ProcLine(labels.get(dev, dev), p.pid, p.name, user, p.job_id, p.mem_mib,
                                    p.sm_util_pct, tuple(sorted(marks)), why))
     proc_lines.sort(key=lambda x: (_label_key(x.gpu), x.pid))
 
@@ -167,7 +172,7 @@ def build_snapshot(node: Node, cycle: Cycle, violations: Sequence[Violation], *,
         utils = [u for u in (v.util.get(d) for d in a.uuids) if u is not None]
         mean = sum(utils) / len(utils) if utils else None
         procs = sum(1 for p in cycle.procs if p.job_id == a.job_id)
-        gpus = tuple(labels.get(u, _short(u)) for u in a.uuids)
+        gpus = tuple(labels.get(u, u) for u in a.uuids)
         job_lines.append(JobLine(a.job_id, a.user, a.account, gpus, a.start, mean, procs,
                                  tuple(sorted(marks_of_job.get(a.job_id, ())))))
     ordered = tuple(sorted(violations, key=lambda f: (_severity_rank(f.severity), f.kind, f.start)))
@@ -189,9 +194,15 @@ def _label_key(label: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else 1 << 30 for p in parts)
 
 
-def _short(uuid: str) -> str:
-    """``GPU-44922a5a-…`` → ``44922a5a``: enough to tell a node's devices apart."""
-    return uuid.split("-", 2)[1][:8] if uuid.count("-") >= 1 else uuid[:8]
+def short_bus_id(bus_id: str) -> str:
+    """``00000000:81:00.0`` → ``81:00.0``: the domain only where it is not 0, as lspci prints it."""
+    domain, sep, rest = bus_id.partition(":")
+    return rest if sep and domain.strip("0") == "" else bus_id
+
+
+def short_name(name: str) -> str:
+    """``NVIDIA RTX A5000`` → ``RTX A5000``: every GPU here is NVIDIA's, as nvitop shows them."""
+    return name[len("NVIDIA "):] if name.startswith("NVIDIA ") else name
 
 
 # ---- rendering -----------------------------------------------------------------------------------
@@ -214,12 +225,16 @@ def render(snap: Snapshot, width: int = 80) -> list[Line]:
         for i, piece in enumerate(_wrap(said, width, width - 2)):
             add(piece if i == 0 else "  " + piece, "dim")
     add("")
-    add(f"{'GPU':>4} {'UUID':<8} {'UTIL':<15} {'MEMORY':>13} {'TEMP':>4} {'POWER':>5} {'HEALTH':<7} JOBS",
-        "head")
+    # rows keyed as nvidia-smi and nvitop key them: index, name, bus id (a UUID prefix is no key:
+    # placeholder captures repeat one UUID on every GPU)
+    bus_w = max([7, *(len(short_bus_id(g.bus_id)) for g in snap.gpus)])
+    name_w = max(10, min(max([0, *(len(short_name(g.model)) for g in snap.gpus)]), 10 + width - 80))
+    add(f"{'GPU':>4} {'NAME':<{name_w}} {'BUS-ID':<{bus_w}} {'UTIL':<11} {'MEMORY':>13} {'TEMP':>4} "
+        f"{'POWER':>5} {'HEALTH':<7} JOBS", "head")
     for g in snap.gpus:
         style = "bad" if g.health != "ok" else ""
-        add(f"{g.label:>4} {_short(g.uuid):<8} {_util(g.util_pct):<15} "
-            f"{_mem(g.mem_used_mib, g.mem_total_mib):>13} {_num(g.temp_c, 'C'):>4} "
+        add(f"{g.label:>4} {_cut(short_name(g.model), name_w):<{name_w}} {short_bus_id(g.bus_id):<{bus_w}} "
+            f"{_util(g.util_pct):<11} {_mem(g.mem_used_mib, g.mem_total_mib):>13} {_num(g.temp_c, 'C'):>4} "
             f"{_num(g.power_w, 'W'):>5} {g.health[:7]:<7} {', '.join(g.jobs) or '-'}", style)
 
     add("")
@@ -316,11 +331,15 @@ def _clock(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def _util(pct: float | None) -> str:
     if pct is None:
-        return "[        ]  n/a"
-    cells = round(max(0.0, min(pct, 100.0)) / 12.5)
-    return f"[{'#' * cells}{'.' * (8 - cells)}] {pct:3.0f}%"
+        return "[    ]  n/a"
+    cells = round(max(0.0, min(pct, 100.0)) / 25)
+    return f"[{'#' * cells}{'.' * (4 - cells)}] {pct:3.0f}%"
 
 
 def _pct(pct: float | None) -> str:
