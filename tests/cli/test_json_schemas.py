@@ -121,9 +121,9 @@ def test_pick_json_matches_on_a_real_capture_and_on_mig(
 
 
 def test_placement_json_matches(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    doc = check("placement", run(capsys, "placement", "--from", "l40s-4x", "--node", "l40s-01",
+    doc = check("placement", run(capsys, "placement", "--from", "l40s-4x", "--node", "l40s01",
                                  "--input", str(PLACEMENT_INPUT), "--json"))
-    assert doc["node"] == "l40s-01"
+    assert doc["node"] == "l40s01" and len(doc["jobs"]) == 3  # the recording's node and its jobs
 
 
 @pytest.fixture
