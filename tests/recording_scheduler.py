@@ -25,7 +25,7 @@ class RecordingScheduler:
     name = "recording"
 
     def __init__(self, *, fail: tuple[str, ...] = (), constrains: bool = True,
-                 allocations: tuple[Allocation, ...] = (), cgroup_v2: tuple[str, ...] | None = (),
+                 allocations: tuple[Allocation, ...] = (), cgroup_v2: tuple[str, ...] | None = None,
                  sluids: Mapping[str, str] | None = None) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.fail = fail

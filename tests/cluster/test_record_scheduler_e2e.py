@@ -1,9 +1,10 @@
-"""What the Scheduler contract test (tests/state/test_scheduler_contract.py) replays, recorded from
-the real cluster: ``squeue --json`` of a node running a GPU job and that job's ``scontrol show -d
-job``, then the Slurm adapter run against the same cluster (its job list, its cancel).
+"""What the Scheduler contract test (tests/state/test_scheduler_contract.py) replays, recorded
+from the real cluster: ``squeue --json`` of a node running a GPU job, that job's ``scontrol show -d
+job`` and the node's ``scontrol -o show node``; then the Slurm adapter run against the same
+cluster (its job list, its job details, its cancel).
 
-With ``GPUSLURM_RECORD_SCHEDULER=<dir>`` the outputs are written to ``<dir>/<release>/``: that is how
-tests/slurm/scheduler/ was captured (``GPUSLURM_SLURM_RELEASE`` picks the release,
+With ``GPUSLURM_RECORD_SCHEDULER=<dir>`` the outputs are written to ``<dir>/<release>/``: that is
+how tests/slurm/scheduler/ was captured (``GPUSLURM_SLURM_RELEASE`` picks the release,
 docs/compatibility.md)::
 
     GPUSLURM_RECORD_SCHEDULER=tests/slurm/scheduler pytest tests/cluster/test_record_scheduler_e2e.py
@@ -48,12 +49,14 @@ def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: Slurm
         shown = _run(slurm_cluster, SCONTROL, "show", "-d", "job", str(job))
         node_name = next(w.split("=", 1)[1] for w in shown.split() if w.startswith("BatchHost="))
         listed = _run(slurm_cluster, SQUEUE, "--json", f"--nodelist={node_name}", "--states=RUNNING")
+        node_shown = _run(slurm_cluster, SCONTROL, "-o", "show", "node", node_name)
         assert [str(j["job_id"]) for j in json.loads(listed)["jobs"]] == [str(job)]
         if record := os.environ.get("GPUSLURM_RECORD_SCHEDULER"):
             out = Path(record) / release
             out.mkdir(parents=True, exist_ok=True)
             (out / "squeue-running.json").write_text(listed)
             (out / "show-job.txt").write_text(shown)
+            (out / "show-node.txt").write_text(node_shown)
             (out / "job").write_text(f"{job}\n{node_name}\n")
         for key, value in slurm_cluster.env.items():  # the adapter's commands read SLURM_CONF
             monkeypatch.setenv(key, value)

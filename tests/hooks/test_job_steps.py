@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from hook_helpers import HookSite, make_site
-from recording_scheduler import RecordingScheduler
 
 from gpuslurm.config import load_config
 from gpuslurm.errors import CommandError
@@ -20,6 +19,7 @@ from gpuslurm.hooks.prolog import job_start
 from gpuslurm.state.job import GpuClaim, HookJob
 from gpuslurm.state.jobmap import read_map
 from gpuslurm.state.out_of_service import HOLDER_COMMENT
+from recording_scheduler import RecordingScheduler
 
 
 @pytest.fixture
@@ -66,7 +66,8 @@ def test_a_drain_fault_drains_through_the_scheduler_and_fails_the_step(site: Hoo
     assert start(site, a_job(0, 2), sched) == EXIT_UNHEALTHY
     [(node, reason)] = sched.called("drain_node")
     assert node == "node07"
-    assert reason == f"gpuslurm: GPU index 2 (/dev/nvidia2, {site.uuids[2]}): temperature 95 C over limit 85 C"
+    assert reason == (f"gpuslurm: GPU index 2 (/dev/nvidia2, {site.uuids[2]}): "
+                      "temperature 95 C over limit 85 C")
     assert sched.called("requeue_job") == sched.called("refuse_job") == []
     assert not (site.jobs_dir / "1234.json").exists()
 
