@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
