@@ -291,6 +291,28 @@ def test_idle_warnings_then_dry_run_scancel_is_only_said(tmp_path: Path) -> None
     assert "warning 1/2" in mail and "dry run" in mail
 
 
+def test_an_idle_job_is_cancelled_through_the_scheduler_or_says_there_is_none(tmp_path: Path) -> None:
+    """The Actor runs no scancel of its own: the adapter cancels (Slurm's scancel, PBS's qdel)."""
+    from recording_scheduler import RecordingScheduler
+
+    script, _ = sendmail_standin(tmp_path)
+    cfg = config(tmp_path, dry_run=False, mail_to=("hpc@example.org",),
+                 idle=ActIdle(scancel=True, warnings=1, warning_interval_s=10))
+    cfg = cfg._replace(paths=cfg.paths._replace(sendmail=str(script), scancel="/nonexistent/scancel"))
+    v = Violation("idle", "n1", "bob", "12", None, None, GPU, 0.0, 0.0, "job 12 idle")
+    alloc = Allocation("12", "bob", 1000, (GPU,), 0.0)
+    sched = RecordingScheduler()
+    actor = Actor(cfg, "n1", scheduler=sched)
+    for t in range(0, 30, 5):
+        actor.act(Cycle(float(t), "n1", (), (), (alloc,)), [v])
+    assert sched.called("cancel_job") == [("12",)]
+    done = [r["outcome"] for r in records(cfg) if r["action"] == "scancel"]
+    assert done and done[0].startswith("cancelled job 12 ")
+    bare = Actor(cfg._replace(paths=cfg.paths._replace(state_dir=str(tmp_path / "bare"))), "n1")
+    problems = [p for t in range(0, 30, 5) for p in bare.act(Cycle(float(t), "n1", (), (), (alloc,)), [v])]
+    assert any("no scheduler here to cancel job 12" in p.detail for p in problems)
+
+
 def test_bad_act_settings_are_refused_at_start(tmp_path: Path) -> None:
     for act in (ActConfig(webhook="file:///etc/passwd"), ActConfig(mail_to=("a@b>\nBcc: x",)),
                 ActConfig(log_file="relative.jsonl")):

@@ -657,13 +657,15 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps,
     """The scheduler's own limits: Slurm's cgroup/v1 job cgroup (ConstrainDevices=yes,
     PrologFlags=Contain), PBS's cgroups hook's (``pbs_jobs.service/jobid/<id>``) are root's, so
     the daemon's process joins it as root before dropping to the user. Found through the
-    scheduler's layout (state.cgroup), made here as the scheduler makes it."""
+    scheduler's adapter, made here as the scheduler makes it."""
     sys.path.insert(0, str(Path(__file__).parent))
     from cgroup_helpers import PROBE, make_gpu_files, parse_probe
 
     from gpuslurm.isolate.devices import cgroup_version, scheduler_devices_procs
+    from gpuslurm.pbs.scheduler import PbsScheduler
     from gpuslurm.runner import run_command
-    from gpuslurm.state.cgroup import scheduler_devices_dirs
+    from gpuslurm.slurm.adapter import SlurmScheduler
+    from gpuslurm.state.job import HookJob
 
     if cgroup_version("/sys/fs/cgroup") != 1:
         pytest.skip("no cgroup v1 devices hierarchy here")
@@ -689,7 +691,8 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps,
     gpus = make_gpu_files([0, 1])
     gpu_dir = next(gpus)
     try:
-        dirs = scheduler_devices_dirs(scheduler, job, NOBODY, node)
+        adapter = PbsScheduler() if scheduler == "pbs" else SlurmScheduler()
+        dirs = adapter.devices_cgroup_v1_dirs(HookJob(scheduler, job, NOBODY, "nobody", node))
         procs = scheduler_devices_procs("/sys/fs/cgroup", dirs)
         assert procs == str(chain[-1] / "cgroup.procs")
         daemon = start_mps("46", NOBODY, NOGROUP, ("GPU-a",), MpsRequest("comment", 100),
@@ -712,20 +715,6 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps,
                 except OSError:
                     time.sleep(0.1)
 
-
-def test_the_schedulers_job_cgroup_layouts() -> None:
-    """Slurm's extern step (per node, then plain), PBS's cgroups hook (OpenPBS, then PBS Pro
-    before 19); an id that is not the scheduler's, or one a path could be built from, gives none."""
-    from gpuslurm.state.cgroup import scheduler_devices_dirs
-
-    assert scheduler_devices_dirs("slurm", "7", 5, "n1") == ("slurm_n1/uid_5/job_7/step_extern",
-                                                             "slurm/uid_5/job_7/step_extern")
-    assert scheduler_devices_dirs("pbs", "7.pbshost", 5, "n1") == ("pbs_jobs.service/jobid/7.pbshost",
-                                                                   "pbspro/7.pbshost")
-    assert scheduler_devices_dirs("pbs", "7[2].pbshost", 5, "n1")[0] == "pbs_jobs.service/jobid/7[2].pbshost"
-    for scheduler, bad in (("pbs", "7"), ("slurm", "7.pbshost"), ("slurm", "7_1"), ("pbs", "../7.x"),
-                           ("pbs", "7.x/../y"), ("lsf", "7")):
-        assert scheduler_devices_dirs(scheduler, bad, 5, "n1") == (), (scheduler, bad)
 
 
 def test_a_cgroup_not_roots_is_not_taken_for_the_schedulers() -> None:

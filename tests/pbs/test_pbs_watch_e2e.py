@@ -95,7 +95,7 @@ def test_node_allocations_and_sessions(pbs_cluster: PbsCluster, pbs_bin: Path, g
     assert sorted(mine.uuids) == _numa_uuids(str(item["exec_vnode"]))
     assert abs(mine.start - time.time()) < 600
     assert item["session_id"] == os.getsid(pid)
-    assert sched.sessions == {os.getsid(pid): job}  # the job's shell leads the session
+    assert sched.sessions() == {os.getsid(pid): job}  # the job's shell leads the session
     assert sched.node_allocations("otherhost", load_node(BUNDLE)) == ()
     # a job map (what execjob_begin writes) is the truth about the GPUs
     chosen = _numa_uuids(str(item["exec_vnode"]))[:1]

@@ -6,11 +6,14 @@ import json
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpuslurm.cli.main import from_option
+
+if TYPE_CHECKING:
+    from gpuslurm.state.scheduler import Scheduler
 
 
 def _warn(message: str) -> None:
@@ -110,7 +113,7 @@ def _db_group(name: str) -> int | None:
         raise InputError(f"no such group: {name!r}", source="monitor.db_group") from None
 
 
-def _scheduler(cfg: Any) -> Any:
+def _scheduler(cfg: Any) -> Scheduler | None:
     """Slurm or PBS (``[scheduler] kind``), when its command is there to list the jobs."""
     from gpuslurm.cli.schedulers import build_scheduler
 
@@ -141,10 +144,11 @@ def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
             kmsg = reader
         except OSError as exc:
             _warn(f"cannot read the kernel log {path} ({exc.strerror}): Xids are not seen")
-    scheduler = scheduler_for(cfg, cfg.monitor.command_timeout_s)
+    adapter = scheduler_for(cfg, cfg.monitor.command_timeout_s)
+    scheduler: Scheduler | None = adapter
     if not os.access(command := action_command(cfg), os.X_OK):
         _warn(f"{command} is missing: faults are logged, GPUs recorded out of service, "
-              f"but {'PBS' if scheduler.name == 'pbs' else 'Slurm'} is not told")
+              f"but {'PBS' if adapter.name == 'pbs' else 'Slurm'} is not told")
         scheduler = None
 
     events = None
@@ -187,9 +191,10 @@ def _comments(cfg: Any, store: Any) -> Any:
 
 def _actions(cfg: Any, node_name: str) -> Any:
     """What carries out ``[act]`` each cycle (see docs/monitor.md, "Actions")."""
+    from gpuslurm.cli.schedulers import scheduler_for
     from gpuslurm.watch.act import Actor
 
-    actor = Actor(cfg, node_name, warn=_warn)
+    actor = Actor(cfg, node_name, warn=_warn, scheduler=scheduler_for(cfg, cfg.act.timeout_s))
     if cfg.act.dry_run and (cfg.act.rogue.kill or cfg.act.idle.scancel):
         _warn("[act] dry_run is on: rogue processes and idle jobs are only reported, "
               "never killed or cancelled")

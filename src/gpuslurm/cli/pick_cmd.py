@@ -160,33 +160,11 @@ def build_request(args: PickArgs) -> Request:
 
 
 def job_candidates(node: Node, environ: Mapping[str, str]) -> tuple[str, ...] | None:
-    """The UUIDs a Slurm or PBS job may use, or None outside a job (every GPU of the node).
+    """The UUIDs the job around this process may use, or None outside a job (every GPU of the
+    node): each scheduler's adapter reads its own environment (``job_gpus_from_env``)."""
+    from gpuslurm.cli.schedulers import job_gpus_from_env
 
-    Inside a PBS job (``PBS_JOBID`` set): ``GPUSLURM_GPU_UUIDS`` from gpuslurm's execjob_launch,
-    else none. Inside a Slurm job (``SLURM_JOB_ID`` set): ``GPUSLURM_GPU_UUIDS`` from the task
-    prolog when set,
-    else ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` (GRES indices) resolved against the node; under
-    ConstrainDevices NVML shows only the job's GPUs, so when the node shows exactly as many GPUs
-    as the job holds, those are the job's.
-    """
-    in_slurm = bool(environ.get("SLURM_JOB_ID", "").strip())
-    in_pbs = not in_slurm and bool(environ.get("PBS_JOBID", "").strip())
-    if not (in_slurm or in_pbs):
-        return None
-    named = environ.get("GPUSLURM_GPU_UUIDS", "").strip()
-    if named:
-        return tuple(u.strip() for u in named.split(",") if u.strip())
-    if in_pbs:  # gpuslurm's execjob_launch names every GPU a PBS job has here: without it, none
-        return ()
-    from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
-
-    env = HookEnv.from_environ(environ)
-    indices = env.step_gpus if env.step_gpus is not None else env.job_gpus
-    if indices is None:
-        return ()
-    if node.source == "nvml" and len(node.gpus) == len(indices):
-        return tuple(g.uuid for g in node.gpus)
-    return tuple(d.uuid for d in resolve_job_gpus(env, node))
+    return job_gpus_from_env(environ, node)
 
 
 def cache_dir(environ: Mapping[str, str]) -> str | None:

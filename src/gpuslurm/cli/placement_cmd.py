@@ -21,7 +21,7 @@ from gpuslurm.cli.main import from_option, json_option
 from gpuslurm.errors import CommandError, InputError
 
 if TYPE_CHECKING:
-    from gpuslurm.slurm.job_detail import JobDetail
+    from gpuslurm.state.running import JobDetail
 
 MAX_NODES_NAMED = 8  # the nodes an error names (a recording of a whole cluster is one line)
 
@@ -80,21 +80,17 @@ def _none_here(jobs: Iterable[JobDetail], node_name: str) -> None:
 
 
 def _live(node_name: str) -> tuple[JobDetail, ...]:
-    """This node's running jobs from ``squeue --json``, each read with its own ``scontrol show -d
-    job ID`` (a user's job name or comment cannot reach another job's record there)."""
+    """This node's running jobs with their CPUs and GPUs, as the scheduler details them."""
+    from gpuslurm.cli.schedulers import scheduler_for
     from gpuslurm.config import load_config
-    from gpuslurm.runner import run_command
-    from gpuslurm.slurm.job_detail import live_jobs
-    from gpuslurm.slurm.squeue import parse_squeue_json
 
-    paths = load_config().paths  # the commands every other one runs ([paths] scontrol, squeue)
-    scontrol, squeue = paths.scontrol, paths.squeue
-    if not (os.access(scontrol, os.X_OK) and os.access(squeue, os.X_OK)):
-        raise CommandError(f"{scontrol} or {squeue} not found; record `scontrol show -d job` "
+    cfg = load_config()
+    scheduler = scheduler_for(cfg, cfg.monitor.command_timeout_s)
+    found = scheduler.running_job_details(node_name)
+    if found is None:
+        raise CommandError(f"{scheduler.name} details no job's CPUs; record `scontrol show -d job` "
                            "and pass --input")
-    listed = run_command([squeue, "--json", f"--nodelist={node_name}", "--states=RUNNING"], timeout=30)
-    return live_jobs(parse_squeue_json(listed.stdout), node_name,
-                     lambda job_id: run_command([scontrol, "show", "-d", "job", job_id], timeout=30).stdout)
+    return found
 
 
 def summary(node_name: str, rows: list[dict[str, Any]]) -> str:

@@ -1,13 +1,19 @@
-"""Which scheduler the node's commands ask for its jobs: ``[scheduler] kind`` (see docs/config.md)."""
+"""Which scheduler the node's commands ask for its jobs: ``[scheduler] kind`` (see docs/config.md),
+and, inside a job, whose job it is (:func:`job_gpus_from_env`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
+    from gpuslurm.hw.model import Node
+    from gpuslurm.state.scheduler import Scheduler
 
 
-def scheduler_kind(cfg: Any) -> str:
+def scheduler_kind(cfg: Config) -> str:
     """``slurm`` or ``pbs``: the configured kind, or for ``auto`` PBS when ``paths.qstat`` runs and
     ``paths.squeue`` does not (a node with both is a Slurm node that has PBS's client installed)."""
     kind: str = cfg.scheduler.kind
@@ -18,7 +24,7 @@ def scheduler_kind(cfg: Any) -> str:
     return "slurm"
 
 
-def scheduler_for(cfg: Any, timeout: float) -> Any:
+def scheduler_for(cfg: Config, timeout: float) -> Scheduler:
     """The Scheduler adapter of ``[scheduler] kind``, its commands bounded by ``timeout`` seconds."""
     if scheduler_kind(cfg) == "pbs":
         from gpuslurm.pbs.scheduler import PbsScheduler
@@ -33,12 +39,12 @@ def scheduler_for(cfg: Any, timeout: float) -> Any:
                           scancel=cfg.paths.scancel, gpu_out=cfg.gpu_out)
 
 
-def action_command(cfg: Any) -> str:
+def action_command(cfg: Config) -> str:
     """The program the scheduler's node actions need (scontrol, or qmgr for PBS)."""
     return str(cfg.paths.qmgr if scheduler_kind(cfg) == "pbs" else cfg.paths.scontrol)
 
 
-def build_scheduler(cfg: Any, warn: Callable[[str], None] | None = None) -> Any:
+def build_scheduler(cfg: Config, warn: Callable[[str], None] | None = None) -> Scheduler | None:
     """The Scheduler adapter for this node, or None when its job-listing command is missing (the
     monitor then attributes from the job maps alone; ``warn`` says so)."""
     sched = scheduler_for(cfg, cfg.monitor.command_timeout_s)
@@ -48,3 +54,24 @@ def build_scheduler(cfg: Any, warn: Callable[[str], None] | None = None) -> Any:
             warn(f"{command} is missing: jobs without a job map stay unattributed to GPUs")
         return None
     return sched
+
+
+# Every adapter with the variable its jobs' environment always holds, in the order they are asked
+# (Slurm first: a Slurm job on a node with PBS's client keeps SLURM_JOB_ID). An adapter is imported
+# only when its variable is set: pick runs inside every job and outside any.
+JOB_ENV_ADAPTERS = (("SLURM_JOB_ID", "gpuslurm.slurm.adapter", "SlurmScheduler"),
+                    ("PBS_JOBID", "gpuslurm.pbs.scheduler", "PbsScheduler"))
+
+
+def job_gpus_from_env(environ: Mapping[str, str], node: Node) -> tuple[str, ...] | None:
+    """The UUIDs a process with ``environ`` may use, from the first adapter whose job it is in
+    (:meth:`gpuslurm.state.scheduler.Scheduler.job_gpus_from_env`); None outside any job."""
+    import importlib
+
+    for variable, module, name in JOB_ENV_ADAPTERS:
+        if not environ.get(variable, "").strip():
+            continue
+        adapter: Scheduler = getattr(importlib.import_module(module), name)()
+        if (found := adapter.job_gpus_from_env(environ, node)) is not None:
+            return found
+    return None

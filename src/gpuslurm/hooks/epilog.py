@@ -91,8 +91,9 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec:
     try:  # gpuslurm's own device cgroup (isolate.devices); bookkeeping: logged, never drains
         from gpuslurm.isolate.devices import release_job
 
-        finder = getattr(scheduler, "existing_job_cgroup_v2", None)  # the Slurm adapter's
-        v2_dir = (lambda: finder(job._replace(sluid=sluid), cfg)) if callable(finder) else None
+        def v2_dir() -> tuple[str, ...]:
+            return scheduler.existing_job_cgroup_v2(job._replace(sluid=sluid), cfg)
+
         if (released := release_job(cfg, job_id, v2_dir)) is not None:
             log.info(released)
     except Exception as exc:

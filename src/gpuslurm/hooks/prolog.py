@@ -60,7 +60,7 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
     if isolate is None:
         from gpuslurm.isolate.devices import wanted
 
-        isolate = wanted(cfg)
+        isolate = wanted(cfg, lambda: scheduler.constrains_devices(cfg))
     from gpuslurm.state.out_of_service import HOLDER_COMMENT
 
     if uid == 0 and job.comment == HOLDER_COMMENT:  # root's holder of a GPU out of service
@@ -72,7 +72,7 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         # a job without GPUs here: nothing to check or map, but every GPU is denied to it
         if isolate:
             _log_isolation(log, isolate_job(cfg, job_id, uid, (), node or _node(spec, cfg, log),
-                                                 scheduler=job.scheduler,
+                                                 scheduler=scheduler.name,
                                                  v2_dir=_v2_dir(scheduler, job, cfg)))
         return 0
 
@@ -85,7 +85,7 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         from gpuslurm.isolate.devices import isolate_job
 
         if isolate:
-            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node, scheduler=job.scheduler,
+            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node, scheduler=scheduler.name,
                                                  v2_dir=_v2_dir(scheduler, job, cfg)))
         return 0
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
@@ -137,9 +137,9 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         from gpuslurm.isolate.devices import isolate_job
 
         _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node,  # fails closed: raises
-                                        scheduler=job.scheduler, v2_dir=_v2_dir(scheduler, job, cfg)))
+                                        scheduler=scheduler.name, v2_dir=_v2_dir(scheduler, job, cfg)))
     try:
-        mps = _start_mps(job, cfg, devices, node, log, isolate)
+        mps = _start_mps(job, scheduler, cfg, devices, node, log, isolate)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
         return _refuse_job(scheduler, job_id, str(exc), log)
     try:  # every step after MPS started: a failure stops the daemon again
@@ -154,14 +154,11 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
     return 0
 
 
-def _v2_dir(scheduler: Scheduler, job: HookJob, cfg: Config) -> Callable[[], Sequence[str]] | None:
+def _v2_dir(scheduler: Scheduler, job: HookJob, cfg: Config) -> Callable[[], Sequence[str] | None]:
     """How to find the job's directory (or every place it may be) in the scheduler's cgroup v2
-    tree (the Slurm adapter's ``job_cgroup_v2``), for :func:`gpuslurm.isolate.devices.isolate_job`;
-    None where it has none."""
-    finder = getattr(scheduler, "job_cgroup_v2", None)
-    if not callable(finder):
-        return None
-    return lambda: tuple(str(p) for p in finder(job, cfg))
+    tree, for :func:`gpuslurm.isolate.devices.isolate_job`: asked only on cgroup v2; None there
+    where the scheduler makes the job none (gpuslurm makes its own)."""
+    return lambda: scheduler.job_cgroup_v2(job, cfg)
 
 
 def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
@@ -171,7 +168,7 @@ def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
     return node_identity(spec, cfg.paths.run_dir, log.warning)
 
 
-def _start_mps(job: HookJob, cfg: Config, devices: Sequence[JobDevice], node: AnyNode,
+def _start_mps(job: HookJob, scheduler: Scheduler, cfg: Config, devices: Sequence[JobDevice], node: AnyNode,
                log: HookLog, isolated: bool) -> bool:
     """Start the job's MPS daemon if it asked for one (True).
 
@@ -192,7 +189,7 @@ def _start_mps(job: HookJob, cfg: Config, devices: Sequence[JobDevice], node: An
         raise InputError("is not an executable MPS control program", source=cfg.paths.mps_control)
     from gpuslurm.isolate.mps import start_mps
 
-    procs = _job_devices_procs(cfg, job, devices, node, isolated)
+    procs = _job_devices_procs(cfg, job, scheduler, devices, node, isolated)
     try:
         daemon = start_mps(job_id, uid, gid, [d.uuid for d in devices], request, run_dir=cfg.paths.run_dir,
                            mps_control=cfg.paths.mps_control, timeout=cfg.hooks.command_timeout_s,
@@ -260,8 +257,8 @@ def _job_out(action: Callable[[str, str], str], job_id: str, reason: str, log: H
     return 0
 
 
-def _job_devices_procs(cfg: Any, job: HookJob, devices: Sequence[JobDevice], node: AnyNode,
-                       isolated: bool) -> str | None:
+def _job_devices_procs(cfg: Any, job: HookJob, scheduler: Scheduler, devices: Sequence[JobDevice],
+                       node: AnyNode, isolated: bool) -> str | None:
     """The devices cgroup the job's MPS daemon starts in (its ``cgroup.procs``), so the daemon and
     its servers never reach a GPU the job was not given. cgroup v1: gpuslurm's own (made by
     isolate_job just before) when gpuslurm isolates here; else the scheduler's job cgroup if it
@@ -278,7 +275,6 @@ def _job_devices_procs(cfg: Any, job: HookJob, devices: Sequence[JobDevice], nod
         scheduler_devices_procs,
         v1_job_dir,
     )
-    from gpuslurm.state.cgroup import scheduler_devices_dirs
 
     root = cfg.paths.cgroup_root
     if cfg.cgroup.devices == "never":  # no device cgroups of ours
@@ -291,8 +287,7 @@ def _job_devices_procs(cfg: Any, job: HookJob, devices: Sequence[JobDevice], nod
     if isolated:  # gpuslurm made the job's own devices cgroup just before
         procs = os.path.join(v1_job_dir(root, job.job_id), "cgroup.procs")
         return procs if os.path.exists(procs) else None
-    found = scheduler_devices_procs(root, scheduler_devices_dirs(job.scheduler, job.job_id, job.uid,
-                                                                 job.node_name))
+    found = scheduler_devices_procs(root, scheduler.devices_cgroup_v1_dirs(job))
     return found if found is not None else mps_cgroup_v1(cfg, job.job_id, devices, node)
 
 

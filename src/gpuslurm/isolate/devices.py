@@ -383,27 +383,25 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def wanted(cfg: Config) -> bool:
-    """Whether this node's config asks gpuslurm to isolate devices (reads Slurm's cgroup.conf)."""
-    from gpuslurm.errors import InputError
-
-    if cfg.cgroup.devices != "auto":
-        return isolation_wanted(cfg.cgroup.devices, None)
-    try:
-        text = _read_text(cfg.paths.slurm_cgroup_conf)
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", source=cfg.paths.slurm_cgroup_conf) from None
-    return isolation_wanted("auto", text)
+def wanted(cfg: Config, scheduler_constrains: Callable[[], bool]) -> bool:
+    """Whether this node's config asks gpuslurm to isolate devices: ``[cgroup] devices``, for
+    ``auto`` when the scheduler does not (``scheduler_constrains``: the adapter's
+    :meth:`gpuslurm.state.scheduler.Scheduler.constrains_devices`, asked only then)."""
+    mode = cfg.cgroup.devices
+    if mode != "auto":
+        return isolation_wanted(mode, None)
+    return not scheduler_constrains()
 
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
                 node: AnyNode | None = None, spec: str | None = None, scheduler: str = "slurm",
-                v2_dir: Callable[[], Sequence[str]] | None = None) -> str:
+                v2_dir: Callable[[], Sequence[str] | None] | None = None) -> str:
     """The prolog's step: limit the job to ``given``; a line for the log. The caller has decided
     that gpuslurm isolates here (:func:`wanted` for Slurm; the PBS adapter decides for PBS).
-    On cgroup v2 a Slurm job's cgroup is slurmd's, which ``v2_dir`` finds (the scheduler's
-    adapter: :func:`gpuslurm.slurm.cgroup_v2.job_cgroup`; every place it may be, before Slurm
-    made it: each gets the program), a PBS job's gpuslurm's own (:func:`v2_pbs_dir`).
+    On cgroup v2 the job's cgroup is the scheduler's, which ``v2_dir`` finds (its adapter's
+    :meth:`gpuslurm.state.scheduler.Scheduler.job_cgroup_v2`: for Slurm every place slurmstepd
+    may make it, each getting the program), or, where ``v2_dir`` answers None (the scheduler makes
+    the job none: PBS), gpuslurm's own (:func:`v2_pbs_dir`). ``scheduler`` names it in errors.
 
     Any failure raises a GpuslurmError, so that the prolog fails and the job does not start
     with every GPU open.
@@ -419,15 +417,16 @@ def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
     version = cgroup_version(root)
     if version == 1:
         path = setup_v1(root, job_id, uid, denied)
-    elif version == 2 and scheduler == "pbs":
-        path = setup_own_v2(v2_pbs_dir(root, job_id), denied)
     elif version == 2:
         if v2_dir is None:
             raise HardwareError(f"{scheduler}: no way to find the job's cgroup v2 directory")
         paths = v2_dir()
-        if not paths:
+        if paths is None:  # the scheduler makes the job no cgroup: gpuslurm's own
+            path = setup_own_v2(v2_pbs_dir(root, job_id), denied)
+        elif not paths:
             raise HardwareError(f"{scheduler}: no cgroup v2 directory found for the job")
-        path = ", ".join(setup_v2(p, denied) for p in paths)
+        else:
+            path = ", ".join(setup_v2(p, denied) for p in paths)
     else:
         raise HardwareError(f"{root}: neither a cgroup v1 devices hierarchy nor a cgroup2 mount")
     return f"devices cgroup {path}: {len(denied)} device(s) denied"

@@ -19,11 +19,13 @@ import json
 from collections.abc import Mapping
 
 from gpuslurm.errors import CommandError, one_line
+from gpuslurm.pbs.facts import PbsJobFacts
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpuslurm.config import Config
     from gpuslurm.hw.model import Node
     from gpuslurm.samples import Allocation
     from gpuslurm.state.out_of_service import OutOfService
@@ -70,19 +72,35 @@ class HookAnswer:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-class PbsHookActions:
+class PbsHookActions(PbsJobFacts):
     """:class:`gpuslurm.state.scheduler.Scheduler` inside a PBS hook: every action is written into
     the answer for the hook to apply. Draining takes the job's vnodes with GPUs on this host
-    offline (the natural vnode when there are none); refusing rejects the event."""
+    offline (the natural vnode when there are none); refusing rejects the event. ``pbs_cgroups``:
+    whether PBS's cgroups hook is enabled on this host (the hook's request says)."""
 
     name = "pbs"
 
-    def __init__(self, answer: HookAnswer, vnodes: tuple[str, ...] = ()) -> None:
+    def __init__(self, answer: HookAnswer, vnodes: tuple[str, ...] = (), *,
+                 pbs_cgroups: bool = False) -> None:
         self.answer = answer
         self.vnodes = vnodes
+        self.pbs_cgroups = pbs_cgroups
+
+    def can_list_jobs(self) -> bool:
+        return False  # a hook acts on one job; qstat's view is gpuslurm.pbs.scheduler's
 
     def node_allocations(self, node_name: str, node: Node) -> tuple[Allocation, ...]:
         return ()  # a hook acts on one job; qstat's view is gpuslurm.pbs.scheduler's
+
+    def sessions(self) -> Mapping[int, str]:
+        return {}  # no job list, so no sessions: PBS's jobs are told by session, as qstat gives them
+
+    def constrains_devices(self, cfg: Config) -> bool:
+        """Whether PBS's cgroups hook, enabled here, confines the job's devices."""
+        return self.pbs_cgroups
+
+    def cancel_job(self, job_id: str) -> str:
+        raise CommandError("a PBS hook does not delete a job; use qdel")
 
     def drain_node(self, node_name: str, reason: str) -> None:
         for vnode in self.vnodes or (node_name,):

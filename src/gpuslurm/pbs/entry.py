@@ -133,7 +133,7 @@ def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer:
         log.info(f"the job asks for its own MPS daemon (gpuslurm_mps), share {job.mps_share}%")
     shares = local_shares(req)
     isolate = pbs_isolates(cfg, req, log)
-    actions = PbsHookActions(answer, tuple(s.vnode for s in shares))
+    actions = PbsHookActions(answer, tuple(s.vnode for s in shares), pbs_cgroups=req.pbs_cgroups)
     rc = run_begin(job, tuple(shares), cfg, spec, log, answer, actions, isolate)
     if rc != 0:  # a health fault the prolog found (and drained for), or its own refusal
         answer.reject(f"gpuslurm: the job cannot start on {req.hostname} (prolog exit {rc}; "
@@ -250,7 +250,7 @@ def _end(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: H
     from gpuslurm.pbs.request import local_shares
 
     job = _job(req, cfg, strict=False)
-    actions = PbsHookActions(answer, tuple(s.vnode for s in local_shares(req)))
+    actions = PbsHookActions(answer, tuple(s.vnode for s in local_shares(req)), pbs_cgroups=req.pbs_cgroups)
     job_end(job, actions, cfg, log, spec, time.time())
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gpuslurm.errors import CommandError, GpuslurmError
 from gpuslurm.names import check_node_name
+from gpuslurm.pbs.facts import PbsJobFacts
 from gpuslurm.pbs.qstat import PbsJob, parse_qstat_json
 from gpuslurm.runner import run_command
 from gpuslurm.samples import Allocation
@@ -22,7 +23,7 @@ from gpuslurm.samples import Allocation
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from gpuslurm.config import GpuOutConfig
+    from gpuslurm.config import Config, GpuOutConfig
     from gpuslurm.hw.model import Node
     from gpuslurm.pbs.qstat import PbsNode
     from gpuslurm.state.out_of_service import OutOfService
@@ -79,12 +80,13 @@ def _uid(user: str) -> int:
         return -1
 
 
-class PbsScheduler:
+class PbsScheduler(PbsJobFacts):
     """PBS's commands (absolute paths from ``[paths]``), each bounded by ``timeout`` seconds."""
 
     name = "pbs"
 
-    def __init__(self, *, qstat: str, pbsnodes: str, timeout: float, jobs_dir: str | None = None,
+    def __init__(self, *, qstat: str = "/opt/pbs/bin/qstat", pbsnodes: str = "/opt/pbs/bin/pbsnodes",
+                 timeout: float = 10.0, jobs_dir: str | None = None,
                  qalter: str = "/opt/pbs/bin/qalter", qhold: str = "/opt/pbs/bin/qhold",
                  qrerun: str = "/opt/pbs/bin/qrerun", qdel: str = "/opt/pbs/bin/qdel",
                  qmgr: str = "/opt/pbs/bin/qmgr", gpu_out: GpuOutConfig | None = None) -> None:
@@ -98,11 +100,26 @@ class PbsScheduler:
         self.qdel = qdel
         self.timeout = timeout
         self.jobs_dir = jobs_dir
-        self.sessions: dict[int, str] = {}  # the last answer's session id → job id, on this node
+        self._sessions: dict[int, str] = {}  # the last answer's session id → job id, on this node
 
     def can_list_jobs(self) -> bool:
         """Whether qstat is there to run (the monitor falls back to the job maps alone)."""
         return os.access(self.qstat, os.X_OK)
+
+    def sessions(self) -> Mapping[int, str]:
+        """Session id → job id of the jobs the last :meth:`node_allocations` found with their
+        first host here: a PBS job's processes are its shell's session (no cgroup of PBS's)."""
+        return self._sessions
+
+    def constrains_devices(self, cfg: Config) -> bool:
+        """False: PBS itself limits no job's devices (its optional cgroups hook does, which only a
+        hook's request tells: :class:`gpuslurm.pbs.answer.PbsHookActions`)."""
+        return False
+
+    def cancel_job(self, job_id: str) -> str:
+        """``qdel JOB``."""
+        run_command([self.qdel, check_pbs_job_id(job_id)], timeout=self.timeout)
+        return "deleted"
 
     def running_jobs(self) -> tuple[PbsJob, ...]:
         """Every running job the server knows (``qstat -f -F json``, state R)."""
@@ -113,7 +130,7 @@ class PbsScheduler:
         """The running jobs with a share of ``node_name``; their GPUs from the job map, else from
         exec_vnode where it leaves no choice (see the module's docstring)."""
         jobs = [j for j in self.running_jobs() if j.runs_on(node_name)]
-        self.sessions = {j.session_id: j.job_id for j in jobs
+        self._sessions = {j.session_id: j.job_id for j in jobs
                          if j.session_id is not None and j.exec_hosts[:1] == (node_name,)}
         out = []
         for job in jobs:

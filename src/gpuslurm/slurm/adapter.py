@@ -1,5 +1,6 @@
 """Slurm behind :class:`gpuslurm.state.scheduler.Scheduler`: squeue for the jobs on a node, scontrol to
-drain and resume it. The one squeue wrapper the monitor and the live view share."""
+drain and resume it, scancel, the job's cgroups (each release's layout: :mod:`gpuslurm.slurm.cgroup_v2`)
+and GPUs (its hook environment). The one squeue wrapper the monitor and the live view share."""
 
 from __future__ import annotations
 
@@ -14,6 +15,20 @@ if TYPE_CHECKING:  # the hooks build this adapter on every job: keep its imports
     from gpuslurm.samples import Allocation
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.out_of_service import OutOfService
+    from gpuslurm.state.running import JobDetail
+
+
+def devices_cgroup_v1_dirs(job_id: str, uid: int, node: str) -> tuple[str, ...]:
+    """Where Slurm keeps a job's processes in the v1 ``devices`` hierarchy: its cgroup/v1 plugin
+    with ``ConstrainDevices=yes`` limits the job there, and its extern step (``PrologFlags=Contain``:
+    made before the prolog runs) is where processes started for the job outside any step belong, as
+    pam_slurm_adopt's do. ``slurm_<node>`` is the layout of several slurmd on one host. Nothing for
+    an id that is not Slurm's."""
+    from gpuslurm.jobid import valid_job_id
+
+    if not (valid_job_id(job_id) and job_id.isascii() and job_id.isdigit()):
+        return ()
+    return tuple(f"{top}/uid_{uid}/job_{job_id}/step_extern" for top in (f"slurm_{node}", "slurm"))
 
 
 class SlurmScheduler:
@@ -21,7 +36,8 @@ class SlurmScheduler:
 
     name = "slurm"
 
-    def __init__(self, *, squeue: str, scontrol: str, timeout: float,
+    def __init__(self, *, squeue: str = "/usr/bin/squeue", scontrol: str = "/usr/bin/scontrol",
+                 timeout: float = 10.0,
                  scancel: str = "/usr/bin/scancel", sacctmgr: str = "/usr/bin/sacctmgr",
                  gpu_out: GpuOutConfig | None = None) -> None:
         self.gpu_out = gpu_out
@@ -49,6 +65,73 @@ class SlurmScheduler:
         found = node_allocations(self.squeue, node_name, node, timeout=self.timeout)
         return tuple(Allocation(j.job.job_id, j.job.user, j.job.uid, j.uuids, j.job.start, j.job.account,
                                 source="squeue") for j in found)
+
+    def sessions(self) -> None:
+        """None: Slurm puts its jobs' processes in cgroups of its own (read from /proc)."""
+        return None
+
+    def running_job_details(self, node_name: str) -> tuple[JobDetail, ...]:
+        """This node's running jobs from ``squeue --json``, each read with its own ``scontrol show -d
+        job ID`` (a user's job name or comment cannot reach another job's record there)."""
+        from gpuslurm.errors import CommandError
+        from gpuslurm.runner import run_command
+        from gpuslurm.slurm.job_detail import live_jobs
+        from gpuslurm.slurm.squeue import parse_squeue_json
+
+        if not (os.access(self.scontrol, os.X_OK) and os.access(self.squeue, os.X_OK)):
+            raise CommandError(f"{self.scontrol} or {self.squeue} not found; record `scontrol show -d job` "
+                               "and pass --input")
+        listed = run_command([self.squeue, "--json", f"--nodelist={node_name}", "--states=RUNNING"],
+                             timeout=self.timeout)
+        return live_jobs(parse_squeue_json(listed.stdout), node_name,
+                         lambda job_id: run_command([self.scontrol, "show", "-d", "job", job_id],
+                                                    timeout=self.timeout).stdout)
+
+    def job_gpus_from_env(self, environ: Mapping[str, str], node: Node) -> tuple[str, ...] | None:
+        """Inside a Slurm job (``SLURM_JOB_ID`` set): ``GPUSLURM_GPU_UUIDS`` from the task prolog
+        when set, else ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` (GRES indices) resolved against the
+        node; under ConstrainDevices NVML shows only the job's GPUs, so when the node shows exactly
+        as many GPUs as the job holds, those are the job's. None outside a Slurm job."""
+        if not environ.get("SLURM_JOB_ID", "").strip():
+            return None
+        named = environ.get("GPUSLURM_GPU_UUIDS", "").strip()
+        if named:
+            return tuple(u.strip() for u in named.split(",") if u.strip())
+        from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
+
+        env = HookEnv.from_environ(environ)
+        indices = env.step_gpus if env.step_gpus is not None else env.job_gpus
+        if indices is None:
+            return ()
+        if node.source == "nvml" and len(node.gpus) == len(indices):
+            return tuple(g.uuid for g in node.gpus)
+        return tuple(d.uuid for d in resolve_job_gpus(env, node))
+
+    def constrains_devices(self, cfg: Config) -> bool:
+        """``ConstrainDevices=yes`` in Slurm's cgroup.conf (``[paths] slurm_cgroup_conf``; none: no)."""
+        from gpuslurm.errors import InputError
+        from gpuslurm.isolate.devices import slurm_constrains_devices
+
+        path = cfg.paths.slurm_cgroup_conf
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text: str | None = fh.read()
+        except FileNotFoundError:
+            text = None
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror}", source=path) from None
+        return slurm_constrains_devices(text)
+
+    def devices_cgroup_v1_dirs(self, job: HookJob) -> tuple[str, ...]:
+        return devices_cgroup_v1_dirs(job.job_id, job.uid, job.node_name)
+
+    def cancel_job(self, job_id: str) -> str:
+        """``scancel JOB``."""
+        from gpuslurm.runner import run_command
+        from gpuslurm.slurm.scontrol import check_job_id
+
+        run_command([self.scancel, check_job_id(job_id)], timeout=self.timeout)
+        return "cancelled"
 
     def job_cgroup_v2(self, job: HookJob, cfg: Config) -> tuple[str, ...]:
         """The job's directory under slurmd's cgroup/v2 stepd scope, or every place slurmstepd may

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from gpuslurm.errors import InputError
 from gpuslurm.ranges import MAX_CPUS, MAX_GPUS, parse_ranges
+from gpuslurm.state.running import JobDetail, NodeShare
 from gpuslurm.topo.hostlist import expand_hostlist
 
 if TYPE_CHECKING:
@@ -34,30 +35,6 @@ _START_RE = re.compile(r"JobId=(\d{1,20})(?:\s|$)")  # at column 0 only (match, 
 _FIRST_RE = re.compile(r" {3}(UserId|JobState)=(\S*)")  # the first word of an indented line
 _DETAIL_RE = re.compile(r" {5}Nodes=(\S+) CPU_IDs=(\S*) Mem=\d+ GRES=(\S*)\s*")
 _GPU_IDX_RE = re.compile(r"(?:^|,)gpu(?::[^:(),]+)?(?::\d+)?\(IDX:([^)]*)\)")
-
-
-class NodeShare(NamedTuple):
-    """What one job holds on some nodes: abstract CPU ids and gres.conf positions of its GPUs."""
-
-    nodes: tuple[str, ...]
-    cpu_ids: tuple[int, ...]
-    gpu_idx: tuple[int, ...]
-
-
-class JobDetail(NamedTuple):
-    job_id: str
-    user: str
-    state: str
-    shares: tuple[NodeShare, ...]
-
-    def on(self, node: str) -> NodeShare | None:
-        """The job's share of ``node``; None when it has none there, or when its lines for the
-        node disagree (a forged detail line beside Slurm's own)."""
-        found = {s[1:] for s in self.shares if node in s.nodes}
-        if len(found) != 1:
-            return None
-        cpus, idx = found.pop()
-        return NodeShare((node,), cpus, idx)
 
 
 class JobDetails(tuple[JobDetail, ...]):

@@ -119,24 +119,3 @@ def parse_cgroup(text: str) -> CgroupJob | None:
         if found is None:
             found = job
     return found
-
-
-def scheduler_devices_dirs(scheduler: str, job_id: str, uid: int, node: str) -> tuple[str, ...]:
-    """Where the scheduler itself keeps a job's processes in the v1 ``devices`` hierarchy
-    (relative to its mount), most specific first.
-
-    Slurm: its cgroup/v1 plugin with ``ConstrainDevices=yes`` limits the job there, and its extern
-    step (``PrologFlags=Contain``: made before the prolog runs) is where processes started for the
-    job outside any step belong, as pam_slurm_adopt's do. ``slurm_<node>`` is the layout of several
-    slurmd on one host. PBS: its cgroups hook's job cgroup (``pbs_jobs.service/jobid/<id>``, the
-    default ``cgroup_prefix``; PBS Professional before 19: ``pbspro/<id>``). Nothing for other
-    schedulers, nor for an id that is not the scheduler's."""
-    if not valid_job_id(job_id):
-        return ()
-    if scheduler == "pbs":
-        if "." not in job_id:  # PBS ids name their server
-            return ()
-        return (f"pbs_jobs.service/jobid/{job_id}", f"pbspro/{job_id}")
-    if scheduler != "slurm" or not (job_id.isascii() and job_id.isdigit()):
-        return ()
-    return tuple(f"{top}/uid_{uid}/job_{job_id}/step_extern" for top in (f"slurm_{node}", "slurm"))

@@ -13,15 +13,18 @@ import os
 import re
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslurm.config import Config
-from gpuslurm.errors import GpuslurmError, InputError
+from gpuslurm.errors import CommandError, GpuslurmError, InputError
 from gpuslurm.isolate.kill import SURVIVED
 from gpuslurm.jobid import valid_job_id
 from gpuslurm.policy.act import Planner, Step
 from gpuslurm.policy.wording import span
 from gpuslurm.samples import Cycle, ProcSample, ScanProblem, Violation
+
+if TYPE_CHECKING:
+    from gpuslurm.state.scheduler import Scheduler
 
 PROBLEM_KIND = "action"
 LOG_NAME = "actions.jsonl"
@@ -55,10 +58,12 @@ class Actor:
     """Carries out the planner's steps for one node; :meth:`act` runs once per cycle."""
 
     def __init__(self, cfg: Config, node: str, *, proc_root: str = "/proc",
-                 warn: Callable[[str], None] = lambda message: None) -> None:
+                 warn: Callable[[str], None] = lambda message: None,
+                 scheduler: Scheduler | None = None) -> None:
         check_act_config(cfg)
         self.cfg = cfg
         self.node = node
+        self.scheduler = scheduler  # cancels idle jobs (none: a cancel fails, and says so)
         self.proc_root = proc_root
         self.warn = warn
         self.planner = Planner(cfg.act)
@@ -201,15 +206,15 @@ class Actor:
         return facts.start_ticks
 
     def _scancel(self, step: Step) -> str:
-        from gpuslurm.runner import run_command
-
         job = step.violation.job_id or ""
         if not valid_job_id(job):  # a job id from squeue or a map, never an option
             raise InputError(f"not a job id: {job!r}", source="scancel")
         if step.dry_run:
             done = f"would scancel (dry run) job {job} {step.event}"
+        elif self.scheduler is None:
+            raise CommandError(f"no scheduler here to cancel job {job} with")
         else:
-            run_command([self.cfg.paths.scancel, job], timeout=self.cfg.act.timeout_s)
+            self.scheduler.cancel_job(job)
             done = f"cancelled job {job} {step.event}"
         told = self._alert(step, _cancel_text(step))
         return f"{done}; notice: {told}"

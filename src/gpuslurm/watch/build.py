@@ -43,14 +43,13 @@ def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_d
         def squeue() -> tuple[Allocation, ...]:
             return sched.node_allocations(node_name, known)
 
-        if isinstance(getattr(sched, "sessions", None), dict):  # PBS: session ids of its jobs' shells
+        if sched.sessions() is not None:  # PBS: session ids of its jobs' shells
             def sessions() -> Mapping[int, str]:
-                found: Mapping[int, str] = getattr(sched, "sessions", {})
-                return found
+                return sched.sessions() or {}
 
     extra: dict[str, Any] = {} if sessions is None else {"sessions": sessions}
-    if scheduler is not None and callable(lookup := getattr(scheduler, "job_of_sluid", None)):
-        extra["sluid_job"] = lookup  # Slurm 26.05: a SLUID cgroup's job without a map here
+    if scheduler is not None:
+        extra["sluid_job"] = scheduler.job_of_sluid  # Slurm 26.05: a SLUID cgroup's job without a map
     if proc_root is None:
         attributor = attributor_type(jobs_dir=jobs_dir, squeue=squeue, squeue_interval_s=squeue_interval_s,
                                      **extra)

@@ -1,0 +1,301 @@
+"""The Scheduler contract: every implementation of :class:`gpuslurm.state.scheduler.Scheduler` (Slurm,
+PBS's commands, the PBS hook's actions, the tests' recording one) answers every method with the
+types and meanings the interface documents, on outputs recorded from the real clusters:
+tests/slurm/scheduler/<release>/ (recorded by tests/cluster/test_record_scheduler_e2e.py, one folder
+per Slurm release run), tests/slurm/show_job/ (26.05's SLUIDs) and tests/pbs/data/ (OpenPBS 23.06).
+
+The commands are stand-ins that print those recordings and log their argv; nothing else is faked.
+A third scheduler is one more entry in ``IMPLEMENTATIONS``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslurm.config import Config, PathsConfig
+from gpuslurm.errors import GpuslurmError
+from gpuslurm.hw.source import load_node
+from gpuslurm.pbs.answer import HookAnswer, PbsHookActions
+from gpuslurm.pbs.scheduler import PbsScheduler
+from gpuslurm.samples import Allocation
+from gpuslurm.slurm.adapter import SlurmScheduler
+from gpuslurm.state.job import GpuClaim, HookJob, resolve_devices
+from gpuslurm.state.jobmap import job_map, write_map
+from gpuslurm.state.running import JobDetail
+from gpuslurm.state.scheduler import Scheduler
+from recording_scheduler import RecordingScheduler
+
+TESTS = Path(__file__).resolve().parents[1]
+SLURM_DATA = TESTS / "slurm" / "scheduler"
+SHOW_JOB = TESTS / "slurm" / "show_job"
+PBS_DATA = TESTS / "pbs" / "data"
+NODE = load_node("dgx-h100")
+RELEASES = sorted(p.name for p in SLURM_DATA.iterdir() if (p / "squeue-running.json").is_file()) \
+    if SLURM_DATA.is_dir() else []
+
+
+@dataclass
+class Case:
+    """One implementation, set up on one recording, and what that recording says it must answer."""
+
+    sched: Scheduler
+    node_name: str
+    job: HookJob  # one of its jobs on the node
+    foreign_job_id: str  # an id that is not this scheduler's
+    allocations: Mapping[str, int]  # job id → GPUs, as the recording lists them
+    sessions: Mapping[int, str] | None  # after node_allocations
+    details: tuple[str, ...] | None  # job ids of running_job_details, None: it gives none
+    in_job_env: dict[str, str]  # an environment inside one of its jobs
+    sluid: tuple[str, str | None] = ("s00000000000AB", None)  # a SLUID and the job it names
+    commands: Callable[[], list[list[str]]] = list  # the stand-ins' argv so far
+    unsupported: frozenset[str] = frozenset()  # actions it documents as raising GpuslurmError
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def stand_in(bindir: Path, name: str, log: Path, answers: Mapping[str, Path] | None = None,
+             default: Path | None = None) -> str:
+    """An executable ``name`` that logs its argv (one JSON list a line) and prints the recording
+    whose key appears in its arguments (else ``default``, else nothing)."""
+    script = bindir / name
+    lines = ["#!/bin/sh", f'python3 -c \'import json,sys; print(json.dumps(sys.argv[1:]))\' "$@" >> {log}']
+    lines += ['case " $* " in']
+    for key, path in (answers or {}).items():
+        lines.append(f'  *"{key}"*) cat {path}; exit 0;;')
+    lines.append(f"  *) {'cat ' + str(default) if default else 'true'};;")
+    lines.append("esac")
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def read_log(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def slurm_case(tmp: Path, release: str) -> Case:
+    data = SLURM_DATA / release
+    job_id, node_name = (data / "job").read_text().split()
+    bindir, log = tmp / "bin", tmp / "commands.log"
+    bindir.mkdir()
+    sluid = (SHOW_JOB / "26.05-sluid").read_text().strip()
+    scontrol = stand_in(bindir, "scontrol", log, {f"job {sluid}": SHOW_JOB / "26.05-by-sluid.txt",
+                                                   "show node": data / "show-node.txt",
+                                                   f"job {job_id}": data / "show-job.txt"})
+    squeue = stand_in(bindir, "squeue", log, default=data / "squeue-running.json")
+    scancel = stand_in(bindir, "scancel", log)
+    sbatch = stand_in(bindir, "sbatch", log)
+    from gpuslurm.config import GpuOutConfig
+
+    sched = SlurmScheduler(squeue=squeue, scontrol=scontrol, scancel=scancel, timeout=10,
+                           sacctmgr=str(bindir / "no-sacctmgr"), gpu_out=GpuOutConfig(sbatch=sbatch))
+    listed = json.loads((data / "squeue-running.json").read_text())["jobs"]
+    return Case(sched, node_name, HookJob("slurm", job_id, 1000, "alice", node_name), "7.pbshost",
+                {str(j["job_id"]): 2 for j in listed}, None, (job_id,),
+                {"SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": "0,1"}, (sluid, "1"), lambda: read_log(log))
+
+
+def pbs_commands_case(tmp: Path) -> Case:
+    bindir, log = tmp / "bin", tmp / "commands.log"
+    bindir.mkdir()
+    names = {n: stand_in(bindir, n, log) for n in ("qalter", "qhold", "qrerun", "qdel", "qmgr")}
+    qstat = stand_in(bindir, "qstat", log, default=PBS_DATA / "qstat-f-json.json")
+    pbsnodes = stand_in(bindir, "pbsnodes", log, {"-av": PBS_DATA / "pbsnodes-av-json-offline.json"})
+    jobs_dir = tmp / "jobs"  # 0.pbshost holds 2 of NUMA vnode 0's 4 GPUs: which, only its map says
+    write_map(job_map("0.pbshost", "gpuspbs1", 1000, resolve_devices(GpuClaim(indices=(0, 1)), NODE)),
+              str(jobs_dir))
+    sched = PbsScheduler(qstat=qstat, pbsnodes=pbsnodes, timeout=10, jobs_dir=str(jobs_dir), **names)
+    jobs = json.loads((PBS_DATA / "qstat-f-json.json").read_text())["Jobs"]
+    running = {k: v for k, v in jobs.items() if v["job_state"] == "R"}
+    return Case(sched, "pbshost", HookJob("pbs", "0.pbshost", 1000, "gpuspbs1", "pbshost"), "7",
+                {k: 2 if "ngpus=2" in v["exec_vnode"] else 0 for k, v in running.items()},
+                {v["session_id"]: k for k, v in running.items()}, None,
+                {"PBS_JOBID": "0.pbshost", "GPUSLURM_GPU_UUIDS": NODE.gpus[0].uuid},
+                commands=lambda: read_log(log))
+
+
+def pbs_hook_case(tmp: Path) -> Case:
+    answer = HookAnswer()
+    sched = PbsHookActions(answer, ("pbshost[0]",))
+
+    def applied() -> list[list[str]]:  # what the hook will apply, as the "commands" it was given
+        doc = answer.to_dict()
+        return [["offline", v] for v in doc.get("offline", {})] + \
+            ([["reject", doc["message"]]] if not doc["accept"] else [])
+
+    return Case(sched, "pbshost", HookJob("pbs", "0.pbshost", 1000, "gpuspbs1", "pbshost"), "7",
+                {}, {}, None, {"PBS_JOBID": "0.pbshost", "GPUSLURM_GPU_UUIDS": NODE.gpus[0].uuid},
+                commands=applied, extra={"answer": answer},
+                unsupported=frozenset({"resume_node", "cancel_job", "set_admin_comment", "apply_gpus_out"}))
+
+
+def recording_case(tmp: Path) -> Case:
+    alloc = Allocation("12", "alice", 1000, (NODE.gpus[0].uuid,), None, None, source="test")
+    sched = RecordingScheduler(allocations=(alloc,))
+    return Case(sched, "n1", HookJob("recording", "12", 1000, "alice", "n1"), "x",
+                {"12": 1}, None, None, {"RECORDING_GPUS": NODE.gpus[0].uuid},
+                commands=lambda: [[name, *map(str, args)] for name, args in sched.calls])
+
+
+IMPLEMENTATIONS: dict[str, Callable[[Path], Case]] = {
+    **{f"slurm-{r}": (lambda tmp, r=r: slurm_case(tmp, r)) for r in RELEASES},  # type: ignore[misc]
+    "pbs-commands": pbs_commands_case,
+    "pbs-hook": pbs_hook_case,
+    "recording": recording_case,
+}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
+    yield IMPLEMENTATIONS[request.param](tmp_path)
+
+
+def protocol_methods() -> dict[str, inspect.Signature]:
+    return {name: inspect.signature(fn) for name, fn in vars(Scheduler).items()
+            if inspect.isfunction(fn) and not name.startswith("_")}
+
+
+def cfg_at(root: Path) -> Config:
+    return Config(paths=PathsConfig(cgroup_root=str(root / "cgroup"), run_dir=str(root / "run"),
+                                    state_dir=str(root / "state"),
+                                    slurm_cgroup_conf=str(root / "cgroup.conf")))
+
+
+# --- the shape -------------------------------------------------------------------------------------
+
+def test_slurm_recordings_are_there() -> None:
+    assert RELEASES, f"no Slurm recording in {SLURM_DATA}: run tests/cluster/test_record_scheduler_e2e.py"
+
+
+def test_every_method_of_the_interface_is_implemented_with_its_parameters(case: Case) -> None:
+    assert isinstance(case.sched.name, str) and case.sched.name
+    for name, sig in protocol_methods().items():
+        method = getattr(case.sched, name, None)
+        assert callable(method), f"{type(case.sched).__name__} lacks {name}"
+        assert list(inspect.signature(method).parameters)[:len(sig.parameters) - 1] == \
+            list(sig.parameters)[1:], name
+
+
+def test_this_contract_covers_every_method_of_the_interface() -> None:
+    """A method added to the interface needs its contract here (the names below are the tests')."""
+    tests = " ".join(n for n in globals() if n.startswith("test_"))
+    assert {m for m in protocol_methods() if m not in tests and m not in ACTIONS} == set()
+
+
+# --- what runs here --------------------------------------------------------------------------------
+
+def test_can_list_jobs_and_node_allocations_give_the_recorded_jobs(case: Case) -> None:
+    assert isinstance(case.sched.can_list_jobs(), bool)
+    found = case.sched.node_allocations(case.node_name, NODE)
+    assert all(isinstance(a, Allocation) for a in found)
+    assert {a.job_id: len(a.uuids) for a in found} == dict(case.allocations)
+    assert all(u in {g.uuid for g in NODE.gpus} for a in found for u in a.uuids)
+
+
+def test_sessions_after_a_listing(case: Case) -> None:
+    case.sched.node_allocations(case.node_name, NODE)
+    found = case.sched.sessions()
+    assert found is None if case.sessions is None else dict(found or {}) == dict(case.sessions)
+
+
+def test_running_job_details(case: Case) -> None:
+    found = case.sched.running_job_details(case.node_name)
+    if case.details is None:
+        assert found is None
+        return
+    assert found is not None and all(isinstance(d, JobDetail) for d in found)
+    assert tuple(d.job_id for d in found) == case.details
+    assert all(d.on(case.node_name) is not None for d in found)
+
+
+def test_job_of_sluid(case: Case) -> None:
+    sluid, job = case.sluid
+    assert case.sched.job_of_sluid(sluid) == job
+    assert case.sched.job_of_sluid("s00000000000AB") is None or job is not None
+
+
+def test_job_gpus_from_env(case: Case) -> None:
+    assert case.sched.job_gpus_from_env({}, NODE) is None  # outside any job
+    inside = case.sched.job_gpus_from_env(case.in_job_env, NODE)
+    assert inside is not None and inside and set(inside) <= {g.uuid for g in NODE.gpus}
+
+
+# --- the job's cgroups -----------------------------------------------------------------------------
+
+def test_constrains_devices(case: Case, tmp_path: Path) -> None:
+    cfg = cfg_at(tmp_path)
+    assert isinstance(case.sched.constrains_devices(cfg), bool)
+    (tmp_path / "cgroup.conf").write_text("ConstrainDevices=yes\n")
+    if isinstance(case.sched, SlurmScheduler):  # Slurm's own cgroup.conf decides
+        assert case.sched.constrains_devices(cfg)
+
+
+def test_job_cgroup_v2_and_existing_job_cgroup_v2(case: Case, tmp_path: Path) -> None:
+    cfg = cfg_at(tmp_path)
+    scope = tmp_path / "cgroup" / "system.slice" / "slurmstepd.scope"
+    scope.mkdir(parents=True)  # as slurmd makes it (root's)
+    found = case.sched.job_cgroup_v2(case.job, cfg)
+    if found is not None:
+        assert found and all(p.startswith(str(scope) + "/") for p in found)
+    assert case.sched.existing_job_cgroup_v2(case.job, cfg) == ()  # the job made none yet
+    if found:
+        Path(found[0]).mkdir()
+        assert case.sched.existing_job_cgroup_v2(case.job, cfg) == (found[0],)
+
+
+def test_devices_cgroup_v1_dirs(case: Case) -> None:
+    dirs = case.sched.devices_cgroup_v1_dirs(case.job)
+    assert all(case.job.job_id in d and not d.startswith("/") and ".." not in d.split("/") for d in dirs)
+    for foreign in (case.foreign_job_id, "../7.x", "7.x/../y", "-1"):
+        assert case.sched.devices_cgroup_v1_dirs(case.job._replace(job_id=foreign)) == (), foreign
+
+
+# --- actions ---------------------------------------------------------------------------------------
+
+ACTIONS: dict[str, Callable[[Case], object]] = {
+    "drain_node": lambda c: c.sched.drain_node(c.node_name, "gpuslurm: a test reason"),
+    "resume_node": lambda c: c.sched.resume_node(c.node_name),
+    "refuse_job": lambda c: c.sched.refuse_job(c.job.job_id, "gpuslurm refused this job: test"),
+    "cancel_job": lambda c: c.sched.cancel_job(c.job.job_id),
+    "set_admin_comment": lambda c: c.sched.set_admin_comment(c.job.job_id, "a test comment"),
+    "requeue_job": lambda c: c.sched.requeue_job(c.job.job_id, "gpuslurm requeued this job: test"),
+    "set_final_comment": lambda c: c.sched.set_final_comment(c.job.job_id, "gpus 2, util 50%"),
+    "apply_gpus_out": lambda c: c.sched.apply_gpus_out(c.node_name, NODE, {}),
+}
+
+
+@pytest.mark.parametrize("action", sorted(ACTIONS))
+def test_each_action_acts_through_the_scheduler_or_says_it_cannot(case: Case, action: str) -> None:
+    """drain_node resume_node refuse_job cancel_job set_admin_comment requeue_job set_final_comment
+    apply_gpus_out: each does something the scheduler sees (a command, the hook's answer) and
+    answers a line where it returns one; an action the implementation documents as impossible
+    raises a GpuslurmError and does nothing."""
+    before = len(case.commands())
+    if action in case.unsupported:
+        with pytest.raises(GpuslurmError):
+            ACTIONS[action](case)
+        assert len(case.commands()) == before
+        return
+    said = ACTIONS[action](case)
+    assert said is None or (isinstance(said, str) and said and "\n" not in said)
+    if action != "set_final_comment" or not isinstance(case.sched, PbsHookActions):  # the summary has it
+        assert len(case.commands()) > before, action
+
+
+@pytest.mark.parametrize("action", ["refuse_job", "cancel_job", "requeue_job", "set_admin_comment"])
+def test_a_job_action_never_runs_a_command_with_an_option_for_a_job_id(case: Case, action: str) -> None:
+    """A job id comes from a scheduler's listing or a map; one that reads as an option must be
+    refused before any command runs (the hook's answer names no job, so it has nothing to refuse)."""
+    if isinstance(case.sched, (PbsHookActions, RecordingScheduler)) or action in case.unsupported:
+        pytest.skip("acts on its own job only, never by an id on a command line")
+    before = len(case.commands())
+    hostile = case.job._replace(job_id="--help")
+    with pytest.raises(GpuslurmError):
+        ACTIONS[action](Case(**{**case.__dict__, "job": hostile}))
+    assert len(case.commands()) == before
