@@ -368,3 +368,31 @@ def test_a_users_process_name_in_the_drivers_line_never_reaches_a_command(tmp_pa
         directive = f'set node {vnode.vnode} comment = "{vnode.comment}"'
         assert directive.count('"') == 2 and directive.isprintable()
         assert "pwned" not in directive and "reboot)`" not in directive and "scontrol" not in directive
+
+
+def test_the_last_gpu_drains_once_and_an_admins_resume_stands(tmp_path: Path) -> None:
+    """The one fault response: a fault already acted on drains the node no more, whatever its
+    action (the monitor drained the node again every cycle for the last GPU's ``gpu_out``)."""
+    facts = Facts()
+    store = OutOfServiceStore(str(tmp_path / "state"))
+    from gpuslurm.state.out_of_service import take_out
+
+    for g in NODE.gpus[:7]:
+        take_out(store, NODE.gpus, g, "earlier", "admin", now=1.0)
+    last = NODE.gpus[7]
+    facts.by_uuid[last.uuid] = GpuHealth(last.uuid, lost=True)
+    cfg = parse_config('[health.lost_gpu]\naction = "gpu_out"\n').health
+    watch, sched, _, _ = _watch(tmp_path, cfg, None, facts)
+    watch.check(5.0)
+    watch.check(10.0)
+    watch.check(15.0)
+    assert len([c for c in sched.calls if c[0] == "drain"]) == 1
+
+
+def test_a_record_that_cannot_be_written_drains_instead(tmp_path: Path) -> None:
+    _, reader = _kmsg(tmp_path, _xid(2, 79))
+    watch, sched, _, _ = _watch(tmp_path, GPU_OUT, reader)
+    (tmp_path / "state" / "out-of-service.lock").mkdir(parents=True)  # the lock cannot be opened
+    problems = watch.check(1.0)
+    assert any("draining the node instead" in p.detail for p in problems)
+    assert [c[0] for c in sched.calls] == ["drain"] and "index 3" in sched.calls[0][2]

@@ -90,3 +90,35 @@ def test_roots_holder_job_passes_without_a_gate_and_a_users_does_not(site: HookS
     sneaky = site.environ(job_id="78", gpus="2", SLURM_JOB_COMMENT="gpuslurm:gpu-out-holder")
     assert run_prolog(sneaky, quiet()) == 0
     assert [c[0] for c in site.scontrol_calls()[before:]] == ["update", "requeue"]  # alice's: requeued
+
+
+def test_a_drain_on_one_gpu_still_takes_the_other_gpus_out(tmp_path: Path) -> None:
+    """The one fault response (docs/health.md): GPU 1's drain fault drains the node, and GPU 2's
+    ``gpu_out`` fault still takes GPU 2 out, as the monitor does; the prolog used to forget it."""
+    site = make_site(tmp_path)
+    site.write_config('[health.xid]\naction = "gpu_out"\n[health.ecc]\naction = "drain"\n')
+    site.set_health({site.uuids[1]: {"ecc_uncorrectable": 2}, site.uuids[2]: {"xid": [79]}})
+    log = quiet()
+    assert run_prolog(site.environ(gpus="1,2"), log) == 1, log.lines
+    assert list(_record(site)) == [site.uuids[2]]
+    [drain] = site.scontrol_calls()
+    gpu1 = f"index 1 (/dev/nvidia1, {site.uuids[1]})"
+    assert drain[3].startswith(f"Reason=gpuslurm: GPU {gpu1}: 2 uncorrectable")
+    assert "Xid 79" not in drain[3] and not (site.jobs_dir / "1234.json").exists()
+
+
+def test_two_faulty_gpus_of_the_last_two_one_goes_and_the_node_drains(tmp_path: Path) -> None:
+    site = make_site(tmp_path, builtin="l40s-4x")
+    site.write_config('[health.xid]\naction = "gpu_out"\n')
+    (site.root / "state").mkdir()
+    recs = [{"uuid": u, "reason": "earlier", "since": 1.0, "by": "admin", "index": i, "minor": i}
+            for i, u in enumerate(site.uuids[:-2])]
+    (site.root / "state" / "out-of-service.json").write_text(json.dumps({"version": 1, "gpus": recs}))
+    a, b = site.uuids[-2:]
+    site.set_health({a: {"xid": [79]}, b: {"xid": [48]}})
+    log = quiet()
+    assert run_prolog(site.environ(gpus=f"{len(site.uuids) - 2},{len(site.uuids) - 1}"), log) == 1
+    assert a in _record(site) and b not in _record(site)
+    [drain] = site.scontrol_calls()
+    assert "Xid 48" in drain[3] and "Xid 79" not in drain[3]
+    assert any("is the last GPU in service" in line for line in log.lines)

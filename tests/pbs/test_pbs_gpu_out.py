@@ -223,3 +223,21 @@ def test_a_gpu_already_out_of_service_keeps_its_fault_without_taking_the_vnode_o
     rc, answer, _ = dgx.begin("7.pbshost", "(pbshost[0]:ncpus=1:ngpus=1)")
     assert rc == 0 and answer is not None and answer["accept"] and "offline" not in answer, answer
     assert dgx.mapped("7.pbshost") != [first.uuid]
+
+
+@root_only
+def test_a_drain_fault_at_begin_still_takes_the_other_faulty_gpu_out(dgx: Site) -> None:
+    """The one fault response (docs/health.md): the vnode goes offline for GPU A's drain fault, and
+    GPU B's gpu_out fault still takes B out (begin used to skip it on a vnode it took offline)."""
+    import json
+
+    a, b = sorted((g for g in dgx.node.gpus if g.numa_node == 0), key=lambda g: g.index)[:2]
+    dgx.config.write_text(dgx.config.read_text() + '[health.xid]\naction = "gpu_out"\n'
+                          '[health.ecc]\naction = "drain"\n')
+    (dgx.bundle / "health.json").write_text(json.dumps({a.uuid: {"ecc_uncorrectable": 2},
+                                                        b.uuid: {"xid": [79]}}))
+    _, answer, _ = dgx.begin("8.pbshost", "(pbshost[0]:ncpus=1:ngpus=1)")
+    assert answer is not None and not answer["accept"], answer
+    offline = answer["offline"]["pbshost[0]"]
+    assert "2 uncorrectable" in offline and "79" not in offline
+    assert list(OutOfServiceStore(str(dgx.root / "state")).read()) == [b.uuid]

@@ -237,34 +237,34 @@ def _fact(value: Any) -> str:
 
 
 def _act_now(cfg: Any, node: Any, name: str, report: list[dict[str, Any]], store: Any) -> None:
-    """``--act``: faults with ``gpu_out`` take their GPU out, ``drain`` drains the node; then Slurm is
-    brought to the out-of-service record (this is what slurmd's HealthCheckProgram runs)."""
+    """``--act``: each unhealthy GPU's faults acted on as :func:`gpuslurm.policy.fault_response.respond`
+    decides (``gpu_out`` takes the GPU out, ``drain`` drains the node); then Slurm is brought to
+    the out-of-service record (this is what slurmd's HealthCheckProgram runs)."""
     from gpuslurm.errors import GpuslurmError
+    from gpuslurm.policy.fault_response import LAST_IN_SERVICE, respond
     from gpuslurm.policy.health import Fault, drain_reason, gpu_label
-    from gpuslurm.state.out_of_service import take_out
+    from gpuslurm.state.out_of_service import take_out_decided
 
     scheduler = _scheduler(cfg, False)
-    drains: list[Fault] = []
     labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
+    faults: list[Fault] = []
     for r in report:
         if r["verdict"] != "unhealthy":
             continue
-        gpu = next((g for g in node.gpus if g.uuid == r["uuid"]), None)
-        for f in r["faults"]:
-            fault = Fault(**f)
-            if gpu is None:  # lost, with no UUID to record it by: the node is drained instead
-                labels[fault.uuid] = f"index {r['index']} (lost)"
-                if fault.action != "log":
-                    drains.append(fault)
-            elif fault.action == "gpu_out":
-                try:
-                    take_out(store, node.gpus, gpu, fault.message, "health", now=time.time())
-                except GpuslurmError as exc:
-                    click.echo(f"gpuslurm health: {exc}; draining the node instead", err=True)
-                    drains.append(fault)
-            elif fault.action == "drain":
-                drains.append(fault)
-    if drains:
+        if r["uuid"] is None:  # lost, with no UUID to record it by: the response drains instead
+            labels[f"index:{r['index']}"] = f"index {r['index']} (lost)"
+        faults += [Fault(**f) for f in r["faults"]]
+    try:
+        response = take_out_decided(store, lambda out: respond(faults, node.gpus, out), "health",
+                                    now=time.time(), out=store.read())
+    except GpuslurmError as exc:
+        click.echo(f"gpuslurm health: {exc}; draining the node instead", err=True)
+        response = respond(faults, node.gpus, store.read()).unrecorded()
+    for d in response.drains:
+        if d.why == LAST_IN_SERVICE:
+            click.echo(f"gpuslurm health: GPU {labels[d.uuid]} is the last GPU in service on this node: "
+                       "draining the node instead of taking it out", err=True)
+    if drains := response.drain_faults:
         reason = drain_reason(drains, labels)
         scheduler.drain_node(name, reason)
         click.echo(f"drained {name}: {reason}")

@@ -2,11 +2,16 @@
 
 ``job_start`` takes a neutral :class:`gpuslurm.state.job.HookJob` and the scheduler's actions (a
 :class:`gpuslurm.state.scheduler.Scheduler`); the adapters call it: Slurm's Prolog
-(:mod:`gpuslurm.slurm.hooks`), PBS's execjob_begin (:mod:`gpuslurm.pbs`).
+(:mod:`gpuslurm.slurm.hooks`), PBS's classic prologue (:mod:`gpuslurm.pbs.classic`). PBS's
+execjob_begin (:mod:`gpuslurm.pbs.begin`) chooses the job's GPUs itself and runs the same steps
+around its choice.
 
-Steps: find the job's GPUs (none: deny every GPU where gpuslurm isolates, nothing else to do);
-check each GPU's health; take the node out of service and fail if a fault says ``drain``; limit
-the job's devices; start its MPS daemon if it asked for one; write the job map.
+Steps, one function each: :func:`prepare` (the NVML library, whether to isolate); find the job's
+GPUs (none: :func:`deny_all_devices`, every GPU denied where gpuslurm isolates);
+:func:`out_of_service_gate` (a GPU out of service: the job is requeued); :func:`health_gate`
+(each fault acted on as :func:`gpuslurm.policy.fault_response.respond` decides, the one fault
+response every scheduler and the monitor share); :func:`start_on_devices` (limit the job's
+devices, start its MPS daemon if it asked for one, write the job map).
 
 Failure policy. The step is a gate, so it fails closed: a health fault with action ``drain``
 drains the node with a reason naming the GPU and the fault and returns 1; anything that stops it
@@ -33,117 +38,153 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuslurm.config import Config
-    from gpuslurm.hw.identity import AnyNode, NodeIdentity
+    from gpuslurm.hw.identity import AnyGpu, AnyNode, NodeIdentity
+    from gpuslurm.policy.health import Fault
     from gpuslurm.state.job import HookJob, JobDevice
+    from gpuslurm.state.out_of_service import OutOfServiceStore
     from gpuslurm.state.scheduler import Scheduler
 
-__all__ = ["EXIT_INTERNAL", "EXIT_UNHEALTHY", "HookLog", "JobFaultError", "job_start"]
+__all__ = ["EXIT_INTERNAL", "EXIT_UNHEALTHY", "HookLog", "JobFaultError", "deny_all_devices", "health_gate",
+           "job_start", "out_of_service_gate", "prepare", "start_on_devices"]
 
 
 def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
-              spec: str | None = None, *, node: AnyNode | None = None, isolate: bool | None = None,
-              gated: bool = False) -> int:
-    """Run the job-start step for ``job`` on this node (``spec``: a replayed capture bundle, else
-    NVML); 0 when the job may run (or was refused without harm to the node), 1 when a health
-    fault drained the node. Raises GpuslurmError when it cannot decide (see the module docstring).
+              spec: str | None = None, *, node: AnyNode | None = None, isolate: bool | None = None) -> int:
+    """Run the job-start step for ``job``, whose GPUs the scheduler chose (Slurm's prolog, PBS's
+    classic prologue), on this node (``spec``: a replayed capture bundle, else NVML); 0 when the
+    job may run (or was refused without harm to the node), 1 when a health fault drained the node.
+    Raises GpuslurmError when it cannot decide (see the module docstring).
 
     ``node`` is the node's identities when the adapter has them already; ``isolate`` overrides
-    ``[cgroup] devices`` (None: :func:`gpuslurm.isolate.devices.wanted`); ``gated`` says the
-    adapter has checked the health of the job's GPUs itself (PBS, before choosing them).
+    ``[cgroup] devices`` (None: :func:`gpuslurm.isolate.devices.wanted`). The steps, each its own
+    function: :func:`prepare`, the holder's pass, the job's devices, :func:`out_of_service_gate`,
+    :func:`health_gate`, :func:`start_on_devices`. PBS's execjob_begin chooses the devices itself
+    (gated by :func:`gpuslurm.pbs.begin.health_offline` before the choice) and runs the last step.
     """
-    job_id, uid, user = job.job_id, job.uid, job.user
-    log.job_id = job_id
-    if spec is None and cfg.paths.nvml_library:  # slurmd gives hooks no LD_LIBRARY_PATH
+    isolate = prepare(job, scheduler, cfg, log, spec, isolate)
+    from gpuslurm.state.out_of_service import HOLDER_COMMENT
+
+    if job.uid == 0 and job.comment == HOLDER_COMMENT:  # root's holder of a GPU out of service
+        log.info("a holder of a GPU out of service (gpuslurm gpu list): no gate, no map")
+        return 0
+    if job.gpus is None:  # a job without GPUs here: nothing to check or map
+        return deny_all_devices(job, scheduler, cfg, log, lambda: node or _node(spec, cfg, log), isolate)
+    from gpuslurm.state.job import resolve_devices
+
+    node = node or _node(spec, cfg, log)
+    devices = resolve_devices(job.gpus, node)
+    if not devices:
+        return deny_all_devices(job, scheduler, cfg, log, lambda: node, isolate)
+    gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
+    if (refused := out_of_service_gate(job, scheduler, cfg, log, gpus)) is not None:
+        return refused
+    if (drained := health_gate(job, scheduler, cfg, log, spec, node, devices)) is not None:
+        return drained
+    return start_on_devices(job, scheduler, cfg, log, node, devices, isolate)
+
+
+def prepare(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec: str | None,
+            isolate: bool | None) -> bool:
+    """The first step of every job start: name the job in the log, load the configured NVML
+    library (slurmd gives hooks no LD_LIBRARY_PATH); whether gpuslurm limits the job's devices."""
+    log.job_id = job.job_id
+    if spec is None and cfg.paths.nvml_library:
         from gpuslurm.hw.nvml_lib import use_library
 
         use_library(cfg.paths.nvml_library)
     if isolate is None:
         from gpuslurm.isolate.devices import wanted
 
-        isolate = wanted(cfg, lambda: scheduler.constrains_devices(cfg))
-    from gpuslurm.state.out_of_service import HOLDER_COMMENT
+        return wanted(cfg, lambda: scheduler.constrains_devices(cfg))
+    return isolate
 
-    if uid == 0 and job.comment == HOLDER_COMMENT:  # root's holder of a GPU out of service
-        log.info("a holder of a GPU out of service (gpuslurm gpu list): no gate, no map")
-        return 0
-    if job.gpus is None:
-        from gpuslurm.isolate.devices import isolate_job
 
-        # a job without GPUs here: nothing to check or map, but every GPU is denied to it
-        if isolate:
-            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node or _node(spec, cfg, log),
-                                                 scheduler=scheduler.name,
-                                                 v2_dir=_v2_dir(scheduler, job, cfg)))
-        return 0
-
-    from gpuslurm.state.job import resolve_devices
-    from gpuslurm.state.jobmap import job_map, write_map
-
-    node = node or _node(spec, cfg, log)
-    devices = resolve_devices(job.gpus, node)
-    if not devices:
-        from gpuslurm.isolate.devices import isolate_job
-
-        if isolate:
-            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node, scheduler=scheduler.name,
-                                                 v2_dir=_v2_dir(scheduler, job, cfg)))
-        return 0
-    gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
-
-    from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
-    from gpuslurm.state.out_of_service import OutOfServiceStore
-
-    out_store = OutOfServiceStore(cfg.paths.state_dir)
-    out = out_store.read()  # a corrupt record raises: the gate fails closed
-    if held := [g for g in gpus if g.uuid in out]:  # given a GPU out of service: never run on it
-        g = held[0]
-        why = f"GPU {gpu_label(g.index, g.minor, g.uuid)} is out of service: {out[g.uuid].reason}"
-        return _requeue_job(scheduler, job_id, why, log)
-
-    faults = []
-    if gate_enabled(cfg.health) and not gated:
-        from gpuslurm.hw.health import read_health
-
-        health = read_health(gpus, spec)
-        for gpu in gpus:
-            faults.extend(gate_faults(health[gpu.uuid], cfg.health))
-    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in gpus}
-    for fault in faults:
-        log.warning(f"GPU {labels[fault.uuid]}: {fault.check}: {fault.message} "
-                    f"(action {fault.action})")
-    drains = [f for f in faults if f.action == "drain"]
-    if not drains and (outs := [f for f in faults if f.action == "gpu_out"]):
-        taken = _take_out(outs, node, out_store, scheduler, job.node_name, log)
-        if taken is not None:
-            return _requeue_job(scheduler, job_id, taken, log)
-        drains = outs  # the last GPU in service: the node is drained instead
-    if drains:
-        reason = drain_reason(drains, labels)
-        name = job.node_name
-        try:
-            scheduler.drain_node(name, reason)
-            log.error(f"drained {name}: {reason}")
-        except GpuslurmError as exc:  # the scheduler drains the node itself when the step fails
-            log.error(f"could not drain {name} ({exc}); failing so that {job.scheduler} drains it: "
-                      f"{reason}")
-        from gpuslurm.hooks.epilog import record_refusal
-
-        record_refusal(job, time.time(),
-                       [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
-                         "parent_uuid": d.gpu.uuid if d.mig is not None else None} for d in devices],
-                       faults, cfg, log)
-        return EXIT_UNHEALTHY
+def deny_all_devices(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
+                     node: Callable[[], AnyNode], isolate: bool) -> int:
+    """A job given no GPU here: nothing to check or map, but every GPU is denied to it (where
+    gpuslurm isolates; ``node`` is asked only then)."""
     if isolate:
         from gpuslurm.isolate.devices import isolate_job
 
-        _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node,  # fails closed: raises
+        _log_isolation(log, isolate_job(cfg, job.job_id, job.uid, (), node(), scheduler=scheduler.name,
+                                        v2_dir=_v2_dir(scheduler, job, cfg)))
+    return 0
+
+
+def out_of_service_gate(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
+                        gpus: Sequence[AnyGpu]) -> int | None:
+    """A job given a GPU out of service never runs on it: it is requeued (the hook's code);
+    None when none of ``gpus`` is out. A corrupt record raises: the gate fails closed."""
+    from gpuslurm.policy.health import gpu_label
+    from gpuslurm.state.out_of_service import OutOfServiceStore
+
+    out = OutOfServiceStore(cfg.paths.state_dir).read()
+    if held := [g for g in gpus if g.uuid in out]:
+        g = held[0]
+        why = f"GPU {gpu_label(g.index, g.minor, g.uuid)} is out of service: {out[g.uuid].reason}"
+        return _requeue_job(scheduler, job.job_id, why, log)
+    return None
+
+
+def health_gate(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec: str | None,
+                node: AnyNode, devices: Sequence[JobDevice]) -> int | None:
+    """Check the health of the job's GPUs and act on the faults as
+    :func:`gpuslurm.policy.fault_response.respond` decides: a GPU to drain for drains the node
+    and the step fails (EXIT_UNHEALTHY); GPUs taken out drain the node for new jobs (the graceful
+    path) and the job is requeued (the hook's code). None when the job may run."""
+    from gpuslurm.policy.health import gate_enabled, gate_faults, gpu_label
+
+    if not gate_enabled(cfg.health):
+        return None
+    from gpuslurm.hw.health import read_health
+
+    gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())
+    health = read_health(gpus, spec)
+    faults = [f for gpu in gpus for f in gate_faults(health[gpu.uuid], cfg.health)]
+    if not faults:
+        return None
+    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
+    for fault in faults:
+        log.warning(f"GPU {labels[fault.uuid]}: {fault.check}: {fault.message} (action {fault.action})")
+    from gpuslurm.policy.fault_response import LAST_IN_SERVICE, respond
+    from gpuslurm.state.out_of_service import OutOfServiceStore, take_out_decided
+
+    store = OutOfServiceStore(cfg.paths.state_dir)
+    response = take_out_decided(store, lambda out: respond(faults, node.gpus, out), "prolog",
+                                now=time.time(), out=store.read())
+    for d in response.take_outs:
+        log.error(f"GPU {labels[d.uuid]} taken out of service: {d.reason}")
+    for d in response.drains:
+        if d.why == LAST_IN_SERVICE:
+            log.error(f"GPU {labels[d.uuid]} is the last GPU in service: draining the node instead "
+                      "of taking it out")
+    if response.drains:
+        return _drain_for(job, scheduler, cfg, log, devices, response.drain_faults, faults, labels)
+    if response.take_outs:
+        _drain_for_new_jobs(scheduler, job.node_name, node, store, log)
+        return _requeue_job(scheduler, job.job_id, "; ".join(d.reason for d in response.take_outs), log)
+    return None
+
+
+def start_on_devices(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, node: AnyNode,
+                     devices: Sequence[JobDevice], isolate: bool) -> int:
+    """The steps on the job's gated devices: limit the job to them, start its MPS daemon if it
+    asked for one, write the job map. 0; what the job's user controls refuses the job (the
+    hook's code), what the node's does raises."""
+    job_id = job.job_id
+    if isolate:
+        from gpuslurm.isolate.devices import isolate_job
+
+        _log_isolation(log, isolate_job(cfg, job_id, job.uid, devices, node,  # fails closed: raises
                                         scheduler=scheduler.name, v2_dir=_v2_dir(scheduler, job, cfg)))
     try:
         mps = _start_mps(job, scheduler, cfg, devices, node, log, isolate)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
         return _refuse_job(scheduler, job_id, str(exc), log)
+    from gpuslurm.state.jobmap import job_map, write_map
+
     try:  # every step after MPS started: a failure stops the daemon again
-        jmap = job_map(job_id, user, uid, devices, account=job.account, sluid=job.sluid)
+        jmap = job_map(job_id, job.user, job.uid, devices, account=job.account, sluid=job.sluid)
         path = write_map(jmap, cfg.paths.jobs_dir)
         log.info(f"{len(devices)} device(s) {','.join(d.uuid for d in devices)} mapped in {path}")
     except BaseException:
@@ -152,6 +193,27 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
             _release_mps_cgroup(cfg, job_id, log)
         raise
     return 0
+
+
+def _drain_for(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, devices: Sequence[JobDevice],
+               drains: list[Fault], faults: list[Fault], labels: dict[str, str]) -> int:
+    """Drain the node for ``drains`` and record the refused job's summary; EXIT_UNHEALTHY."""
+    from gpuslurm.policy.health import drain_reason
+
+    reason = drain_reason(drains, labels)
+    name = job.node_name
+    try:
+        scheduler.drain_node(name, reason)
+        log.error(f"drained {name}: {reason}")
+    except GpuslurmError as exc:  # the scheduler drains the node itself when the step fails
+        log.error(f"could not drain {name} ({exc}); failing so that {job.scheduler} drains it: {reason}")
+    from gpuslurm.hooks.epilog import record_refusal
+
+    record_refusal(job, time.time(),
+                   [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
+                     "parent_uuid": d.gpu.uuid if d.mig is not None else None} for d in devices],
+                   faults, cfg, log)
+    return EXIT_UNHEALTHY
 
 
 def _v2_dir(scheduler: Scheduler, job: HookJob, cfg: Config) -> Callable[[], Sequence[str] | None]:
@@ -205,24 +267,12 @@ def _start_mps(job: HookJob, scheduler: Scheduler, cfg: Config, devices: Sequenc
     return True
 
 
-def _take_out(faults: list[Any], node: AnyNode, store: Any, scheduler: Scheduler, name: str,
-              log: HookLog) -> str | None:
-    """``[health.*] action = "gpu_out"``: record the faulty GPUs out of service and drain the node
-    for new jobs with the graceful path's reason (the monitor, or ``health --act``, rewrites
-    gres.conf and resumes it once its running jobs end); why, for the job. None when one of them
-    is the last GPU in service (the caller drains the node as for ``drain``)."""
-    from gpuslurm.policy.health import gpu_label
-    from gpuslurm.state.out_of_service import gpu_out_reason, take_out
+def _drain_for_new_jobs(scheduler: Scheduler, name: str, node: AnyNode, store: OutOfServiceStore,
+                        log: HookLog) -> None:
+    """GPUs taken out: drain the node for new jobs with the graceful path's reason (the monitor, or
+    ``health --act``, rewrites gres.conf and resumes it once its running jobs end)."""
+    from gpuslurm.state.out_of_service import gpu_out_reason
 
-    now = time.time()
-    for fault in faults:
-        gpu = next(g for g in node.gpus if g.uuid == fault.uuid)
-        try:
-            take_out(store, node.gpus, gpu, fault.message, "prolog", now=now)
-        except InputError as exc:
-            log.error(f"{exc}: draining the node instead")
-            return None
-        log.error(f"GPU {gpu_label(gpu.index, gpu.minor, gpu.uuid)} taken out of service: {fault.message}")
     out = store.read()
     present = {g.uuid for g in node.gpus}
     reason = gpu_out_reason(len(node.gpus), {u: r for u, r in out.items() if u in present})
@@ -231,7 +281,6 @@ def _take_out(faults: list[Any], node: AnyNode, store: Any, scheduler: Scheduler
         log.error(f"drained {name} for new jobs: {reason}")
     except GpuslurmError as exc:
         log.error(f"could not drain {name} for new jobs ({exc}); the GPUs are recorded out of service")
-    return "; ".join(f.message for f in faults)
 
 
 def _requeue_job(scheduler: Scheduler, job_id: str, why: str, log: HookLog) -> int:

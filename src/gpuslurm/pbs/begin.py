@@ -112,31 +112,57 @@ def check_counts(wants: list[VnodeGpus]) -> None:
 
 
 def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: HookLog,
-                   answer: HookAnswer, node: Node | None = None, hostname: str = "") -> list[Fault]:
-    """Check the health of every candidate; take each vnode holding a ``drain`` fault offline, and
-    with ``node`` each GPU with a ``gpu_out`` fault out of service (:func:`_take_out`).
+                   answer: HookAnswer, node: Node, hostname: str) -> list[Fault]:
+    """The health gate of execjob_begin, before the choice: check every candidate in service and act
+    as :func:`gpuslurm.policy.fault_response.respond` decides, as the Slurm prolog does: a GPU to
+    take out is recorded out of service (``choose`` then passes it by; its NUMA vnode publishes
+    ``ngpus`` without it), a GPU to drain for takes its vnode offline.
 
-    Returns the drain faults (empty: every candidate left in service may be given)."""
+    Returns the faults of the vnodes taken offline (empty: every candidate left in service may be
+    given). A GPU out of service already is never given, so its fault takes no vnode offline."""
     from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label
 
     if not gate_enabled(cfg.health):
         return []
     from gpuslurm.hw.health import read_health
+    from gpuslurm.policy.fault_response import LAST_IN_SERVICE, respond
+    from gpuslurm.state.out_of_service import OutOfServiceStore, take_out_decided
 
-    gone = out_of_service(cfg)  # already out: never given, so its fault must not take the vnode
+    store = OutOfServiceStore(cfg.paths.state_dir)
+    out = store.read()  # a corrupt record raises: no GPU is given blindly
+    gone = {u.lower() for u in out}
     gpus = list({g.uuid: g for w in wants for g in _physical(w) if g.uuid.lower() not in gone}.values())
     health = read_health(gpus, spec)
-    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in gpus}
+    faults = [f for g in gpus for f in gate_faults(health[g.uuid], cfg.health)]
+    labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
+    for w in wants:
+        mine = {g.uuid for g in _physical(w)}
+        for f in faults:
+            if f.uuid in mine:
+                log.warning(f"GPU {labels[f.uuid]} on vnode {w.vnode}: {f.check}: {f.message} "
+                            f"(action {f.action})")
+    if not faults:
+        return []
+    response = take_out_decided(store, lambda now_out: respond(faults, node.gpus, now_out), "prolog",
+                                now=time.time(), out=out)
+    for d in response.take_outs:
+        log.error(f"GPU {labels[d.uuid]} taken out of service: {d.reason}")
+    taken = {d.uuid for d in response.take_outs}
+    if taken:  # the monitor or `health --act` adds the comment (pbs.gpu_out)
+        from gpuslurm.pbs.gpu_out import startup_counts
+
+        counts = startup_counts(node, hostname, store.read())
+        for w in wants:
+            if w.numa_node is not None and taken & {g.uuid for g in _physical(w)}:
+                answer.vnodes[w.vnode] = {"ngpus": counts[w.vnode]}
     drains = []
     for w in wants:
-        faults = [f for g in _physical(w) if g.uuid in health
-                  for f in gate_faults(health[g.uuid], cfg.health)]
-        for f in faults:
-            log.warning(f"GPU {labels[f.uuid]} on vnode {w.vnode}: {f.check}: {f.message} "
-                        f"(action {f.action})")
-        bad = [f for f in faults if f.action == "drain"]
-        if not bad and (outs := [f for f in faults if f.action == "gpu_out"]) and node is not None:
-            bad = _take_out(outs, w, node, cfg, hostname, log, answer)
+        mine = {g.uuid for g in _physical(w)}
+        bad = [f for d in response.drains if d.uuid in mine for f in d.acted]
+        for d in response.drains:
+            if d.uuid in mine and d.why == LAST_IN_SERVICE:
+                log.error(f"GPU {labels[d.uuid]} is the last GPU in service: taking vnode {w.vnode} "
+                          "offline instead")
         if bad:
             answer.take_offline(w.vnode, drain_reason(bad, labels))
             drains += bad
@@ -149,29 +175,6 @@ def _physical(w: VnodeGpus) -> tuple[Gpu, ...]:
     # resolved against a Node (not the hooks' light identity): its devices are the model's Gpu
     parents: tuple[Gpu, ...] = tuple(d.gpu for d in w.migs) if w.nmigs else ()  # type: ignore[misc]
     return tuple({g.uuid: g for g in (*w.candidates, *parents)}.values())
-
-
-def _take_out(faults: list[Fault], w: VnodeGpus, node: Node, cfg: Config, hostname: str, log: HookLog,
-              answer: HookAnswer) -> list[Fault]:
-    """``action = "gpu_out"``: record each faulty GPU out of service (``choose`` then passes it by)
-    and publish its NUMA vnode's ``ngpus`` without it; the faults to drain for instead when one is
-    the last GPU in service (as the Slurm prolog does)."""
-    from gpuslurm.errors import InputError
-    from gpuslurm.pbs.gpu_out import startup_counts
-    from gpuslurm.state.out_of_service import OutOfServiceStore, take_out
-
-    store = OutOfServiceStore(cfg.paths.state_dir)
-    for fault in faults:
-        gpu = next(g for g in node.gpus if g.uuid == fault.uuid)
-        try:
-            if take_out(store, node.gpus, gpu, fault.message, "prolog", now=time.time()):
-                log.error(f"GPU index {gpu.index} ({gpu.uuid}) taken out of service: {fault.message}")
-        except InputError as exc:
-            log.error(f"{exc}: taking vnode {w.vnode} offline instead")
-            return faults
-    if w.numa_node is not None:  # the monitor or `health --act` adds the comment (pbs.gpu_out)
-        answer.vnodes[w.vnode] = {"ngpus": startup_counts(node, hostname, store.read())[w.vnode]}
-    return []
 
 
 def held_gpus(jobs_dir: str, job_id: str) -> dict[str, str]:
@@ -260,14 +263,19 @@ def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str],
 def run_begin(job: HookJob, shares: tuple[tuple[str, int] | tuple[str, int, int], ...], cfg: Config,
               spec: str | None,
               log: HookLog, answer: HookAnswer, actions: PbsHookActions, isolate: bool) -> int:
-    """Choose the job's GPUs on this host and run the neutral prolog on them; the prolog's exit code
-    (the caller rejects the job on anything but 0 or an answer already refusing it)."""
-    from gpuslurm.hooks.prolog import job_start
+    """Choose the job's GPUs on this host and run the neutral prolog's steps around the choice; the
+    exit code (the caller rejects the job on anything but 0 or an answer already refusing it).
+
+    The steps: :func:`gpuslurm.hooks.prolog.prepare`; the health gate on every candidate
+    (:func:`health_offline`); the choice among those in service, free and healthy (:func:`choose`,
+    :func:`choose_migs`); :func:`gpuslurm.hooks.prolog.start_on_devices` on the chosen."""
+    from gpuslurm.hooks.prolog import deny_all_devices, job_start, prepare, start_on_devices
 
     if not shares:  # no GPUs here: the prolog still denies it every GPU
         return job_start(job, actions, cfg, log, spec, isolate=isolate)
+    prepare(job, actions, cfg, log, spec, isolate)
     from gpuslurm.hooks.cache import placement_node
-    from gpuslurm.state.job import GpuClaim
+    from gpuslurm.state.job import GpuClaim, resolve_devices
     from gpuslurm.state.jobmap import lock_maps
 
     node = placement_node(spec, cfg.paths.run_dir, log.warning)  # links: the placement ranks sets by them
@@ -293,8 +301,11 @@ def run_begin(job: HookJob, shares: tuple[tuple[str, int] | tuple[str, int, int]
             for vnode, devices in migs:
                 log.info(f"vnode {vnode}: MIG instance(s) " + ", ".join(
                     f"{d.uuid} (GPU index {d.gpu.index}, {d.gpu.device_file})" for d in devices))
-            job = job._replace(gpus=GpuClaim(uuids=uuids, source="execjob_begin's choice"))
-            return job_start(job, actions, cfg, log, spec, node=node, isolate=isolate, gated=True)
+            claim = GpuClaim(uuids=uuids, source="execjob_begin's choice")
+            job = job._replace(gpus=claim)
+            if not (devices := resolve_devices(claim, node)):  # nothing chosen: every GPU denied
+                return deny_all_devices(job, actions, cfg, log, lambda: node, isolate)
+            return start_on_devices(job, actions, cfg, log, node, devices, isolate)
         finally:
             os.close(lock)
     except JobRefusedError as exc:

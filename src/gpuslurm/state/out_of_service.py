@@ -263,3 +263,33 @@ def read_shared(state_dir: str) -> dict[str, OutOfService]:
 def holder_name(node_name: str) -> str:
     """The job name of ``node_name``'s holder jobs."""
     return f"gpuslurm-gpu-out-{node_name}"
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Protocol, TypeVar
+
+    class _Decision(Protocol):
+        def out_records(self, by: str, now: float) -> Mapping[str, OutOfService]: ...
+
+    _D = TypeVar("_D", bound=_Decision)
+
+
+def take_out_decided(store: OutOfServiceStore, decide: Callable[[frozenset[str]], _D], by: str, *,
+                     now: float, out: Iterable[str] | None = None) -> _D:
+    """Record what ``decide`` (given the UUIDs out of service) takes out: its ``out_records``.
+
+    ``out``: the record as the caller read it; when ``decide`` takes nothing out on it, that
+    decision is returned without taking the lock. Else it decides again under the record's lock,
+    on the record as it is then: two writers at once (the prolog and the monitor) never both take
+    out GPUs that leave the node none in service. A GPU already out keeps its first record.
+    """
+    if out is not None:
+        first = decide(frozenset(out))
+        if not first.out_records(by, now):
+            return first
+    with store.update() as records:
+        decision = decide(frozenset(records))
+        for uuid, rec in decision.out_records(by, now).items():
+            records.setdefault(uuid, rec)
+    return decision

@@ -25,9 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuslurm.errors import GpuslurmError
+from gpuslurm.policy.fault_response import LAST_IN_SERVICE, respond
 from gpuslurm.policy.health import Fault, drain_reason, gpu_label, running_faults
 from gpuslurm.samples import ScanProblem
-from gpuslurm.state.out_of_service import OutOfServiceStore, take_out
+from gpuslurm.state.out_of_service import OutOfServiceStore, take_out_decided
 
 if TYPE_CHECKING:
     from gpuslurm.config import HealthConfig
@@ -65,6 +66,7 @@ class HealthWatch:
         self._was_out: set[str] = set()
         self._applied: Mapping[str, object] = {}
         self._applied_at = float("-inf")
+        self._out: frozenset[str] = frozenset()  # the record as this cycle read it
 
     def check(self, now: float) -> tuple[ScanProblem, ...]:
         problems: list[ScanProblem] = []
@@ -80,6 +82,7 @@ class HealthWatch:
         except GpuslurmError as exc:  # a corrupt record: say so, take nothing out blindly
             problem("out-of-service", str(exc))
             return tuple(problems)
+        self._out = frozenset(out)
         in_service = [g for g in self.node.gpus if g.uuid not in out]
         for uuid in self._was_out - set(out):  # brought back online: a clean slate
             self.xids.pop(uuid, None)
@@ -148,30 +151,30 @@ class HealthWatch:
             self.warn(f"NVML event: Xid {ev.code} on {ev.uuid}{where}")
 
     def _act(self, faults: list[Fault], now: float, problem: Callable[[str, str], None]) -> None:
+        """Act on the cycle's faults as :func:`respond` decides, each once: a fault seen in an
+        earlier cycle drains the node no more (an admin's resume stands until a new fault)."""
         labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in self.node.gpus}
         labels.update({f"index:{i}": f"index {i} (lost)" for i in self.node.lost})
-        drains = []
-        known = {g.uuid for g in self.node.gpus}
+        new = {f for f in faults if (f.uuid, f.check, f.message) not in self._said}
+        self._said.update((f.uuid, f.check, f.message) for f in faults)
+        try:
+            response = take_out_decided(self.store, lambda out: respond(faults, self.node.gpus, out),
+                                        "monitor", now=now, out=self._out)
+        except GpuslurmError as exc:  # the record cannot be written: nothing taken out blindly
+            problem("out-of-service", f"cannot take GPUs out of service: {exc}; draining the node instead")
+            response = respond(faults, self.node.gpus, self._out).unrecorded()
+        for d in response.take_outs:
+            self.warn(f"GPU {labels[d.uuid]} taken out of service: {d.reason}")
+        drains: list[Fault] = []
+        for d in response.drains:
+            if not new.intersection(d.acted):
+                continue
+            drains += d.acted
+            if d.why == LAST_IN_SERVICE:
+                problem(d.uuid, f"GPU {labels[d.uuid]} is the last GPU in service on this node: "
+                                "draining the node instead of taking it out")
         for fault in faults:
-            key = (fault.uuid, fault.check, fault.message)
-            new = key not in self._said
-            self._said.add(key)
-            if fault.action == "gpu_out" and fault.uuid not in known:  # no UUID to record: drain
-                if new:
-                    drains.append(fault)
-            elif fault.action == "gpu_out":
-                gpu = next(g for g in self.node.gpus if g.uuid == fault.uuid)
-                try:
-                    if take_out(self.store, self.node.gpus, gpu, fault.message, "monitor", now=now):
-                        self.warn(f"GPU {labels[gpu.uuid]} taken out of service: {fault.message}")
-                except GpuslurmError as exc:  # the last GPU: the node is drained instead
-                    if new:
-                        problem(gpu.uuid, f"{exc}; draining the node instead")
-                    drains.append(fault)
-            elif fault.action == "drain":
-                if new:
-                    drains.append(fault)
-            elif new:
+            if fault.action == "log" and fault in new:
                 problem(fault.uuid, f"{fault.check}: {fault.message} (action log)")
         if drains and self.scheduler is not None:
             reason = drain_reason(drains, labels)
