@@ -206,7 +206,8 @@ def test_a_group_writable_file_in_a_pth_added_directory_is_refused(staff: Staff,
                      str(module), "writable by group")
 
 
-def test_a_symlink_in_site_packages_to_a_group_writable_file_is_refused(staff: Staff, base_python: str) -> None:
+def test_a_symlink_in_site_packages_to_a_group_writable_file_is_refused(staff: Staff,
+                                                                      base_python: str) -> None:
     venv, site = make_venv(staff, base_python)
     shared = staff.staff_dir(staff.root / "shared")
     target = shared / "evil.py"
