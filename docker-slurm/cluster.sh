@@ -7,7 +7,8 @@
 # mariadb-server). Everything it writes lives in one state directory, except the fake GPU device
 # files, which must be in /dev because jobs open them by their real names; fake-devices.sh records
 # each one it creates and which cluster holds it, and `down` removes those no other cluster holds. --with-slurmdbd adds accounting: a private MariaDB
-# (its own datadir and unix socket under the state directory, no TCP) and slurmdbd on loopback.
+# (its own datadir and unix socket under the state directory, no TCP) and slurmdbd on loopback
+# (with GPUSLURM_SLURM_ROOT: the root's slurmdbd, the host's MariaDB server).
 #
 # Environment:
 #   GPUSLURM_CLUSTER_DIR         state directory (default /run/gpuslurm-test-cluster)
@@ -177,7 +178,12 @@ check_prerequisites() {
         done
         [[ -x $NSENTER && -x $UNSHARE ]] || die "$NSENTER and $UNSHARE are needed (util-linux)"
         [[ -x $(gpuslurm_bin) ]] || die "$(gpuslurm_bin) is not executable: set GPUSLURM_BIN"
-        [[ -z $WITH_DBD ]] || die "--with-slurmdbd: the roots have no slurmdbd yet"
+        [[ -n $WITH_DBD ]] || return 0
+        # The root's slurmdbd and sacctmgr; the host's MariaDB server (a private one, as below).
+        for bin in "$SLURMDBD" "$SACCTMGR"; do
+            [[ -x $ROOT$bin ]] || die "$ROOT$bin is missing: rebuild the root (tests/slurm_roots.py)"
+        done
+        check_mariadb
         return 0
     fi
     for bin in "$SLURMCTLD" "$SLURMD" "$MUNGED" "$SBATCH" "$SINFO"; do
@@ -185,8 +191,16 @@ check_prerequisites() {
     done
     [[ -x $(gpuslurm_bin) ]] || die "$(gpuslurm_bin) is not executable: set GPUSLURM_BIN"
     [[ -n $WITH_DBD ]] || return 0
-    for bin in "$SLURMDBD" "$SACCTMGR" "$MARIADBD" "$MARIADB_INSTALL_DB" "$MARIADB_ADMIN"; do
+    for bin in "$SLURMDBD" "$SACCTMGR"; do
         [[ -x $bin ]] || die "$bin is missing: apt-get install -y slurmdbd mariadb-server"
+    done
+    check_mariadb
+}
+
+check_mariadb() {
+    local bin
+    for bin in "$MARIADBD" "$MARIADB_INSTALL_DB" "$MARIADB_ADMIN"; do
+        [[ -x $bin ]] || die "$bin is missing: apt-get install -y mariadb-server"
     done
     id -u "$DB_USER" >/dev/null 2>&1 || die "no user $DB_USER to run MariaDB as (mariadb-server makes it)"
 }
@@ -426,8 +440,10 @@ sacctmgr() {
 start_slurmdbd() {
     local i said=""
     if ! alive "$RUN/slurmdbd.pid"; then
-        # MYSQL_UNIX_PORT: the client library's socket for StorageHost=localhost.
-        env "$MARK_VAR=$STATE" SLURM_CONF="$CONF" MYSQL_UNIX_PORT="$DB_SOCKET" "$SLURMDBD" \
+        # MYSQL_UNIX_PORT: the client library's socket for StorageHost=localhost. With a root, its
+        # slurmdbd (and its client library) in the cluster's namespace, which sees the host's
+        # MariaDB socket under $STATE (/tmp and /run are the host's there).
+        in_root env "$MARK_VAR=$STATE" SLURM_CONF="$CONF" MYSQL_UNIX_PORT="$DB_SOCKET" "$SLURMDBD" \
             || die "slurmdbd failed to start; last lines of its log:"$'\n'"$(tail -n 20 "$LOG/slurmdbd.log" 2>/dev/null)"
     fi
     # Answering sacctmgr means it has its database and its port.
@@ -443,6 +459,10 @@ register_cluster() {
     local out
     [[ -n $(sacctmgr -n -P show cluster "$CLUSTER_NAME" format=cluster) ]] && return 0
     out=$(sacctmgr -i add cluster "$CLUSTER_NAME" 2>&1) || die "sacctmgr add cluster $CLUSTER_NAME failed: $out"
+    # From 23.02 slurmctld keeps a ClusterID in StateSaveLocation and stops ("CLUSTER ID
+    # MISMATCH") when slurmdbd knows the cluster by another: a cluster first run without
+    # accounting made one of its own. The database was just made, so the state's ID is stale.
+    rm -f "$STATE/spool/ctld/clustername"
 }
 
 node_state() {

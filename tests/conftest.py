@@ -1,5 +1,6 @@
 import os
 import pathlib
+import signal
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -16,6 +17,13 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=100,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("GPUSLURM_HYPOTHESIS_PROFILE", "dev"))
+
+# A shell starts a background command (`cmd &` without job control) with SIGINT ignored, and an
+# ignored signal stays ignored across exec: every process a test starts and then sends SIGINT
+# (watch, pick --wait, the monitor) would ignore it and the test would time out. Python's own
+# handler here makes the children start with the default disposition again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
 

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -64,7 +65,9 @@ DAEMONS = ("slurmctld", "slurmd")
 # The clients tests and hooks run; the host's copies are replaced by the root's in the test session.
 CLIENTS = ("sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol",
            "sdiag", "sinfo", "sprio", "squeue", "sreport", "srun", "sshare", "sstat", "strigger")
-PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "lua5.1", "python3", "python3-venv",
+# slurmdbd: accounting (cluster.sh up --with-slurmdbd) runs the root's slurmdbd against a private
+# MariaDB server of the host's, reached through its unix socket (the client library is the root's).
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "lua5.1", "python3", "python3-venv",
             "python3-jinja2", "python3-click", "python3-prometheus-client", "python3-clustershell",
             "procps", "util-linux")
 PYNVML = "nvidia-ml-py"
@@ -354,12 +357,19 @@ def main(argv: list[str]) -> int:
         if name not in RELEASES:
             print(f"slurm_roots.py: {name}: not one of {', '.join(RELEASES)}", file=sys.stderr)
             return 2
+    make = ensure_root if argv[0] == "build" else root_path
+    # Several releases build at once (each under its own lock): CI starts this early, in the
+    # background, so that the builds overlap its main test run.
+    with ThreadPoolExecutor(max_workers=len(argv) - 1) as pool:
+        futures = [pool.submit(make, RELEASES[name]) for name in argv[1:]]
+    status = 0
+    for name, future in zip(argv[1:], futures, strict=True):
         try:
-            print(ensure_root(RELEASES[name]) if argv[0] == "build" else root_path(RELEASES[name]))
+            print(future.result())
         except (RootError, subprocess.SubprocessError, OSError) as exc:
-            print(f"slurm_roots.py: {exc}", file=sys.stderr)
-            return 1
-    return 0
+            print(f"slurm_roots.py: Slurm {name}: {exc}", file=sys.stderr)
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

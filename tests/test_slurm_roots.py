@@ -1,10 +1,15 @@
-"""tests/slurm_roots.py's pure parts: the mirror read from apt's configuration, the root's key."""
+"""tests/slurm_roots.py's pure parts: the mirror read from apt's configuration, the root's key;
+what the cluster fixture says of a root without accounting."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import cluster_fixture
 import slurm_roots
 
 HOSTS = st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z]{2,5}){1,2}", fullmatch=True)
@@ -55,3 +60,23 @@ def test_the_key_changes_with_what_goes_into_the_root() -> None:
     assert key == slurm_roots.root_key(release, "http://a.example/debian")
     assert key != slurm_roots.root_key(release, "http://b.example/debian")
     assert key != slurm_roots.root_key(slurm_roots.RELEASES["26.05"], "http://a.example/debian")
+
+
+def test_a_root_without_slurmdbd_fails_the_accounting_tests_under_require(
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI (GPUSLURM_REQUIRE_SLURM) must not skip the accounting tests on a root that lacks slurmdbd."""
+    bare = tmp_path / "root"  # a root of another age: no /usr/sbin/slurmdbd
+    (bare / "usr" / "sbin").mkdir(parents=True)
+    slurm_roots.activate(slurm_roots.ActiveRoot(slurm_roots.RELEASES["24.11"], bare, tmp_path / "ns.pid"))
+    try:
+        reason = cluster_fixture.accounting_unavailable()
+        assert reason is not None and f"{bare}/usr/sbin/slurmdbd" in reason
+        monkeypatch.setenv("GPUSLURM_REQUIRE_SLURM", "1")
+        with pytest.raises(pytest.fail.Exception, match="GPUSLURM_REQUIRE_SLURM is set"):
+            cluster_fixture.skip_without_accounting()
+        monkeypatch.delenv("GPUSLURM_REQUIRE_SLURM")
+        with pytest.raises(pytest.skip.Exception):
+            cluster_fixture.skip_without_accounting()
+    finally:
+        slurm_roots.activate(None)

@@ -356,13 +356,19 @@ def unsafe_reason(st: os.stat_result, *, final: bool) -> str | None:
 
 # Run with -S: site's .pth files are listed, not executed, before they are checked. Without
 # site, a venv's prefix is found as site.venv() would (pyvenv.cfg beside or above the binary).
+# Debian's site.getsitepackages names a venv's lib/pythonX.Y/site-packages only once sys.prefix
+# is the venv, which site.venv() sets and -S skips: without it, the site-packages of every venv
+# made from Debian's python3 went unchecked. Both views are taken, so nothing is left out.
 _CODE_PATHS = """
 import json, os, site, sys
 exe_dir = os.path.dirname(os.path.abspath(sys.executable))
 prefixes = [sys.prefix]
+sites = site.getsitepackages(prefixes)
 if any(os.path.isfile(os.path.join(d, "pyvenv.cfg")) for d in (exe_dir, os.path.dirname(exe_dir))):
     prefixes.insert(0, os.path.dirname(exe_dir))
-sys.stdout.write(json.dumps({"path": [p for p in sys.path if p], "site": site.getsitepackages(prefixes)}))
+    sys.prefix = sys.exec_prefix = prefixes[0]
+    sites += site.getsitepackages(prefixes)
+sys.stdout.write(json.dumps({"path": [p for p in sys.path if p], "site": list(dict.fromkeys(sites))}))
 """
 
 

@@ -15,36 +15,42 @@ from pathlib import Path
 
 import pytest
 
-from cluster_fixture import SlurmCluster, _restart, accounting_unavailable
+from cluster_fixture import SlurmCluster, _restart, skip_without_accounting
+from slurm_helpers import make_user
 
 pytestmark = pytest.mark.slurm
 
 SCONTROL = "/usr/bin/scontrol"
 SCANCEL = "/usr/bin/scancel"
-NOBODY = pwd.getpwnam("nobody")
+# The user over the limit: a real user made for the module, not nobody, whose uid (65534) 26.05's
+# slurmctld finds no association for ("User 65534 not found": jobs refused as an invalid account).
+MEMBER = f"gsadmit{os.getpid() % 100000}"
 ENFORCE = "AccountingStorageTRES=gres/gpu\nAccountingStorageEnforce=limits\n"
 
 
 @pytest.fixture(scope="module")
 def enforcing(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """The session cluster restarted with slurmdbd and limits enforced, for this module only."""
-    reason = accounting_unavailable()
-    if reason:
-        pytest.skip(reason)
+    skip_without_accounting()
+    member = make_user(MEMBER)
     saved = dict(slurm_cluster.env)
-    base = saved.get("GPUSLURM_CLUSTER_EXTRA_CONF")
-    extra = slurm_cluster.state_dir / "admission-extra.conf"
-    extra.write_text((Path(base).read_text() if base else "") + ENFORCE)
-    slurm_cluster.env["GPUSLURM_CLUSTER_EXTRA_CONF"] = str(extra)
-    _restart(slurm_cluster, "--with-slurmdbd")
     try:
-        slurm_cluster.sacctmgr("add", "account", "gputeam", "Description=gpu team", "Organization=test")
-        slurm_cluster.sacctmgr("add", "user", "nobody", "account=gputeam")
-        yield slurm_cluster
+        base = saved.get("GPUSLURM_CLUSTER_EXTRA_CONF")
+        extra = slurm_cluster.state_dir / "admission-extra.conf"
+        extra.write_text((Path(base).read_text() if base else "") + ENFORCE)
+        slurm_cluster.env["GPUSLURM_CLUSTER_EXTRA_CONF"] = str(extra)
+        _restart(slurm_cluster, "--with-slurmdbd")
+        try:
+            slurm_cluster.sacctmgr("add", "account", "gputeam", "Description=gpu team", "Organization=test")
+            slurm_cluster.sacctmgr("add", "user", member.name, "account=gputeam")
+            yield slurm_cluster
+        finally:
+            slurm_cluster.env.clear()
+            slurm_cluster.env.update(saved)
+            _restart(slurm_cluster,
+                     *(["--with-slurmdbd"] if os.environ.get("GPUSLURM_CLUSTER_SLURMDBD") else []))
     finally:
-        slurm_cluster.env.clear()
-        slurm_cluster.env.update(saved)
-        _restart(slurm_cluster, *(["--with-slurmdbd"] if os.environ.get("GPUSLURM_CLUSTER_SLURMDBD") else []))
+        subprocess.run(["/usr/sbin/userdel", member.name], capture_output=True, timeout=30, check=False)
 
 
 def _auto(cluster: SlurmCluster, state: Path) -> str:
@@ -70,21 +76,22 @@ def _wait_for(cluster: SlurmCluster, jobid: int, text: str, timeout: float = 30)
 def test_a_user_over_the_limit_pends_and_runs_after_the_load_falls(enforcing: SlurmCluster,
                                                                    tmp_path: Path) -> None:
     cluster = enforcing
-    as_nobody = [f"--uid={NOBODY.pw_uid}", f"--gid={NOBODY.pw_gid}", "--chdir=/tmp", "--output=/dev/null"]
+    member = pwd.getpwnam(MEMBER)
+    as_member = [f"--uid={member.pw_uid}", f"--gid={member.pw_gid}", "--chdir=/tmp", "--output=/dev/null"]
     state = tmp_path / "state"
-    big = cluster.sbatch([*as_nobody, "--gres=gpu:6"], "sleep 300\n")
+    big = cluster.sbatch([*as_member, "--gres=gpu:6"], "sleep 300\n")
     mine = cluster.sbatch(["--gres=gpu:1"], "sleep 300\n")  # root: exempt, and holds 1
     waiting = None
     try:
         _wait_for(cluster, big, "JobState=RUNNING")
         _wait_for(cluster, mine, "JobState=RUNNING")
-        out = _auto(cluster, state)  # 7 of 8 GPUs: above 70 %; nobody holds 6, fair share 4
+        out = _auto(cluster, state)  # 7 of 8 GPUs: above 70 %; the member holds 6, fair share 4
         assert "tighten to tier 10% per user: load 88% of 8 GPUs > 70%" in out, out
-        assert "set GrpTRES=gres/gpu=1 for nobody" in out, out
-        limits = cluster.sacctmgr("-nP", "show", "assoc", "where", "user=nobody", "format=User,GrpTRES")
-        assert "nobody|gres/gpu=1" in limits, limits
+        assert f"set GrpTRES=gres/gpu=1 for {MEMBER}" in out, out
+        limits = cluster.sacctmgr("-nP", "show", "assoc", "where", f"user={MEMBER}", "format=User,GrpTRES")
+        assert f"{MEMBER}|gres/gpu=1" in limits, limits
 
-        waiting = cluster.sbatch([*as_nobody, "--gres=gpu:1"], "true\n")  # one GPU is free
+        waiting = cluster.sbatch([*as_member, "--gres=gpu:1"], "true\n")  # one GPU is free
         _wait_for(cluster, waiting, "Reason=AssocGrpGRES")
         assert "JobState=PENDING" in _job(cluster, waiting)
 
@@ -94,8 +101,9 @@ def test_a_user_over_the_limit_pends_and_runs_after_the_load_falls(enforcing: Sl
         assert "lift" not in out, out
         time.sleep(2.5)
         out = _auto(cluster, state)
-        assert "ease to no limit: load 12% of 8 GPUs" in out and "lift the GPU limit for nobody" in out, out
-        assert "gres/gpu" not in cluster.sacctmgr("-nP", "show", "assoc", "where", "user=nobody",
+        assert "ease to no limit: load 12% of 8 GPUs" in out, out
+        assert f"lift the GPU limit for {MEMBER}" in out, out
+        assert "gres/gpu" not in cluster.sacctmgr("-nP", "show", "assoc", "where", f"user={MEMBER}",
                                                   "format=User,GrpTRES")
         assert cluster.wait(waiting, timeout=60) == "COMPLETED", _job(cluster, waiting)
     finally:
@@ -106,18 +114,19 @@ def test_a_user_over_the_limit_pends_and_runs_after_the_load_falls(enforcing: Sl
 
 def test_a_limit_set_by_the_admin_is_left_alone(enforcing: SlurmCluster, tmp_path: Path) -> None:
     cluster = enforcing
-    cluster.sacctmgr("modify", "user", "where", "name=nobody", "set", "GrpTRES=gres/gpu=6")
-    as_nobody = [f"--uid={NOBODY.pw_uid}", f"--gid={NOBODY.pw_gid}", "--chdir=/tmp", "--output=/dev/null"]
-    big = cluster.sbatch([*as_nobody, "--gres=gpu:6"], "sleep 300\n")
+    cluster.sacctmgr("modify", "user", "where", f"name={MEMBER}", "set", "GrpTRES=gres/gpu=6")
+    member = pwd.getpwnam(MEMBER)
+    as_member = [f"--uid={member.pw_uid}", f"--gid={member.pw_gid}", "--chdir=/tmp", "--output=/dev/null"]
+    big = cluster.sbatch([*as_member, "--gres=gpu:6"], "sleep 300\n")
     mine = cluster.sbatch(["--gres=gpu:1"], "sleep 300\n")
     try:
         _wait_for(cluster, big, "JobState=RUNNING")
         _wait_for(cluster, mine, "JobState=RUNNING")
-        out = _auto(cluster, tmp_path / "state")  # the policy wants nobody at 1; the admin said 6
-        assert "leave nobody alone: gres/gpu=6 was not set by gpuslurm" in out, out
-        limits = cluster.sacctmgr("-nP", "show", "assoc", "where", "user=nobody", "format=User,GrpTRES")
-        assert "nobody|gres/gpu=6" in limits, limits
+        out = _auto(cluster, tmp_path / "state")  # the policy wants the member at 1; the admin said 6
+        assert f"leave {MEMBER} alone: gres/gpu=6 was not set by gpuslurm" in out, out
+        limits = cluster.sacctmgr("-nP", "show", "assoc", "where", f"user={MEMBER}", "format=User,GrpTRES")
+        assert f"{MEMBER}|gres/gpu=6" in limits, limits
     finally:
         for job in (big, mine):
             subprocess.run([SCANCEL, str(job)], env=cluster.env, timeout=30, check=False)
-        cluster.sacctmgr("modify", "user", "where", "name=nobody", "set", "GrpTRES=gres/gpu=-1")
+        cluster.sacctmgr("modify", "user", "where", f"name={MEMBER}", "set", "GrpTRES=gres/gpu=-1")

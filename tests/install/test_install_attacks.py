@@ -57,6 +57,22 @@ def staff() -> Iterator[Staff]:
         subprocess.run(["/usr/sbin/groupdel", group], check=False, timeout=30)
 
 
+# The interpreters venvs are made from: this one, and Debian's python3 when the host has it
+# (Debian's site.py names a venv's site-packages only when it runs in the venv: install's check,
+# which runs the interpreter without site, once missed every .pth file there).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture(params=["this-python", "system-python"])
+def base_python(request: pytest.FixtureRequest) -> str:
+    if request.param == "this-python":
+        return sys.executable
+    if not os.access(SYSTEM_PYTHON, os.X_OK) or subprocess.run(
+            [SYSTEM_PYTHON, "-c", "import venv"], capture_output=True, timeout=60).returncode != 0:
+        pytest.skip(f"{SYSTEM_PYTHON} is absent or has no venv module")
+    return SYSTEM_PYTHON
+
+
 def install(etc: Path, prefix: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
                            "--prefix", str(prefix), *extra], capture_output=True, text=True, timeout=120)
@@ -107,9 +123,9 @@ def test_an_interpreter_in_a_group_writable_directory_is_refused(staff: Staff) -
                      str(bindir), "writable by group")
 
 
-def test_a_group_writable_pth_file_in_the_venv_is_refused(staff: Staff) -> None:
+def test_a_group_writable_pth_file_in_the_venv_is_refused(staff: Staff, base_python: str) -> None:
     venv = staff.root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = next(venv.glob("lib/python3*/site-packages"))
     pth = site / "zz-site.pth"
     pth.write_text(str(Path(__file__).resolve().parents[2] / "src") + "\n")  # gpuslurm importable
@@ -125,24 +141,24 @@ def test_a_group_writable_pth_file_in_the_venv_is_refused(staff: Staff) -> None:
     assert not marker.exists(), "install ran the planted .pth line as root"
 
 
-def test_a_group_writable_site_packages_is_refused(staff: Staff) -> None:
+def test_a_group_writable_site_packages_is_refused(staff: Staff, base_python: str) -> None:
     venv = staff.root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = staff.staff_dir(next(venv.glob("lib/python3*/site-packages")))
     python = str(venv / "bin" / "python")
     refused_one_line(install(etc_dir(staff), staff.root / "libexec", "--python", python),
                      str(site), "writable by group")
 
 
-def make_venv(staff: Staff, *extra: str) -> tuple[Path, Path]:
+def make_venv(staff: Staff, base_python: str, *extra: str) -> tuple[Path, Path]:
     venv = staff.root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *extra, str(venv)], check=True,
+    subprocess.run([base_python, "-m", "venv", "--without-pip", *extra, str(venv)], check=True,
                    timeout=120)
     return venv, next(venv.glob("lib/python3*/site-packages"))
 
 
-def test_a_world_writable_interpreter_file_is_refused(staff: Staff) -> None:
-    venv, _ = make_venv(staff, "--copies")
+def test_a_world_writable_interpreter_file_is_refused(staff: Staff, base_python: str) -> None:
+    venv, _ = make_venv(staff, base_python, "--copies")
     python = venv / "bin" / "python3"
     assert not python.is_symlink()
     python.chmod(0o777)
@@ -152,8 +168,8 @@ def test_a_world_writable_interpreter_file_is_refused(staff: Staff) -> None:
                      str(python), "writable by every user")
 
 
-def test_a_writable_module_inside_site_packages_is_refused(staff: Staff) -> None:
-    venv, site = make_venv(staff)
+def test_a_writable_module_inside_site_packages_is_refused(staff: Staff, base_python: str) -> None:
+    venv, site = make_venv(staff, base_python)
     pkg = site / "evilpkg"
     pkg.mkdir()
     pkg.chmod(0o777)
@@ -172,8 +188,8 @@ def test_a_writable_module_inside_site_packages_is_refused(staff: Staff) -> None
     assert not marker.exists()
 
 
-def test_a_group_writable_file_in_a_pth_added_directory_is_refused(staff: Staff) -> None:
-    venv, site = make_venv(staff)
+def test_a_group_writable_file_in_a_pth_added_directory_is_refused(staff: Staff, base_python: str) -> None:
+    venv, site = make_venv(staff, base_python)
     code = staff.root / "code" / "gpuslurm"  # an editable install's src/ tree
     code.mkdir(parents=True)
     (staff.root / "code").chmod(0o755)
@@ -190,8 +206,9 @@ def test_a_group_writable_file_in_a_pth_added_directory_is_refused(staff: Staff)
                      str(module), "writable by group")
 
 
-def test_a_symlink_in_site_packages_to_a_group_writable_file_is_refused(staff: Staff) -> None:
-    venv, site = make_venv(staff)
+def test_a_symlink_in_site_packages_to_a_group_writable_file_is_refused(staff: Staff,
+                                                                      base_python: str) -> None:
+    venv, site = make_venv(staff, base_python)
     shared = staff.staff_dir(staff.root / "shared")
     target = shared / "evil.py"
     target.write_text("")
@@ -201,9 +218,9 @@ def test_a_symlink_in_site_packages_to_a_group_writable_file_is_refused(staff: S
                      str(shared), "writable by group")
 
 
-def test_a_root_made_venv_with_pip_packages_is_accepted(staff: Staff) -> None:
+def test_a_root_made_venv_with_pip_packages_is_accepted(staff: Staff, base_python: str) -> None:
     venv = staff.root / "venv"  # with pip: ensurepip lays pip out as root with its usual modes
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([base_python, "-m", "venv", str(venv)], check=True, timeout=120)
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "zz-src.pth").write_text(str(Path(__file__).resolve().parents[2] / "src") + "\n")
     pkg = site / "somepkg"  # as pip lays a package out under root's umask 022

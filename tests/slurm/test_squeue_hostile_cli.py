@@ -103,5 +103,9 @@ def test_the_monitor_records_one_problem_line_and_keeps_cycling(tmp_path: Path) 
     assert "Traceback" not in err, err
     assert [d.split(": ", 1)[0] for d in seen] == ["squeue --json"] * 3, seen
     assert "IDX" in seen[0] or "beyond" in seen[0], seen
-    assert "user_id" in seen[1] and "nested deeper" in seen[2], seen
+    # 5,000 levels pass the recursion limit of 3.11's json and parse on 3.13's and 3.14's (their C
+    # recursion is bounded by the stack, not sys.getrecursionlimit()): the list is then a name
+    # that is not a string; one line either way
+    assert "user_id" in seen[1], seen
+    assert "nested deeper" in seen[2] or "name is not a string" in seen[2], seen
 
