@@ -637,7 +637,12 @@ cmd_up() {
     fi
     start_daemon slurmctld "$SLURMCTLD" "$RUN/slurmctld.pid"
     start_daemon slurmd "$SLURMD" "$RUN/slurmd.pid" -N "$host"
-    wait_idle "$host"
+    if [[ -n $slurm_running ]]; then
+        # slurmd restarted under a running slurmctld: jobs may still run on the node
+        wait_idle "$host" 'idle|mixed|allocated|completing'
+    else
+        wait_idle "$host"
+    fi
     note "up: node $host idle${WITH_DBD:+, accounting in slurmdbd}; export SLURM_CONF=$CONF"
 }
 

@@ -9,6 +9,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,53 @@ class NodeControl:
             self.wait_node(r"^IDLE")
         except TimeoutError as exc:
             print(f"node did not come back: {exc}", file=sys.stderr)
+
+
+CLUSTER_SH = Path(__file__).resolve().parents[1] / "docker-slurm" / "cluster.sh"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
+    """slurm.conf applied (``scontrol reconfigure``), then slurmd stopped and started again through
+    ``cluster.sh up`` (slurmctld and running jobs stay): cgroup.conf is read when slurmd starts.
+
+    From 23.11 ``scontrol reconfigure`` makes slurmd hand over to a new slurmd process, which
+    rewrites SlurmdPidFile a moment later: a pid read just after it may be the old one's, and a
+    slurmd started while the new one comes up finds its port taken and dies. So slurmd is stopped
+    until the pid file names no running process for a whole second."""
+    if reconfigure:
+        subprocess.run([SCONTROL, "reconfigure"], env=cluster.env, capture_output=True, timeout=30,
+                       check=True)
+    pidfile = cluster.state_dir / "run" / "slurmd.pid"
+    deadline = time.monotonic() + 90
+    quiet_since: float | None = None
+    while True:
+        text = pidfile.read_text().strip() if pidfile.exists() else ""
+        pid = int(text) if text.isdigit() else 0
+        if pid and _running(pid):
+            quiet_since = None
+            os.kill(pid, signal.SIGTERM if time.monotonic() < deadline - 20 else signal.SIGKILL)
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= 1:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"slurmd (pid {pid}) does not stop\n{cluster.log_tail()}")
+        time.sleep(0.1)
+    env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
+    up = subprocess.run(["/bin/bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True,
+                        timeout=150, check=False)
+    assert up.returncode == 0, f"cluster.sh up failed:\n{up.stderr}\n{cluster.log_tail()}"
+    host = short_hostname()
+    subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
+                   capture_output=True, timeout=30, check=False)  # after a failed run drained it
 
 
 class SlurmRelease(NamedTuple):

@@ -289,8 +289,9 @@ def preload_library() -> Path:
             return lib
         with tempfile.TemporaryDirectory(dir=CACHE) as work:
             out = Path(work) / lib.name
-            done = subprocess.run([GCC, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(PRELOAD_SOURCE),
-                                   "-ldl"], capture_output=True, text=True, timeout=120, check=False)
+            done = subprocess.run([GCC, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out),
+                                   str(PRELOAD_SOURCE), "-ldl"], capture_output=True, text=True, timeout=120,
+                                  check=False)
             if done.returncode != 0:
                 raise RootError(f"gcc {PRELOAD_SOURCE} failed: {done.stderr.strip()}")
             out.chmod(0o755)
