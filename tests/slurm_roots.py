@@ -137,6 +137,15 @@ def without_cgroups(reason: str = "", run: bool = True) -> pytest.MarkDecorator:
     return pytest.mark.xfail(off, strict=True, run=run, reason=f"{why}: {reason}" if reason else why)
 
 
+def v1_only(reason: str, run: bool = True) -> pytest.MarkDecorator:
+    """xfail (strict) for a test written for Slurm's cgroup/v1 layout (``/sys/fs/cgroup/devices/
+    slurm*/...``), on a release run with the cgroup/v2 plugin."""
+    release = _selected_or_none()
+    name = release.name if release else HOST_RELEASE
+    why = f"Slurm {name} runs here with cgroup/v2 (docs/compatibility.md): {reason}"
+    return pytest.mark.xfail(runs_cgroup_v2(), strict=True, run=run, reason=why)
+
+
 def host_mirror() -> str:
     """The Debian archive the host's apt uses (deb822 ``.sources`` or one-line ``sources.list``)."""
     etc = Path("/etc/apt")
