@@ -9,6 +9,9 @@ caller checks it here. Accepted forms:
 
 Anything else is refused: ``/``, ``..``, NUL, whitespace, a leading ``-`` or ``.``, signs,
 non-ASCII digits. Only ``str`` methods are used: the hooks import this on every job.
+
+Slurm 25.11+ also names each job by a SLUID (``SLURM_JOB_SLUID``, ``scontrol show job``'s
+``SLUID=``, and from 26.05 the job's cgroup/v2 directory): :func:`valid_sluid`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,23 @@ def valid_job_id(text: str) -> bool:
         return _number(head)  # PBS: 123.server
     seq, under, task = head.partition("_")
     return _number(seq) and (not under or _number(task))
+
+
+# Slurm's src/common/sluid.c: a lower-case "s", then the 64-bit value in Crockford's Base32, most
+# significant digit first, 13 digits (the first carries the top 4 bits only, so it is 0-F).
+SLUID_DIGITS = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+SLUID_LENGTH = 14
+
+
+def valid_sluid(text: str) -> bool:
+    """Whether ``text`` is a SLUID in the canonical form Slurm prints (``s6Z5M8CB6N7P00``).
+
+    Stricter than Slurm's own ``str2sluid``, which also takes lower case and O/I/L for 0/1/1:
+    gpuslurm reads SLUIDs only where Slurm printed them, so any other spelling is not Slurm's.
+    The value 0 is Slurm's "no SLUID" and is refused too.
+    """
+    return (len(text) == SLUID_LENGTH and text[0] == "s" and text[1] in SLUID_DIGITS[:16]
+            and all(c in SLUID_DIGITS for c in text[2:]) and text[1:] != "0" * 13)
 
 
 def check_job_id(text: str) -> str:

@@ -105,7 +105,7 @@ def test_cgroup_path_names_only_valid_job_ids(path: str) -> None:
     from gpuslurm.jobid import valid_job_id
 
     job = parse_cgroup_path(path)
-    assert job is None or valid_job_id(job.job_id)
+    assert job is None or job.job_id is None or valid_job_id(job.job_id)
 
 
 @PARSER

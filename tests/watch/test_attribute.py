@@ -35,6 +35,20 @@ GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444455556666"
     ("/slurm/uid_1/job_/step_0", None),
     ("/myslurm/uid_1/job_4/step_0", None),
     ("/system.slice/notslurmstepd.scope/job_4", None),
+    # Slurm 26.05: the job named by its SLUID (what node1 of the real 26.05 showed)
+    ("/system.slice/node1_slurmstepd.scope/s6Z5M8CB6N7P00/step_0/user/task_0",
+     CgroupJob(None, "0", None, "node1", sluid="s6Z5M8CB6N7P00")),
+    ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_extern/slurm",
+     CgroupJob(None, "extern", None, None, sluid="sEKNKTV3WPV500")),
+    ("/gpu.slice/slurmstepd.scope/sEKNKTV3WPV500", CgroupJob(None, None, None, None, sluid="sEKNKTV3WPV500")),
+    ("/system.slice/slurmstepd.scope/seknktv3wpv500/step_0", None),  # Slurm prints upper case only
+    ("/system.slice/slurmstepd.scope/sEKNKTV3WPV5OO/step_0", None),  # O is not a digit it prints
+    ("/system.slice/slurmstepd.scope/sGKNKTV3WPV500/step_0", None),  # first digit: 4 bits, 0-F
+    ("/system.slice/slurmstepd.scope/s0000000000000/step_0", None),  # 0: Slurm's "no SLUID"
+    ("/system.slice/slurmstepd.scope/sEKNKTV3WPV5000/step_0", None),
+    ("/system.slice/slurmstepd.scope/sEKNKTV3WPV50/step_0", None),
+    ("/slurm/uid_1/sEKNKTV3WPV500/step_0", None),  # v1 never names jobs by SLUID
+    ("/user.slice/user-1000.slice/user@1000.service/x.slice/slurmstepd.scope/sEKNKTV3WPV500", None),
     ("/", None),
     ("", None),
 ])
@@ -62,6 +76,18 @@ def test_every_cgroup_gpuslurm_makes_for_a_job_names_that_job(job_id: str) -> No
                  f"/system.slice/gpuslurm.mps/mps_{job_id}", f"/gpuslurm.mps/job_{job_id}",
                  f"/gpuslurm.pbs/mps_{job_id}", f"/gpuslurm/other_{job_id}", "/gpuslurm.mps/mps_"):
         assert parse_cgroup_path(path) is None, path
+
+
+def test_a_sluid_path_is_a_job_not_no_job() -> None:
+    """Issue 19: on 26.05 every job process's cgroup was parsed as "no job" (rogue to the
+    monitor, nothing to the epilog). A SLUID path is a job, known by its SLUID."""
+    text = "0::/system.slice/node1_slurmstepd.scope/s6Z5M8CB6N7P00/step_0/user/task_0\n"
+    job = parse_cgroup(text)
+    assert job is not None and job.sluid == "s6Z5M8CB6N7P00" and job.job_id is None
+    assert job.label == "s6Z5M8CB6N7P00" and job.step == "0" and job.node == "node1"
+    # both layouts on one node (an upgrade with jobs running): each names its own job
+    old = parse_cgroup("0::/system.slice/node1_slurmstepd.scope/job_41/step_0/user/task_0\n")
+    assert old is not None and old.job_id == "41" and old.sluid is None and old.label == "41"
 
 
 def test_cgroup_file_prefers_the_freezer_and_unified_lines() -> None:

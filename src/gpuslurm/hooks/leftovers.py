@@ -40,9 +40,13 @@ def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: 
 
 def plan_kills(listed: Sequence[tuple[str, Any]], job_id: str, job_uid: int,
                holders: Mapping[str, Sequence[tuple[str, int]]] | None, ignore_users: Sequence[str],
-               listed_at: float, proc_root: str = "/proc",
+               listed_at: float, proc_root: str = "/proc", job_sluid: str | None = None,
                ) -> tuple[list[Target], dict[tuple[str, int], tuple[str, str]]]:
     """Split the processes listed on the job's GPUs into targets and skipped ones.
+
+    ``job_sluid`` is the job's SLUID (Slurm's Epilog environment, 25.11+): a process in a cgroup
+    named by that SLUID (26.05's layout) is the job's; one named by any other SLUID is another
+    job's, whichever that is, and so is one named by a SLUID when the job's own is unknown.
 
     ``listed_at`` is the boot-clock time the GPUs were listed: a process that started later only
     reuses a listed PID. A skipped process is ``gone``, ``other`` (not this job's) or ``kept``
@@ -80,7 +84,8 @@ def plan_kills(listed: Sequence[tuple[str, Any]], job_id: str, job_uid: int,
             skipped[key] = ("kept", "a child of this hook")
             continue
         cg = parse_cgroup(facts.cgroup)
-        why = leftover_verdict(facts.uid, cg.job_id if cg else None, job_id, job_uid,
+        proc_job = None if cg is None else job_id if job_sluid and cg.sluid == job_sluid else cg.label
+        why = leftover_verdict(facts.uid, proc_job, job_id, job_uid,
                                None if holders is None else holders.get(uuid, []))
         if why is None:
             # the owner seen now is checked again once the pidfd pins the process

@@ -236,7 +236,7 @@ def _other_job(pid: int, job_id: str, source: str) -> str | None:
     for line in text.splitlines():
         job = parse_cgroup_path(line.split(":", 2)[-1])
         if job is not None and job.job_id != job_id:
-            return job.job_id
+            return job.label  # a Slurm 26.05 SLUID path: some other scheduler's job, never this one
     return None
 
 

@@ -4,7 +4,12 @@ read it.
 Pure text parsing of ``/proc/PID/cgroup`` lines and cgroup paths; nothing here touches the system.
 
 - Slurm: v1 ``/slurm[_<node>]/uid_<uid>/job_<id>/step_<step>``, v2
-  ``/system.slice/[<node>_]slurmstepd.scope/job_<id>/step_<step>``.
+  ``/<slice>/[<node>_]slurmstepd.scope/job_<id>/step_<step>`` (``<slice>`` is cgroup.conf's
+  ``CgroupSlice``, 25.11+, default ``system.slice``). From 26.05 the v2 job directory is named by
+  the job's SLUID, ``/<slice>/[<node>_]slurmstepd.scope/s<SLUID>/step_<step>``, unless cgroup.conf
+  says ``CgroupJobIdPaths=yes`` (26.05.2+); such a path carries no job id: :class:`CgroupJob` then
+  has ``sluid`` set and ``job_id`` None, and the caller maps the SLUID to its job (the prolog's
+  job maps, then ``scontrol``), never through anything the job's processes could set.
 - PBS (OpenPBS's cgroups hook, ``src/hooks/cgroups/pbs_cgroups.PY``): ``/<prefix>.service/jobid/<id>``
   in each v1 controller (and the unified v2 tree of PBS Professional 2022+), ``<prefix>`` being the
   hook's ``cgroup_prefix`` (default ``pbs_jobs``); PBS Pro before 19 used ``/pbspro/<id>``. The id
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gpuslurm.jobid import valid_job_id
+from gpuslurm.jobid import valid_job_id, valid_sluid
 
 # gpuslurm's own cgroups (gpuslurm.isolate.devices makes them; root alone): the directory at the
 # top of a hierarchy → the kinds of job cgroup below it. ``job_<id>``: the job's tasks; ``mps_<id>``:
@@ -27,12 +32,19 @@ _OWN = {"gpuslurm": ("job", "mps"), "gpuslurm.pbs": ("job",), "gpuslurm.mps": ("
 
 
 class CgroupJob(NamedTuple):
-    """A Slurm or PBS job named by a cgroup path."""
+    """A Slurm or PBS job named by a cgroup path: by its id, or (Slurm 26.05's cgroup/v2 layout)
+    by its SLUID alone; exactly one of ``job_id`` and ``sluid`` is set."""
 
-    job_id: str
+    job_id: str | None
     step: str | None = None  # "0", "batch", "extern", "interactive", …
     uid: int | None = None  # cgroup v1 paths carry it
     node: str | None = None  # the ``slurm_<node>`` / ``<node>_slurmstepd.scope`` prefix, if any
+    sluid: str | None = None  # ``s<13 digits>`` when the path names the job by SLUID
+
+    @property
+    def label(self) -> str:
+        """The job id, or the SLUID when the path names no id: for messages and comparisons."""
+        return self.job_id if self.job_id is not None else str(self.sluid)
 
 
 def parse_cgroup_path(path: str) -> CgroupJob | None:
@@ -64,17 +76,22 @@ def parse_cgroup_path(path: str) -> CgroupJob | None:
             node = prefix[:-1] if prefix.endswith("_") and len(prefix) > 1 else None
             if prefix and node is None:
                 continue  # some other unit whose name merely ends that way
-            return _job(parts[i + 1:], None, node)
+            return _job(parts[i + 1:], None, node, by_sluid=True)
     return None
 
 
-def _job(rest: list[str], uid: int | None, node: str | None) -> CgroupJob | None:
-    if not rest or not rest[0].startswith("job_"):
+def _job(rest: list[str], uid: int | None, node: str | None, *, by_sluid: bool = False) -> CgroupJob | None:
+    """``job_<id>[/step_<step>]``, or with ``by_sluid`` (cgroup v2) also ``s<SLUID>[/step_<step>]``."""
+    if not rest:
+        return None
+    step = rest[1][5:] if len(rest) > 1 and rest[1].startswith("step_") else None
+    if by_sluid and valid_sluid(rest[0]):
+        return CgroupJob(None, step or None, uid, node, sluid=rest[0])
+    if not rest[0].startswith("job_"):
         return None
     job_id = rest[0][4:]
     if not (job_id.isascii() and job_id.isdigit() and valid_job_id(job_id)):  # Slurm's cgroups: digits
         return None
-    step = rest[1][5:] if len(rest) > 1 and rest[1].startswith("step_") else None
     return CgroupJob(job_id, step or None, uid, node)
 
 
