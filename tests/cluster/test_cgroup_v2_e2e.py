@@ -180,6 +180,12 @@ def _sluid_layout(v2: V2Site) -> bool:
     return release is not None and release.has_jobid_paths and not (on and on.group(1).lower() == "yes")
 
 
+def _sluid_dir(sluid: str) -> str:
+    """The job directory Slurm names by SLUID (its text form, ``s`` and 13 digits, as
+    SLURM_JOB_SLUID gives it)."""
+    return sluid if sluid.startswith("s") else f"s{sluid}"
+
+
 def _job_dir(cgroup: str) -> str:
     """The job directory the unified line of a /proc/PID/cgroup text names."""
     unified = next(line for line in cgroup.splitlines() if line.startswith("0::"))
@@ -295,7 +301,7 @@ def test_both_layouts_on_one_node_are_attributed(v2: V2Site, tmp_path: Path) -> 
         cgroup_a = Path(f"/proc/{pid_a}/cgroup").read_text()
         cgroup_b = Path(f"/proc/{pid_b}/cgroup").read_text()
         assert _job_dir(cgroup_a) == f"job_{jobs[0]}", cgroup_a
-        assert sluid_b and _job_dir(cgroup_b) == f"s{sluid_b}", cgroup_b
+        assert sluid_b and _job_dir(cgroup_b) == _sluid_dir(sluid_b), cgroup_b
         uuids = [g.uuid for g in gres_devices(node)]
         cycle = _monitor_once(v2, tmp_path, [{"pid": pid_a, "gpu": uuids[gpu_a], "mem_mib": 100},
                                              {"pid": pid_b, "gpu": uuids[gpu_b], "mem_mib": 100}])
@@ -323,7 +329,7 @@ def test_the_epilog_spares_another_jobs_process_in_its_layout(v2: V2Site) -> Non
         pid_b, _, sluid_b = _sleeper(v2.wait_for(jobs[0], "PID="))
         cgroup_b = Path(f"/proc/{pid_b}/cgroup").read_text()
         if _sluid_layout(v2):
-            assert _job_dir(cgroup_b) == f"s{sluid_b}", cgroup_b
+            assert _job_dir(cgroup_b) == _sluid_dir(sluid_b), cgroup_b
         node = load_node(str(v2.bundle))
         uuids = [g.uuid for g in node.gpus]
         facts = json.dumps({uuid: {"processes": [{"pid": pid_b, "user": "nobody"}]} for uuid in uuids})

@@ -65,7 +65,8 @@ def test_a_real_job_process_is_attributed(slurm_cluster, tmp_path: Path) -> None
     jobid_paths = os.environ.get("GPUSLURM_CLUSTER_JOBID_PATHS", "").lower() == "yes"
     sluid_layout = release is not None and release.has_jobid_paths and not jobid_paths \
         and slurm_roots.runs_cgroup_v2()
-    assert (f"/s{sluid}/" if sluid_layout else f"job_{job}/") in cgroup, cgroup
+    sluid_dir = sluid if sluid.startswith("s") else f"s{sluid}"  # SLURM_JOB_SLUID's text form: s + 13
+    assert (f"/{sluid_dir}/" if sluid_layout else f"job_{job}/") in cgroup, cgroup
     procs = {p["gpu_uuid"]: p for p in cycle["procs"]}
     assert procs[expected]["job_id"] == str(job) and procs[other]["job_id"] == str(job)
     assert procs[expected]["name"] == "sleep" and procs[expected]["user"] == "root"
