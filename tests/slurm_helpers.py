@@ -131,10 +131,14 @@ def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
     From 23.11 ``scontrol reconfigure`` makes slurmd hand over to a new slurmd process, which
     rewrites SlurmdPidFile a moment later: a pid read just after it may be the old one's, and a
     slurmd started while the new one comes up finds its port taken and dies. So slurmd is stopped
-    until the pid file names no running process for a whole second."""
+    until the pid file names no running process for a whole second. A node a failed prolog drained
+    is resumed first: ``cluster.sh up`` waits for a node that takes jobs."""
+    host = short_hostname()
     if reconfigure:
         subprocess.run([SCONTROL, "reconfigure"], env=cluster.env, capture_output=True, timeout=30,
                        check=True)
+    subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
+                   capture_output=True, timeout=30, check=False)  # refused unless drained: fine
     pidfile = cluster.state_dir / "run" / "slurmd.pid"
     deadline = time.monotonic() + 90
     quiet_since: float | None = None
@@ -155,7 +159,6 @@ def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
     up = subprocess.run(["/bin/bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True,
                         timeout=150, check=False)
     assert up.returncode == 0, f"cluster.sh up failed:\n{up.stderr}\n{cluster.log_tail()}"
-    host = short_hostname()
     subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
                    capture_output=True, timeout=30, check=False)  # after a failed run drained it
 
