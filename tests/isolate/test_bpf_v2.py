@@ -96,8 +96,7 @@ def test_programs_stack_and_cover_child_cgroups(cgroup: Path) -> None:
 
 @needs_bpf
 def test_setup_v2_makes_the_job_cgroup_under_the_configured_parent(cgroup: Path) -> None:
-    parent = cgroup.name
-    path = Path(setup_v2(str(UNIFIED), parent, "77", [Device(195, 5)]))
+    path = Path(setup_v2(str(cgroup / "job_77"), [Device(195, 5)]))
     try:
         assert path == cgroup / "job_77"
         for gpu_dir in make_gpu_files([4, 5]):
@@ -106,4 +105,4 @@ def test_setup_v2_makes_the_job_cgroup_under_the_configured_parent(cgroup: Path)
     finally:
         path.rmdir()
     with pytest.raises(HardwareError, match="does not exist"):
-        setup_v2(str(UNIFIED), "no-such-scope", "77", [])
+        setup_v2(str(UNIFIED / "no-such-scope" / "job_77"), [])

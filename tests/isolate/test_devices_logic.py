@@ -12,7 +12,6 @@ from gpuslurm.isolate.devices import (
     isolation_wanted,
     slurm_constrains_devices,
     v1_job_dir,
-    v2_job_dir,
 )
 from gpuslurm.slurm.hookenv import gres_devices
 
@@ -117,11 +116,6 @@ def test_mig_instance_without_cap_minors_on_a_shared_gpu_is_an_error() -> None:
 
 def test_cgroup_paths_take_only_job_ids() -> None:
     assert v1_job_dir("/sys/fs/cgroup", "42") == "/sys/fs/cgroup/devices/gpuslurm/job_42"
-    scope = "system.slice/slurmstepd.scope"
-    assert v2_job_dir("/c", scope, "7_3") == f"/c/{scope}/job_7_3"
     for bad in ("../x", "", "1/2", "12 ", "٣"):
         with pytest.raises(ValueError):
             v1_job_dir("/sys/fs/cgroup", bad)
-    for parent in ("/abs", "a/../b"):
-        with pytest.raises(ValueError):
-            v2_job_dir("/c", parent, "1")

@@ -79,7 +79,9 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec:
     mps_faults = _stop_mps(job, gpus, cfg, log)
 
     # 3. kill the job's leftovers, check the GPUs were released; drain on a fault
-    release = _release(job_id, uid, gpus, cfg, spec, log)
+    # the job's SLUID: Slurm's (25.11+ Epilog), else the one the prolog recorded
+    sluid = job.sluid or (jmap.sluid if jmap is not None else None)
+    release = _release(job_id, uid, gpus, cfg, spec, log, sluid)
     rc = 0
     drains = [f for f in [*release.faults, *mps_faults] if f.action == "drain"]
     if drains:
@@ -89,7 +91,9 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec:
     try:  # gpuslurm's own device cgroup (isolate.devices); bookkeeping: logged, never drains
         from gpuslurm.isolate.devices import release_job
 
-        if (released := release_job(cfg, job_id)) is not None:
+        finder = getattr(scheduler, "existing_job_cgroup_v2", None)  # the Slurm adapter's
+        v2_dir = (lambda: finder(job, cfg)) if callable(finder) else None
+        if (released := release_job(cfg, job_id, v2_dir)) is not None:
             log.info(released)
     except Exception as exc:
         log.error(f"cannot remove the job's devices cgroup: {exc}")
@@ -233,7 +237,7 @@ NO_RELEASE = Release((), {}, ())
 
 
 def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any, spec: str | None,
-             log: HookLog) -> Release:
+             log: HookLog, sluid: str | None = None) -> Release:
     """Kill the job's leftovers on its physical GPUs, then check the GPUs were released."""
     from gpuslurm.policy.health import Fault, gpu_label, release_enabled, released_faults
 
@@ -265,7 +269,8 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
         from gpuslurm.isolate.kill import SURVIVED, kill_processes
 
         targets, skipped = plan_kills(listed, job_id, uid, holders,
-                                      cfg.health.leftover_processes.ignore_users, listed_at)
+                                      cfg.health.leftover_processes.ignore_users, listed_at,
+                                      job_sluid=sluid)
         for (uuid, pid), (kind, why) in skipped.items():
             log.info(f"GPU {labels[uuid]}: pid {pid} is not killed: {why}")
             if kind != "kept":

@@ -72,7 +72,8 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         # a job without GPUs here: nothing to check or map, but every GPU is denied to it
         if isolate:
             _log_isolation(log, isolate_job(cfg, job_id, uid, (), node or _node(spec, cfg, log),
-                                                 scheduler=job.scheduler))
+                                                 scheduler=job.scheduler,
+                                                 v2_dir=_v2_dir(scheduler, job, cfg)))
         return 0
 
     from gpuslurm.state.job import resolve_devices
@@ -84,7 +85,8 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         from gpuslurm.isolate.devices import isolate_job
 
         if isolate:
-            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node, scheduler=job.scheduler))
+            _log_isolation(log, isolate_job(cfg, job_id, uid, (), node, scheduler=job.scheduler,
+                                                 v2_dir=_v2_dir(scheduler, job, cfg)))
         return 0
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
 
@@ -135,13 +137,14 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
         from gpuslurm.isolate.devices import isolate_job
 
         _log_isolation(log, isolate_job(cfg, job_id, uid, devices, node,  # fails closed: raises
-                                        scheduler=job.scheduler))
+                                        scheduler=job.scheduler, v2_dir=_v2_dir(scheduler, job, cfg)))
     try:
         mps = _start_mps(job, cfg, devices, node, log, isolate)
     except JobFaultError as exc:  # the job's own input or its user's limits: fail the job, not the node
         return _refuse_job(scheduler, job_id, str(exc), log)
     try:  # every step after MPS started: a failure stops the daemon again
-        path = write_map(job_map(job_id, user, uid, devices, account=job.account), cfg.paths.jobs_dir)
+        jmap = job_map(job_id, user, uid, devices, account=job.account, sluid=job.sluid)
+        path = write_map(jmap, cfg.paths.jobs_dir)
         log.info(f"{len(devices)} device(s) {','.join(d.uuid for d in devices)} mapped in {path}")
     except BaseException:
         if mps:
@@ -149,6 +152,15 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
             _release_mps_cgroup(cfg, job_id, log)
         raise
     return 0
+
+
+def _v2_dir(scheduler: Scheduler, job: HookJob, cfg: Config) -> Callable[[], str] | None:
+    """How to find the job's directory in the scheduler's cgroup v2 tree (the Slurm adapter's
+    ``job_cgroup_v2``), for :func:`gpuslurm.isolate.devices.isolate_job`; None where it has none."""
+    finder = getattr(scheduler, "job_cgroup_v2", None)
+    if not callable(finder):
+        return None
+    return lambda: str(finder(job, cfg))
 
 
 def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:

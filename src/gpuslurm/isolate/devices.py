@@ -25,8 +25,12 @@ in ``<cgroup_root>/devices/gpuslurm/mps_<id>`` (:func:`mps_cgroup_v1`), which on
 and the task prolog never does; the epilog removes it with the job's.
 
 On cgroup v2 the prolog attaches a BPF device program (``gpuslurm.isolate.bpf``) to the job's
-cgroup under slurmd's ``slurmstepd.scope``, creating the directory when Slurm has not yet; Slurm
-later puts the job's steps below it, and the program holds for all of them. No task-prolog step.
+cgroup under slurmd's stepd scope (``job_<id>``, or 26.05's ``s<SLUID>``: the Slurm adapter finds
+which, :mod:`gpuslurm.slurm.cgroup_v2`), creating the directory Slurm will use when it has not yet;
+Slurm later puts the job's steps below it, and the program holds for all of them, per job (a
+step's own GPUs are Slurm's ``ConstrainDevices=yes``). No task-prolog step. Slurm makes every
+directory there as root: the job's user can neither make a cgroup below nor move a process out,
+and ``BPF_F_ALLOW_MULTI`` keeps the program in force under any program attached below.
 A job's MPS daemon gets the same denials in a cgroup of its own, ``gpuslurm.mps/mps_<id>`` at
 the v2 root (:func:`mps_cgroup_v2` says why there), which the epilog removes.
 
@@ -43,7 +47,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
@@ -237,25 +241,26 @@ def remove_v1(cgroup_root: str, job_id: str, wait_s: float = 2.0, kind: str = "j
 # --- cgroup v2 --------------------------------------------------------------------------------
 
 
-def v2_job_dir(cgroup_root: str, job_parent: str, job_id: str) -> str:
-    parts = [p for p in job_parent.split("/") if p]
-    if job_parent.startswith("/") or ".." in parts:
-        raise ValueError(f"cgroup.v2_job_parent must be relative to cgroup_root: {job_parent!r}")
-    return os.path.join(cgroup_root, *parts, _job_name(job_id))
+def setup_v2(path: str, denied: Sequence[Device]) -> str:
+    """Attach a program denying ``denied`` to the job's v2 cgroup ``path`` (the scheduler's, found
+    by its adapter; made if missing, its parent must exist); ``path``.
 
-
-def setup_v2(cgroup_root: str, job_parent: str, job_id: str, denied: Sequence[Device]) -> str:
-    """Attach a program denying ``denied`` to the job's v2 cgroup (made if missing); its path."""
+    Attached with ``BPF_F_ALLOW_MULTI`` (:mod:`gpuslurm.isolate.bpf`): it runs for every cgroup
+    below, whatever programs Slurm or anyone attaches there, so no step, task or sub-cgroup of the
+    job escapes it.
+    """
     from gpuslurm.errors import HardwareError
     from gpuslurm.isolate.bpf import deny_devices
 
-    path = v2_job_dir(cgroup_root, job_parent, job_id)
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise HardwareError(f"{parent} does not exist: is slurmd using cgroup/v2 there? "
                             f"(set cgroup.v2_job_parent)")
     try:
-        os.makedirs(path, mode=0o755, exist_ok=True)
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            pass
         deny_devices(path, [(d.major, d.minor) for d in denied])
     except OSError as exc:
         raise HardwareError(f"cannot set up the job's cgroup {path}: {exc.strerror}") from None
@@ -355,10 +360,11 @@ def remove_cgroup(path: str, wait_s: float = 2.0) -> bool:
         time.sleep(0.02)
 
 
-def remove_v2(cgroup_root: str, job_parent: str, job_id: str) -> bool:
-    """Remove the job's v2 cgroup if it is empty (Slurm normally has); the program goes with it."""
+def remove_v2(path: str) -> bool:
+    """Remove the job's v2 cgroup ``path`` if it is empty (Slurm normally has); the program goes
+    with it."""
     try:
-        os.rmdir(v2_job_dir(cgroup_root, job_parent, job_id))
+        os.rmdir(path)
     except FileNotFoundError:
         return True
     except OSError:
@@ -391,11 +397,13 @@ def wanted(cfg: Config) -> bool:
 
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
-                node: AnyNode | None = None, spec: str | None = None, scheduler: str = "slurm") -> str:
+                node: AnyNode | None = None, spec: str | None = None, scheduler: str = "slurm",
+                v2_dir: Callable[[], str] | None = None) -> str:
     """The prolog's step: limit the job to ``given``; a line for the log. The caller has decided
     that gpuslurm isolates here (:func:`wanted` for Slurm; the PBS adapter decides for PBS).
-    On cgroup v2 a Slurm job's cgroup is slurmd's (``[cgroup] v2_job_parent``), a PBS job's
-    gpuslurm's own (:func:`v2_pbs_dir`).
+    On cgroup v2 a Slurm job's cgroup is slurmd's, which ``v2_dir`` finds (the scheduler's
+    adapter: :func:`gpuslurm.slurm.cgroup_v2.job_cgroup`), a PBS job's gpuslurm's own
+    (:func:`v2_pbs_dir`).
 
     Any failure raises a GpuslurmError, so that the prolog fails and the job does not start
     with every GPU open.
@@ -414,14 +422,17 @@ def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
     elif version == 2 and scheduler == "pbs":
         path = setup_own_v2(v2_pbs_dir(root, job_id), denied)
     elif version == 2:
-        path = setup_v2(root, cfg.cgroup.v2_job_parent, job_id, denied)
+        if v2_dir is None:
+            raise HardwareError(f"{scheduler}: no way to find the job's cgroup v2 directory")
+        path = setup_v2(v2_dir(), denied)
     else:
         raise HardwareError(f"{root}: neither a cgroup v1 devices hierarchy nor a cgroup2 mount")
     return f"devices cgroup {path}: {len(denied)} device(s) denied"
 
 
-def release_job(cfg: Config, job_id: str) -> str | None:
-    """The epilog's step: remove the job's cgroup; a line for the log, or None if there was none."""
+def release_job(cfg: Config, job_id: str, v2_dir: Callable[[], str | None] | None = None) -> str | None:
+    """The epilog's step: remove the job's cgroup; a line for the log, or None if there was none.
+    ``v2_dir``: the scheduler's v2 job directory, where it has one (None: not found)."""
     from gpuslurm.errors import HardwareError
 
     root = cfg.paths.cgroup_root
@@ -438,9 +449,9 @@ def release_job(cfg: Config, job_id: str) -> str | None:
         return f"removed {', '.join(done)}" if done else None
     if version == 2:
         done = []
-        path = v2_job_dir(root, cfg.cgroup.v2_job_parent, job_id)
-        if os.path.isdir(path) and remove_v2(root, cfg.cgroup.v2_job_parent, job_id):
-            done.append(path)
+        slurms = v2_dir() if v2_dir is not None else None
+        if slurms is not None and os.path.isdir(slurms) and remove_v2(slurms):
+            done.append(slurms)
         own = v2_pbs_dir(root, job_id)  # a PBS job's: killing what is left, as on v1
         if os.path.isdir(own):
             if not remove_cgroup(own):

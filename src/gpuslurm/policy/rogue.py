@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpuslurm.jobid import valid_sluid
 from gpuslurm.policy.usage import CycleView, device_of, user_of
 from gpuslurm.policy.wording import name_proc, span
 from gpuslurm.samples import Cycle, ProcSample, Violation
@@ -13,6 +14,8 @@ def why_rogue(proc: ProcSample, v: CycleView) -> str | None:
     """Why the process is rogue, or None when it runs where its job may run."""
     if proc.job_id is None:
         return "it is in no job"
+    if valid_sluid(proc.job_id):
+        return None  # a Slurm job's cgroup whose job id is unknown: reported, never judged (watch.attribute)
     alloc = v.allocs.get(proc.job_id)
     if alloc is None or not alloc.uuids:
         return f"job {proc.job_id} was given no GPU on this node"

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # the hooks build this adapter on every job: keep its imports
     from gpuslurm.config import Config, GpuOutConfig
     from gpuslurm.hw.model import Node
     from gpuslurm.samples import Allocation
+    from gpuslurm.state.job import HookJob
     from gpuslurm.state.out_of_service import OutOfService
 
 
@@ -48,6 +49,32 @@ class SlurmScheduler:
         found = node_allocations(self.squeue, node_name, node, timeout=self.timeout)
         return tuple(Allocation(j.job.job_id, j.job.user, j.job.uid, j.uuids, j.job.start, j.job.account,
                                 source="squeue") for j in found)
+
+    def job_cgroup_v2(self, job: HookJob, cfg: Config) -> str:
+        """The job's directory under slurmd's cgroup/v2 stepd scope, found
+        (:mod:`gpuslurm.slurm.cgroup_v2`); HardwareError naming what was looked for."""
+        from gpuslurm.slurm.cgroup_v2 import job_cgroup
+
+        return job_cgroup(cfg, job.node_name, job.job_id, job.sluid).path
+
+    def existing_job_cgroup_v2(self, job: HookJob, cfg: Config) -> str | None:
+        """The job's directory under the stepd scope when it exists (the epilog: never asks
+        slurmd -V); None when there is none, or no scope."""
+        from gpuslurm.errors import GpuslurmError
+        from gpuslurm.slurm.cgroup_v2 import job_cgroup
+
+        try:
+            found = job_cgroup(cfg, job.node_name, job.job_id, job.sluid, version=lambda: None)
+        except GpuslurmError:
+            return None
+        return found.path if found.exists else None
+
+    def job_of_sluid(self, sluid: str) -> str | None:
+        """The id of the job Slurm names ``sluid`` (26.05: ``scontrol show -d job s<SLUID>``); None
+        when slurmctld knows none. CommandError when scontrol fails to run."""
+        from gpuslurm.slurm.sluid import job_of_sluid
+
+        return job_of_sluid(sluid, scontrol=self.scontrol, timeout=self.timeout)
 
     def drain_node(self, node_name: str, reason: str) -> None:
         from gpuslurm.slurm.scontrol import drain_node

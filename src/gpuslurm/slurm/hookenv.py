@@ -98,7 +98,21 @@ def hook_job(environ: Mapping[str, str]) -> HookJob:
         account=environ.get("SLURM_JOB_ACCOUNT", "").strip() or None,
         start=float(start) if start.isascii() and start.isdigit() and len(start) <= 10 else None,
         comment=env.comment, features=env.constraints,
-        mps_share=environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip() or None)
+        mps_share=environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip() or None,
+        sluid=job_sluid(environ))
+
+
+def job_sluid(environ: Mapping[str, str]) -> str | None:
+    """``SLURM_JOB_SLUID`` (Slurm 25.11+ gives it to Prolog and Epilog; slurmd's environment, not
+    the job's), None when unset; InputError (exit 2) when it is not a SLUID as Slurm prints one."""
+    from gpuslurm.jobid import valid_sluid
+
+    text = environ.get("SLURM_JOB_SLUID", "").strip()
+    if not text:
+        return None
+    if not valid_sluid(text):
+        raise InputError(f"not a SLUID: {text[:40]!r}", source="SLURM_JOB_SLUID")
+    return text
 
 
 def node_name(environ: Mapping[str, str]) -> str:

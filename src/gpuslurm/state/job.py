@@ -74,6 +74,7 @@ class HookJob(NamedTuple):
     comment: str | None = None  # free text the user gave (Slurm --comment)
     features: str | None = None  # node features the job asked for (Slurm --constraint)
     mps_share: str | None = None  # the job's MPS share, where the scheduler counts one
+    sluid: str | None = None  # Slurm 25.11+: the job's SLUID (SLURM_JOB_SLUID), validated
 
 
 def node_devices(node: AnyNode) -> tuple[JobDevice, ...]:

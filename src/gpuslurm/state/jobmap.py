@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 from gpuslurm.errors import InputError
 from gpuslurm.jobid import check_job_id as check_job_id  # where callers import it from
-from gpuslurm.jobid import job_sort_key, valid_job_id
+from gpuslurm.jobid import job_sort_key, valid_job_id, valid_sluid
 from gpuslurm.safedir import UnsafePathError as UnsafePathError  # where callers import it from
 from gpuslurm.safedir import open_dir, read_private_at, write_private_file
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
@@ -50,6 +50,7 @@ class JobMap(NamedTuple):
     devices: tuple[MappedDevice, ...]
     start: float  # seconds since the epoch, when the prolog wrote the map
     account: str | None = None  # SLURM_JOB_ACCOUNT; maps written before it was recorded have none
+    sluid: str | None = None  # SLURM_JOB_SLUID (Slurm 25.11+): 26.05 names the job's cgroup by it
 
     @property
     def uuids(self) -> tuple[str, ...]:
@@ -70,6 +71,7 @@ class JobMap(NamedTuple):
                       "parent_uuid": d.parent_uuid, "device_files": list(d.device_files)}
                      for d in self.devices],
             **({"account": self.account} if self.account else {}),
+            **({"sluid": self.sluid} if self.sluid else {}),
         }
 
     @classmethod
@@ -93,14 +95,17 @@ class JobMap(NamedTuple):
                 device_files=tuple(files),
             ))
         start = _field(data, "start", (int, float), source)
+        sluid = _field(data, "sluid", str, source, optional=True) or None
+        if sluid is not None and not valid_sluid(sluid):
+            raise InputError(f"sluid is not a SLUID: {sluid[:40]!r}", source=source)
         return cls(job_id=check_job_id(_field(data, "job_id", str, source)),
                    user=_field(data, "user", str, source), uid=_field(data, "uid", int, source),
                    devices=tuple(devices), start=float(start),
-                   account=_field(data, "account", str, source, optional=True) or None)
+                   account=_field(data, "account", str, source, optional=True) or None, sluid=sluid)
 
 
 def job_map(job_id: str, user: str, uid: int, devices: Iterable[JobDevice],
-            start: float | None = None, account: str | None = None) -> JobMap:
+            start: float | None = None, account: str | None = None, sluid: str | None = None) -> JobMap:
     """Build the map for a job from the devices ``resolve_job_gpus`` found."""
     mapped = []
     for dev in devices:
@@ -112,7 +117,7 @@ def job_map(job_id: str, user: str, uid: int, devices: Iterable[JobDevice],
                                    parent_uuid=dev.gpu.uuid if dev.mig is not None else None,
                                    device_files=files))
     return JobMap(check_job_id(job_id), user, uid, tuple(mapped),
-                  time.time() if start is None else start, account or None)
+                  time.time() if start is None else start, account or None, sluid)
 
 
 def map_path(job_id: str, base: str = DEFAULT_JOBS_DIR) -> str:

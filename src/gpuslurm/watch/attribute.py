@@ -3,9 +3,18 @@
 A process's job comes from its cgroup, which only root can change: Slurm puts every step's
 processes (and, with ``pam_slurm_adopt``, a user's ssh sessions) into
 ``/slurm[_<node>]/uid_<uid>/job_<id>/step_<step>`` under cgroup v1, and into
-``/system.slice/[<node>_]slurmstepd.scope/job_<id>/step_<step>/…`` under cgroup v2. The prolog's
+``/<slice>/[<node>_]slurmstepd.scope/job_<id>/step_<step>/…`` under cgroup v2. The prolog's
 job maps are the truth about which GPUs a job holds; ``squeue --json`` stands in, rate-limited,
 for jobs seen in a cgroup without a map (a node where the prolog is not installed).
+
+Slurm 26.05 names the v2 job directory by the job's SLUID (``…/slurmstepd.scope/s<SLUID>/…``).
+The SLUID becomes a job id through the prolog's maps (which record ``SLURM_JOB_SLUID``), else
+through ``sluid_job`` (the Slurm adapter's ``scontrol show -d job s<SLUID>``, asked once per
+SLUID, again after ``squeue_interval_s`` while it has no answer); never through anything a
+process of the job can set (its environment). A SLUID neither knows stays the sample's job id,
+as the SLUID text, and is reported every cycle as a ``sluid-unknown`` problem: the process is in
+a job's cgroup (only root makes those), so the rogue detector does not call it "in no job" and
+the monitor never kills it on a guess (:func:`gpuslurm.policy.rogue.why_rogue`).
 
 PBS puts a job's processes in a cgroup only with its cgroups hook (``/pbs_jobs.service/jobid/<id>``,
 read by :func:`parse_cgroup`). Without it, given ``sessions`` (the PBS adapter's session id → job
@@ -28,6 +37,7 @@ from typing import NamedTuple
 
 from gpuslurm.errors import GpuslurmError
 from gpuslurm.hw import procfs
+from gpuslurm.jobid import valid_sluid
 from gpuslurm.samples import Allocation, ProcessReading, ProcSample, ScanProblem
 from gpuslurm.state.cgroup import parse_cgroup
 
@@ -46,6 +56,7 @@ class _Known(NamedTuple):
     job_id: str | None
     started: float
     read_at: float
+    sluid: str | None = None  # the SLUID its cgroup names, while no job id is known for it
 
 
 class Attributor:
@@ -58,8 +69,12 @@ class Attributor:
     def __init__(self, *, jobs_dir: str, proc_root: str = procfs.PROC_ROOT,
                  squeue: Callable[[], Sequence[Allocation]] | None = None,
                  squeue_interval_s: float = 60.0, refresh_s: float = 60.0,
-                 sessions: Callable[[], Mapping[int, str]] | None = None) -> None:
+                 sessions: Callable[[], Mapping[int, str]] | None = None,
+                 sluid_job: Callable[[str], str | None] | None = None) -> None:
         self.jobs_dir = jobs_dir
+        self._sluid_job = sluid_job
+        self._map_sluids: dict[str, str] = {}  # SLUID -> job id, from the maps
+        self._asked: dict[str, tuple[float, str | None]] = {}  # SLUID -> (when asked, job id)
         self._sessions = sessions
         self.proc_root = proc_root
         self._squeue = squeue
@@ -87,6 +102,7 @@ class Attributor:
         from gpuslurm.state.jobmap import list_job_ids, read_map
 
         maps: list[Allocation] = []
+        sluids: dict[str, str] = {}
         problems: list[ScanProblem] = []
         try:
             ids = list_job_ids(self.jobs_dir) if stamp is not None else ()
@@ -101,7 +117,10 @@ class Attributor:
                 continue
             if jmap is not None:
                 maps.append(map_allocation(jmap))
+                if jmap.sluid is not None:
+                    sluids[jmap.sluid] = jmap.job_id
         self._maps_stamp, self._maps, self._map_problems = stamp, tuple(maps), tuple(problems)
+        self._map_sluids = sluids
         return self._maps, self._map_problems
 
     def _from_squeue(self, now: float, wanted: Iterable[str],
@@ -116,6 +135,26 @@ class Attributor:
             except (GpuslurmError, ValueError) as exc:  # keep what the last good answer said
                 problems.append(ScanProblem(now, "squeue-error", "squeue", str(exc)))
         return self._squeue_allocs
+
+    def _job_of_sluid(self, sluid: str, now: float, problems: list[ScanProblem]) -> str | None:
+        """The job id of ``sluid``: the maps', else the scheduler's answer (asked again only after
+        ``squeue_interval_s`` while it has none); None when neither knows."""
+        if (job_id := self._map_sluids.get(sluid)) is not None:
+            return job_id
+        asked = self._asked.get(sluid)
+        if asked is not None and (asked[1] is not None or now - asked[0] < self._squeue_interval):
+            return asked[1]
+        if self._sluid_job is None:
+            return None
+        try:
+            job_id = self._sluid_job(sluid)
+        except (GpuslurmError, ValueError) as exc:
+            problems.append(ScanProblem(now, "sluid-error", sluid, str(exc)))
+            job_id = None
+        if len(self._asked) > 4096:  # SLUIDs of ended jobs: never let the cache grow unbounded
+            self._asked.clear()
+        self._asked[sluid] = (now, job_id)
+        return job_id
 
     # -- processes --------------------------------------------------------------------------------
 
@@ -138,6 +177,9 @@ class Attributor:
         known = self._known.get(pid)
         if known is not None and known.start_ticks == ident.start_ticks \
                 and now - known.read_at < self._refresh:
+            if known.sluid is not None:  # its job id may be known by now (a map appeared)
+                known = self._named(known, now, problems)
+                self._known[pid] = known
             return ident.comm, known
         facts = procfs.read_process(pid, self.proc_root, ident)
         if isinstance(facts, procfs.ProcessProblem):
@@ -146,12 +188,27 @@ class Attributor:
             return facts.kind
         job = parse_cgroup(facts.cgroup)
         job_id = job.job_id if job else None
-        if job_id is None and self._sessions is not None and facts.session > 0:
+        if job_id is None and job is None and self._sessions is not None and facts.session > 0:
             job_id = self._sessions().get(facts.session)
         known = _Known(facts.start_ticks, facts.uid, job_id,
-                       procfs.start_time(facts.start_ticks, self.proc_root), now)
+                       procfs.start_time(facts.start_ticks, self.proc_root), now,
+                       job.sluid if job is not None else None)
+        if known.sluid is not None:
+            known = self._named(known, now, problems)
         self._known[pid] = known
         return facts.comm, known
+
+    def _named(self, known: _Known, now: float, problems: list[ScanProblem]) -> _Known:
+        """``known`` (in a SLUID cgroup) with its job id; the SLUID itself, and a ``sluid-unknown``
+        problem, while no map or scheduler answer names the job."""
+        assert known.sluid is not None
+        job_id = self._job_of_sluid(known.sluid, now, problems)
+        if job_id is None:
+            problems.append(ScanProblem(now, "sluid-unknown", known.sluid,
+                                        "a process in this SLUID's job cgroup, whose job id neither "
+                                        "a job map nor the scheduler gives: not judged rogue"))
+            return known._replace(job_id=known.sluid)
+        return known._replace(job_id=job_id, sluid=None)
 
     def attribute(self, now: float, readings: Sequence[ProcessReading]) -> tuple[
             tuple[ProcSample, ...], tuple[Allocation, ...], tuple[ScanProblem, ...]]:
@@ -184,7 +241,8 @@ class Attributor:
         for pid in [p for p in self._known if p not in looked]:
             del self._known[pid]  # gone from every GPU: forget it so the cache cannot grow
         mapped = {a.job_id for a in maps}
-        unmapped = {s.job_id for s in samples if s.job_id is not None and s.job_id not in mapped}
+        unmapped = {s.job_id for s in samples
+                    if s.job_id is not None and s.job_id not in mapped and not valid_sluid(s.job_id)}
         if not os.path.isdir(self.jobs_dir):
             # no prolog on this node: squeue is the only source of allocations, idle ones included
             unmapped.add("")

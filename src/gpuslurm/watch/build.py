@@ -49,6 +49,8 @@ def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_d
                 return found
 
     extra: dict[str, Any] = {} if sessions is None else {"sessions": sessions}
+    if scheduler is not None and callable(lookup := getattr(scheduler, "job_of_sluid", None)):
+        extra["sluid_job"] = lookup  # Slurm 26.05: a SLUID cgroup's job without a map here
     if proc_root is None:
         attributor = attributor_type(jobs_dir=jobs_dir, squeue=squeue, squeue_interval_s=squeue_interval_s,
                                      **extra)
