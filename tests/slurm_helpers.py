@@ -140,14 +140,17 @@ def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
     subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
                    capture_output=True, timeout=30, check=False)  # refused unless drained: fine
     pidfile = cluster.state_dir / "run" / "slurmd.pid"
-    deadline = time.monotonic() + 90
+    # A slurmd caught in that handover may log "Shutting down" and never finish (seen on 26.05 with
+    # PrologFlags=RunInJob): SIGKILL after 15 s; running steps live on in their slurmstepd.
+    started = time.monotonic()
+    deadline = started + 60
     quiet_since: float | None = None
     while True:
         text = pidfile.read_text().strip() if pidfile.exists() else ""
         pid = int(text) if text.isdigit() else 0
         if pid and _running(pid):
             quiet_since = None
-            os.kill(pid, signal.SIGTERM if time.monotonic() < deadline - 20 else signal.SIGKILL)
+            os.kill(pid, signal.SIGTERM if time.monotonic() < started + 15 else signal.SIGKILL)
         elif quiet_since is None:
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since >= 1:

@@ -118,20 +118,18 @@ def mps_cluster(slurm_cluster: SlurmCluster) -> Iterator[MpsCluster]:
     lines = (f"Prolog={prefix}/gpuslurm-prolog\nEpilog={prefix}/gpuslurm-epilog\n"
              f"TaskProlog={prefix}/gpuslurm-task-prolog\n")
     slurm_cluster.conf.write_text(original.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
+    # slurmd restarted, not only reconfigured: on 26.05 with PrologFlags=RunInJob a `scontrol
+    # reconfigure` once left no slurmd answering (restart_slurmd says why it is safe)
     try:
-        mc.scontrol("reconfigure")
-        _wait_idle(mc)
+        _restart_slurmd(mc)
         yield mc
     finally:
         slurm_cluster.conf.write_text(original)
-        mc.scontrol("reconfigure")
-        subprocess.run([SCONTROL, "update", f"NodeName={node}", "State=RESUME"], env=slurm_cluster.env,
-                       capture_output=True, timeout=30, check=False)
         for pid in live_with_pipe_under(str(root)):  # a failed run must not leave daemons behind
             os.kill(pid, signal.SIGKILL)
         try:
-            _wait_idle(mc)
-        except TimeoutError as exc:
+            _restart_slurmd(mc)
+        except (AssertionError, TimeoutError) as exc:
             print(f"node did not come back: {exc}", file=sys.stderr)
         if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
             shutil.rmtree(root, ignore_errors=True)
