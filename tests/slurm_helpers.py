@@ -124,14 +124,37 @@ def _running(pid: int) -> bool:
         return False
 
 
+MARK_VAR = "GPUSLURM_TEST_CLUSTER"  # cluster.sh starts its daemons with MARK_VAR=<state dir>
+
+
+def _slurmds(cluster: SlurmCluster) -> set[int]:
+    """This cluster's slurmd processes, whatever the pid file says: each one named slurmd whose
+    environment has cluster.sh's mark (a handover child inherits it; slurmstepd is not named so)."""
+    mark = f"{MARK_VAR}={cluster.state_dir}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() not in ("slurmd", "slurmd-wlm"):
+                continue
+            if mark in (entry / "environ").read_bytes().split(b"\0") and _running(int(entry.name)):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
     """slurm.conf applied (``scontrol reconfigure``), then slurmd stopped and started again through
     ``cluster.sh up`` (slurmctld and running jobs stay): cgroup.conf is read when slurmd starts.
 
     From 23.11 ``scontrol reconfigure`` makes slurmd hand over to a new slurmd process, which
     rewrites SlurmdPidFile a moment later: a pid read just after it may be the old one's, and a
-    slurmd started while the new one comes up finds its port taken and dies. So slurmd is stopped
-    until the pid file names no running process for a whole second. A node a failed prolog drained
+    slurmd started while the new one comes up finds its port taken and dies. So every slurmd of
+    this cluster (the pid file's, and any process named slurmd with cluster.sh's mark in its
+    environment: on 26.05 a handover child that never wrote the pid file held the port) is stopped
+    until none has run for a whole second. A node a failed prolog drained
     is resumed first: ``cluster.sh up`` waits for a node that takes jobs."""
     host = short_hostname()
     if reconfigure:
@@ -147,16 +170,20 @@ def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
     quiet_since: float | None = None
     while True:
         text = pidfile.read_text().strip() if pidfile.exists() else ""
-        pid = int(text) if text.isdigit() else 0
-        if pid and _running(pid):
+        pids = _slurmds(cluster) | ({int(text)} if text.isdigit() and _running(int(text)) else set())
+        if pids:
             quiet_since = None
-            os.kill(pid, signal.SIGTERM if time.monotonic() < started + 15 else signal.SIGKILL)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGTERM if time.monotonic() < started + 15 else signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         elif quiet_since is None:
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since >= 1:
             break
         if time.monotonic() > deadline:
-            raise TimeoutError(f"slurmd (pid {pid}) does not stop\n{cluster.log_tail()}")
+            raise TimeoutError(f"slurmd ({sorted(pids)}) does not stop\n{cluster.log_tail()}")
         time.sleep(0.1)
     env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
     up = subprocess.run(["/bin/bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True,
