@@ -168,9 +168,11 @@ def v2(slurm_cluster: SlurmCluster) -> Iterator[V2Site]:
     finally:
         slurm_cluster.conf.write_text(site.original_conf)
         cgroup_conf.write_text(site.original_cgroup)
-        restart_slurmd(slurm_cluster)
-        if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
-            shutil.rmtree(root, ignore_errors=True)
+        try:
+            restart_slurmd(slurm_cluster)
+        finally:
+            if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
+                shutil.rmtree(root, ignore_errors=True)
 
 
 def _sluid_layout(v2: V2Site) -> bool:
