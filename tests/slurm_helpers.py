@@ -185,10 +185,14 @@ def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"slurmd ({sorted(pids)}) does not stop\n{cluster.log_tail()}")
         time.sleep(0.1)
+    # cluster.sh asks `kill -0`, which a zombie slurmd not yet reaped passes: it would find slurmd
+    # "already up" and start none (seen on 26.05 with RunInJob)
+    pidfile.unlink(missing_ok=True)
     env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
     up = subprocess.run(["/bin/bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True,
                         timeout=150, check=False)
     assert up.returncode == 0, f"cluster.sh up failed:\n{up.stderr}\n{cluster.log_tail()}"
+    assert _slurmds(cluster), f"cluster.sh up started no slurmd\n{up.stderr}\n{cluster.log_tail()}"
     subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
                    capture_output=True, timeout=30, check=False)  # after a failed run drained it
 
