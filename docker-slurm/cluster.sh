@@ -33,6 +33,19 @@
 #                                own path, read-only: the checkout, the test session's Python) are
 #                                mounted; the network and pids stay the host's, so clients reach it
 #                                on loopback as they do the host's Slurm. Default: the host's Slurm.
+#                                With a root, CgroupPlugin autodetect or cgroup/v2 runs Slurm's
+#                                cgroup/v2 plugin on this hybrid host, standing in for a host booted
+#                                without v1: the cluster gets a cgroup of its own,
+#                                /sys/fs/cgroup/unified/gpuslurm-test-<pid> (named in run/cgroup),
+#                                bind-mounted at the root's /sys/fs/cgroup; its daemons run in it and
+#                                in a cgroup namespace rooted there, and slurmd preloads
+#                                GPUSLURM_CLUSTER_PRELOAD (tests/cgroup2_only.c, built with gcc into
+#                                run/ when unset), which shows slurmd and slurmstepd only the unified
+#                                line of /proc/PID/cgroup. `down` kills what is left in that cgroup
+#                                and removes it. CgroupPlugin=disabled runs jobs without cgroups.
+#   GPUSLURM_CLUSTER_JOBID_PATHS cgroup.conf's CgroupJobIdPaths= (yes|no; unset: no such line,
+#                                Slurm's default; 26.05 names job cgroups s<SLUID> unless yes)
+#   GPUSLURM_CLUSTER_PROLOG_FLAGS slurm.conf's PrologFlags= (e.g. RunInJob, Contain; unset: none)
 set -euo pipefail
 
 STATE=${GPUSLURM_CLUSTER_DIR:-/run/gpuslurm-test-cluster}
@@ -48,6 +61,17 @@ GRES_CONF=${GPUSLURM_CLUSTER_GRES_CONF:-}
 ROOT=${GPUSLURM_SLURM_ROOT:-}
 CHECKOUT=${GPUSLURM_CHECKOUT:-}
 ROOT_BINDS=${GPUSLURM_ROOT_BINDS:-}
+CGROUP_PLUGIN=${GPUSLURM_CLUSTER_CGROUP:-autodetect}
+JOBID_PATHS=${GPUSLURM_CLUSTER_JOBID_PATHS:-}
+PROLOG_FLAGS=${GPUSLURM_CLUSTER_PROLOG_FLAGS:-}
+PRELOAD=${GPUSLURM_CLUSTER_PRELOAD:-}
+PRELOAD_SOURCE=$(dirname "${BASH_SOURCE[0]}")/../tests/cgroup2_only.c
+# Slurm's cgroup/v2 plugin from a root, on this hybrid host (see GPUSLURM_SLURM_ROOT above).
+V2=""
+if [[ -n $ROOT && ($CGROUP_PLUGIN == autodetect || $CGROUP_PLUGIN == cgroup/v2) ]]; then
+    V2=1
+fi
+HOST_CGROUP2=/sys/fs/cgroup/unified
 
 SLURMCTLD=/usr/sbin/slurmctld
 SLURMD=/usr/sbin/slurmd
@@ -84,6 +108,10 @@ MARK_VAR=GPUSLURM_TEST_CLUSTER
 . "$(dirname "${BASH_SOURCE[0]}")/fake-devices.sh"
 
 NS_PIDFILE=$STATE/run/ns.pid
+# With a root: runs a command as root where the daemons run (in_root; the tests' daemon wrappers
+# call it). run/cgroup names the cluster's cgroup in the host's cgroup2 tree (v2 only).
+NODE_EXEC=$STATE/run/node-exec
+CGROUP_FILE=$STATE/run/cgroup
 NSENTER=/usr/bin/nsenter
 UNSHARE=/usr/bin/unshare
 
@@ -112,7 +140,81 @@ in_root() {
         return
     fi
     alive "$NS_PIDFILE" || die "the namespace holding $ROOT is gone ($NS_PIDFILE)"
-    "$NSENTER" --target="$(<"$NS_PIDFILE")" --mount --root --wd=/ -- "$@"
+    "$NODE_EXEC" "$@"
+}
+
+# The script in_root runs: into the cluster's cgroup (v2), then into its namespaces, chrooted;
+# slurmd with the preload library in LD_PRELOAD, set by the last env so that no other program on
+# the way loads it (the library drops itself from the LD_PRELOAD of any program but slurmd's).
+write_node_exec() {
+    local enter_cgroup="" ns_cgroup="" lib=""
+    if [[ -n $V2 ]]; then
+        # shellcheck disable=SC2016  # for the script
+        enter_cgroup=$(printf 'echo $$ >%q || exit 1' "$(<"$CGROUP_FILE")/cgroup.procs")
+        ns_cgroup=--cgroup
+        lib=$RUN/cgroup2_only.so
+    fi
+    # shellcheck disable=SC2016  # for the script
+    {
+        echo '#!/bin/sh'
+        echo "# Written by docker-slurm/cluster.sh up: CMD as root where the cluster's daemons run ($ROOT)."
+        echo "$enter_cgroup"
+        echo 'pre='
+        echo "for arg; do case \$arg in */sbin/slurmd) pre=$lib ;; esac; done"
+        echo "exec $NSENTER --target=\"\$(cat $NS_PIDFILE)\" --mount $ns_cgroup --root --wd=/ -- \\"
+        # shellcheck disable=SC2016  # for the script's shell
+        echo '    /bin/sh -c '"'"'if [ -n "$0" ]; then [ "$1" != env ] || shift; exec /usr/bin/env LD_PRELOAD="$0" "$@"; fi; exec "$@"'"'"' "$pre" "$@"'
+    } >"$NODE_EXEC.tmp"
+    chmod 755 "$NODE_EXEC.tmp"
+    mv "$NODE_EXEC.tmp" "$NODE_EXEC"
+}
+
+# The preload library for slurmd (v2): GPUSLURM_CLUSTER_PRELOAD, or built here from its source.
+install_preload() {
+    local lib=$RUN/cgroup2_only.so
+    if [[ -n $PRELOAD ]]; then
+        cp "$PRELOAD" "$lib.tmp" || die "GPUSLURM_CLUSTER_PRELOAD=$PRELOAD cannot be copied"
+    else
+        [[ -r $PRELOAD_SOURCE ]] || die "$PRELOAD_SOURCE is missing: set GPUSLURM_CLUSTER_PRELOAD"
+        gcc -shared -fPIC -O2 -o "$lib.tmp" "$PRELOAD_SOURCE" -ldl \
+            || die "cannot build $PRELOAD_SOURCE with gcc; set GPUSLURM_CLUSTER_PRELOAD"
+    fi
+    chmod 755 "$lib.tmp"
+    mv "$lib.tmp" "$lib"
+}
+
+# The cluster's own cgroup in the host's cgroup2 tree (v2): Slurm's system.slice lands inside it.
+make_cgroup() {
+    local dir
+    [[ -n $V2 ]] || return 0
+    [[ -s $CGROUP_FILE && -d $(<"$CGROUP_FILE") ]] && return 0
+    [[ $(stat -f -c %T "$HOST_CGROUP2" 2>/dev/null) == cgroup2fs ]] \
+        || die "no cgroup2 at $HOST_CGROUP2 for Slurm's cgroup/v2 plugin; set GPUSLURM_CLUSTER_CGROUP=disabled"
+    dir=$HOST_CGROUP2/gpuslurm-test-$$
+    mkdir "$dir" || die "cannot make the cluster's cgroup $dir"
+    echo "$dir" >"$CGROUP_FILE"
+}
+
+remove_cgroup() {
+    local dir i
+    [[ -s $CGROUP_FILE ]] || return 0
+    dir=$(<"$CGROUP_FILE")
+    if [[ $dir != "$HOST_CGROUP2"/gpuslurm-test-* || ! -d $dir ]]; then
+        rm -f "$CGROUP_FILE"
+        return 0
+    fi
+    # Whatever is still in it (slurmstepd's sleeper, a job's stray process): killed, the kernel's way.
+    [[ ! -e $dir/cgroup.kill ]] || echo 1 >"$dir/cgroup.kill" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        [[ -z $(find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null) ]] && break
+        sleep 0.1
+    done
+    find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    if [[ -d $dir ]]; then
+        note "left $dir: still in use"
+    else
+        rm -f "$CGROUP_FILE"
+    fi
 }
 
 # The mount namespace the root's daemons run in: a process chrooted into the root that sleeps, its
@@ -121,10 +223,14 @@ start_namespace() {
     local i
     [[ -n $ROOT ]] || return 0
     alive "$NS_PIDFILE" && return 0
+    make_cgroup
+    [[ -z $V2 ]] || install_preload
+    write_node_exec
     # shellcheck disable=SC2016  # expanded by the inner shell
     local setup='set -e; r=$1
         mount --rbind /dev "$r/dev"; mount -t proc proc "$r/proc"; mount --rbind /sys "$r/sys"
         mount --rbind /tmp "$r/tmp"; mount --rbind /run "$r/run"
+        if [[ -n $4 ]]; then mount --bind "$4" "$r/sys/fs/cgroup"; fi
         mount --bind /etc "$r/.host-etc"; mount -o remount,bind,ro "$r/.host-etc"
         if [[ -n $2 ]]; then mount --bind "$2" "$r/opt/gpuslurm/checkout"; mount -o remount,bind,ro "$r/opt/gpuslurm/checkout"; fi
         IFS=: read -ra binds <<<"$3"
@@ -133,8 +239,17 @@ start_namespace() {
             mkdir -p "$r$dir"; mount --bind "$dir" "$r$dir"; mount -o remount,bind,ro "$r$dir"
         done
         exec /usr/sbin/chroot "$r" /bin/sleep infinity'
-    env "$MARK_VAR=$STATE" setsid "$UNSHARE" --mount --propagation private -- /bin/bash -c "$setup" ns \
-        "$ROOT" "$CHECKOUT" "$ROOT_BINDS" </dev/null >>"$LOG/namespace.log" 2>&1 &
+    # v2: the holder enters the cluster's cgroup before it makes its cgroup namespace, which is
+    # then rooted there.
+    local cgroup="" enter='exec "$@"'
+    if [[ -n $V2 ]]; then
+        cgroup=$(<"$CGROUP_FILE")
+        # shellcheck disable=SC2016  # expanded by the inner shell
+        enter='echo $$ >"$0/cgroup.procs" && exec "$@"'
+    fi
+    env "$MARK_VAR=$STATE" setsid /bin/bash -c "$enter" "$cgroup" \
+        "$UNSHARE" --mount ${V2:+--cgroup} --propagation private -- /bin/bash -c "$setup" ns \
+        "$ROOT" "$CHECKOUT" "$ROOT_BINDS" "$cgroup" </dev/null >>"$LOG/namespace.log" 2>&1 &
     echo $! >"$NS_PIDFILE"
     for ((i = 0; i < 100; i++)); do
         # Set up and chrooted once the holder is sleep itself.
@@ -262,7 +377,7 @@ write_configs() {
         echo "SelectType=select/cons_tres"
         echo "SelectTypeParameters=CR_Core"
         echo "GresTypes=$gres_types"
-        if [[ ${GPUSLURM_CLUSTER_CGROUP:-autodetect} == disabled ]]; then
+        if [[ $CGROUP_PLUGIN == disabled ]]; then
             # No cgroups at all: processes tracked through their parents, no task/cgroup.
             echo "ProctrackType=proctrack/linuxproc"
             echo "TaskPlugin=task/affinity"
@@ -290,6 +405,7 @@ write_configs() {
         echo "KillWait=2"
         echo "InactiveLimit=0"
         echo "MinJobAge=300"
+        [[ -z $PROLOG_FLAGS ]] || echo "PrologFlags=$PROLOG_FLAGS"
         if [[ -n $EXTRA_CONF ]]; then
             [[ -r $EXTRA_CONF ]] || die "GPUSLURM_CLUSTER_EXTRA_CONF=$EXTRA_CONF is not readable"
             echo "# --- from $EXTRA_CONF"
@@ -309,15 +425,23 @@ write_configs() {
 
     # Only devices are constrained: the bundle's cores and memory do not exist on this machine.
     # CgroupAutomount is defunct from 24.05 (the roots' releases log an error for it).
-    cat >"$ETC/cgroup.conf" <<EOF
-CgroupPlugin=${GPUSLURM_CLUSTER_CGROUP:-autodetect}
-CgroupMountpoint=/sys/fs/cgroup
-${ROOT:+#}CgroupAutomount=yes
-ConstrainDevices=$CONSTRAIN_DEVICES
-ConstrainCores=no
-ConstrainRAMSpace=no
-ConstrainSwapSpace=no
-EOF
+    # v2 (a root): no systemd to make the stepd scope (slurmd makes it), no controller to enable
+    # (the host's cgroup2 has none; devices need none: Slurm confines them with BPF).
+    {
+        echo "CgroupPlugin=$CGROUP_PLUGIN"
+        echo "CgroupMountpoint=/sys/fs/cgroup"
+        [[ -n $ROOT ]] || echo "CgroupAutomount=yes"
+        echo "ConstrainDevices=$CONSTRAIN_DEVICES"
+        echo "ConstrainCores=no"
+        echo "ConstrainRAMSpace=no"
+        echo "ConstrainSwapSpace=no"
+        if [[ -n $V2 ]]; then
+            echo "IgnoreSystemd=yes"
+            echo "IgnoreSystemdOnFailure=yes"
+            echo "EnableControllers=no"
+        fi
+        [[ -z $JOBID_PATHS ]] || echo "CgroupJobIdPaths=$JOBID_PATHS"
+    } >"$ETC/cgroup.conf"
 }
 
 write_dbd_conf() {
@@ -533,7 +657,12 @@ cmd_up() {
     fi
     start_daemon slurmctld "$SLURMCTLD" "$RUN/slurmctld.pid"
     start_daemon slurmd "$SLURMD" "$RUN/slurmd.pid" -N "$host"
-    wait_idle "$host"
+    if [[ -n $slurm_running ]]; then
+        # slurmd restarted under a running slurmctld: jobs may still run on the node
+        wait_idle "$host" 'idle|mixed|allocated|completing'
+    else
+        wait_idle "$host"
+    fi
     note "up: node $host idle${WITH_DBD:+, accounting in slurmdbd}; export SLURM_CONF=$CONF"
 }
 
@@ -584,6 +713,7 @@ cmd_down() {
     stop_pidfile namespace "$NS_PIDFILE" 2
     remove_devices
     remove_cgroups
+    remove_cgroup
     note "down ($STATE)"
 }
 

@@ -351,7 +351,12 @@ def _use_release(env: dict[str, str], state_dir: Path) -> None:
     env["GPUSLURM_CHECKOUT"] = str(checkout)
     # Jobs run what tests write into them: this checkout and this session's interpreter.
     env["GPUSLURM_ROOT_BINDS"] = ":".join(dict.fromkeys([str(checkout), sys.base_prefix, sys.prefix]))
-    env.setdefault("GPUSLURM_CLUSTER_CGROUP", release.cgroup_plugin)
+    env["GPUSLURM_CLUSTER_CGROUP"] = slurm_roots.cgroup_plugin(release)
+    if slurm_roots.runs_cgroup_v2():
+        try:
+            env["GPUSLURM_CLUSTER_PRELOAD"] = str(slurm_roots.preload_library())
+        except (slurm_roots.RootError, subprocess.SubprocessError, OSError) as exc:
+            pytest.fail(f"no preload library for Slurm's cgroup/v2 plugin: {exc}", pytrace=False)
     active = slurm_roots.ActiveRoot(release, root, state_dir / "run" / "ns.pid")
     slurm_roots.use_clients({**slurm_roots.client_wrappers(root, state_dir / "bin"),
                              **slurm_roots.daemon_wrappers(active, state_dir / "sbin")})

@@ -9,6 +9,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,90 @@ class NodeControl:
             self.wait_node(r"^IDLE")
         except TimeoutError as exc:
             print(f"node did not come back: {exc}", file=sys.stderr)
+
+
+CLUSTER_SH = Path(__file__).resolve().parents[1] / "docker-slurm" / "cluster.sh"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+MARK_VAR = "GPUSLURM_TEST_CLUSTER"  # cluster.sh starts its daemons with MARK_VAR=<state dir>
+
+
+def _slurmds(cluster: SlurmCluster) -> set[int]:
+    """This cluster's slurmd processes, whatever the pid file says: each one named slurmd whose
+    environment has cluster.sh's mark (a handover child inherits it; slurmstepd is not named so)."""
+    mark = f"{MARK_VAR}={cluster.state_dir}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() not in ("slurmd", "slurmd-wlm"):
+                continue
+            if mark in (entry / "environ").read_bytes().split(b"\0") and _running(int(entry.name)):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
+    """slurm.conf applied (``scontrol reconfigure``), then slurmd stopped and started again through
+    ``cluster.sh up`` (slurmctld and running jobs stay): cgroup.conf is read when slurmd starts.
+
+    From 23.11 ``scontrol reconfigure`` makes slurmd hand over to a new slurmd process, which
+    rewrites SlurmdPidFile a moment later: a pid read just after it may be the old one's, and a
+    slurmd started while the new one comes up finds its port taken and dies. So every slurmd of
+    this cluster (the pid file's, and any process named slurmd with cluster.sh's mark in its
+    environment: on 26.05 a handover child that never wrote the pid file held the port) is stopped
+    until none has run for a whole second. A node a failed prolog drained
+    is resumed first: ``cluster.sh up`` waits for a node that takes jobs."""
+    host = short_hostname()
+    if reconfigure:
+        subprocess.run([SCONTROL, "reconfigure"], env=cluster.env, capture_output=True, timeout=30,
+                       check=True)
+    subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
+                   capture_output=True, timeout=30, check=False)  # refused unless drained: fine
+    pidfile = cluster.state_dir / "run" / "slurmd.pid"
+    # A slurmd caught in that handover may log "Shutting down" and never finish (seen on 26.05 with
+    # PrologFlags=RunInJob): SIGKILL after 15 s; running steps live on in their slurmstepd.
+    started = time.monotonic()
+    deadline = started + 60
+    quiet_since: float | None = None
+    while True:
+        text = pidfile.read_text().strip() if pidfile.exists() else ""
+        pids = _slurmds(cluster) | ({int(text)} if text.isdigit() and _running(int(text)) else set())
+        if pids:
+            quiet_since = None
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGTERM if time.monotonic() < started + 15 else signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= 1:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"slurmd ({sorted(pids)}) does not stop\n{cluster.log_tail()}")
+        time.sleep(0.1)
+    # cluster.sh asks `kill -0`, which a zombie slurmd not yet reaped passes: it would find slurmd
+    # "already up" and start none (seen on 26.05 with RunInJob)
+    pidfile.unlink(missing_ok=True)
+    env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
+    up = subprocess.run(["/bin/bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True,
+                        timeout=150, check=False)
+    assert up.returncode == 0, f"cluster.sh up failed:\n{up.stderr}\n{cluster.log_tail()}"
+    assert _slurmds(cluster), f"cluster.sh up started no slurmd\n{up.stderr}\n{cluster.log_tail()}"
+    subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
+                   capture_output=True, timeout=30, check=False)  # after a failed run drained it
 
 
 class SlurmRelease(NamedTuple):

@@ -81,15 +81,19 @@ class Release:
     suite: str  # Debian suite whose packages carry it
     script: str  # debootstrap's script for the suite (forky has none of its own: sid's)
     python: str  # the suite's python3
-    # cgroup.conf's CgroupPlugin: the hybrid host's v1 hierarchies are not given to the roots yet
-    # (issue 19 item 2 brings Slurm's cgroup/v2 plugin); "disabled" runs jobs without cgroups.
+    # cgroup.conf's CgroupPlugin: autodetect finds the cgroup2 tree cluster.sh gives the root (Slurm's
+    # cgroup/v2 plugin, as on the v2-only hosts sites run); $GPUSLURM_CLUSTER_CGROUP=disabled runs
+    # jobs without cgroups.
     cgroup_plugin: str
+    # cgroup.conf's CgroupJobIdPaths is known (26.05: job cgroups are s<SLUID> unless yes)
+    has_jobid_paths: bool
 
 
 RELEASES = {
-    "24.11": Release("24.11", "trixie", "trixie", "python3.13", "disabled"),
-    "26.05": Release("26.05", "forky", "sid", "python3.14", "disabled"),
+    "24.11": Release("24.11", "trixie", "trixie", "python3.13", "autodetect", False),
+    "26.05": Release("26.05", "forky", "sid", "python3.14", "autodetect", True),
 }
+CGROUP_VAR = "GPUSLURM_CLUSTER_CGROUP"
 
 
 class RootError(RuntimeError):
@@ -113,14 +117,36 @@ def _selected_or_none() -> Release | None:
         return None
 
 
-def without_cgroups(reason: str = "", run: bool = True) -> pytest.MarkDecorator:
-    """xfail (strict) for a test that needs Slurm's cgroups, on a release run without them;
-    ``run=False`` for one that would leave the session cluster broken for the tests after it."""
+def cgroup_plugin(release: Release | None) -> str:
+    """The CgroupPlugin the session cluster runs ``release`` with (None: the host's Slurm)."""
+    default = release.cgroup_plugin if release is not None else "autodetect"
+    return os.environ.get(CGROUP_VAR, "").strip() or default
+
+
+def runs_cgroup_v2() -> bool:
+    """Whether the session cluster runs Slurm's cgroup/v2 plugin (a root, cgroups not disabled)."""
     release = _selected_or_none()
-    off = release is not None and release.cgroup_plugin == "disabled"
+    return release is not None and cgroup_plugin(release) in ("autodetect", "cgroup/v2")
+
+
+def without_cgroups(reason: str = "", run: bool = True) -> pytest.MarkDecorator:
+    """xfail (strict) for a test that needs Slurm's cgroups, on a release run without them
+    (``GPUSLURM_CLUSTER_CGROUP=disabled``); ``run=False`` for one that would leave the session
+    cluster broken for the tests after it."""
+    release = _selected_or_none()
+    off = release is not None and cgroup_plugin(release) == "disabled"
     name = release.name if release else HOST_RELEASE
     why = f"Slurm {name} runs here with CgroupPlugin=disabled (docs/compatibility.md)"
     return pytest.mark.xfail(off, strict=True, run=run, reason=f"{why}: {reason}" if reason else why)
+
+
+def v1_only(reason: str, run: bool = True) -> pytest.MarkDecorator:
+    """xfail (strict) for a test written for Slurm's cgroup/v1 layout (``/sys/fs/cgroup/devices/
+    slurm*/...``), on a release run with the cgroup/v2 plugin."""
+    release = _selected_or_none()
+    name = release.name if release else HOST_RELEASE
+    why = f"Slurm {name} runs here with cgroup/v2 (docs/compatibility.md): {reason}"
+    return pytest.mark.xfail(runs_cgroup_v2(), strict=True, run=run, reason=why)
 
 
 def host_mirror() -> str:
@@ -257,6 +283,34 @@ def _build(release: Release, mirror: str, work: Path, final: Path) -> None:
     (work / ".gpuslurm-root.json").write_text(json.dumps(facts, indent=1) + "\n")
 
 
+PRELOAD_SOURCE = Path(__file__).resolve().parent / "cgroup2_only.c"
+GCC = "/usr/bin/gcc"
+
+
+def preload_library() -> Path:
+    """tests/cgroup2_only.c built for slurmd (cgroup v2 on this hybrid host: cluster.sh), cached
+    under CACHE by the source's hash; built once under a lock, landed by rename."""
+    source = PRELOAD_SOURCE.read_bytes()
+    lib = CACHE / f"cgroup2_only-{hashlib.sha256(source).hexdigest()[:12]}.so"
+    if lib.exists():
+        return lib
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "cgroup2_only.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib.exists():
+            return lib
+        with tempfile.TemporaryDirectory(dir=CACHE) as work:
+            out = Path(work) / lib.name
+            done = subprocess.run([GCC, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out),
+                                   str(PRELOAD_SOURCE), "-ldl"], capture_output=True, text=True, timeout=120,
+                                  check=False)
+            if done.returncode != 0:
+                raise RootError(f"gcc {PRELOAD_SOURCE} failed: {done.stderr.strip()}")
+            out.chmod(0o755)
+            out.rename(lib)
+    return lib
+
+
 def client_wrappers(root: Path, bin_dir: Path) -> dict[str, Path]:
     """Scripts in ``bin_dir`` that run the root's Slurm clients on the host, for any user: the
     root's own dynamic loader and libraries, no chroot (which would need root). slurm.conf's
@@ -279,14 +333,14 @@ def client_wrappers(root: Path, bin_dir: Path) -> dict[str, Path]:
 
 def daemon_wrappers(active: ActiveRoot, sbin_dir: Path) -> dict[str, Path]:
     """Scripts in ``sbin_dir`` that run the root's slurmctld and slurmd (as root: tests restart
-    them, ``slurmd -G``, ``-V``) in the cluster's namespace, chrooted into the root."""
+    them, ``slurmd -G``, ``-V``) where cluster.sh runs them: its ``run/node-exec`` (the cluster's
+    namespaces, chrooted into the root; with cgroup v2 its cgroup, and slurmd's preload)."""
     sbin_dir.mkdir(parents=True, exist_ok=True)
     made = {}
     for name in DAEMONS:
         wrapper = sbin_dir / name
-        wrapper.write_text(f"#!/bin/sh\n# Slurm's {name} from {active.root}, in the cluster's namespace\n"
-                           f"exec {NSENTER} --target=\"$(cat {active.holder_pidfile})\" --mount --root "
-                           f"--wd=/ -- /usr/sbin/{name} \"$@\"\n")
+        wrapper.write_text(f"#!/bin/sh\n# Slurm's {name} from {active.root}, where the cluster runs it\n"
+                           f"exec {active.node_exec} /usr/sbin/{name} \"$@\"\n")
         wrapper.chmod(0o755)
         made[f"/usr/sbin/{name}"] = wrapper
     return made
@@ -324,6 +378,11 @@ class ActiveRoot:
     release: Release
     root: Path
     holder_pidfile: Path
+
+    @property
+    def node_exec(self) -> Path:
+        """cluster.sh's script that runs a command where the cluster's daemons run."""
+        return self.holder_pidfile.parent / "node-exec"
 
     def inside(self, *argv: str) -> list[str]:
         """argv run as root in the cluster's namespace, chrooted into the root."""

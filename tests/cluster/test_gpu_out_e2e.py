@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -214,7 +215,8 @@ def test_a_users_job_named_as_the_holder_is_neither_cancelled_nor_counted_as_it(
     root.chmod(0o755)
     site = Site(slurm_cluster, root)
     c = slurm_cluster
-    attacker = ["--uid=nobody", "--chdir=/", "--output=/dev/null", "--gres=gpu:1",
+    # the uid, not the name: 26.05's sbatch refuses --uid=nobody ("Invalid --uid specification")
+    attacker = [f"--uid={pwd.getpwnam('nobody').pw_uid}", "--chdir=/", "--output=/dev/null", "--gres=gpu:1",
                 f"--job-name=gpuslurm-gpu-out-{HOST}"]
     jobs: list[int] = []
     try:

@@ -33,9 +33,10 @@ def test_a_real_job_process_is_attributed(slurm_cluster, tmp_path: Path) -> None
     node = load_node(os.environ.get("GPUSLURM_BUNDLE", "dgx-h100"))
     mark = slurm_cluster.state_dir / f"monitor-{os.getpid()}.txt"
     job = slurm_cluster.sbatch(["--gres=gpu:1", "--time=2"],
-                               f'echo "$$ $SLURM_JOB_GPUS" > {mark}\nexec sleep 120\n')
+                               f'echo "$$ $SLURM_JOB_GPUS ${{SLURM_JOB_SLUID:-none}}" > {mark}\n'
+                               'exec sleep 120\n')
     try:
-        pid_text, gpus = _wait_for(mark).split()
+        pid_text, gpus, sluid = _wait_for(mark).split()
         pid = int(pid_text)
         cgroup = Path(f"/proc/{pid}/cgroup").read_text()
         expected = gres_devices(node)[int(gpus.split(",")[0])].uuid
@@ -58,7 +59,14 @@ def test_a_real_job_process_is_attributed(slurm_cluster, tmp_path: Path) -> None
         cycle = json.loads(out.stdout)
     finally:
         subprocess.run(["/usr/bin/scancel", str(job)], env=slurm_cluster.env, check=False)
-    assert f"job_{job}/" in cgroup  # Slurm's own layout, as the monitor reads it
+    # Slurm's own layout, as the monitor reads it: 26.05 names the job by its SLUID unless
+    # cgroup.conf says CgroupJobIdPaths=yes (a test that fails if that path reads as "no job")
+    release = slurm_roots.selected()
+    jobid_paths = os.environ.get("GPUSLURM_CLUSTER_JOBID_PATHS", "").lower() == "yes"
+    sluid_layout = release is not None and release.has_jobid_paths and not jobid_paths \
+        and slurm_roots.runs_cgroup_v2()
+    sluid_dir = sluid if sluid.startswith("s") else f"s{sluid}"  # SLURM_JOB_SLUID's text form: s + 13
+    assert (f"/{sluid_dir}/" if sluid_layout else f"job_{job}/") in cgroup, cgroup
     procs = {p["gpu_uuid"]: p for p in cycle["procs"]}
     assert procs[expected]["job_id"] == str(job) and procs[other]["job_id"] == str(job)
     assert procs[expected]["name"] == "sleep" and procs[expected]["user"] == "root"

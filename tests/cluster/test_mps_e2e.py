@@ -33,6 +33,7 @@ from cluster_fixture import install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
 from mps_helpers import devices_cgroup, fake_control, live_with_pipe_under, probe_devices
 from mps_helpers import records as fake_records
+from slurm_helpers import restart_slurmd
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
@@ -117,20 +118,18 @@ def mps_cluster(slurm_cluster: SlurmCluster) -> Iterator[MpsCluster]:
     lines = (f"Prolog={prefix}/gpuslurm-prolog\nEpilog={prefix}/gpuslurm-epilog\n"
              f"TaskProlog={prefix}/gpuslurm-task-prolog\n")
     slurm_cluster.conf.write_text(original.replace("\nNodeName=", f"\n{lines}NodeName=", 1))
+    # slurmd restarted, not only reconfigured: on 26.05 with PrologFlags=RunInJob a `scontrol
+    # reconfigure` once left no slurmd answering (restart_slurmd says why it is safe)
     try:
-        mc.scontrol("reconfigure")
-        _wait_idle(mc)
+        _restart_slurmd(mc)
         yield mc
     finally:
         slurm_cluster.conf.write_text(original)
-        mc.scontrol("reconfigure")
-        subprocess.run([SCONTROL, "update", f"NodeName={node}", "State=RESUME"], env=slurm_cluster.env,
-                       capture_output=True, timeout=30, check=False)
         for pid in live_with_pipe_under(str(root)):  # a failed run must not leave daemons behind
             os.kill(pid, signal.SIGKILL)
         try:
-            _wait_idle(mc)
-        except TimeoutError as exc:
+            _restart_slurmd(mc)
+        except (AssertionError, TimeoutError) as exc:
             print(f"node did not come back: {exc}", file=sys.stderr)
         if not os.environ.get("GPUSLURM_KEEP_CLUSTER"):
             shutil.rmtree(root, ignore_errors=True)
@@ -240,30 +239,16 @@ def test_an_mps_daemon_failing_as_the_user_holds_the_job_and_leaves_the_node_up(
 
 
 def _restart_slurmd(mc: MpsCluster) -> None:
-    """Restart slurmd through cluster.sh (slurmctld stays): PrologFlags is read when it starts."""
-    cluster = mc.cluster
-    mc.scontrol("reconfigure")
-    pid = int((cluster.state_dir / "run" / "slurmd.pid").read_text().strip())
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while Path(f"/proc/{pid}").exists() and "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text():
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-        time.sleep(0.05)
-    env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
-    cluster_sh = Path(__file__).resolve().parents[2] / "docker-slurm" / "cluster.sh"
-    up = subprocess.run(["/bin/bash", str(cluster_sh), "up"], env=env, capture_output=True, text=True,
-                        timeout=120, check=False)
-    assert up.returncode == 0, up.stderr
-    subprocess.run([SCONTROL, "update", f"NodeName={mc.node}", "State=RESUME"], env=cluster.env,
-                   capture_output=True, timeout=30, check=False)
+    """slurmd restarted (slurmctld stays; PrologFlags is read when it starts) and the node idle."""
+    restart_slurmd(mc.cluster)
     _wait_idle(mc, timeout=60)
 
 
-# Not run there: its slurmd restart races the re-exec that `scontrol reconfigure` does from 23.11
-# and once left the session's slurmd dead.
+# Not run where it cannot pass: without cgroups there is no extern step cgroup, and on v2 it would
+# look for the v1 devices hierarchy (each run costs two slurmd restarts).
 @slurm_roots.without_cgroups("it looks for Slurm's extern step cgroup", run=False)
+@slurm_roots.v1_only("it reads the v1 devices hierarchy; an MPS daemon under Slurm's own v2 job cgroup "
+                     "is issue 19's open item", run=False)
 def test_with_prolog_contain_the_daemon_runs_inside_the_jobs_device_limits(mps_cluster: MpsCluster) -> None:
     """Slurm constrains devices here (ConstrainDevices=yes), gpuslurm does not. Slurm 22.05 makes
     the job's cgroups only after the prolog, also with PrologFlags=Contain (slurmd restarted with

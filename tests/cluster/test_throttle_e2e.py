@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from slurm_helpers import PLUGIN, SCONTROL, User, job_submit_plugin
+from slurm_helpers import PLUGIN, SCONTROL, User, job_submit_plugin, slurm_release
 
 if TYPE_CHECKING:
     from cluster_fixture import SlurmCluster
@@ -135,10 +135,11 @@ def test_cap_reduces_the_gpus_and_priority_adds_nice(throttled: Throttled) -> No
     proc = t.submit(a, "--gres=gpu:4")
     assert proc.returncode == 0, proc.stderr
     assert "reduced to 1 GPU" in proc.stderr
+    gpu1 = re.escape(f"{slurm_release().gres_prefix}gpu:1")  # gres/gpu:1 from 23.11
     job = t.job(int(proc.stdout.strip()))
-    assert re.search(r"\bTresPerNode=gres:gpu:1\b", job), job
+    assert re.search(rf"\bTresPerNode={gpu1}\b", job), job
     job = t.job(t.accepted(a, "--gpus=3"))
-    assert re.search(r"\bTresPerJob=gres:gpu:1\b", job), job
+    assert re.search(rf"\bTresPerJob={gpu1}\b", job), job
     # 1 GPU per node and 2 tasks with no --nodes: Slurm would spread the tasks over nodes, each
     # with a GPU; the job is held to the one node its cap was judged on
     proc = t.submit(a, "--gres=gpu:1", "-n", "2")
