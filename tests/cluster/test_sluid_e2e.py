@@ -49,7 +49,7 @@ def test_a_sluid_names_its_job_through_scontrol(slurm_cluster: SlurmCluster) -> 
         assert FORGED in shown and len(shown) == 2, forged_show.stdout  # the name's line, then Slurm's
         real = next(s for s in shown if s != FORGED)
         forged_by_sluid = _show(slurm_cluster, real).stdout
-        assert job_of_sluid_text(forged_by_sluid, real) is None  # two SLUID= lines: no guess
+        assert job_of_sluid_text(forged_by_sluid, real) == str(forged)  # the name hides nothing
         unknown = _show(slurm_cluster, "s00000000000AB")
         assert unknown.returncode != 0
         if record:

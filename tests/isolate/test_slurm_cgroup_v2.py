@@ -31,15 +31,8 @@ from gpuslurm.slurm.cgroup_v2 import (
     parse_cgroup_conf,
 )
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
-from gpuslurm.slurm.version import SlurmVersion
 
 SLUID = "s6Z5M8CB6N7P00"
-V26 = SlurmVersion(26, 5, 5)
-V2411 = SlurmVersion(24, 11, 5)
-
-
-def _never() -> SlurmVersion | None:
-    raise AssertionError("slurmd -V asked although the disk or cgroup.conf already says")
 
 
 # --- cgroup.conf ------------------------------------------------------------------------------
@@ -75,27 +68,31 @@ def test_cgroup_conf_hostile_text_is_a_value_or_one_line(text: str) -> None:
 
 @settings(max_examples=200)
 @given(st.sampled_from(["system.slice", "gpu.slice", "slurm"]), st.booleans(),
-       st.sampled_from([SLUID, None]), st.sampled_from([V26, V2411, None]))
-def test_the_directory_name_follows_the_release_and_cgroup_conf(slice_: str, id_paths: bool,
-                                                                sluid: str | None,
-                                                                version: SlurmVersion | None) -> None:
-    """Property: s<SLUID> exactly when the job has one, CgroupJobIdPaths is off and the release is
-    26.05+; job_<id> otherwise; no release to be found when it matters: an error, not a guess."""
+       st.sampled_from([SLUID, None]), st.sets(st.sampled_from(["n1_slurmstepd.scope", "slurmstepd.scope"]),
+                                             min_size=1),
+       st.sampled_from([None, SLUID, "job_9"]))
+def test_every_place_slurm_may_use_is_given_until_it_made_one(slice_: str, id_paths: bool, sluid: str | None,
+                                                              scopes: set[str], made: str | None) -> None:
+    """Property: an ``s<SLUID>`` of the job's that exists is given alone (Slurm made it), as is a
+    ``job_<id>`` for a job without a SLUID; else every name the job may have in every scope that
+    exists, whatever cgroup.conf says (slurmd may have read another), and nothing else."""
     if os.geteuid() != 0:
         pytest.skip("Slurm's directories are root's: the finder takes only those")
     root = Path(f"/tmp/gpuslurm-v2find-{os.getpid()}")
-    scope = root / slice_ / "n1_slurmstepd.scope"
-    scope.mkdir(parents=True, exist_ok=True)
+    for scope in scopes:
+        (root / slice_ / scope).mkdir(parents=True, exist_ok=True)
+    first = root / slice_ / sorted(scopes)[0]
+    if made is not None:
+        (first / made).mkdir()
     try:
         conf = SlurmCgroupConf(slice=slice_, job_id_paths=id_paths)
-        matters = sluid is not None and not id_paths
-        if matters and version is None:
-            with pytest.raises(HardwareError, match="slurmd -V"):
-                find_job_cgroup(str(root), conf, "n1", "9", sluid, lambda: version)
-            return
-        found = find_job_cgroup(str(root), conf, "n1", "9", sluid, lambda: version)
-        by_sluid = matters and version is not None and version >= V26
-        assert found.path == str(scope / (SLUID if by_sluid else "job_9")) and not found.exists
+        found = find_job_cgroup(str(root), conf, "n1", "9", sluid)
+        if made is not None and (made == sluid or (sluid is None and made == "job_9")):
+            assert found == ((str(first / made),), True)
+        else:
+            names = ([sluid] if sluid else []) + ["job_9"]
+            assert sorted(found.paths) == sorted(str(root / slice_ / s / n) for s in scopes for n in names)
+            assert not found.exists
     finally:
         shutil.rmtree(root)
 
@@ -113,14 +110,14 @@ def tree(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("scope", ["node1_slurmstepd.scope", "slurmstepd.scope"])
 def test_the_scope_is_found_with_or_without_the_node_prefix(tree: Path, scope: str) -> None:
     (tree / "system.slice" / scope).mkdir(parents=True)
-    found = find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", None, _never)
-    assert found.path == str(tree / "system.slice" / scope / "job_42") and not found.exists
+    found = find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", None)
+    assert found == ((str(tree / "system.slice" / scope / "job_42"),), False)
 
 
 def test_no_scope_fails_closed_naming_every_path_looked_for(tree: Path) -> None:
     (tree / "system.slice" / "other_slurmstepd.scope").mkdir(parents=True)  # another node's
     with pytest.raises(HardwareError) as info:
-        find_job_cgroup(str(tree), SlurmCgroupConf(slice="gpu.slice"), "node1", "42", SLUID, _never)
+        find_job_cgroup(str(tree), SlurmCgroupConf(slice="gpu.slice"), "node1", "42", SLUID)
     text = str(info.value)
     assert f"{tree}/gpu.slice/node1_slurmstepd.scope" in text and f"{tree}/gpu.slice/slurmstepd.scope" in text
     assert "\n" not in text
@@ -130,37 +127,40 @@ def test_cgroup_slice_is_where_the_scope_is_looked_for(tree: Path) -> None:
     (tree / "system.slice" / "node1_slurmstepd.scope").mkdir(parents=True)
     (tree / "gpu.slice" / "node1_slurmstepd.scope").mkdir(parents=True)
     conf = parse_cgroup_conf("CgroupSlice=gpu.slice")
-    found = find_job_cgroup(str(tree), conf, "node1", "42", None, _never)
-    assert found.path == str(tree / "gpu.slice" / "node1_slurmstepd.scope" / "job_42")
+    found = find_job_cgroup(str(tree), conf, "node1", "42", None)
+    assert found.paths == (str(tree / "gpu.slice" / "node1_slurmstepd.scope" / "job_42"),)
 
 
-@pytest.mark.parametrize("existing", [SLUID, "job_42"])
-def test_the_directory_slurm_made_already_is_used(tree: Path, existing: str) -> None:
+@pytest.mark.parametrize(("existing", "sluid"), [(SLUID, SLUID), ("job_42", None)])
+def test_the_directory_slurm_made_already_is_used(tree: Path, existing: str, sluid: str | None) -> None:
     """``PrologFlags=Contain``: the extern step is there before the prolog, in either layout (both
-    on one node after an upgrade with jobs running); slurmd -V is not asked."""
+    on one node after an upgrade with jobs running)."""
     scope = tree / "system.slice" / "node1_slurmstepd.scope"
     (scope / existing / "step_extern").mkdir(parents=True)
     (scope / "job_41").mkdir()  # another job of the old layout beside it
-    found = find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", SLUID, _never)
-    assert found.path == str(scope / existing) and found.exists
+    found = find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", sluid)
+    assert found == ((str(scope / existing),), True)
 
 
-def test_cgroup_job_id_paths_keeps_job_ids_and_asks_no_release(tree: Path) -> None:
-    (tree / "system.slice" / "slurmstepd.scope").mkdir(parents=True)
-    conf = parse_cgroup_conf("CgroupJobIdPaths=yes\n")
-    found = find_job_cgroup(str(tree), conf, "node1", "42", SLUID, _never)
-    assert found.path.endswith("/slurmstepd.scope/job_42")
+@pytest.mark.parametrize("conf_text", ["CgroupJobIdPaths=yes\n", ""])
+def test_a_job_id_directory_of_a_job_with_a_sluid_proves_nothing(tree: Path, conf_text: str) -> None:
+    """A ``job_<id>`` may be an earlier job's of that id, and cgroup.conf may not be slurmd's: both
+    names are given."""
+    scope = tree / "system.slice" / "slurmstepd.scope"
+    (scope / "job_42").mkdir(parents=True)
+    found = find_job_cgroup(str(tree), parse_cgroup_conf(conf_text), "node1", "42", SLUID)
+    assert found == ((str(scope / SLUID), str(scope / "job_42")), False)
 
 
 def test_an_explicit_v2_job_parent_overrides_the_search(tree: Path) -> None:
     (tree / "custom" / "scope").mkdir(parents=True)
-    found = find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", SLUID, lambda: V26, "custom/scope")
-    assert found.path == str(tree / "custom" / "scope" / SLUID)
+    found = find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", SLUID, "custom/scope")
+    assert found.paths == (str(tree / "custom" / "scope" / SLUID), str(tree / "custom" / "scope" / "job_42"))
     with pytest.raises(HardwareError, match="custom/none"):
-        find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", None, _never, "custom/none")
+        find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", None, "custom/none")
     for bad in ("/abs", "a/../b"):
         with pytest.raises(InputError):
-            find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", None, _never, bad)
+            find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", None, bad)
 
 
 @pytest.mark.parametrize(("job_id", "sluid"), [("4a", None), ("../1", None), ("1", "s6Z5M8CB6N7P0O"),
@@ -168,7 +168,7 @@ def test_an_explicit_v2_job_parent_overrides_the_search(tree: Path) -> None:
 def test_only_slurms_names_become_paths(tree: Path, job_id: str, sluid: str | None) -> None:
     (tree / "system.slice" / "slurmstepd.scope").mkdir(parents=True)
     with pytest.raises(InputError):
-        find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", job_id, sluid, _never)
+        find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", job_id, sluid)
 
 
 def test_a_job_directory_not_roots_is_refused(tree: Path) -> None:
@@ -178,7 +178,7 @@ def test_a_job_directory_not_roots_is_refused(tree: Path) -> None:
     (scope / SLUID).mkdir(parents=True)
     os.chown(scope / SLUID, NOBODY, -1)
     with pytest.raises(HardwareError, match="not a cgroup directory of root's"):
-        find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", SLUID, _never)
+        find_job_cgroup(str(tree), SlurmCgroupConf(), "node1", "42", SLUID)
 
 
 # --- real cgroup2: the prolog attaches to Slurm's own directory ---------------------------------
@@ -208,15 +208,12 @@ def site(tmp_path: Path) -> Iterator[tuple[Layout, dict[str, str]]]:
     scontrol = tmp_path / "scontrol"
     scontrol.write_text("#!/bin/sh\nexit 0\n")
     scontrol.chmod(0o755)
-    slurmd = tmp_path / "slurmd"
-    slurmd.write_text("#!/bin/sh\necho 'slurm-wlm 26.05.5'\n")
-    slurmd.chmod(0o755)
     conf = tmp_path / "cgroup.conf"
     conf.write_text(f"CgroupPlugin=cgroup/v2\nConstrainDevices=no\nCgroupSlice={layout.slice.name}\n")
     config = tmp_path / "gpuslurm.toml"
     config.write_text("[paths]\n"
                       f'run_dir = "{tmp_path / "run"}"\nstate_dir = "{tmp_path / "state"}"\n'
-                      f'scontrol = "{scontrol}"\nslurmd = "{slurmd}"\ncgroup_root = "{UNIFIED}"\n'
+                      f'scontrol = "{scontrol}"\ncgroup_root = "{UNIFIED}"\n'
                       f'slurm_cgroup_conf = "{conf}"\n'
                       "[hooks]\ncommand_timeout_s = 5\n[epilog]\nkill_grace_s = 0.5\n"
                       '[cgroup]\ndevices = "auto"\n')
@@ -287,20 +284,17 @@ def test_on_the_sluid_layout_the_prolog_limits_the_directory_the_job_runs_in(
 @needs_v2
 def test_without_contain_the_prolog_makes_the_directory_slurm_will_use(
         site: tuple[Layout, dict[str, str]]) -> None:
-    """No job directory yet: slurmd -V says 26.05, so the prolog makes ``s<SLUID>`` (what
-    slurmstepd will make its steps in), attached before any task is there; the release is cached
-    in the run directory. With ``CgroupJobIdPaths=yes`` it is ``job_<id>``."""
+    """No job directory yet: the prolog makes ``s<SLUID>`` and ``job_<id>`` (slurmstepd will make
+    its steps in one of them), each with the program before any task is there; a job without a
+    SLUID (before 25.11) gets ``job_<id>`` alone."""
     layout, env = site
     log = _quiet("prolog")
     assert run_prolog(env, log) == 0, log.lines
     job_dir = layout.scope / SLUID
-    assert len(_programs(job_dir)) == 1 and not (layout.scope / f"job_{JOB}").exists()
-    run = Path(env["GPUSLURM_CONFIG"]).parent / "run"
-    assert (run / "cache" / "slurmd-version.json").exists()
+    assert len(_programs(job_dir)) == 1 and len(_programs(layout.scope / f"job_{JOB}")) == 1
     job_dir.rmdir()
-    conf = Path(env["GPUSLURM_CONFIG"]).parent / "cgroup.conf"
-    conf.write_text(conf.read_text() + "CgroupJobIdPaths=yes\n")
-    assert run_prolog(env, _quiet("prolog")) == 0
+    (layout.scope / f"job_{JOB}").rmdir()
+    assert run_prolog({k: v for k, v in env.items() if k != "SLURM_JOB_SLUID"}, _quiet("prolog")) == 0
     assert len(_programs(layout.scope / f"job_{JOB}")) == 1 and not job_dir.exists()
 
 
@@ -381,3 +375,35 @@ def test_the_epilog_finds_the_sluid_directory_too(site: tuple[Layout, dict[str, 
     log = _quiet("epilog")
     assert run_epilog(env, log) == 0, log.lines
     assert not job_dir.exists()
+
+
+@needs_v2
+@pytest.mark.parametrize(("slurm_uses", "stale_scope"), [
+    (f"job_{JOB}", False),  # slurmd -V said 26.05 (upgraded on disk), 25.11's slurmd still running
+    (SLUID, False),  # slurmd -V said 25.11 (rolled back on disk), 26.05's slurmd still running
+    (SLUID, True),  # <node>_slurmstepd.scope left by another build, slurmstepd.scope in use
+])
+def test_without_contain_no_guess_leaves_the_job_open(site: tuple[Layout, dict[str, str]], slurm_uses: str,
+                                                      stale_scope: bool) -> None:
+    """The attacker's account: without ``PrologFlags=Contain`` the prolog runs before Slurm makes
+    the job's directory, so which name and which scope slurmstepd will use is not on disk. The
+    slurmd on disk is not the one running (between ``dnf upgrade`` and a restart), or a scope of
+    an earlier build is still there: a guess attached the program to a directory the job never
+    ran in, and nobody's task, where Slurm put it, opened every GPU (the guess was ``slurmd -V``
+    and the first scope found). Every place Slurm may use gets the program, and the epilog removes
+    the ones left empty."""
+    layout, env = site
+    scope = layout.scope
+    if stale_scope:
+        scope = layout.slice / "slurmstepd.scope"  # the live one; the stale one is layout.scope
+        scope.mkdir()
+    log = _quiet("prolog")
+    assert run_prolog(env, log) == 0, log.lines
+    task = scope / slurm_uses / "step_0" / "user" / "task_0"
+    task.mkdir(parents=True)
+    assert _probe_as_nobody(task) == {f"nvidia{m}": "ENXIO" if m in (2, 3) else "EPERM" for m in range(8)}
+    for path in (task, task.parent, task.parent.parent):
+        path.rmdir()  # slurmstepd removes its steps; the job's directory is the epilog's
+    elog = _quiet("epilog")
+    assert run_epilog(env, elog) == 0, elog.lines
+    assert not [d for s in (layout.scope, scope) for d in s.iterdir() if d.is_dir()], elog.lines

@@ -16,9 +16,6 @@ run_dir, so a config that spells run_dir another way is simply parsed every time
 ``node-placement.json``: the same for the whole replayed node with its link matrix and CPUs
 (:func:`placement_node`), which PBS's execjob_begin ranks GPU sets by; same key, same rules.
 
-``slurmd-version.json``: the release ``slurmd -V`` printed, keyed by the binary's path and
-identity (size, inode, modification and change times), for :mod:`gpuslurm.slurm.cgroup_v2`.
-
 ``node-identity.json``: a replayed node's identities come from parsing its capture bundle
 (nvidia-smi XML, lscpu, ...) into the model, which costs a prolog several times its own work.
 The file is valid while the bundle directory holds the same files: its real path and, for every
@@ -189,19 +186,6 @@ def _replayed(spec: str | None, run_dir: str, warn: Warn | None, name: str, read
     node = read()
     _store(directory, name, {"key": key, "node": dump(node)}, warn)
     return node
-
-
-def cached(run_dir: str, name: str, key: Any, compute: Callable[[], Any], warn: Warn | None = None) -> Any:
-    """``compute()`` (a JSON value, None not cached), through the cache file ``name`` while it was
-    written for ``key`` (e.g. ``slurmd-version.json`` keyed by slurmd's identity)."""
-    directory = os.path.join(run_dir, CACHE_DIR)
-    doc = _load(directory, name, warn)
-    if isinstance(doc, dict) and doc.get("key") == key and "value" in doc:
-        return doc["value"]
-    value = compute()
-    if value is not None:
-        _store(directory, name, {"key": key, "value": value}, warn)
-    return value
 
 
 def bundle_key(bundle: str) -> list[Any]:

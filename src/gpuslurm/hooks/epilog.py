@@ -92,7 +92,7 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec:
         from gpuslurm.isolate.devices import release_job
 
         finder = getattr(scheduler, "existing_job_cgroup_v2", None)  # the Slurm adapter's
-        v2_dir = (lambda: finder(job, cfg)) if callable(finder) else None
+        v2_dir = (lambda: finder(job._replace(sluid=sluid), cfg)) if callable(finder) else None
         if (released := release_job(cfg, job_id, v2_dir)) is not None:
             log.info(released)
     except Exception as exc:

@@ -154,13 +154,14 @@ def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
     return 0
 
 
-def _v2_dir(scheduler: Scheduler, job: HookJob, cfg: Config) -> Callable[[], str] | None:
-    """How to find the job's directory in the scheduler's cgroup v2 tree (the Slurm adapter's
-    ``job_cgroup_v2``), for :func:`gpuslurm.isolate.devices.isolate_job`; None where it has none."""
+def _v2_dir(scheduler: Scheduler, job: HookJob, cfg: Config) -> Callable[[], Sequence[str]] | None:
+    """How to find the job's directory (or every place it may be) in the scheduler's cgroup v2
+    tree (the Slurm adapter's ``job_cgroup_v2``), for :func:`gpuslurm.isolate.devices.isolate_job`;
+    None where it has none."""
     finder = getattr(scheduler, "job_cgroup_v2", None)
     if not callable(finder):
         return None
-    return lambda: str(finder(job, cfg))
+    return lambda: tuple(str(p) for p in finder(job, cfg))
 
 
 def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:

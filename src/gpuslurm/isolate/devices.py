@@ -398,12 +398,12 @@ def wanted(cfg: Config) -> bool:
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
                 node: AnyNode | None = None, spec: str | None = None, scheduler: str = "slurm",
-                v2_dir: Callable[[], str] | None = None) -> str:
+                v2_dir: Callable[[], Sequence[str]] | None = None) -> str:
     """The prolog's step: limit the job to ``given``; a line for the log. The caller has decided
     that gpuslurm isolates here (:func:`wanted` for Slurm; the PBS adapter decides for PBS).
     On cgroup v2 a Slurm job's cgroup is slurmd's, which ``v2_dir`` finds (the scheduler's
-    adapter: :func:`gpuslurm.slurm.cgroup_v2.job_cgroup`), a PBS job's gpuslurm's own
-    (:func:`v2_pbs_dir`).
+    adapter: :func:`gpuslurm.slurm.cgroup_v2.job_cgroup`; every place it may be, before Slurm
+    made it: each gets the program), a PBS job's gpuslurm's own (:func:`v2_pbs_dir`).
 
     Any failure raises a GpuslurmError, so that the prolog fails and the job does not start
     with every GPU open.
@@ -424,15 +424,18 @@ def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
     elif version == 2:
         if v2_dir is None:
             raise HardwareError(f"{scheduler}: no way to find the job's cgroup v2 directory")
-        path = setup_v2(v2_dir(), denied)
+        paths = v2_dir()
+        if not paths:
+            raise HardwareError(f"{scheduler}: no cgroup v2 directory found for the job")
+        path = ", ".join(setup_v2(p, denied) for p in paths)
     else:
         raise HardwareError(f"{root}: neither a cgroup v1 devices hierarchy nor a cgroup2 mount")
     return f"devices cgroup {path}: {len(denied)} device(s) denied"
 
 
-def release_job(cfg: Config, job_id: str, v2_dir: Callable[[], str | None] | None = None) -> str | None:
+def release_job(cfg: Config, job_id: str, v2_dir: Callable[[], Sequence[str]] | None = None) -> str | None:
     """The epilog's step: remove the job's cgroup; a line for the log, or None if there was none.
-    ``v2_dir``: the scheduler's v2 job directory, where it has one (None: not found)."""
+    ``v2_dir``: the scheduler's v2 job directories that exist (each removed when empty)."""
     from gpuslurm.errors import HardwareError
 
     root = cfg.paths.cgroup_root
@@ -449,9 +452,9 @@ def release_job(cfg: Config, job_id: str, v2_dir: Callable[[], str | None] | Non
         return f"removed {', '.join(done)}" if done else None
     if version == 2:
         done = []
-        slurms = v2_dir() if v2_dir is not None else None
-        if slurms is not None and os.path.isdir(slurms) and remove_v2(slurms):
-            done.append(slurms)
+        for slurms in v2_dir() if v2_dir is not None else ():
+            if os.path.isdir(slurms) and remove_v2(slurms):
+                done.append(slurms)
         own = v2_pbs_dir(root, job_id)  # a PBS job's: killing what is left, as on v1
         if os.path.isdir(own):
             if not remove_cgroup(own):

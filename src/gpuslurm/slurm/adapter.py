@@ -50,24 +50,18 @@ class SlurmScheduler:
         return tuple(Allocation(j.job.job_id, j.job.user, j.job.uid, j.uuids, j.job.start, j.job.account,
                                 source="squeue") for j in found)
 
-    def job_cgroup_v2(self, job: HookJob, cfg: Config) -> str:
-        """The job's directory under slurmd's cgroup/v2 stepd scope, found
-        (:mod:`gpuslurm.slurm.cgroup_v2`); HardwareError naming what was looked for."""
+    def job_cgroup_v2(self, job: HookJob, cfg: Config) -> tuple[str, ...]:
+        """The job's directory under slurmd's cgroup/v2 stepd scope, or every place slurmstepd may
+        make it (:mod:`gpuslurm.slurm.cgroup_v2`); HardwareError naming what was looked for."""
         from gpuslurm.slurm.cgroup_v2 import job_cgroup
 
-        return job_cgroup(cfg, job.node_name, job.job_id, job.sluid).path
+        return job_cgroup(cfg, job.node_name, job.job_id, job.sluid).paths
 
-    def existing_job_cgroup_v2(self, job: HookJob, cfg: Config) -> str | None:
-        """The job's directory under the stepd scope when it exists (the epilog: never asks
-        slurmd -V); None when there is none, or no scope."""
-        from gpuslurm.errors import GpuslurmError
-        from gpuslurm.slurm.cgroup_v2 import job_cgroup
+    def existing_job_cgroup_v2(self, job: HookJob, cfg: Config) -> tuple[str, ...]:
+        """Those of the job's directories that exist (the epilog removes the empty ones)."""
+        from gpuslurm.slurm.cgroup_v2 import existing_job_cgroup_dirs
 
-        try:
-            found = job_cgroup(cfg, job.node_name, job.job_id, job.sluid, version=lambda: None)
-        except GpuslurmError:
-            return None
-        return found.path if found.exists else None
+        return existing_job_cgroup_dirs(cfg, job.node_name, job.job_id, job.sluid)
 
     def job_of_sluid(self, sluid: str) -> str | None:
         """The id of the job Slurm names ``sluid`` (26.05: ``scontrol show -d job s<SLUID>``); None

@@ -11,9 +11,10 @@ Read from Slurm's ``src/plugins/cgroup/v2/cgroup_v2.c`` and ``src/interfaces/cgr
 - a job's directory in the scope is ``job_<id>`` up to 25.11 (which already exports
   ``SLURM_JOB_SLUID`` to Prolog and Epilog), and ``s<SLUID>`` from 26.05, unless cgroup.conf says
   ``CgroupJobIdPaths=yes`` (26.05.2+), which keeps ``job_<id>``. With ``PrologFlags=Contain`` the
-  directory exists before the Prolog runs (the extern step is in it), and then it is what is
-  used; otherwise the release decides, from ``slurmd -V`` (cached in the run directory, keyed by
-  the binary's identity), and only when the job has a SLUID at all.
+  ``s<SLUID>`` directory exists before the Prolog runs (the extern step is in it), and then it
+  is what is used. Otherwise nothing on disk says what slurmstepd will make: neither the slurmd
+  binary installed (the running one may be older or newer) nor the cgroup.conf gpuslurm reads
+  (configless Slurm reads another) is proof, so the prolog is given every place.
 - Slurm makes these directories as root (``common_cgroup_create(..., 0, 0)``): nothing in them
   is delegated to the job's user.
 
@@ -23,19 +24,16 @@ A missing scope is a HardwareError naming every path looked for: the prolog fail
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import HardwareError, InputError
 from gpuslurm.jobid import valid_job_id, valid_sluid
-from gpuslurm.slurm.version import SlurmVersion
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
 
 DEFAULT_SLICE = "system.slice"
 SCOPE = "slurmstepd.scope"
-SLUID_DIRS = SlurmVersion(26, 5)  # job directories named s<SLUID> (CgroupJobIdPaths=yes: job_<id>)
 MAX_CONF_BYTES = 1 << 20
 _TRUE = frozenset({"yes", "true", "1", "up"})  # Slurm's s_p_boolean
 _FALSE = frozenset({"no", "false", "0", "down"})
@@ -46,7 +44,7 @@ class SlurmCgroupConf(NamedTuple):
 
     plugin: str = "autodetect"  # CgroupPlugin
     slice: str = DEFAULT_SLICE  # CgroupSlice (25.11+)
-    job_id_paths: bool = False  # CgroupJobIdPaths (26.05.2+)
+    job_id_paths: bool = False  # CgroupJobIdPaths (26.05.2+): read, not relied on (find_job_cgroup)
     constrain_devices: bool = False  # ConstrainDevices
 
 
@@ -117,33 +115,50 @@ def job_dir_names(job_id: str, sluid: str | None) -> tuple[str, ...]:
     return ((sluid,) if sluid is not None else ()) + (f"job_{job_id}",)
 
 
-def names_by_sluid(conf: SlurmCgroupConf, sluid: str | None,
-                   version: Callable[[], SlurmVersion | None]) -> bool:
-    """Whether Slurm names this job's directory ``s<SLUID>`` (asks ``version`` only when needed);
-    HardwareError when that depends on a release that cannot be found."""
-    if sluid is None or conf.job_id_paths:
-        return False
-    found = version()
-    if found is None:
-        raise HardwareError("cannot tell whether Slurm names the job's cgroup by SLUID (26.05+) or "
-                            "job id: no job directory yet and no slurmd -V")
-    return found >= SLUID_DIRS
-
-
 class JobCgroup(NamedTuple):
-    """The job's cgroup/v2 directory, found."""
+    """Where the job's cgroup/v2 directory is, or may be."""
 
-    path: str  # absolute
-    exists: bool  # False: Slurm has not made it yet (no PrologFlags=Contain); the caller makes it
+    paths: tuple[str, ...]  # absolute: Slurm's when it made it, else every place it may make it
+    exists: bool  # True: Slurm made it already (PrologFlags=Contain); False: the caller makes them
 
 
 def find_job_cgroup(cgroup_root: str, conf: SlurmCgroupConf, node_name: str, job_id: str,
-                    sluid: str | None, version: Callable[[], SlurmVersion | None],
-                    parent: str = "") -> JobCgroup:
+                    sluid: str | None, parent: str = "") -> JobCgroup:
     """Where Slurm keeps job ``job_id`` (``sluid``: ``SLURM_JOB_SLUID``, None before 25.11) under
     ``cgroup_root``; ``parent`` (``[cgroup] v2_job_parent``, relative) overrides the scope's
     discovery. HardwareError naming every path looked for when no scope exists, or a directory
-    found is not root's."""
+    found is not root's.
+
+    ``s<SLUID>`` that exists is Slurm's (a SLUID is never reused). Otherwise where slurmstepd will
+    make the job's directory is not on disk: the running slurmd may not be the binary installed
+    (an upgrade before its restart), a scope of another build may be left, cgroup.conf may not be
+    the one slurmd read (configless), and a ``job_<id>`` may be left by an earlier job of that id.
+    Every place it may be is given, in each scope found, under each name the job may have.
+    """
+    paths = _places(cgroup_root, conf, node_name, job_id, sluid, parent)
+    for path in paths:
+        if os.path.lexists(path) and not _root_dir(path):
+            raise HardwareError(f"{path}: not a cgroup directory of root's")
+    made = [p for p in paths if os.path.lexists(p) and (sluid is None or os.path.basename(p) == sluid)]
+    if made:
+        return JobCgroup((made[0],), True)  # PrologFlags=Contain: Slurm made it already
+    return JobCgroup(paths, False)
+
+
+def existing_job_cgroups(cgroup_root: str, conf: SlurmCgroupConf, node_name: str, job_id: str,
+                         sluid: str | None, parent: str = "") -> tuple[str, ...]:
+    """Every place :func:`find_job_cgroup` may give that is root's directory now (the epilog
+    removes the empty ones); none when there is no scope."""
+    try:
+        paths = _places(cgroup_root, conf, node_name, job_id, sluid, parent)
+    except HardwareError:
+        return ()
+    return tuple(p for p in paths if _root_dir(p))
+
+
+def _places(cgroup_root: str, conf: SlurmCgroupConf, node_name: str, job_id: str, sluid: str | None,
+            parent: str) -> tuple[str, ...]:
+    """Each name the job's directory may have, in each stepd scope that exists (root's)."""
     if parent:
         parts = [p for p in parent.split("/") if p]
         if parent.startswith("/") or ".." in parts:
@@ -158,15 +173,7 @@ def find_job_cgroup(cgroup_root: str, conf: SlurmCgroupConf, node_name: str, job
         raise HardwareError(f"no slurmstepd scope of Slurm's cgroup/v2 plugin: looked for {looked}"
                             f"{'' if parent else ' (CgroupSlice ' + conf.slice + ')'}; is slurmd "
                             f"running with cgroup/v2 here? (or set [cgroup] v2_job_parent)")
-    for scope in existing:  # PrologFlags=Contain: Slurm made it already
-        for name in names:
-            path = os.path.join(scope, name)
-            if os.path.lexists(path):
-                if not _root_dir(path):
-                    raise HardwareError(f"{path}: not a cgroup directory of root's")
-                return JobCgroup(path, True)
-    name = names[0] if names_by_sluid(conf, sluid, version) else names[-1]
-    return JobCgroup(os.path.join(existing[0], name), False)
+    return tuple(os.path.join(scope, name) for scope in existing for name in names)
 
 
 def _root_dir(path: str) -> bool:
@@ -179,38 +186,8 @@ def _root_dir(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == 0
 
 
-def cached_slurmd_version(run_dir: str, slurmd: str, timeout: float,
-                          warn: Callable[[str], None] | None = None) -> SlurmVersion | None:
-    """``slurmd -V``'s release, through ``<run_dir>/cache/slurmd-version.json`` while slurmd is the
-    same file; None when there is no slurmd (or it says nothing Slurm-like)."""
-    from gpuslurm.hooks.cache import cached
-    from gpuslurm.slurm.version import installed_slurm_version
-
-    try:
-        st = os.stat(slurmd)
-    except OSError:
-        return None
-    key = [slurmd, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
-
-    def ask() -> list[int] | None:
-        try:
-            found = installed_slurm_version(slurmd, timeout)
-        except InputError:  # it printed something that is no release
-            return None
-        return list(found) if found is not None else None
-
-    value = cached(run_dir, "slurmd-version.json", key, ask, warn)
-    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) for v in value):
-        return SlurmVersion(*value)
-    return None
-
-
-def job_cgroup(cfg: Config, node_name: str, job_id: str, sluid: str | None,
-               warn: Callable[[str], None] | None = None,
-               version: Callable[[], SlurmVersion | None] | None = None) -> JobCgroup:
-    """:func:`find_job_cgroup` with this node's config: ``[paths] cgroup_root``, Slurm's cgroup.conf
-    (``[paths] slurm_cgroup_conf``), ``[cgroup] v2_job_parent`` and ``[paths] slurmd`` (``version``
-    stands in for it when given)."""
+def read_cgroup_conf(cfg: Config) -> SlurmCgroupConf:
+    """Slurm's cgroup.conf (``[paths] slurm_cgroup_conf``), parsed; none there: Slurm's defaults."""
     conf_path = cfg.paths.slurm_cgroup_conf
     try:
         with open(conf_path, encoding="utf-8", errors="replace") as fh:
@@ -219,10 +196,17 @@ def job_cgroup(cfg: Config, node_name: str, job_id: str, sluid: str | None,
         text = None
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", source=conf_path) from None
-    conf = parse_cgroup_conf(text, conf_path)
-    if version is None:
-        def version() -> SlurmVersion | None:
-            return cached_slurmd_version(cfg.paths.run_dir, cfg.paths.slurmd, cfg.hooks.command_timeout_s,
-                                         warn)
-    return find_job_cgroup(cfg.paths.cgroup_root, conf, node_name, job_id, sluid, version,
+    return parse_cgroup_conf(text, conf_path)
+
+
+def job_cgroup(cfg: Config, node_name: str, job_id: str, sluid: str | None) -> JobCgroup:
+    """:func:`find_job_cgroup` with this node's config: ``[paths] cgroup_root``, Slurm's cgroup.conf
+    and ``[cgroup] v2_job_parent``."""
+    return find_job_cgroup(cfg.paths.cgroup_root, read_cgroup_conf(cfg), node_name, job_id, sluid,
                            cfg.cgroup.v2_job_parent)
+
+
+def existing_job_cgroup_dirs(cfg: Config, node_name: str, job_id: str, sluid: str | None) -> tuple[str, ...]:
+    """:func:`existing_job_cgroups` with this node's config."""
+    return existing_job_cgroups(cfg.paths.cgroup_root, read_cgroup_conf(cfg), node_name, job_id, sluid,
+                                cfg.cgroup.v2_job_parent)

@@ -8,9 +8,12 @@ record's SLUID on the line after the first (src/scontrol/info_job.c)::
        SLUID=s6Z5M8CB6N7P00
        UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A
 
-The first line is Slurm's (a job name comes after ``JobId=`` on it); a name or comment holding a
-newline can add lines of its own, so every ``SLUID=`` line must name the SLUID asked for, and the
-job id is the first line's alone. Anything else is no answer (None), never a guess.
+The first line is Slurm's (a job name comes after ``JobId=`` on it), and the job id is its alone.
+A name, comment or submit line holding a newline can add lines of its own, never remove one:
+the record must hold the ``SLUID=`` line asked for, and other ``SLUID=`` lines are ignored.
+Refusing them would let a job's name make its own SLUID unknown, and the monitor never judges a
+process in an unknown SLUID's cgroup rogue. A forged line naming another SLUID is harmless:
+slurmctld answers a SLUID with that SLUID's record, never one that merely prints it.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ MAX_OUTPUT = 1 << 20  # one job's record is a few kB
 
 def job_of_sluid_text(text: str, sluid: str) -> str | None:
     """The job id ``scontrol show -d job <sluid>`` printed for ``sluid``; None when the text is
-    not one job's record that names exactly that SLUID."""
+    not a job's record holding that SLUID's line."""
     if not valid_sluid(sluid) or len(text) > MAX_OUTPUT:
         return None
     lines = text.splitlines()
     first = _FIRST_RE.match(lines[0]) if lines else None
     seen = {m.group(1) for line in lines[1:] if (m := _SLUID_RE.fullmatch(line))}
-    if first is None or seen != {sluid}:
+    if first is None or sluid not in seen:
         return None
     return first.group(1)
 

@@ -1,7 +1,7 @@
 """Which Slurm release this is: ``X.Y[.Z]`` as ``slurmd -V`` prints it (pure parser, one call).
 
-Light on purpose: the prolog asks it (through :mod:`gpuslurm.slurm.cgroup_v2`) when it must make
-a job's cgroup/v2 directory itself and needs to know how this release names it.
+What gres-conf's MIG Types follow (:mod:`gpuslurm.slurm.mig_types`). Never what the hooks decide
+where a job's cgroup is by: the binary installed need not be the slurmd running.
 """
 
 from __future__ import annotations
