@@ -261,10 +261,14 @@ start_namespace() {
 }
 
 alive() {  # alive PIDFILE: the pid in PIDFILE is a running process
-    local pid
+    local pid stat
     [[ -s $1 ]] || return 1
     pid=$(<"$1")
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null
+    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    # not a zombie: an init that reaps late leaves a stopped daemon passing kill -0 for a while
+    stat=$(<"/proc/$pid/stat") 2>/dev/null || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
 }
 
 stop_pidfile() {  # stop_pidfile NAME PIDFILE [SECONDS]: SIGTERM, then SIGKILL after SECONDS (10)
