@@ -33,8 +33,10 @@ SQUEUE, SCONTROL, SCANCEL = "/usr/bin/squeue", "/usr/bin/scontrol", "/usr/bin/sc
 
 
 def _run(cluster: SlurmCluster, *argv: str) -> str:
-    return subprocess.run(argv, env=cluster.env, capture_output=True, text=True, timeout=30,
-                          check=True).stdout
+    # decoded as gpuslurm's runner decodes (errors="replace"): other tests' jobs on the session's
+    # cluster have names that are not UTF-8, and 22.05's squeue --json lists every job
+    return subprocess.run(argv, env=cluster.env, capture_output=True, encoding="utf-8",
+                          errors="replace", timeout=30, check=True).stdout
 
 
 def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: SlurmCluster,

@@ -165,7 +165,7 @@ def test_a_rogue_process_gets_its_user_throttled_until_expiry(scene: Scene) -> N
     ok = scene.sbatch(b, "--gres=gpu:1", "--hold")
     assert ok.returncode == 0, ok.stderr
 
-    until = json.loads(listed)[0]["until"]
+    until = json.loads(listed)["throttles"][0]["until"]
     time.sleep(max(0.0, until - time.time()) + SETTLE_S)
     again = scene.sbatch(a, "--gres=gpu:1", "--hold")
     assert again.returncode == 0, f"still refused after expiry: {again.stderr}"

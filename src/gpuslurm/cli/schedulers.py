@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+
+from gpuslurm.tuples import TYPE_CHECKING  # not typing's: pick imports this module (gpuslurm.tuples)
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config

@@ -22,7 +22,6 @@ kept by NVML for a one-shot query (they arrive as events), so live Xids are left
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 
@@ -104,6 +103,7 @@ def read_health(gpus: Sequence[AnyGpu], source: str | None, *,
 
 def _captured_temperatures(bundle: str, source: str | None,
                            facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:
+    import math  # not at the top: the hooks' warm path imports this module (test_placement_cache)
     from pathlib import Path
 
     from gpuslurm.hw.bundle import read_captured_state
