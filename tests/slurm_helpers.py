@@ -160,6 +160,7 @@ def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
     if reconfigure:
         subprocess.run([SCONTROL, "reconfigure"], env=cluster.env, capture_output=True, timeout=30,
                        check=True)
+        _wait_slurmctld_settled(cluster)
     subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
                    capture_output=True, timeout=30, check=False)  # refused unless drained: fine
     pidfile = cluster.state_dir / "run" / "slurmd.pid"
@@ -195,6 +196,31 @@ def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
     assert _slurmds(cluster), f"cluster.sh up started no slurmd\n{up.stderr}\n{cluster.log_tail()}"
     subprocess.run([SCONTROL, "update", f"NodeName={host}", "State=RESUME"], env=cluster.env,
                    capture_output=True, timeout=30, check=False)  # after a failed run drained it
+
+
+def _wait_slurmctld_settled(cluster: SlurmCluster) -> None:
+    """After ``scontrol reconfigure``: from 23.11 slurmctld hands over to a new slurmctld process
+    too ("Relinquishing control to new slurmctld process"), and between the old one's exit and the
+    new one's pid file ``cluster.sh up`` sees no slurmctld but its port taken (seen on 24.11 in CI).
+    Wait until the pid file has named one running slurmctld for a whole second and it answers."""
+    pidfile = cluster.state_dir / "run" / "slurmctld.pid"
+    deadline = time.monotonic() + 60
+    steady: tuple[str, float] | None = None
+    while True:
+        text = pidfile.read_text().strip() if pidfile.exists() else ""
+        if text.isdigit() and _running(int(text)):
+            if steady is None or steady[0] != text:
+                steady = (text, time.monotonic())
+            elif time.monotonic() - steady[1] >= 1:
+                ping = subprocess.run([SCONTROL, "ping"], env=cluster.env, capture_output=True,
+                                      text=True, timeout=30, check=False)
+                if ping.returncode == 0 and "UP" in ping.stdout:
+                    return
+        else:
+            steady = None
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"slurmctld does not settle after reconfigure\n{cluster.log_tail()}")
+        time.sleep(0.1)
 
 
 class SlurmRelease(NamedTuple):
