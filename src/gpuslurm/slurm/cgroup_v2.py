@@ -24,10 +24,10 @@ A missing scope is a HardwareError naming every path looked for: the prolog fail
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NamedTuple
 
 from gpuslurm.errors import HardwareError, InputError
 from gpuslurm.jobid import valid_job_id, valid_sluid
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: the prolog imports this module
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
