@@ -45,6 +45,8 @@ BUILTINS = ("dgx-h100", "l40s-4x", "a100-mig")
 PLACEMENT_INPUT = TESTS / "place" / "data" / "scontrol-show-d-job-l40s.txt"
 QSTAT_JOB = TESTS / "pbs" / "data" / "qstat-f-json.json"  # real qstat -f -F json: 0.pbshost, 2 GPUs
 NODE_NAME = "snapnode"  # [monitor] node_name: the monitor and status would name this machine
+A100_LAYOUT = ('[gpus."0"]\nprofiles = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]\n\n'
+               '[gpus."1"]\nmig = false\n')  # a100-mig's own, as `mig show --as-layout` prints it
 
 
 def multi_captures() -> list[str]:
@@ -96,6 +98,11 @@ OTHER_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("pick", "1", "--from", "multi/h200-mig__590.48.01", "--mig", "1g.18gb", "--format", "json"),
     ("pick", "1", "--from", "xml/a100-sxm4-mig-v12", "--mig", "1g.20gb", "--format", "json"),
     ("mig", "show", "--from", "a100-mig", "--as-layout"),
+    ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "a100-mig"),
+    ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "dgx-h100"),
+    ("mig", "assert", "{SITE}/other-layout.toml", "--from", "a100-mig"),
+    ("mig", "assert", "{SITE}/missing.toml", "--from", "a100-mig"),
+    ("demo", "--hours", "2", "--no-plot", "--out", "{SITE}/demo"),
     ("pick", "1", "--from", "dgx-h100", "--type", "a100", "--format", "json"),
     ("pick", "9", "--from", "dgx-h100", "--format", "json"),
     ("placement", "--from", "l40s-4x", "--node", "l40s01", "--input", str(PLACEMENT_INPUT), "--json"),
@@ -160,9 +167,23 @@ BAD_COMMANDS: tuple[tuple[str, ...], ...] = (
 )
 
 
+# Every command and subcommand: its --help (the options a refactor must keep). test_snapshot.py
+# checks the list against the CLI's own.
+COMMANDS: tuple[tuple[str, ...], ...] = (
+    (), ("capture",), ("demo",), ("discover",), ("epilog",), ("fairshare-report",), ("gpu",),
+    ("gpu", "list"), ("gpu", "offline"), ("gpu", "online"), ("gres-conf",), ("health",), ("hogs",),
+    ("install",), ("man-pages",), ("mig",), ("mig", "apply"), ("mig", "assert"), ("mig", "show"),
+    ("monitor",), ("node-conf",), ("pbs-conf",), ("pick",), ("placement",), ("prolog",), ("status",),
+    ("task-prolog",), ("throttle",), ("throttle", "add"), ("throttle", "auto"), ("throttle", "list"),
+    ("throttle", "remove"), ("throttle", "sync"), ("topo",), ("watch",),
+)
+
+
 def cli_cases() -> dict[str, tuple[str, ...]]:
     """Each command case: its id (the command line as a user types it) and its argv."""
     out: dict[str, tuple[str, ...]] = {}
+    for command in COMMANDS:
+        out[" ".join((*command, "--help"))] = (*command, "--help")
     for source in sources():
         for argv in NODE_COMMANDS:
             args = tuple(source if a == "{S}" else a for a in argv)
@@ -283,6 +304,9 @@ def site_dir(world_root: Path) -> Iterator[Path]:
         config = no_jobs_config(site)
         config.write_text(config.read_text() + f'[monitor]\nnode_name = "{NODE_NAME}"\n')
         (site / "a-file").write_text("<nvidia_smi_log/>\n")
+        (site / "a100-layout.toml").write_text(A100_LAYOUT)
+        (site / "other-layout.toml").write_text(A100_LAYOUT.replace(
+            '["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]', '["7g.80gb"]'))
         yield site
 
 
@@ -331,7 +355,7 @@ def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any
     out, err = io.StringIO(), io.StringIO()
     with environ({"GPUSLURM_CONFIG": str(site / "gpuslurm.toml")}), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = pick_main(argv[1:]) if argv[0] == "pick" else main(argv)
+        code = pick_main(argv[1:]) if argv[:1] == ["pick"] else main(argv)
     as_json = "--json" in argv or "json" in argv
     return {"exit": code,
             "stdout": _stdout(normalise(out.getvalue(), site, world_root), as_json),

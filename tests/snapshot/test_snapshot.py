@@ -36,8 +36,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import click
 import pytest
-from record import GOLDEN, REAL, RERECORD, World, all_cases, diff, load_golden, record_case, world
+from record import COMMANDS, GOLDEN, REAL, RERECORD, World, all_cases, diff, load_golden, record_case, world
+
+from gpuslurm.cli.main import cli
 
 pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"{REAL} is absent: the snapshot needs it")
 
@@ -58,6 +61,23 @@ def test_the_golden_file_has_every_case_and_no_other(golden: dict[str, Any]) -> 
     extra = sorted(set(golden) - set(all_cases()))
     assert not missing and not extra, (f"{GOLDEN.name}: cases not recorded {missing}, recorded but gone "
                                        f"{extra}; {RERECORD}")
+
+
+def _commands(group: click.Group, ctx: click.Context, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    yield path
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None
+        if isinstance(command, click.Group):
+            yield from _commands(command, ctx, (*path, name))
+        else:
+            yield (*path, name)
+
+
+def test_every_command_is_in_the_snapshot() -> None:
+    """A new command (or one gone) is a change of behaviour too: add its cases to record.py."""
+    with click.Context(cli) as ctx:
+        assert sorted(_commands(cli, ctx, ())) == sorted(COMMANDS)
 
 
 @pytest.mark.parametrize("case", all_cases() if REAL.is_dir() else [])
