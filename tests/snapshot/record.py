@@ -102,7 +102,6 @@ OTHER_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "dgx-h100"),
     ("mig", "assert", "{SITE}/other-layout.toml", "--from", "a100-mig"),
     ("mig", "assert", "{SITE}/missing.toml", "--from", "a100-mig"),
-    ("demo", "--hours", "2", "--no-plot", "--out", "{SITE}/demo"),
     ("pick", "1", "--from", "dgx-h100", "--type", "a100", "--format", "json"),
     ("pick", "9", "--from", "dgx-h100", "--format", "json"),
     ("placement", "--from", "l40s-4x", "--node", "l40s01", "--input", str(PLACEMENT_INPUT), "--json"),

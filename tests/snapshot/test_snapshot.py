@@ -28,17 +28,35 @@ Normalised, because they differ between runs and checkouts and are no behaviour 
   zone are fixed (COLUMNS=100, TZ=UTC).
 Nothing else is normalised: a changed message, key, order or exit code fails its case.
 
+Left out, as not deterministic: ``demo`` (its day ends at the wall clock, and how much of a
+violation falls in the window moves with it; tests/demo checks it), the table of an active
+throttle (its LEFT column counts down), and commands that need a live node or cluster (``watch``,
+``install``, ``mig apply``, ``throttle auto``/``sync``, ``capture DIR``): only their --help is here.
+
 On purpose, a change is recorded again: ``python tests/snapshot/record.py --write``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import click
 import pytest
-from record import COMMANDS, GOLDEN, REAL, RERECORD, World, all_cases, diff, load_golden, record_case, world
+from record import (
+    COMMANDS,
+    GOLDEN,
+    HOOK_CASES,
+    REAL,
+    RERECORD,
+    World,
+    all_cases,
+    diff,
+    load_golden,
+    record_case,
+    world,
+)
 
 from gpuslurm.cli.main import cli
 
@@ -82,6 +100,8 @@ def test_every_command_is_in_the_snapshot() -> None:
 
 @pytest.mark.parametrize("case", all_cases() if REAL.is_dir() else [])
 def test_behaviour_is_as_recorded(case: str, bundles: World, golden: dict[str, Any]) -> None:
+    if case in HOOK_CASES and os.geteuid() != 0:
+        pytest.skip("the hooks' job maps and state directories are root's")
     got = record_case(case, bundles)
     want = golden.get(case)
     if got != want:
