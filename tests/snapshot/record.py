@@ -443,8 +443,16 @@ def _bug(target: str | None) -> Iterator[None]:
     if target is None:
         yield
         return
-    with mock.patch(target, side_effect=ZeroDivisionError("a planted bug")):
+    try:
+        planted = mock.patch(target, side_effect=ZeroDivisionError("a planted bug"))
+        planted.start()
+    except (AttributeError, ModuleNotFoundError) as exc:
+        raise AssertionError(f"the planted bug's target {target} is gone ({exc}): point the case at "
+                             "the same step's new home in tests/snapshot/record.py") from None
+    try:
         yield
+    finally:
+        planted.stop()
 
 
 def _epilog(gpus: str | None = "0,1", prolog_first: bool = True, config: str = "",
@@ -482,33 +490,36 @@ def _corrupt_map(site: Any) -> None:
     (site.jobs_dir / "1234.json").write_text("{not json")
 
 
-def _pbs_site(world_root: Path, builtin: str = "dgx-h100") -> tuple[Path, Path, dict[str, str]]:
-    root = Path(tempfile.mkdtemp(prefix="pbs-", dir=world_root))
-    bundle = root / "bundle"
-    from gpuslurm.hw.source import BUILTIN_DIR
-
-    shutil.copytree(BUILTIN_DIR / builtin, bundle)
+def _pbs_site(world_root: Path, health: Callable[[list[str]], dict[str, Any]] | None
+              ) -> tuple[Path, dict[str, str]]:
+    """tests/hooks' site (a replayed DGX H100) with a PBS config of its own: node ``pbshost``, a
+    stand-in qstat answering the real ``qstat -f -F json`` capture, no cgroup hierarchy."""
+    site = _site(world_root)
+    if health:
+        site.set_health(health(site.uuids))
+    root = site.root
     qstat = root / "qstat"
     qstat.write_text(f"#!/bin/sh\nexec /bin/cat {QSTAT_JOB}\n")
     qstat.chmod(0o755)
-    config = root / "gpuslurm.toml"
+    config = root / "gpuslurm-pbs.toml"
     config.write_text(f'[paths]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
                       f'cgroup_root = "{root}/no-cgroup"\nqstat = "{qstat}"\n'
                       f'[monitor]\nnode_name = "pbshost"\n')
-    return root, bundle, {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": str(bundle)}
+    return root, {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": str(site.bundle)}
+
+
+def _maps(root: Path) -> list[str]:
+    jobs = root / "run" / "jobs"
+    return sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []
 
 
 def _pbs_event(event: str, doc: dict[str, Any], health: Callable[[list[str]], dict[str, Any]] | None = None,
                before: tuple[tuple[str, dict[str, Any]], ...] = (), raw: bytes | None = None,
                patch: str | None = None) -> Callable[[Path], dict[str, Any]]:
     def run(world_root: Path) -> dict[str, Any]:
-        from gpuslurm.hw.source import load_node
         from gpuslurm.pbs.entry import main
 
-        root, bundle, env = _pbs_site(world_root)
-        if health:
-            uuids = [g.uuid for g in load_node(str(bundle)).gpus]
-            (bundle / "health.json").write_text(json.dumps(health(uuids)))
+        root, env = _pbs_site(world_root, health)
 
         def call(ev: str, fields: dict[str, Any], data: bytes | None = None) -> dict[str, Any]:
             request = {"format": 1, "event": ev, "hostname": "pbshost", **fields}
@@ -522,32 +533,24 @@ def _pbs_event(event: str, doc: dict[str, Any], health: Callable[[list[str]], di
         earlier = [call(ev, fields)["exit"] for ev, fields in before]
         with _bug(patch):
             rec = call(event, doc, raw)
-        rec = json.loads(normalise(json.dumps(rec), root, world_root))
-        jobs = root / "run" / "jobs"
-        return {"before": earlier, **rec,
-                "maps": sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []}
+        return {"before": earlier, **json.loads(normalise(json.dumps(rec), root, world_root)),
+                "maps": _maps(root)}
     return run
 
 
 def _classic(kind: str, argv: tuple[str, ...], health: Callable[[list[str]], dict[str, Any]] | None = None,
              config: bool = True) -> Callable[[Path], dict[str, Any]]:
     def run(world_root: Path) -> dict[str, Any]:
-        from gpuslurm.hw.source import load_node
         from gpuslurm.pbs.classic import main
 
-        root, bundle, env = _pbs_site(world_root)
+        root, env = _pbs_site(world_root, health)
         if not config:
             env["GPUSLURM_CONFIG"] = str(root / "missing.toml")
-        if health:
-            uuids = [g.uuid for g in load_node(str(bundle)).gpus]
-            (bundle / "health.json").write_text(json.dumps(health(uuids)))
         err = io.StringIO()
         with environ(env, clear=True):
             rc = main(kind, list(argv), environ=dict(os.environ), stderr=err, mom_priv=str(root / "mom_priv"))
-        jobs = root / "run" / "jobs"
         lines = [normalise(line, root, world_root) for line in err.getvalue().splitlines()]
-        return {"exit": rc, "stderr": lines,
-                "maps": sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []}
+        return {"exit": rc, "stderr": lines, "maps": _maps(root)}
     return run
 
 
