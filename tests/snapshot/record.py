@@ -45,6 +45,9 @@ BUILTINS = ("dgx-h100", "l40s-4x", "a100-mig")
 PLACEMENT_INPUT = TESTS / "place" / "data" / "scontrol-show-d-job-l40s.txt"
 QSTAT_JOB = TESTS / "pbs" / "data" / "qstat-f-json.json"  # real qstat -f -F json: 0.pbshost, 2 GPUs
 NODE_NAME = "snapnode"  # [monitor] node_name: the monitor and status would name this machine
+NVL = "{DATA}/nvl-pairs-4x"  # tests/place's bundle of two NVLink pairs
+NVL_PAIRS = [f"GPU-nvl-pairs-4x-000{i}-0000-0000-000000000000" for i in range(4)]  # tests/place/data's
+L40S_GPU0 = "GPU-b02cb6a6-cbee-5f55-b99a-6a786dc74e39"  # l40s-4x's GPU 0 (README.md shows it)
 A100_LAYOUT = ('[gpus."0"]\nprofiles = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]\n\n'
                '[gpus."1"]\nmig = false\n')  # a100-mig's own, as `mig show --as-layout` prints it
 
@@ -98,6 +101,39 @@ OTHER_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("pick", "1", "--from", "multi/h200-mig__590.48.01", "--mig", "1g.18gb", "--format", "json"),
     ("pick", "1", "--from", "xml/a100-sxm4-mig-v12", "--mig", "1g.20gb", "--format", "json"),
     ("mig", "show", "--from", "a100-mig", "--as-layout"),
+    # inside a job: only the job's GPUs (Slurm's GRES indices, the task prolog's UUIDs, PBS's)
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", "pick", "2", "--from", NVL, "--format", "json"),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", "pick", "3", "--from", NVL),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", f"GPUSLURM_GPU_UUIDS={NVL_PAIRS[3]}", "pick", "1",
+     "--from", NVL, "--format", "json"),
+    ("SLURM_JOB_ID=42", "pick", "1", "--from", "dgx-h100"),
+    ("SLURM_JOB_ID=42", "SLURM_STEP_GPUS=4", "SLURM_JOB_GPUS=4,5", "pick", "1", "--from", "dgx-h100",
+     "--format", "json"),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=0-99999999999", "pick", "1", "--from", "dgx-h100"),
+    ("PBS_JOBID=12.pbshost", "pick", "1", "--from", NVL),
+    ("PBS_JOBID=12.pbshost", f"GPUSLURM_GPU_UUIDS={NVL_PAIRS[0]},{NVL_PAIRS[3]}", "pick", "2", "--from", NVL,
+     "--format", "json"),
+    ("pick", "2", "--from", "{DATA}/pcie-tree-8x", "--format", "explain"),
+    ("pick", "4", "--from", "{DATA}/pcie-tree-8x", "--format", "json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "2", "--from", "l40s-4x", "--format", "explain"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "2", "--from", "l40s-4x", "--max-util", "50", "--format",
+     "json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "4", "--from", "l40s-4x", "--mem", "10GiB"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "status", "--from", "l40s-4x", "--json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "monitor", "--once", "--json", "--from", "l40s-4x"),
+    ("GPUSLURM_SCENARIO={SITE}/no-such.json", "pick", "1", "--from", "l40s-4x"),
+    # a node with faults (faulty/dgx-h100: Xid 79, a hot GPU, ECC errors)
+    ("health", "--from", "faulty/dgx-h100", "--json"),
+    ("health", "--from", "faulty/dgx-h100"),
+    ("health", "--from", "faulty/dgx-h100", "--gpu", "index:2", "--json"),
+    ("status", "--from", "faulty/dgx-h100", "--json"),
+    ("pick", "8", "--from", "faulty/dgx-h100"),
+    ("pick", "2", "--from", "faulty/dgx-h100", "--format", "explain"),
+    ("monitor", "--once", "--json", "--from", "faulty/dgx-h100"),
+    ("monitor", "--once", "--from", "faulty/dgx-h100", "&&",
+     "gpu", "list", "--from", "faulty/dgx-h100", "--json"),
+    ("monitor", "--once", "--from", "faulty/dgx-h100", "&&", "hogs", "--json"),
+    ("gpu", "online", "index:2", "--from", "faulty/dgx-h100", "--no-slurm"),
     ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "a100-mig"),
     ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "dgx-h100"),
     ("mig", "assert", "{SITE}/other-layout.toml", "--from", "a100-mig"),
@@ -268,11 +304,6 @@ class World:
     root: Path
     imports: dict[str, dict[str, Any]]  # the `capture import` cases, recorded while making bundles
 
-    def source(self, name: str) -> str:
-        if name.startswith(("multi/", "xml/")):
-            return str(self.root / name)
-        return name
-
 
 @contextlib.contextmanager
 def world() -> Iterator[World]:
@@ -291,7 +322,18 @@ def world() -> Iterator[World]:
             bundle = root / "xml" / x.removesuffix(".xml")
             bundle.mkdir(parents=True)
             shutil.copy(REAL / "nvidia-smi-q-x" / x, bundle / "nvidia-smi-q.xml")
+        make_faulty(root / "faulty" / "dgx-h100")
         yield w
+
+
+def make_faulty(bundle: Path) -> None:
+    """dgx-h100 with health facts: Xid 79 on GPU 2, GPU 5 hot, GPU 6 with uncorrectable ECC errors."""
+    from gpuslurm.hw.source import bundle_path
+
+    shutil.copytree(str(bundle_path("builtin:dgx-h100")), bundle)
+    uuids = re.findall(r"<uuid>(GPU-[0-9a-f-]+)</uuid>", (bundle / "nvidia-smi-q.xml").read_text())
+    (bundle / "health.json").write_text(json.dumps({
+        uuids[2]: {"xid": [79]}, uuids[5]: {"temperature_c": 99}, uuids[6]: {"ecc_uncorrectable": 2}}))
 
 
 @contextlib.contextmanager
@@ -304,6 +346,7 @@ def site_dir(world_root: Path) -> Iterator[Path]:
         config.write_text(config.read_text() + f'[monitor]\nnode_name = "{NODE_NAME}"\n')
         (site / "a-file").write_text("<nvidia_smi_log/>\n")
         (site / "a100-layout.toml").write_text(A100_LAYOUT)
+        (site / "busy.json").write_text(json.dumps({"gpus": {L40S_GPU0: {"util": 95, "mem_mib": 44000}}}))
         (site / "other-layout.toml").write_text(A100_LAYOUT.replace(
             '["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]', '["7g.80gb"]'))
         yield site
@@ -348,11 +391,16 @@ def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any
         make_store(site / "report.db", rolled=True)
         config = site / "gpuslurm.toml"
         config.write_text(config.read_text() + REPORT_CONFIG)
-    places = {"{SITE}": str(site), "{REAL}": str(REAL), "{STORE}": str(site / "report.db")}
+    places = {"{SITE}": str(site), "{REAL}": str(REAL), "{STORE}": str(site / "report.db"),
+              "{DATA}": str(TESTS / "place" / "data")}
     argv = [re.sub(r"\{[A-Z]+\}", lambda m: places.get(m.group(0), m.group(0)), a) for a in args]
-    argv = [str(world_root / a) if a.startswith(("multi/", "xml/")) else a for a in argv]
+    argv = [str(world_root / a) if a.startswith(("multi/", "xml/", "faulty/")) else a for a in argv]
+    env = {"GPUSLURM_CONFIG": str(site / "gpuslurm.toml")}
+    while argv and re.fullmatch(r"[A-Z_]+=.*", argv[0]):  # NAME=VALUE before the command, as in a shell
+        name, _, value = argv.pop(0).partition("=")
+        env[name] = value
     out, err = io.StringIO(), io.StringIO()
-    with environ({"GPUSLURM_CONFIG": str(site / "gpuslurm.toml")}), \
+    with environ(env), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = pick_main(argv[1:]) if argv[:1] == ["pick"] else main(argv)
     as_json = "--json" in argv or "json" in argv
