@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -367,23 +368,23 @@ def environ(env: dict[str, str], clear: bool = False) -> Iterator[None]:
     time.tzset()
 
 
-def run_cli(args: tuple[str, ...], site: Path, world_root: Path) -> dict[str, Any]:
+def run_cli(args: tuple[str, ...], site: Path, world_root: Path, process: bool = False) -> dict[str, Any]:
     """One command (or "&&"-joined steps) in-process, as the ``gpuslurm`` executable runs it
-    (pick without click)."""
+    (pick without click); with ``process``, as that executable in a process of its own."""
     steps: list[list[str]] = [[]]
     for a in args:
         if a == "&&":
             steps.append([])
         else:
             steps[-1].append(a)
-    codes = [_one_command(step, site, world_root) for step in steps]
+    codes = [_one_command(step, site, world_root, process) for step in steps]
     rec = codes[-1]
     if len(codes) > 1:
         rec["steps"] = [{"exit": c["exit"], "stderr": c["stderr"]} for c in codes[:-1]]
     return rec
 
 
-def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any]:
+def _one_command(args: list[str], site: Path, world_root: Path, process: bool) -> dict[str, Any]:
     from gpuslurm.cli.main import main
     from gpuslurm.cli.pick_cmd import main as pick_main
 
@@ -400,9 +401,15 @@ def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any
         name, _, value = argv.pop(0).partition("=")
         env[name] = value
     out, err = io.StringIO(), io.StringIO()
-    with environ(env), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = pick_main(argv[1:]) if argv[:1] == ["pick"] else main(argv)
+    if process:
+        proc = subprocess.run([sys.executable, "-m", "gpuslurm", *argv], env={**BASE_ENV, **env},
+                              capture_output=True, text=True, timeout=120, check=False, cwd="/")
+        code = proc.returncode
+        out.write(proc.stdout)
+        err.write(proc.stderr)
+    else:
+        with environ(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = pick_main(argv[1:]) if argv[:1] == ["pick"] else main(argv)
     as_json = "--json" in argv or "json" in argv
     return {"exit": code,
             "stdout": _stdout(normalise(out.getvalue(), site, world_root), as_json),
@@ -668,14 +675,15 @@ HOOK_CASES: dict[str, Callable[[Path], dict[str, Any]]] = {
 # Recording
 
 
-def record_case(case: str, w: World) -> dict[str, Any]:
+def record_case(case: str, w: World, process: bool = False) -> dict[str, Any]:
+    """One case's behaviour (``process``: a command case run as its own process)."""
     if case in w.imports:
         return w.imports[case]
     if case in HOOK_CASES:
         return HOOK_CASES[case](w.root)
     args = cli_cases()[case]
     with site_dir(w.root) as site:
-        return run_cli(args, site, w.root)
+        return run_cli(args, site, w.root, process)
 
 
 def all_cases() -> list[str]:

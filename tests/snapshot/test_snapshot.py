@@ -1,21 +1,27 @@
 """The behaviour snapshot (issue 20's "behaviour is unchanged"): each case of tests/snapshot/record.py
 run now and compared with tests/snapshot/golden.json, recorded from main at fbadb85.
 
-The cases: every command and subcommand with ``--json`` (and its table, where a table is printed),
-``gres-conf``, ``node-conf``, ``pbs-conf`` and ``pick`` in each of its formats, on each built-in
-bundle and each real capture of ../shared/fixtures/real (the multi-command captures imported with
-``capture import``, each ``nvidia-smi -q -x`` file as a bundle of that one file), a few commands
-that change state and read it back (joined with ``&&``), bad input (a missing bundle, a file where
-a directory belongs, an unknown built-in, bad values); and the Slurm prolog, epilog and task
-prolog, the PBS hook's begin and end and the classic prologue/epilogue in the fault cases (a
-healthy job; an Xid on a job's GPU, as a drain, as ``gpu_out`` with GPUs left and on the last GPU
-in service; an invalid job id; a missing map; a planted bug), with what they asked of Slurm
-(tests/hooks' stand-in scontrol records it), the job map, the out-of-service record and the
-summary's faults.
+The cases:
+- every command and subcommand with ``--json`` (and its table, where it prints one), ``gres-conf``,
+  ``node-conf``, ``pbs-conf`` and ``pick`` in each format, on each built-in bundle and each real
+  capture of ../shared/fixtures/real (the multi-command captures imported with ``capture
+  import``, each ``nvidia-smi -q -x`` file as a bundle of that one file);
+- ``pick`` inside a Slurm or PBS job (its GPUs from the environment), under a load scenario, and
+  a copy of dgx-h100 with faults (Xid 79, a hot GPU, ECC errors) through health, status, pick and
+  the monitor;
+- commands that change state, then the command that reads it (steps joined with ``&&``);
+- bad input: a missing bundle, a file where a directory belongs, an unknown built-in, bad values;
+- every command's ``--help`` (test_every_command_is_in_the_snapshot keeps that list the CLI's);
+- the Slurm prolog, epilog and task prolog, the PBS hook's begin and end and the classic
+  prologue/epilogue in the fault cases (a healthy job; an Xid on a job's GPU, as a drain, as
+  ``gpu_out`` with GPUs left and on the last GPU in service; an invalid job id; a missing map; a
+  planted bug), with what they asked of Slurm (tests/hooks' stand-in scontrol records it), the
+  job map, the out-of-service record and the summary's faults.
 
 A command records its exit code, its stdout (parsed where it is JSON) and the first line of its
 stderr; a hook its exit code and every line it logged. Commands run in-process (``main()`` as
-the ``gpuslurm`` executable calls it: pick without click) in an environment of their own.
+the ``gpuslurm`` executable calls it: pick without click) in an environment of their own; a
+sample of them also runs as the executable itself and must give the same record.
 
 Normalised, because they differ between runs and checkouts and are no behaviour of gpuslurm:
 - paths: this checkout (``<repo>``), the real captures (``<real>``), the temporary directory of
@@ -106,3 +112,18 @@ def test_behaviour_is_as_recorded(case: str, bundles: World, golden: dict[str, A
     want = golden.get(case)
     if got != want:
         pytest.fail(f"behaviour changed: {case}\n{diff(case, want, got)}\n{RERECORD}", pytrace=False)
+
+
+# In a process of its own, as a user runs it: the in-process runs above see what it prints.
+AS_A_PROCESS = ("discover --from dgx-h100 --json", "topo --from l40s-4x",
+                "pick 2 --from a100-mig --mig 1g.10gb --format json", "pick 9 --from dgx-h100 --format json",
+                "gres-conf --from a100-mig --slurm-version 22.05", "discover --from {SITE}/a-file --json",
+                "health --from faulty/dgx-h100 --json", "no-such-command", "mig --help",
+                "SLURM_JOB_ID=42 SLURM_JOB_GPUS=0-99999999999 pick 1 --from dgx-h100")
+
+
+@pytest.mark.parametrize("case", AS_A_PROCESS)
+def test_the_executable_does_what_the_in_process_run_recorded(case: str, bundles: World,
+                                                                golden: dict[str, Any]) -> None:
+    got = record_case(case, bundles, process=True)
+    assert got == golden[case], diff(case, golden[case], got)
