@@ -114,6 +114,11 @@ OTHER_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("PBS_JOBID=12.pbshost", "pick", "1", "--from", NVL),
     ("PBS_JOBID=12.pbshost", f"GPUSLURM_GPU_UUIDS={NVL_PAIRS[0]},{NVL_PAIRS[3]}", "pick", "2", "--from", NVL,
      "--format", "json"),
+    # pick's cache of parsed bundles: the second run reads it
+    ("XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "dgx-h100", "--format", "json", "&&",
+     "XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "dgx-h100", "--format", "json"),
+    ("XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "a100-mig", "--mig", "1g.10gb", "&&",
+     "XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "a100-mig", "--mig", "1g.10gb"),
     ("pick", "2", "--from", "{DATA}/pcie-tree-8x", "--format", "explain"),
     ("pick", "4", "--from", "{DATA}/pcie-tree-8x", "--format", "json"),
     ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "2", "--from", "l40s-4x", "--format", "explain"),
