@@ -428,12 +428,39 @@ def _one_command(args: list[str], site: Path, world_root: Path, process: bool) -
 # gpuslurm.pbs.classic.main, as tests/pbs drives them.
 
 
+SLURM_ENTRY = "from gpuslurm.slurm.entry import run; run()"  # what prolog/gpuslurm-prolog runs
+PBS_ENTRY = "from gpuslurm.pbs.entry import run; run()"  # what the PBS hook file runs
+_as_processes: list[bool] = [False]
+
+
+@contextlib.contextmanager
+def hooks_as_processes() -> Iterator[None]:
+    """Within: the Slurm hooks and the PBS hook run as the installed hooks start them, each a
+    process of its own (``python -I -c ENTRY HOOK``) with only the hook's environment."""
+    _as_processes[0] = True
+    try:
+        yield
+    finally:
+        _as_processes[0] = False
+
+
+def _hook_process(entry: str, event: str, env: dict[str, str], data: bytes = b"") -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-I", "-c", entry, event], env=env, input=data,
+                          capture_output=True, timeout=120, check=False, cwd="/")
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
 def _slurm_hook(hook: str, env: dict[str, str], site: Any, world_root: Path) -> dict[str, Any]:
     from gpuslurm.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
-    with environ(env, clear=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([hook])
+    if _as_processes[0]:
+        code, stdout, stderr = _hook_process(SLURM_ENTRY, hook, env)
+        out.write(stdout)
+        err.write(stderr)
+    else:
+        with environ(env, clear=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([hook])
     return {"exit": code, "stdout": normalise(out.getvalue(), site.root, world_root).splitlines(),
             "stderr": [normalise(line, site.root, world_root) for line in err.getvalue().splitlines()]}
 
@@ -583,10 +610,15 @@ def _pbs_event(event: str, doc: dict[str, Any], health: Callable[[list[str]], di
 
         def call(ev: str, fields: dict[str, Any], data: bytes | None = None) -> dict[str, Any]:
             request = {"format": 1, "event": ev, "hostname": "pbshost", **fields}
+            stdin = data if data is not None else json.dumps(request).encode()
             out, err = io.StringIO(), io.StringIO()
-            with environ(env, clear=True):
-                rc = main([ev], io.BytesIO(data if data is not None else json.dumps(request).encode()),
-                          out, err)
+            if _as_processes[0]:
+                rc, stdout, stderr = _hook_process(PBS_ENTRY, ev, env, stdin)
+                out.write(stdout)
+                err.write(stderr)
+            else:
+                with environ(env, clear=True):
+                    rc = main([ev], io.BytesIO(stdin), out, err)
             return {"exit": rc, "answer": json.loads(out.getvalue()) if out.getvalue().strip() else None,
                     "stderr": [normalise(line, root, world_root) for line in err.getvalue().splitlines()]}
 

@@ -20,8 +20,10 @@ The cases:
 
 A command records its exit code, its stdout (parsed where it is JSON) and the first line of its
 stderr; a hook its exit code and every line it logged. Commands run in-process (``main()`` as
-the ``gpuslurm`` executable calls it: pick without click) in an environment of their own; a
-sample of them also runs as the executable itself and must give the same record.
+the ``gpuslurm`` executable calls it: pick without click) in an environment of their own, the
+Slurm hooks as ``gpuslurm <hook>`` and the PBS hook through gpuslurm.pbs.entry.main; a sample of
+each also runs as its own process (the executable, the installed hooks' ``python -I -c`` entry
+points) and must give the same record.
 
 Normalised, because they differ between runs and checkouts and are no behaviour of gpuslurm:
 - paths: this checkout (``<repo>``), the real captures (``<real>``), the temporary directory of
@@ -59,6 +61,7 @@ from record import (
     World,
     all_cases,
     diff,
+    hooks_as_processes,
     load_golden,
     record_case,
     world,
@@ -126,4 +129,23 @@ AS_A_PROCESS = ("discover --from dgx-h100 --json", "topo --from l40s-4x",
 def test_the_executable_does_what_the_in_process_run_recorded(case: str, bundles: World,
                                                                 golden: dict[str, Any]) -> None:
     got = record_case(case, bundles, process=True)
+    assert got == golden[case], diff(case, golden[case], got)
+
+
+# The hooks as slurmd and pbs_mom start them, each a process of its own.
+HOOKS_AS_PROCESSES = (
+    "slurm prolog: healthy job", "slurm prolog: Xid 79 on a job's GPU (drain)",
+    "slurm prolog: Xid 79, gpu_out, not the last GPU", "slurm prolog: invalid job id",
+    "slurm prolog: corrupt out-of-service record", "slurm epilog: leftover processes and memory",
+    "slurm task-prolog: healthy job", "pbs execjob_begin: healthy job",
+    "pbs execjob_begin: Xid 79 on the vnode's GPU", "pbs execjob_begin: not JSON",
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hooks' job maps and state directories are root's")
+@pytest.mark.parametrize("case", HOOKS_AS_PROCESSES)
+def test_the_installed_hooks_do_what_the_in_process_run_recorded(case: str, bundles: World,
+                                                                  golden: dict[str, Any]) -> None:
+    with hooks_as_processes():
+        got = record_case(case, bundles)
     assert got == golden[case], diff(case, golden[case], got)
