@@ -52,20 +52,8 @@ from typing import Any
 
 import click
 import pytest
-from record import (
-    COMMANDS,
-    GOLDEN,
-    HOOK_CASES,
-    REAL,
-    RERECORD,
-    World,
-    all_cases,
-    diff,
-    hooks_as_processes,
-    load_golden,
-    record_case,
-    world,
-)
+from record import COMMANDS, GOLDEN, REAL, RERECORD, World, all_cases, diff, load_golden, record_case, world
+from snapshot_hooks import HOOK_CASES, hooks_as_processes
 
 from gpuslurm.cli.main import cli
 
