@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 NVIDIA_MAJOR = 195
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 V1_PARENT = "gpuslurm"  # our directory in the v1 devices hierarchy
-_TRUE = frozenset({"yes", "true", "1", "up"})  # what Slurm's config parser reads as true
 
 
 class Device(NamedTuple):
@@ -89,27 +88,6 @@ def char_majors(proc_devices: str) -> dict[str, int]:
         if in_char and number.isdigit() and name.strip():
             majors.setdefault(name.strip(), int(number))
     return majors
-
-
-def slurm_constrains_devices(cgroup_conf: str | None) -> bool:
-    """Whether Slurm's cgroup.conf text says ``ConstrainDevices=yes`` (the last setting wins)."""
-    result = False
-    for line in (cgroup_conf or "").splitlines():
-        key, eq, value = line.split("#", 1)[0].partition("=")
-        if eq and key.strip().lower() == "constraindevices":
-            result = value.strip().lower() in _TRUE
-    return result
-
-
-def isolation_wanted(mode: str, cgroup_conf: str | None) -> bool:
-    """Whether gpuslurm isolates devices: ``always``, ``never``, or ``auto`` = when Slurm does not."""
-    if mode == "never":
-        return False
-    if mode == "always":
-        return True
-    if mode == "auto":
-        return not slurm_constrains_devices(cgroup_conf)
-    raise ValueError(f"unknown cgroup.devices mode {mode!r}")
 
 
 def denied_devices(node: AnyNode, given: Sequence[JobDevice], caps_major: int | None) -> tuple[Device, ...]:
@@ -384,13 +362,17 @@ def _read_text(path: str) -> str | None:
 
 
 def wanted(cfg: Config, scheduler_constrains: Callable[[], bool]) -> bool:
-    """Whether this node's config asks gpuslurm to isolate devices: ``[cgroup] devices``, for
-    ``auto`` when the scheduler does not (``scheduler_constrains``: the adapter's
-    :meth:`gpuslurm.state.scheduler.Scheduler.constrains_devices`, asked only then)."""
+    """Whether this node's config asks gpuslurm to isolate devices: ``[cgroup] devices`` is
+    ``always``, ``never``, or ``auto``: when the scheduler does not (``scheduler_constrains``: the
+    adapter's :meth:`gpuslurm.state.scheduler.Scheduler.constrains_devices`, asked only then)."""
     mode = cfg.cgroup.devices
-    if mode != "auto":
-        return isolation_wanted(mode, None)
-    return not scheduler_constrains()
+    if mode == "never":
+        return False
+    if mode == "always":
+        return True
+    if mode == "auto":
+        return not scheduler_constrains()
+    raise ValueError(f"unknown cgroup.devices mode {mode!r}")
 
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
