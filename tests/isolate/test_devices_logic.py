@@ -7,7 +7,6 @@ from collections.abc import Callable
 import pytest
 
 from gpuslurm.config import CgroupConfig, Config
-
 from gpuslurm.hw.source import load_node
 from gpuslurm.isolate.devices import (
     Device,

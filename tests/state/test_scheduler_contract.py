@@ -88,7 +88,8 @@ def slurm_case(tmp: Path, release: str) -> Case:
     # the release's own job's SLUID and scontrol's answer by it where it has SLUIDs (25.11+), else
     # 26.05's capture (an older scontrol asked for a SLUID answers as for an unknown job)
     if (data / "sluid").is_file():
-        sluid, by_sluid, sluid_job = (data / "sluid").read_text().strip(), data / "show-job-by-sluid.txt", job_id
+        sluid, by_sluid, sluid_job = (data / "sluid").read_text().strip(), data / "show-job-by-sluid.txt", \
+            job_id
     else:
         sluid, by_sluid, sluid_job = (SHOW_JOB / "26.05-sluid").read_text().strip(), \
             SHOW_JOB / "26.05-by-sluid.txt", "1"

@@ -197,13 +197,13 @@ def _join(path: str, pid: int, controllers: str, want: str) -> str | None:
     """Write ``pid`` into ``path``'s ``cgroup.procs`` and check ``/proc/PID/cgroup`` says ``want``
     for the hierarchy ``controllers`` ("" for the unified one); None when ``path`` does not exist."""
     from gpuslurm.errors import HardwareError
+    from gpuslurm.hw.procfs import read_cgroup_text
 
     if not os.path.isdir(path):
         return None
     try:
         _write(os.path.join(path, "cgroup.procs"), str(pid))
-        with open(f"/proc/{pid}/cgroup") as fh:
-            lines = fh.read().splitlines()
+        lines = read_cgroup_text(pid).splitlines()
     except OSError as exc:
         raise HardwareError(f"cannot move process {pid} into {path}: {exc.strerror}") from None
     if not any(line.split(":", 2)[1:] == [controllers, want] for line in lines if line.count(":") >= 2):
@@ -353,14 +353,6 @@ def remove_v2(path: str) -> bool:
 # --- the hook steps ---------------------------------------------------------------------------
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return None
-
-
 def wanted(cfg: Config, scheduler_constrains: Callable[[], bool]) -> bool:
     """Whether this node's config asks gpuslurm to isolate devices: ``[cgroup] devices`` is
     ``always``, ``never``, or ``auto``: when the scheduler does not (``scheduler_constrains``: the
@@ -449,8 +441,9 @@ def release_job(cfg: Config, job_id: str, v2_dir: Callable[[], Sequence[str]] | 
 
 def _denied_for(given: Sequence[JobDevice], node: AnyNode) -> tuple[Device, ...]:
     from gpuslurm.errors import HardwareError
+    from gpuslurm.hw.procfs import read_devices
 
-    caps_major = char_majors(_read_text("/proc/devices") or "").get("nvidia-caps")
+    caps_major = char_majors(read_devices() or "").get("nvidia-caps")
     try:
         return denied_devices(node, given, caps_major)
     except ValueError as exc:
