@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
@@ -525,17 +525,14 @@ def scheduler_devices_procs(cgroup_root: str, relative_dirs: Sequence[str]) -> s
     return None
 
 
-def join_job_cgroup(environ: Mapping[str, str]) -> str | None:
-    """The task prolog's step (v1): move the task into its job's devices cgroup, if there is one.
+def join_job_cgroup(job_id: str, pid: int) -> str | None:
+    """The task prolog's step (v1): move the task ``pid`` into job ``job_id``'s devices cgroup, if
+    there is one (the scheduler's adapter reads both from its hook environment).
 
-    The task is ``SLURM_TASK_PID`` (the task prolog's parent when that is unset). The standard
-    cgroup root is always tried, besides the one the site config file names. The environment is
-    the job's, so ``$GPUSLURM_CONFIG`` is ignored here: a job's own config file must not steer the
-    task away from its cgroup.
+    The standard cgroup root is always tried, besides the one the site config file names. The
+    task prolog's environment is the job's, so ``$GPUSLURM_CONFIG`` is ignored here: a job's own
+    config file must not steer the task away from its cgroup.
     """
-    job_id = environ.get("SLURM_JOB_ID", "").strip()
-    if not job_id:
-        return None
     roots = [DEFAULT_CGROUP_ROOT]
     try:
         from gpuslurm.config import load_config
@@ -545,8 +542,6 @@ def join_job_cgroup(environ: Mapping[str, str]) -> str | None:
             roots.append(configured)
     except Exception:  # a bad config must not stop the join at the standard root
         roots = [DEFAULT_CGROUP_ROOT]
-    task = environ.get("SLURM_TASK_PID", "").strip()
-    pid = int(task) if task.isascii() and task.isdigit() else os.getppid()
     for root in roots:
         path = join_v1(root, job_id, pid)
         if path is not None:
