@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +46,11 @@ BUILTINS = ("dgx-h100", "l40s-4x", "a100-mig")
 PLACEMENT_INPUT = TESTS / "place" / "data" / "scontrol-show-d-job-l40s.txt"
 QSTAT_JOB = TESTS / "pbs" / "data" / "qstat-f-json.json"  # real qstat -f -F json: 0.pbshost, 2 GPUs
 NODE_NAME = "snapnode"  # [monitor] node_name: the monitor and status would name this machine
+NVL = "{DATA}/nvl-pairs-4x"  # tests/place's bundle of two NVLink pairs
+NVL_PAIRS = [f"GPU-nvl-pairs-4x-000{i}-0000-0000-000000000000" for i in range(4)]  # tests/place/data's
+L40S_GPU0 = "GPU-b02cb6a6-cbee-5f55-b99a-6a786dc74e39"  # l40s-4x's GPU 0 (README.md shows it)
+A100_LAYOUT = ('[gpus."0"]\nprofiles = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]\n\n'
+               '[gpus."1"]\nmig = false\n')  # a100-mig's own, as `mig show --as-layout` prints it
 
 
 def multi_captures() -> list[str]:
@@ -96,6 +102,48 @@ OTHER_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("pick", "1", "--from", "multi/h200-mig__590.48.01", "--mig", "1g.18gb", "--format", "json"),
     ("pick", "1", "--from", "xml/a100-sxm4-mig-v12", "--mig", "1g.20gb", "--format", "json"),
     ("mig", "show", "--from", "a100-mig", "--as-layout"),
+    # inside a job: only the job's GPUs (Slurm's GRES indices, the task prolog's UUIDs, PBS's)
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", "pick", "2", "--from", NVL, "--format", "json"),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", "pick", "3", "--from", NVL),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", f"GPUSLURM_GPU_UUIDS={NVL_PAIRS[3]}", "pick", "1",
+     "--from", NVL, "--format", "json"),
+    ("SLURM_JOB_ID=42", "pick", "1", "--from", "dgx-h100"),
+    ("SLURM_JOB_ID=42", "SLURM_STEP_GPUS=4", "SLURM_JOB_GPUS=4,5", "pick", "1", "--from", "dgx-h100",
+     "--format", "json"),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=0-99999999999", "pick", "1", "--from", "dgx-h100"),
+    ("PBS_JOBID=12.pbshost", "pick", "1", "--from", NVL),
+    ("PBS_JOBID=12.pbshost", f"GPUSLURM_GPU_UUIDS={NVL_PAIRS[0]},{NVL_PAIRS[3]}", "pick", "2", "--from", NVL,
+     "--format", "json"),
+    # pick's cache of parsed bundles: the second run reads it
+    ("XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "dgx-h100", "--format", "json", "&&",
+     "XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "dgx-h100", "--format", "json"),
+    ("XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "a100-mig", "--mig", "1g.10gb", "&&",
+     "XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "a100-mig", "--mig", "1g.10gb"),
+    ("pick", "2", "--from", "{DATA}/pcie-tree-8x", "--format", "explain"),
+    ("pick", "4", "--from", "{DATA}/pcie-tree-8x", "--format", "json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "2", "--from", "l40s-4x", "--format", "explain"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "2", "--from", "l40s-4x", "--max-util", "50", "--format",
+     "json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "4", "--from", "l40s-4x", "--mem", "10GiB"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "status", "--from", "l40s-4x", "--json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "monitor", "--once", "--json", "--from", "l40s-4x"),
+    ("GPUSLURM_SCENARIO={SITE}/no-such.json", "pick", "1", "--from", "l40s-4x"),
+    # a node with faults (faulty/dgx-h100: Xid 79, a hot GPU, ECC errors)
+    ("health", "--from", "faulty/dgx-h100", "--json"),
+    ("health", "--from", "faulty/dgx-h100"),
+    ("health", "--from", "faulty/dgx-h100", "--gpu", "index:2", "--json"),
+    ("status", "--from", "faulty/dgx-h100", "--json"),
+    ("pick", "8", "--from", "faulty/dgx-h100"),
+    ("pick", "2", "--from", "faulty/dgx-h100", "--format", "explain"),
+    ("monitor", "--once", "--json", "--from", "faulty/dgx-h100"),
+    ("monitor", "--once", "--from", "faulty/dgx-h100", "&&",
+     "gpu", "list", "--from", "faulty/dgx-h100", "--json"),
+    ("monitor", "--once", "--from", "faulty/dgx-h100", "&&", "hogs", "--json"),
+    ("gpu", "online", "index:2", "--from", "faulty/dgx-h100", "--no-slurm"),
+    ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "a100-mig"),
+    ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "dgx-h100"),
+    ("mig", "assert", "{SITE}/other-layout.toml", "--from", "a100-mig"),
+    ("mig", "assert", "{SITE}/missing.toml", "--from", "a100-mig"),
     ("pick", "1", "--from", "dgx-h100", "--type", "a100", "--format", "json"),
     ("pick", "9", "--from", "dgx-h100", "--format", "json"),
     ("placement", "--from", "l40s-4x", "--node", "l40s01", "--input", str(PLACEMENT_INPUT), "--json"),
@@ -110,11 +158,11 @@ OTHER_COMMANDS: tuple[tuple[str, ...], ...] = (
        "--format", fmt) for by in ("user", "account", "job", "process") for fmt in ("json", "table")),
     ("fairshare-report", "--db", "{STORE}", "--since", f"@{int(T0)}", "--until", f"@{int(END)}", "--format",
      "csv"),
-    ("throttle", "add", "alice", "--file", "{SITE}/throttle", "--for", "2h", "--cap", "2",
+    ("throttle", "add", "nobody", "--file", "{SITE}/throttle", "--for", "2h", "--cap", "2",
      "--reason", "fair share", "&&", "throttle", "list", "--file", "{SITE}/throttle", "--json"),
-    ("throttle", "add", "bob", "--file", "{SITE}/throttle", "--for", "1h", "--mode", "reject",
-     "--reason", "x", "&&", "throttle", "remove", "bob", "--file", "{SITE}/throttle", "&&",
-     "throttle", "list", "--file", "{SITE}/throttle", "--json", "--all"),
+    ("throttle", "add", "snapshot-no-such-user", "--file", "{SITE}/throttle", "--for", "1h", "--mode",
+     "reject", "--reason", "x", "&&", "throttle", "remove", "snapshot-no-such-user", "--file",
+     "{SITE}/throttle", "&&", "throttle", "list", "--file", "{SITE}/throttle", "--json", "--all"),
     ("gpu", "offline", "index:3", "--from", "dgx-h100", "--reason", "fan", "--no-slurm", "&&",
      "gpu", "list", "--from", "dgx-h100", "--json"),
     ("gpu", "offline", "index:3", "--from", "dgx-h100", "--reason", "fan", "--no-slurm", "&&",
@@ -160,9 +208,23 @@ BAD_COMMANDS: tuple[tuple[str, ...], ...] = (
 )
 
 
+# Every command and subcommand: its --help (the options a refactor must keep). test_snapshot.py
+# checks the list against the CLI's own.
+COMMANDS: tuple[tuple[str, ...], ...] = (
+    (), ("capture",), ("demo",), ("discover",), ("epilog",), ("fairshare-report",), ("gpu",),
+    ("gpu", "list"), ("gpu", "offline"), ("gpu", "online"), ("gres-conf",), ("health",), ("hogs",),
+    ("install",), ("man-pages",), ("mig",), ("mig", "apply"), ("mig", "assert"), ("mig", "show"),
+    ("monitor",), ("node-conf",), ("pbs-conf",), ("pick",), ("placement",), ("prolog",), ("status",),
+    ("task-prolog",), ("throttle",), ("throttle", "add"), ("throttle", "auto"), ("throttle", "list"),
+    ("throttle", "remove"), ("throttle", "sync"), ("topo",), ("watch",),
+)
+
+
 def cli_cases() -> dict[str, tuple[str, ...]]:
     """Each command case: its id (the command line as a user types it) and its argv."""
     out: dict[str, tuple[str, ...]] = {}
+    for command in COMMANDS:
+        out[" ".join((*command, "--help"))] = (*command, "--help")
     for source in sources():
         for argv in NODE_COMMANDS:
             args = tuple(source if a == "{S}" else a for a in argv)
@@ -248,11 +310,6 @@ class World:
     root: Path
     imports: dict[str, dict[str, Any]]  # the `capture import` cases, recorded while making bundles
 
-    def source(self, name: str) -> str:
-        if name.startswith(("multi/", "xml/")):
-            return str(self.root / name)
-        return name
-
 
 @contextlib.contextmanager
 def world() -> Iterator[World]:
@@ -271,7 +328,18 @@ def world() -> Iterator[World]:
             bundle = root / "xml" / x.removesuffix(".xml")
             bundle.mkdir(parents=True)
             shutil.copy(REAL / "nvidia-smi-q-x" / x, bundle / "nvidia-smi-q.xml")
+        make_faulty(root / "faulty" / "dgx-h100")
         yield w
+
+
+def make_faulty(bundle: Path) -> None:
+    """dgx-h100 with health facts: Xid 79 on GPU 2, GPU 5 hot, GPU 6 with uncorrectable ECC errors."""
+    from gpuslurm.hw.source import bundle_path
+
+    shutil.copytree(str(bundle_path("builtin:dgx-h100")), bundle)
+    uuids = re.findall(r"<uuid>(GPU-[0-9a-f-]+)</uuid>", (bundle / "nvidia-smi-q.xml").read_text())
+    (bundle / "health.json").write_text(json.dumps({
+        uuids[2]: {"xid": [79]}, uuids[5]: {"temperature_c": 99}, uuids[6]: {"ecc_uncorrectable": 2}}))
 
 
 @contextlib.contextmanager
@@ -283,6 +351,10 @@ def site_dir(world_root: Path) -> Iterator[Path]:
         config = no_jobs_config(site)
         config.write_text(config.read_text() + f'[monitor]\nnode_name = "{NODE_NAME}"\n')
         (site / "a-file").write_text("<nvidia_smi_log/>\n")
+        (site / "a100-layout.toml").write_text(A100_LAYOUT)
+        (site / "busy.json").write_text(json.dumps({"gpus": {L40S_GPU0: {"util": 95, "mem_mib": 44000}}}))
+        (site / "other-layout.toml").write_text(A100_LAYOUT.replace(
+            '["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]', '["7g.80gb"]'))
         yield site
 
 
@@ -301,23 +373,23 @@ def environ(env: dict[str, str], clear: bool = False) -> Iterator[None]:
     time.tzset()
 
 
-def run_cli(args: tuple[str, ...], site: Path, world_root: Path) -> dict[str, Any]:
+def run_cli(args: tuple[str, ...], site: Path, world_root: Path, process: bool = False) -> dict[str, Any]:
     """One command (or "&&"-joined steps) in-process, as the ``gpuslurm`` executable runs it
-    (pick without click)."""
+    (pick without click); with ``process``, as that executable in a process of its own."""
     steps: list[list[str]] = [[]]
     for a in args:
         if a == "&&":
             steps.append([])
         else:
             steps[-1].append(a)
-    codes = [_one_command(step, site, world_root) for step in steps]
+    codes = [_one_command(step, site, world_root, process) for step in steps]
     rec = codes[-1]
     if len(codes) > 1:
         rec["steps"] = [{"exit": c["exit"], "stderr": c["stderr"]} for c in codes[:-1]]
     return rec
 
 
-def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any]:
+def _one_command(args: list[str], site: Path, world_root: Path, process: bool) -> dict[str, Any]:
     from gpuslurm.cli.main import main
     from gpuslurm.cli.pick_cmd import main as pick_main
 
@@ -325,13 +397,24 @@ def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any
         make_store(site / "report.db", rolled=True)
         config = site / "gpuslurm.toml"
         config.write_text(config.read_text() + REPORT_CONFIG)
-    places = {"{SITE}": str(site), "{REAL}": str(REAL), "{STORE}": str(site / "report.db")}
+    places = {"{SITE}": str(site), "{REAL}": str(REAL), "{STORE}": str(site / "report.db"),
+              "{DATA}": str(TESTS / "place" / "data")}
     argv = [re.sub(r"\{[A-Z]+\}", lambda m: places.get(m.group(0), m.group(0)), a) for a in args]
-    argv = [str(world_root / a) if a.startswith(("multi/", "xml/")) else a for a in argv]
+    argv = [str(world_root / a) if a.startswith(("multi/", "xml/", "faulty/")) else a for a in argv]
+    env = {"GPUSLURM_CONFIG": str(site / "gpuslurm.toml")}
+    while argv and re.fullmatch(r"[A-Z_]+=.*", argv[0]):  # NAME=VALUE before the command, as in a shell
+        name, _, value = argv.pop(0).partition("=")
+        env[name] = value
     out, err = io.StringIO(), io.StringIO()
-    with environ({"GPUSLURM_CONFIG": str(site / "gpuslurm.toml")}), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = pick_main(argv[1:]) if argv[0] == "pick" else main(argv)
+    if process:
+        proc = subprocess.run([sys.executable, "-m", "gpuslurm", *argv], env={**BASE_ENV, **env},
+                              capture_output=True, text=True, timeout=120, check=False, cwd="/")
+        code = proc.returncode
+        out.write(proc.stdout)
+        err.write(proc.stderr)
+    else:
+        with environ(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = pick_main(argv[1:]) if argv[:1] == ["pick"] else main(argv)
     as_json = "--json" in argv or "json" in argv
     return {"exit": code,
             "stdout": _stdout(normalise(out.getvalue(), site, world_root), as_json),
@@ -345,12 +428,39 @@ def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any
 # gpuslurm.pbs.classic.main, as tests/pbs drives them.
 
 
+SLURM_ENTRY = "from gpuslurm.slurm.entry import run; run()"  # what prolog/gpuslurm-prolog runs
+PBS_ENTRY = "from gpuslurm.pbs.entry import run; run()"  # what the PBS hook file runs
+_as_processes: list[bool] = [False]
+
+
+@contextlib.contextmanager
+def hooks_as_processes() -> Iterator[None]:
+    """Within: the Slurm hooks and the PBS hook run as the installed hooks start them, each a
+    process of its own (``python -I -c ENTRY HOOK``) with only the hook's environment."""
+    _as_processes[0] = True
+    try:
+        yield
+    finally:
+        _as_processes[0] = False
+
+
+def _hook_process(entry: str, event: str, env: dict[str, str], data: bytes = b"") -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-I", "-c", entry, event], env=env, input=data,
+                          capture_output=True, timeout=120, check=False, cwd="/")
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
 def _slurm_hook(hook: str, env: dict[str, str], site: Any, world_root: Path) -> dict[str, Any]:
     from gpuslurm.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
-    with environ(env, clear=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([hook])
+    if _as_processes[0]:
+        code, stdout, stderr = _hook_process(SLURM_ENTRY, hook, env)
+        out.write(stdout)
+        err.write(stderr)
+    else:
+        with environ(env, clear=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([hook])
     return {"exit": code, "stdout": normalise(out.getvalue(), site.root, world_root).splitlines(),
             "stderr": [normalise(line, site.root, world_root) for line in err.getvalue().splitlines()]}
 
@@ -420,8 +530,16 @@ def _bug(target: str | None) -> Iterator[None]:
     if target is None:
         yield
         return
-    with mock.patch(target, side_effect=ZeroDivisionError("a planted bug")):
+    try:
+        planted = mock.patch(target, side_effect=ZeroDivisionError("a planted bug"))
+        planted.start()
+    except (AttributeError, ModuleNotFoundError) as exc:
+        raise AssertionError(f"the planted bug's target {target} is gone ({exc}): point the case at "
+                             "the same step's new home in tests/snapshot/record.py") from None
+    try:
         yield
+    finally:
+        planted.stop()
 
 
 def _epilog(gpus: str | None = "0,1", prolog_first: bool = True, config: str = "",
@@ -459,72 +577,72 @@ def _corrupt_map(site: Any) -> None:
     (site.jobs_dir / "1234.json").write_text("{not json")
 
 
-def _pbs_site(world_root: Path, builtin: str = "dgx-h100") -> tuple[Path, Path, dict[str, str]]:
-    root = Path(tempfile.mkdtemp(prefix="pbs-", dir=world_root))
-    bundle = root / "bundle"
-    from gpuslurm.hw.source import BUILTIN_DIR
-
-    shutil.copytree(BUILTIN_DIR / builtin, bundle)
+def _pbs_site(world_root: Path, health: Callable[[list[str]], dict[str, Any]] | None
+              ) -> tuple[Path, dict[str, str]]:
+    """tests/hooks' site (a replayed DGX H100) with a PBS config of its own: node ``pbshost``, a
+    stand-in qstat answering the real ``qstat -f -F json`` capture, no cgroup hierarchy."""
+    site = _site(world_root)
+    if health:
+        site.set_health(health(site.uuids))
+    root = site.root
     qstat = root / "qstat"
     qstat.write_text(f"#!/bin/sh\nexec /bin/cat {QSTAT_JOB}\n")
     qstat.chmod(0o755)
-    config = root / "gpuslurm.toml"
+    config = root / "gpuslurm-pbs.toml"
     config.write_text(f'[paths]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
                       f'cgroup_root = "{root}/no-cgroup"\nqstat = "{qstat}"\n'
                       f'[monitor]\nnode_name = "pbshost"\n')
-    return root, bundle, {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": str(bundle)}
+    return root, {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": str(site.bundle)}
+
+
+def _maps(root: Path) -> list[str]:
+    jobs = root / "run" / "jobs"
+    return sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []
 
 
 def _pbs_event(event: str, doc: dict[str, Any], health: Callable[[list[str]], dict[str, Any]] | None = None,
                before: tuple[tuple[str, dict[str, Any]], ...] = (), raw: bytes | None = None,
                patch: str | None = None) -> Callable[[Path], dict[str, Any]]:
     def run(world_root: Path) -> dict[str, Any]:
-        from gpuslurm.hw.source import load_node
         from gpuslurm.pbs.entry import main
 
-        root, bundle, env = _pbs_site(world_root)
-        if health:
-            uuids = [g.uuid for g in load_node(str(bundle)).gpus]
-            (bundle / "health.json").write_text(json.dumps(health(uuids)))
+        root, env = _pbs_site(world_root, health)
 
         def call(ev: str, fields: dict[str, Any], data: bytes | None = None) -> dict[str, Any]:
             request = {"format": 1, "event": ev, "hostname": "pbshost", **fields}
+            stdin = data if data is not None else json.dumps(request).encode()
             out, err = io.StringIO(), io.StringIO()
-            with environ(env, clear=True):
-                rc = main([ev], io.BytesIO(data if data is not None else json.dumps(request).encode()),
-                          out, err)
+            if _as_processes[0]:
+                rc, stdout, stderr = _hook_process(PBS_ENTRY, ev, env, stdin)
+                out.write(stdout)
+                err.write(stderr)
+            else:
+                with environ(env, clear=True):
+                    rc = main([ev], io.BytesIO(stdin), out, err)
             return {"exit": rc, "answer": json.loads(out.getvalue()) if out.getvalue().strip() else None,
                     "stderr": [normalise(line, root, world_root) for line in err.getvalue().splitlines()]}
 
         earlier = [call(ev, fields)["exit"] for ev, fields in before]
         with _bug(patch):
             rec = call(event, doc, raw)
-        rec = json.loads(normalise(json.dumps(rec), root, world_root))
-        jobs = root / "run" / "jobs"
-        return {"before": earlier, **rec,
-                "maps": sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []}
+        return {"before": earlier, **json.loads(normalise(json.dumps(rec), root, world_root)),
+                "maps": _maps(root)}
     return run
 
 
 def _classic(kind: str, argv: tuple[str, ...], health: Callable[[list[str]], dict[str, Any]] | None = None,
              config: bool = True) -> Callable[[Path], dict[str, Any]]:
     def run(world_root: Path) -> dict[str, Any]:
-        from gpuslurm.hw.source import load_node
         from gpuslurm.pbs.classic import main
 
-        root, bundle, env = _pbs_site(world_root)
+        root, env = _pbs_site(world_root, health)
         if not config:
             env["GPUSLURM_CONFIG"] = str(root / "missing.toml")
-        if health:
-            uuids = [g.uuid for g in load_node(str(bundle)).gpus]
-            (bundle / "health.json").write_text(json.dumps(health(uuids)))
         err = io.StringIO()
         with environ(env, clear=True):
             rc = main(kind, list(argv), environ=dict(os.environ), stderr=err, mom_priv=str(root / "mom_priv"))
-        jobs = root / "run" / "jobs"
         lines = [normalise(line, root, world_root) for line in err.getvalue().splitlines()]
-        return {"exit": rc, "stderr": lines,
-                "maps": sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []}
+        return {"exit": rc, "stderr": lines, "maps": _maps(root)}
     return run
 
 
@@ -594,14 +712,15 @@ HOOK_CASES: dict[str, Callable[[Path], dict[str, Any]]] = {
 # Recording
 
 
-def record_case(case: str, w: World) -> dict[str, Any]:
+def record_case(case: str, w: World, process: bool = False) -> dict[str, Any]:
+    """One case's behaviour (``process``: a command case run as its own process)."""
     if case in w.imports:
         return w.imports[case]
     if case in HOOK_CASES:
         return HOOK_CASES[case](w.root)
     args = cli_cases()[case]
     with site_dir(w.root) as site:
-        return run_cli(args, site, w.root)
+        return run_cli(args, site, w.root, process)
 
 
 def all_cases() -> list[str]:
