@@ -1,6 +1,7 @@
 """What the Scheduler contract test (tests/state/test_scheduler_contract.py) replays, recorded
 from the real cluster: ``squeue --json`` of a node running a GPU job, that job's ``scontrol show -d
-job`` and the node's ``scontrol -o show node``; then the Slurm adapter run against the same
+job`` and the node's ``scontrol -o show node`` (and, where the release gives jobs a SLUID,
+``scontrol show -d job <SLUID>``); then the Slurm adapter run against the same
 cluster (its job list, its job details, its cancel).
 
 With ``GPUSLURM_RECORD_SCHEDULER=<dir>`` the outputs are written to ``<dir>/<release>/``: that is
@@ -57,6 +58,7 @@ def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: Slurm
         node_name = next(w.split("=", 1)[1] for w in shown.split() if w.startswith("BatchHost="))
         listed = _run(slurm_cluster, SQUEUE, "--json", f"--nodelist={node_name}", "--states=RUNNING")
         node_shown = _run(slurm_cluster, SCONTROL, "-o", "show", "node", node_name)
+        sluid = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("SLUID=")), None)
         # 22.05's squeue --json ignores --nodelist and --states (it lists every job the controller
         # remembers, other tests' ended ones too), as the adapter knows: the running ones on this
         # node are this test's job alone
@@ -69,6 +71,10 @@ def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: Slurm
             (out / "show-job.txt").write_text(shown)
             (out / "show-node.txt").write_text(node_shown)
             (out / "job").write_text(f"{job}\n{node_name}\n")
+            if sluid:  # 25.11+: the job's SLUID, and scontrol's answer by it (26.05's cgroup names)
+                (out / "sluid").write_text(f"{sluid}\n")
+                (out / "show-job-by-sluid.txt").write_text(_run(slurm_cluster, SCONTROL, "show", "-d",
+                                                                "job", sluid))
         for key, value in slurm_cluster.env.items():  # the adapter's commands read SLURM_CONF
             monkeypatch.setenv(key, value)
         sched = SlurmScheduler(squeue=SQUEUE, scontrol=SCONTROL, scancel=SCANCEL, timeout=30)
@@ -76,6 +82,8 @@ def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: Slurm
         found = sched.node_allocations(node_name, node)
         assert [(a.job_id, len(a.uuids)) for a in found] == [(str(job), 2)]
         assert [d.job_id for d in sched.running_job_details(node_name) or ()] == [str(job)]
+        if sluid:
+            assert sched.job_of_sluid(sluid) == str(job)
         assert sched.cancel_job(str(job)) == "cancelled"
         assert slurm_cluster.wait(job) == "CANCELLED"
     finally:

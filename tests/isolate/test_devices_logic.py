@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
+from gpuslurm.config import CgroupConfig, Config
 from gpuslurm.hw.source import load_node
 from gpuslurm.isolate.devices import (
     Device,
     char_majors,
     denied_devices,
-    isolation_wanted,
-    slurm_constrains_devices,
     v1_job_dir,
+    wanted,
 )
 from gpuslurm.slurm.hookenv import gres_devices
 
@@ -41,28 +43,27 @@ def test_char_majors_reads_only_character_devices() -> None:
     assert char_majors("") == {}
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("ConstrainDevices=yes\n", True),
-    ("constraindevices = YES # with a comment\n", True),
-    ("ConstrainDevices=true\n", True),
-    ("ConstrainDevices=no\n", False),
-    ("ConstrainDevices=yes\nConstrainDevices=no\n", False),  # the last setting wins
-    ("#ConstrainDevices=yes\nConstrainCores=yes\n", False),
-    ("", False),
-    (None, False),
-])
-def test_slurm_constrains_devices(text: str | None, expected: bool) -> None:
-    assert slurm_constrains_devices(text) is expected
-
-
 def test_isolation_modes() -> None:
-    assert isolation_wanted("auto", "ConstrainDevices=no\n")
-    assert isolation_wanted("auto", None)  # no cgroup.conf: Slurm constrains nothing
-    assert not isolation_wanted("auto", "ConstrainDevices=yes\n")
-    assert isolation_wanted("always", "ConstrainDevices=yes\n")
-    assert not isolation_wanted("never", None)
+    """``auto`` asks the scheduler's adapter (and only then); ``always``/``never`` do not."""
+    asked: list[bool] = []
+
+    def scheduler(answer: bool) -> Callable[[], bool]:
+        def constrains() -> bool:
+            asked.append(answer)
+            return answer
+        return constrains
+
+    def cfg(mode: str) -> Config:
+        return Config(cgroup=CgroupConfig(devices=mode))
+
+    assert wanted(cfg("auto"), scheduler(False))
+    assert not wanted(cfg("auto"), scheduler(True))
+    assert asked == [False, True]
+    assert wanted(cfg("always"), scheduler(True))
+    assert not wanted(cfg("never"), scheduler(False))
+    assert asked == [False, True]
     with pytest.raises(ValueError):
-        isolation_wanted("sometimes", None)
+        wanted(cfg("sometimes"), scheduler(False))
 
 
 def test_four_of_eight_gpus_denies_the_other_four() -> None:

@@ -2,7 +2,8 @@
 PBS's commands, the PBS hook's actions, the tests' recording one) answers every method with the
 types and meanings the interface documents, on outputs recorded from the real clusters:
 tests/slurm/scheduler/<release>/ (recorded by tests/cluster/test_record_scheduler_e2e.py, one folder
-per Slurm release run), tests/slurm/show_job/ (26.05's SLUIDs) and tests/pbs/data/ (OpenPBS 23.06).
+per Slurm release run: each release's outputs go through every method), tests/slurm/show_job/
+(26.05's SLUIDs, for a release recorded without one) and tests/pbs/data/ (OpenPBS 23.06).
 
 The commands are stand-ins that print those recordings and log their argv; nothing else is faked.
 A third scheduler is one more entry in ``IMPLEMENTATIONS``.
@@ -84,8 +85,15 @@ def slurm_case(tmp: Path, release: str) -> Case:
     job_id, node_name = (data / "job").read_text().split()
     bindir, log = tmp / "bin", tmp / "commands.log"
     bindir.mkdir()
-    sluid = (SHOW_JOB / "26.05-sluid").read_text().strip()
-    scontrol = stand_in(bindir, "scontrol", log, {f"job {sluid}": SHOW_JOB / "26.05-by-sluid.txt",
+    # the release's own job's SLUID and scontrol's answer by it where it has SLUIDs (25.11+), else
+    # 26.05's capture (an older scontrol asked for a SLUID answers as for an unknown job)
+    if (data / "sluid").is_file():
+        sluid, by_sluid, sluid_job = (data / "sluid").read_text().strip(), data / "show-job-by-sluid.txt", \
+            job_id
+    else:
+        sluid, by_sluid, sluid_job = (SHOW_JOB / "26.05-sluid").read_text().strip(), \
+            SHOW_JOB / "26.05-by-sluid.txt", "1"
+    scontrol = stand_in(bindir, "scontrol", log, {f"job {sluid}": by_sluid,
                                                    "show node": data / "show-node.txt",
                                                    f"job {job_id}": data / "show-job.txt"})
     squeue = stand_in(bindir, "squeue", log, default=data / "squeue-running.json")
@@ -98,7 +106,7 @@ def slurm_case(tmp: Path, release: str) -> Case:
     listed = json.loads((data / "squeue-running.json").read_text())["jobs"]
     return Case(sched, node_name, HookJob("slurm", job_id, 1000, "alice", node_name), "7.pbshost",
                 {str(j["job_id"]): 2 for j in listed}, None, (job_id,),
-                {"SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": "0,1"}, (sluid, "1"), lambda: read_log(log))
+                {"SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": "0,1"}, (sluid, sluid_job), lambda: read_log(log))
 
 
 def pbs_commands_case(tmp: Path) -> Case:
@@ -169,8 +177,14 @@ def cfg_at(root: Path) -> Config:
 
 # --- the shape -------------------------------------------------------------------------------------
 
-def test_slurm_recordings_are_there() -> None:
-    assert RELEASES, f"no Slurm recording in {SLURM_DATA}: run tests/cluster/test_record_scheduler_e2e.py"
+def test_slurm_recordings_are_there_for_every_release_of_the_suite() -> None:
+    """One recording per release the cluster tests run (tests/slurm_roots.py's, and the host's 22.05)."""
+    from slurm_roots import HOST_RELEASE
+    from slurm_roots import RELEASES as ROOT_RELEASES
+
+    missing = {HOST_RELEASE, *ROOT_RELEASES} - set(RELEASES)
+    assert not missing, f"no Slurm recording in {SLURM_DATA} for {sorted(missing)}: run " \
+                        "tests/cluster/test_record_scheduler_e2e.py under each GPUSLURM_SLURM_RELEASE"
 
 
 def test_every_method_of_the_interface_is_implemented_with_its_parameters(case: Case) -> None:

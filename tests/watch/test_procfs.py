@@ -159,3 +159,42 @@ def test_status_parser_is_total(data: bytes) -> None:
         parse_status(data)
     except (ValueError, IndexError):
         pass
+
+
+def test_uids_of_a_live_process_and_of_a_name_that_tries_to_forge_them() -> None:
+    """PBS's execjob_attach lets only the job's user's process in, all four uids checked: read
+    through the door, and a process cannot name itself into another Uid line (the kernel escapes
+    a newline in ``Name:``)."""
+    from gpuslurm.hw.procfs import parse_uids, read_uids
+
+    me = os.getuid()
+    assert read_uids(os.getpid()) == (me, os.geteuid(), me, me)
+    forger = subprocess.Popen(["/usr/bin/python3", "-c", "import sys, ctypes; ctypes.CDLL(None).prctl("
+                               "15, b'x\\nUid:\\t0\\t0\\t0\\t0', 0, 0, 0); sys.stdin.read()"],
+                              stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while "Uid" not in Path(f"/proc/{forger.pid}/comm").read_text():  # prctl(PR_SET_NAME) done
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert read_uids(forger.pid) == (me, os.geteuid(), me, me)
+    finally:
+        stop(forger)
+    assert parse_uids(b"Name:\tx\nUid:\t1000\t1000\t0\t1000\n") == (1000, 1000, 0, 1000)
+    for bad in (b"Name:\tx\n", b"Uid:\t1000\t1000\n", b"Uid:\t1000\t1000\t1000\t-1\n",
+                b"Name:\tUid: 0 0 0 0\n"):
+        with pytest.raises(ValueError):
+            parse_uids(bad)
+
+
+@given(st.binary(max_size=200))
+def test_uid_parser_is_total(data: bytes) -> None:
+    """Any text: four uids of the Uid line at a line start, or ValueError."""
+    from gpuslurm.hw.procfs import parse_uids
+
+    try:
+        uids = parse_uids(data)
+    except ValueError:
+        return
+    assert len(uids) == 4 and all(u >= 0 for u in uids)
+    assert data.startswith(b"Uid:") or b"\nUid:" in data

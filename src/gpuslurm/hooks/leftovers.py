@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuslurm.hw.procfs import PROC_ROOT
 from gpuslurm.isolate.kill import Target
 
 
@@ -40,7 +41,7 @@ def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: 
 
 def plan_kills(listed: Sequence[tuple[str, Any]], job_id: str, job_uid: int,
                holders: Mapping[str, Sequence[tuple[str, int]]] | None, ignore_users: Sequence[str],
-               listed_at: float, proc_root: str = "/proc", job_sluid: str | None = None,
+               listed_at: float, proc_root: str = PROC_ROOT, job_sluid: str | None = None,
                ) -> tuple[list[Target], dict[tuple[str, int], tuple[str, str]]]:
     """Split the processes listed on the job's GPUs into targets and skipped ones.
 

@@ -18,6 +18,7 @@ from gpuslurm import __version__
 from gpuslurm.errors import CommandError, GpuslurmError, HardwareError, InputError
 from gpuslurm.hw.nvml import NvmlBackend, compute_capabilities
 from gpuslurm.hw.nvml_json import dump_node
+from gpuslurm.hw.procfs import PROC_ROOT
 from gpuslurm.runner import run_command, which
 
 TIMEOUT = 30.0
@@ -108,7 +109,7 @@ def _prepare(out_dir: Path, force: bool) -> None:
 
 
 def write_capture(out_dir: Path, *, backend: NvmlBackend | None = None, nvidia_smi: str | None = None,
-                  lscpu: str | None = None, force: bool = False, proc_root: Path = Path("/proc"),
+                  lscpu: str | None = None, force: bool = False, proc_root: Path = Path(PROC_ROOT),
                   hostname: str | None = None) -> list[str]:
     """Capture this node into ``out_dir``; returns the bundle files written (``capture.log`` aside).
 

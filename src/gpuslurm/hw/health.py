@@ -26,6 +26,7 @@ import os
 from collections.abc import Sequence
 
 from gpuslurm.errors import CaptureError, HardwareError, NotSupported
+from gpuslurm.hw.procfs import PROC_ROOT, owner_uid
 from gpuslurm.safedir import read_regular
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
@@ -312,10 +313,10 @@ def clock_event_names(reasons: int) -> tuple[str, ...]:
     return tuple(name for name, bit in CLOCK_EVENTS.items() if reasons & bit)
 
 
-def process_owner(pid: int, proc_root: str = "/proc") -> str | None:
+def process_owner(pid: int, proc_root: str = PROC_ROOT) -> str | None:
     """The user name owning ``pid`` (its uid as text when unnamed); None if it is gone."""
     try:
-        uid = os.stat(f"{proc_root}/{pid}").st_uid
+        uid = owner_uid(pid, proc_root)
     except OSError:
         return None
     import pwd

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from typing import NamedTuple
 
+from gpuslurm.hw import procfs
 from gpuslurm.hw.kmsg_format import (
     KmsgCursor,
     XidLine,
@@ -33,7 +34,7 @@ from gpuslurm.hw.kmsg_format import (
 from gpuslurm.safedir import open_dir, read_private_at, replace_at
 
 KMSG = "/dev/kmsg"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
+BOOT_ID = procfs.BOOT_ID
 CURSOR_FILE = "kmsg-cursor.json"
 READ_SIZE = 16384  # larger than the kernel's biggest record (a short buffer fails with EINVAL)
 MAX_RECORDS_PER_POLL = 20000  # the rest is read next cycle: a flood cannot stall a cycle

@@ -59,6 +59,7 @@ from gpuslurm.hw.nvml_lib import (
     NvmlLibrary,
 )
 from gpuslurm.hw.nvml_lib import text as _text
+from gpuslurm.hw.procfs import PROC_ROOT
 
 # Enums from nvml.h (stable ABI); the return codes are in gpuslurm.hw.nvml_lib.
 NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
@@ -99,7 +100,7 @@ class NvmlBackend:
     """Reads a :class:`Node` from NVML. ``module`` is ``pynvml`` or a stand-in with its API."""
 
     def __init__(self, module: Any | None = None, *, sys_root: Path = Path("/sys"),
-                 proc_root: Path = Path("/proc")) -> None:
+                 proc_root: Path = Path(PROC_ROOT)) -> None:
         self.nvml = NvmlLibrary(module)
         self.sys_root = sys_root
         self.proc_root = proc_root

@@ -268,6 +268,7 @@ def _preload(path: str) -> None:
     global _preloaded
     if _preloaded is not None:
         return
+    from gpuslurm.hw.procfs import fd_path
     from gpuslurm.safedir import open_dir, why_refused
 
     where = "[paths] nvml_library"
@@ -298,7 +299,7 @@ def _preload(path: str) -> None:
             raise NvmlLibraryError(f"{where}: refusing to load: writable by group or others "
                                    f"(mode {stat.S_IMODE(st.st_mode):04o})", source=path)
         try:
-            lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
+            lib = ctypes.CDLL(fd_path(fd))
         except OSError as exc:
             raise NvmlLibraryError(f"{where}: cannot load: {exc}", source=path) from None
     finally:

@@ -1,4 +1,6 @@
-"""What the monitor needs to know about one process, read from ``/proc``.
+"""The one door to ``/proc``: what the monitor, the hooks and the kills need to know about a process,
+and the few node-wide files gpuslurm reads there (no other module names a /proc path:
+tests/hw/test_procfs_door.py).
 
 A process can exit between any two reads, and its PID can be reused by another one. So every
 reader returns a :class:`ProcessProblem` instead of raising, and :func:`read_process` checks the
@@ -11,13 +13,20 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
-from typing import NamedTuple, TypeVar
+
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: the hooks read /proc here
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
 
 PROC_ROOT = "/proc"
+BOOT_ID = f"{PROC_ROOT}/sys/kernel/random/boot_id"  # this boot's id (the kmsg cursor's)
+MEMINFO = f"{PROC_ROOT}/meminfo"
 _GONE = (errno.ENOENT, errno.ESRCH)
 _READ_SIZE = 65536
-_T = TypeVar("_T")
 
 
 class ProcessFacts(NamedTuple):
@@ -209,3 +218,51 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 def start_time(start_ticks: int, proc_root: str = PROC_ROOT) -> float:
     """A process's start time in Unix seconds from its stat ``starttime`` ticks."""
     return boot_time(proc_root) + start_ticks / _TICKS
+
+
+# --- what the hooks read, raising OSError as the kernel gives it ------------------------------
+
+
+def read_cgroup_text(pid: int, proc_root: str = PROC_ROOT) -> str:
+    """``/proc/PID/cgroup`` (one bounded read); OSError when it cannot be read."""
+    return _read(f"{proc_root}/{pid}/cgroup").decode("utf-8", "replace")
+
+
+def parse_uids(data: bytes) -> tuple[int, int, int, int]:
+    """The real, effective, saved and file-system uids of a ``/proc/PID/status`` text; ValueError
+    without a Uid line of four numbers."""
+    line = _status_field(data, b"Uid:")
+    words = (line or b"").split()
+    if len(words) != 4 or not all(w.isdigit() for w in words):
+        raise ValueError("no Uid: line of four uids")
+    return int(words[0]), int(words[1]), int(words[2]), int(words[3])
+
+
+def read_uids(pid: int, proc_root: str = PROC_ROOT) -> tuple[int, int, int, int]:
+    """:func:`parse_uids` of ``pid``'s status (one bounded read); OSError, or ValueError."""
+    return parse_uids(_read(f"{proc_root}/{pid}/status"))
+
+
+def owner_uid(pid: int, proc_root: str = PROC_ROOT) -> int:
+    """The uid owning ``/proc/PID`` (the process's effective uid, or root's while it is not
+    dumpable); OSError when it is gone."""
+    return os.stat(f"{proc_root}/{pid}").st_uid
+
+
+def list_pids(proc_root: str = PROC_ROOT) -> list[int]:
+    """The pids of ``/proc``'s process directories (each may be gone by the time it is read)."""
+    return [int(name) for name in os.listdir(proc_root) if name.isascii() and name.isdigit()]
+
+
+def read_devices(proc_root: str = PROC_ROOT) -> str | None:
+    """``/proc/devices``, the loaded drivers' device majors; None when there is none."""
+    try:
+        return _read(f"{proc_root}/devices").decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+
+
+def fd_path(fd: int) -> str:
+    """The path that opens what this process's descriptor ``fd`` holds (loading a library through
+    the very file that was checked, not a name that could be swapped in between)."""
+    return f"{PROC_ROOT}/self/fd/{fd}"

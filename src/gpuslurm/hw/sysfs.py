@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpuslurm.errors import HardwareError
 from gpuslurm.hw.model import Cpu, normalise_bus_id
+from gpuslurm.hw.procfs import MEMINFO
 from gpuslurm.hw.topo_text import parse_cpu_list
 
 _CPU_DIR_RE = re.compile(r"^cpu(\d+)$")
@@ -87,7 +88,7 @@ def read_cpus(sys_root: Path = Path("/sys")) -> tuple[Cpu, ...]:
     return tuple(cpus)
 
 
-def read_meminfo_mib(path: Path = Path("/proc/meminfo")) -> int | None:
+def read_meminfo_mib(path: Path = Path(MEMINFO)) -> int | None:
     """``MemTotal`` in MiB, or None when the file or the line is missing."""
     text = _read(path)
     if text is None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 NVIDIA_MAJOR = 195
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 V1_PARENT = "gpuslurm"  # our directory in the v1 devices hierarchy
-_TRUE = frozenset({"yes", "true", "1", "up"})  # what Slurm's config parser reads as true
 
 
 class Device(NamedTuple):
@@ -89,27 +88,6 @@ def char_majors(proc_devices: str) -> dict[str, int]:
         if in_char and number.isdigit() and name.strip():
             majors.setdefault(name.strip(), int(number))
     return majors
-
-
-def slurm_constrains_devices(cgroup_conf: str | None) -> bool:
-    """Whether Slurm's cgroup.conf text says ``ConstrainDevices=yes`` (the last setting wins)."""
-    result = False
-    for line in (cgroup_conf or "").splitlines():
-        key, eq, value = line.split("#", 1)[0].partition("=")
-        if eq and key.strip().lower() == "constraindevices":
-            result = value.strip().lower() in _TRUE
-    return result
-
-
-def isolation_wanted(mode: str, cgroup_conf: str | None) -> bool:
-    """Whether gpuslurm isolates devices: ``always``, ``never``, or ``auto`` = when Slurm does not."""
-    if mode == "never":
-        return False
-    if mode == "always":
-        return True
-    if mode == "auto":
-        return not slurm_constrains_devices(cgroup_conf)
-    raise ValueError(f"unknown cgroup.devices mode {mode!r}")
 
 
 def denied_devices(node: AnyNode, given: Sequence[JobDevice], caps_major: int | None) -> tuple[Device, ...]:
@@ -219,13 +197,13 @@ def _join(path: str, pid: int, controllers: str, want: str) -> str | None:
     """Write ``pid`` into ``path``'s ``cgroup.procs`` and check ``/proc/PID/cgroup`` says ``want``
     for the hierarchy ``controllers`` ("" for the unified one); None when ``path`` does not exist."""
     from gpuslurm.errors import HardwareError
+    from gpuslurm.hw.procfs import read_cgroup_text
 
     if not os.path.isdir(path):
         return None
     try:
         _write(os.path.join(path, "cgroup.procs"), str(pid))
-        with open(f"/proc/{pid}/cgroup") as fh:
-            lines = fh.read().splitlines()
+        lines = read_cgroup_text(pid).splitlines()
     except OSError as exc:
         raise HardwareError(f"cannot move process {pid} into {path}: {exc.strerror}") from None
     if not any(line.split(":", 2)[1:] == [controllers, want] for line in lines if line.count(":") >= 2):
@@ -375,22 +353,18 @@ def remove_v2(path: str) -> bool:
 # --- the hook steps ---------------------------------------------------------------------------
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return None
-
-
 def wanted(cfg: Config, scheduler_constrains: Callable[[], bool]) -> bool:
-    """Whether this node's config asks gpuslurm to isolate devices: ``[cgroup] devices``, for
-    ``auto`` when the scheduler does not (``scheduler_constrains``: the adapter's
-    :meth:`gpuslurm.state.scheduler.Scheduler.constrains_devices`, asked only then)."""
+    """Whether this node's config asks gpuslurm to isolate devices: ``[cgroup] devices`` is
+    ``always``, ``never``, or ``auto``: when the scheduler does not (``scheduler_constrains``: the
+    adapter's :meth:`gpuslurm.state.scheduler.Scheduler.constrains_devices`, asked only then)."""
     mode = cfg.cgroup.devices
-    if mode != "auto":
-        return isolation_wanted(mode, None)
-    return not scheduler_constrains()
+    if mode == "never":
+        return False
+    if mode == "always":
+        return True
+    if mode == "auto":
+        return not scheduler_constrains()
+    raise ValueError(f"unknown cgroup.devices mode {mode!r}")
 
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
@@ -467,8 +441,9 @@ def release_job(cfg: Config, job_id: str, v2_dir: Callable[[], Sequence[str]] | 
 
 def _denied_for(given: Sequence[JobDevice], node: AnyNode) -> tuple[Device, ...]:
     from gpuslurm.errors import HardwareError
+    from gpuslurm.hw.procfs import read_devices
 
-    caps_major = char_majors(_read_text("/proc/devices") or "").get("nvidia-caps")
+    caps_major = char_majors(read_devices() or "").get("nvidia-caps")
     try:
         return denied_devices(node, given, caps_major)
     except ValueError as exc:
@@ -550,17 +525,14 @@ def scheduler_devices_procs(cgroup_root: str, relative_dirs: Sequence[str]) -> s
     return None
 
 
-def join_job_cgroup(environ: Mapping[str, str]) -> str | None:
-    """The task prolog's step (v1): move the task into its job's devices cgroup, if there is one.
+def join_job_cgroup(job_id: str, pid: int) -> str | None:
+    """The task prolog's step (v1): move the task ``pid`` into job ``job_id``'s devices cgroup, if
+    there is one (the scheduler's adapter reads both from its hook environment).
 
-    The task is ``SLURM_TASK_PID`` (the task prolog's parent when that is unset). The standard
-    cgroup root is always tried, besides the one the site config file names. The environment is
-    the job's, so ``$GPUSLURM_CONFIG`` is ignored here: a job's own config file must not steer the
-    task away from its cgroup.
+    The standard cgroup root is always tried, besides the one the site config file names. The
+    task prolog's environment is the job's, so ``$GPUSLURM_CONFIG`` is ignored here: a job's own
+    config file must not steer the task away from its cgroup.
     """
-    job_id = environ.get("SLURM_JOB_ID", "").strip()
-    if not job_id:
-        return None
     roots = [DEFAULT_CGROUP_ROOT]
     try:
         from gpuslurm.config import load_config
@@ -570,8 +542,6 @@ def join_job_cgroup(environ: Mapping[str, str]) -> str | None:
             roots.append(configured)
     except Exception:  # a bad config must not stop the join at the standard root
         roots = [DEFAULT_CGROUP_ROOT]
-    task = environ.get("SLURM_TASK_PID", "").strip()
-    pid = int(task) if task.isascii() and task.isdigit() else os.getppid()
     for root in roots:
         path = join_v1(root, job_id, pid)
         if path is not None:

@@ -11,6 +11,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from gpuslurm.hw.procfs import PROC_ROOT
+
 KILL_WAIT_S = 2.0  # after SIGKILL; a process still there by then is stuck in the kernel
 SURVIVED = "survived SIGKILL"
 
@@ -26,7 +28,7 @@ class Target(NamedTuple):
     uid: int | None = None
 
 
-def kill_processes(targets: Sequence[Target], grace_s: float, proc_root: str = "/proc",
+def kill_processes(targets: Sequence[Target], grace_s: float, proc_root: str = PROC_ROOT,
                    kill_wait_s: float = KILL_WAIT_S) -> dict[int, str]:
     """SIGTERM, up to ``grace_s`` seconds, SIGKILL; the outcome per PID.
 
@@ -84,7 +86,7 @@ def _signal_and_wait(fds: Mapping[int, int], sig: int, timeout_s: float) -> dict
     return {pid: fd for fd, pid in by_fd.items()}
 
 
-def pin(t: Target, proc_root: str = "/proc") -> int | str:
+def pin(t: Target, proc_root: str = PROC_ROOT) -> int | str:
     """A pidfd for ``t`` if it still is that process (start time, and owner when given); else why not."""
     from gpuslurm.hw.procfs import ProcessProblem, read_identity
 
@@ -102,7 +104,7 @@ def pin(t: Target, proc_root: str = "/proc") -> int | str:
     return fd
 
 
-def send_signal(targets: Sequence[Target], sig: int, proc_root: str = "/proc") -> list[int]:
+def send_signal(targets: Sequence[Target], sig: int, proc_root: str = PROC_ROOT) -> list[int]:
     """Send ``sig`` once to each target still the same process (and owner); the PIDs signalled."""
     import signal
 
@@ -121,7 +123,7 @@ def send_signal(targets: Sequence[Target], sig: int, proc_root: str = "/proc") -
     return sent
 
 
-def real_uid(pid: int, proc_root: str = "/proc") -> int | None:
+def real_uid(pid: int, proc_root: str = PROC_ROOT) -> int | None:
     """The real uid of a live process (None for one gone or a zombie)."""
     from gpuslurm.hw.procfs import ProcessProblem, read_status
 

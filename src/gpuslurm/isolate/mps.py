@@ -393,7 +393,7 @@ def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -
     Only ``uid``'s: anyone can put the job's pipe directory into their own environment, root
     included, and must not be killed for it. ``uid`` None finds nothing.
     """
-    from gpuslurm.hw.procfs import ProcessProblem, read_environ, read_identity, read_status
+    from gpuslurm.hw.procfs import ProcessProblem, list_pids, read_environ, read_identity, read_status
 
     if uid is None:
         return []
@@ -401,10 +401,9 @@ def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -
     me = os.getpid()
     candidates: dict[int, tuple[int | None, int]] = {}  # pid -> (ppid, start ticks): uid's live ones
     found: set[int] = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for pid in list_pids():
+        if pid == me:
             continue
-        pid = int(name)
         before = read_identity(pid)
         status = read_status(pid)
         if isinstance(before, ProcessProblem) or isinstance(status, ProcessProblem) \

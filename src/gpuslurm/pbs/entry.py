@@ -195,6 +195,8 @@ def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, 
     refused (InputError: exit 2, the attach refused)."""
     import signal
 
+    from gpuslurm.hw.procfs import read_uids
+
     job_id, _ = req.require_job()
     pid = req.pid
     assert pid is not None
@@ -206,13 +208,13 @@ def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, 
         raise InputError(f"process {pid}: {exc.strerror}", source=source) from None
     try:
         try:
-            with open(f"/proc/{pid}/status", "rb") as fh:
-                status = fh.read(1 << 16).decode("ascii", "replace")
+            uids: tuple[int, ...] = read_uids(pid)
             signal.pidfd_send_signal(pidfd, 0)  # still the process the pidfd holds
         except OSError as exc:
             raise InputError(f"process {pid}: {exc.strerror}", source=source) from None
-        uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
-        if len(uids) != 4 or any(u != str(uid) for u in uids):
+        except ValueError:  # no Uid line of four: never taken for the job's user's
+            uids = ()
+        if len(uids) != 4 or any(u != uid for u in uids):
             raise InputError(f"process {pid} is not the job's user's (uid {uid}): not attached",
                              source=source)
         other = _other_job(pid, job_id, source)
@@ -230,11 +232,11 @@ def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, 
 
 def _other_job(pid: int, job_id: str, source: str) -> str | None:
     """The job other than ``job_id`` whose cgroup (the scheduler's or gpuslurm's) holds ``pid``."""
+    from gpuslurm.hw.procfs import read_cgroup_text
     from gpuslurm.state.cgroup import parse_cgroup_path
 
     try:
-        with open(f"/proc/{pid}/cgroup", "rb") as fh:
-            text = fh.read(1 << 16).decode("utf-8", "replace")
+        text = read_cgroup_text(pid)
     except OSError as exc:
         raise InputError(f"process {pid}: {exc.strerror}", source=source) from None
     for line in text.splitlines():

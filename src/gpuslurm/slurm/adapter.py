@@ -109,18 +109,9 @@ class SlurmScheduler:
 
     def constrains_devices(self, cfg: Config) -> bool:
         """``ConstrainDevices=yes`` in Slurm's cgroup.conf (``[paths] slurm_cgroup_conf``; none: no)."""
-        from gpuslurm.errors import InputError
-        from gpuslurm.isolate.devices import slurm_constrains_devices
+        from gpuslurm.slurm.cgroup_v2 import read_constrains_devices
 
-        path = cfg.paths.slurm_cgroup_conf
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                text: str | None = fh.read()
-        except FileNotFoundError:
-            text = None
-        except OSError as exc:
-            raise InputError(f"cannot read: {exc.strerror}", source=path) from None
-        return slurm_constrains_devices(text)
+        return read_constrains_devices(cfg)
 
     def devices_cgroup_v1_dirs(self, job: HookJob) -> tuple[str, ...]:
         return devices_cgroup_v1_dirs(job.job_id, job.uid, job.node_name)

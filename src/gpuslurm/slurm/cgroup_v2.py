@@ -186,17 +186,45 @@ def _root_dir(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == 0
 
 
+def _read_conf_text(conf_path: str) -> str | None:
+    """cgroup.conf's text, bounded (InputError past ``MAX_CONF_BYTES``); None when there is none."""
+    try:
+        with open(conf_path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(MAX_CONF_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", source=conf_path) from None
+    if len(text) > MAX_CONF_BYTES:
+        raise InputError(f"larger than {MAX_CONF_BYTES} bytes", source=conf_path)
+    return text
+
+
 def read_cgroup_conf(cfg: Config) -> SlurmCgroupConf:
     """Slurm's cgroup.conf (``[paths] slurm_cgroup_conf``), parsed; none there: Slurm's defaults."""
     conf_path = cfg.paths.slurm_cgroup_conf
-    try:
-        with open(conf_path, encoding="utf-8", errors="replace") as fh:
-            text: str | None = fh.read(MAX_CONF_BYTES + 1)
-    except FileNotFoundError:
-        text = None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", source=conf_path) from None
-    return parse_cgroup_conf(text, conf_path)
+    return parse_cgroup_conf(_read_conf_text(conf_path), conf_path)
+
+
+def constrains_devices(cgroup_conf: str | None) -> bool:
+    """Whether cgroup.conf's text says ``ConstrainDevices=yes`` (keys case-insensitive, the last
+    setting wins; None: no file, so no).
+
+    Deliberately not :func:`parse_cgroup_conf`: this is asked on cgroup v1 nodes too, whose prolog
+    must not fail over a v2-only key gpuslurm refuses (``CgroupSlice``), and a value Slurm would
+    not read as true reads as "no", so that gpuslurm isolates the job itself (the safe side).
+    """
+    result = False
+    for line in (cgroup_conf or "").splitlines():
+        key, eq, value = line.split("#", 1)[0].partition("=")
+        if eq and key.strip().lower() == "constraindevices":
+            result = value.strip().lower() in _TRUE
+    return result
+
+
+def read_constrains_devices(cfg: Config) -> bool:
+    """:func:`constrains_devices` of Slurm's cgroup.conf (``[paths] slurm_cgroup_conf``)."""
+    return constrains_devices(_read_conf_text(cfg.paths.slurm_cgroup_conf))
 
 
 def job_cgroup(cfg: Config, node_name: str, job_id: str, sluid: str | None) -> JobCgroup:

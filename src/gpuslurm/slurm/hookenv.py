@@ -184,3 +184,18 @@ def _gid(value: str | None) -> int | None:
     if not (value.isascii() and value.isdigit()) or len(value) > 10 or int(value) > 2**32 - 2:
         raise InputError(f"not a possible gid: {value!r}", source="SLURM_JOB_GID")
     return int(value)
+
+
+def join_task_cgroup(environ: Mapping[str, str]) -> str | None:
+    """The TaskProlog's join (cgroup v1, :func:`gpuslurm.isolate.devices.join_job_cgroup`): job
+    ``SLURM_JOB_ID``'s task ``SLURM_TASK_PID`` (the task prolog's parent when that is unset or not
+    a number); None outside a job."""
+    import os
+
+    from gpuslurm.isolate.devices import join_job_cgroup
+
+    job_id = environ.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        return None
+    task = environ.get("SLURM_TASK_PID", "").strip()
+    return join_job_cgroup(job_id, int(task) if task.isascii() and task.isdigit() else os.getppid())

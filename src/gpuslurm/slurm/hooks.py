@@ -79,9 +79,9 @@ def run_task_prolog(environ: Mapping[str, str], out: TextIO, log: HookLog | None
     """The TaskProlog, as the job's user: ``export`` lines on ``out``; 0 unless the task could not
     join its devices cgroup."""
     from gpuslurm.hooks.taskprolog import task_start
-    from gpuslurm.isolate.devices import join_job_cgroup
+    from gpuslurm.slurm.hookenv import join_task_cgroup
 
-    return task_start(lambda: join_job_cgroup(environ), lambda: task_prolog_lines(environ), out,
+    return task_start(lambda: join_task_cgroup(environ), lambda: task_prolog_lines(environ), out,
                       log or HookLog("task-prolog", use_syslog=False))
 
 

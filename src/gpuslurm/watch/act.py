@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuslurm.config import Config
 from gpuslurm.errors import CommandError, GpuslurmError, InputError
+from gpuslurm.hw.procfs import PROC_ROOT
 from gpuslurm.isolate.kill import SURVIVED
 from gpuslurm.jobid import valid_job_id
 from gpuslurm.policy.act import Planner, Step
@@ -57,7 +58,7 @@ def check_act_config(cfg: Config) -> None:
 class Actor:
     """Carries out the planner's steps for one node; :meth:`act` runs once per cycle."""
 
-    def __init__(self, cfg: Config, node: str, *, proc_root: str = "/proc",
+    def __init__(self, cfg: Config, node: str, *, proc_root: str = PROC_ROOT,
                  warn: Callable[[str], None] = lambda message: None,
                  scheduler: Scheduler | None = None) -> None:
         check_act_config(cfg)
