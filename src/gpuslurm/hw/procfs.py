@@ -209,3 +209,12 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 def start_time(start_ticks: int, proc_root: str = PROC_ROOT) -> float:
     """A process's start time in Unix seconds from its stat ``starttime`` ticks."""
     return boot_time(proc_root) + start_ticks / _TICKS
+
+
+def owner_uid(pid: int) -> int | None:
+    """The uid owning ``/proc/PID``; None when the process is gone, hidden (hidepid) or not of this
+    node (a replayed pid)."""
+    try:
+        return os.stat(f"{PROC_ROOT}/{pid}").st_uid
+    except OSError:
+        return None
