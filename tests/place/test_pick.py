@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 from gpuslurm.errors import InputError
 from gpuslurm.hw.source import load_node
 from gpuslurm.place.engine import DeviceState
-from gpuslurm.place.pick import check_request, out_of_service_states, reading_states, window_uuids, with_window
+from gpuslurm.place.pick import (
+    check_request,
+    out_of_service_states,
+    reading_states,
+    window_uuids,
+    with_window,
+)
 from gpuslurm.place.request import Request
 from gpuslurm.samples import GpuSample, ProcessReading, Reading
 from gpuslurm.state.out_of_service import OutOfService
