@@ -96,6 +96,13 @@ class RecordingScheduler:
     def set_admin_comment(self, job_id: str, text: str) -> None:
         self._record("set_admin_comment", job_id, text)
 
+    def why_no_running_comments(self) -> None:
+        return None
+
+    def set_running_comment(self, job_id: str, text: str) -> bool:
+        self._record("set_running_comment", job_id, text)
+        return True
+
     def requeue_job(self, job_id: str, reason: str) -> str:
         self._record("requeue_job", job_id, reason)
         return "requeued"

@@ -19,13 +19,13 @@ from gpuslurm.cli.pick_cmd import (
     EXIT_UNSATISFIED,
     EXIT_WAIT_TIMEOUT,
     HelpRequested,
-    cache_dir,
     main,
     parse_args,
 )
 from gpuslurm.errors import InputError
 from gpuslurm.hw.source import builtin_names, load_node
 from gpuslurm.ranges import format_ranges
+from gpuslurm.watch.pick import cache_dir
 
 DATA = Path(__file__).resolve().parents[1] / "place" / "data"
 GPUSLURM = [sys.executable, "-m", "gpuslurm", "pick"]

@@ -15,13 +15,9 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpuslurm"
 DOOR = Path("hw/procfs.py")
-# Modules still reading /proc themselves, each with the reason it may for now. Nothing else
-# belongs here: a new /proc read goes through hw/procfs.py.
-ALLOWED = {
-    # the thin-CLI work (issue 20, item 4) owns this file and moves its /proc read to
-    # hw/procfs.py with pick's use case; the lead removes this entry when that lands
-    Path("cli/pick_cmd.py"),
-}
+# Modules that may still read /proc themselves, each with its reason: none now (pick's read moved
+# to hw/procfs.owner_uid with its use case). A new /proc read goes through hw/procfs.py.
+ALLOWED: set[Path] = set()
 PROC_PATH = re.compile(r"^/proc(?:/|$)")
 
 

@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 
 from gpuslurm.errors import InputError
 from gpuslurm.pbs.classic import EXIT_USAGE, _vnode_name, check_args, main
-from gpuslurm.pbs.classic_install import MARKER, plan_scripts, script_text, write_script
+from gpuslurm.pbs.classic_install import (
+    MARKER,
+    apply_scripts,
+    describe,
+    plan_scripts,
+    script_text,
+)
 
 PYTHON = "/usr/bin/python3"
 
@@ -64,8 +70,9 @@ def test_vnode_names() -> None:
 def test_scripts_are_written_root_s_0755_then_left_alone_and_a_sites_own_is_refused(tmp_path: Path) -> None:
     steps = plan_scripts(str(tmp_path), PYTHON, "/etc/gpuslurm/gpuslurm.toml")
     assert [s.verb for s in steps] == ["create", "create"]
-    for step in steps:
-        write_script(step)
+    assert describe(steps, str(tmp_path), dry_run=True) == \
+        [f"would create {tmp_path / k} (root's, mode 0755)" for k in ("prologue", "epilogue")]
+    apply_scripts(steps)
     for kind in ("prologue", "epilogue"):
         path = tmp_path / kind
         assert stat.S_IMODE(path.stat().st_mode) == 0o755 and path.stat().st_uid == 0
@@ -74,6 +81,8 @@ def test_scripts_are_written_root_s_0755_then_left_alone_and_a_sites_own_is_refu
         assert f"run({kind!r}, config='/etc/gpuslurm/gpuslurm.toml', capture=None)" in text
     again = plan_scripts(str(tmp_path), PYTHON, "/etc/gpuslurm/gpuslurm.toml")
     assert [s.verb for s in again] == ["same"] * 2
+    assert describe(again, str(tmp_path), dry_run=False) == \
+        [f"nothing to change: {tmp_path} has gpuslurm's prologue and epilogue"]
     assert [s.verb for s in plan_scripts(str(tmp_path), PYTHON)] == ["update"] * 2  # another config
     (tmp_path / "prologue").write_text("#!/bin/sh\n/usr/local/sbin/site-check\n")
     with pytest.raises(InputError, match="site's own script"):

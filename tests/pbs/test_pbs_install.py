@@ -20,10 +20,12 @@ from gpuslurm.pbs.install import (
     QmgrStep,
     apply_steps,
     default_qmgr,
+    describe,
     hook_config,
     hook_script,
     parse_list_hook,
     plan_hook,
+    plan_install,
     plan_resources,
     read_state,
 )
@@ -90,6 +92,18 @@ def plan(qmgr: FakeQmgr, python: str = "/usr/bin/python3") -> list[QmgrStep]:
     for name in HOOK_FILES:
         steps += plan_hook(name, read_state(qmgr, name), hook_script(name), hook_config(name, python))
     return steps
+
+
+def test_plan_install_is_the_resources_then_each_hook_and_describe_says_it() -> None:
+    qmgr = FakeQmgr()
+    steps = plan_install(qmgr, "/usr/bin/python3")
+    assert steps == plan(qmgr)
+    lines = describe(steps, dry_run=True)
+    assert len(lines) == len(steps)
+    assert all(line.startswith("would ") and ": qmgr -c " in line for line in lines)
+    apply_steps(qmgr, steps)
+    assert describe(plan_install(qmgr, "/usr/bin/python3"), dry_run=False) == \
+        [f"nothing to change: PBS has hook(s) {', '.join(HOOK_FILES)} as wanted"]
 
 
 def test_list_hook_output_with_a_wrapped_event_list() -> None:

@@ -270,6 +270,42 @@ def test_devices_cgroup_v1_dirs(case: Case) -> None:
         assert case.sched.devices_cgroup_v1_dirs(case.job._replace(job_id=foreign)) == (), foreign
 
 
+def test_why_no_running_comments_and_set_running_comment(case: Case) -> None:
+    """Where the monitor may keep running jobs' comments current, set_running_comment reaches the
+    scheduler and says the job had not ended; elsewhere one line says why not."""
+    why = case.sched.why_no_running_comments()
+    if why is not None:
+        assert isinstance(why, str) and why and "\n" not in why
+        return
+    before = len(case.commands())
+    assert case.sched.set_running_comment(case.job.job_id, "gpuslurm: 1 GPU, util mean 50%") is True
+    assert len(case.commands()) > before
+
+
+@pytest.mark.skipif(not RELEASES, reason="no Slurm recordings")
+def test_set_running_comment_on_a_finished_slurm_job_is_not_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmctld refuses to update a job that has just finished (the monitor's last comment stands):
+    False, not an error; another refusal is one; a missing scontrol is said before any attempt."""
+    data = SLURM_DATA / RELEASES[-1]
+    job_id = (data / "job").read_text().split()[0]
+    squeue = tmp_path / "squeue"
+    squeue.write_text(f"#!/bin/sh\ncat {data / 'squeue-running.json'}\n")
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text('#!/bin/sh\necho "slurm_update error: $REFUSAL" >&2\nexit 1\n')
+    for script in (squeue, scontrol):
+        script.chmod(0o755)
+    sched = SlurmScheduler(squeue=str(squeue), scontrol=str(scontrol), timeout=10)
+    assert sched.why_no_running_comments() is None
+    monkeypatch.setenv("REFUSAL", "Job/step already completing or completed")
+    assert sched.set_running_comment(job_id, "gpuslurm: 1 GPU") is False
+    monkeypatch.setenv("REFUSAL", "Invalid job id specified")
+    with pytest.raises(GpuslurmError, match="Invalid job id"):
+        sched.set_running_comment(job_id, "gpuslurm: 1 GPU")
+    missing = SlurmScheduler(squeue=str(squeue), scontrol=str(tmp_path / "none"), timeout=10)
+    assert "is missing" in (missing.why_no_running_comments() or "")
+
+
 # --- actions ---------------------------------------------------------------------------------------
 
 ACTIONS: dict[str, Callable[[Case], object]] = {

@@ -317,7 +317,8 @@ def test_the_monitor_command_warns_when_scontrol_is_missing(tmp_path: Path) -> N
     config = tmp_path / "gpuslurm.toml"
     config.write_text(f'[paths]\nrun_dir = "{tmp_path / "run"}"\nstate_dir = "{tmp_path / "state"}"\n'
                       f'scontrol = "{tmp_path / "no-scontrol"}"\nsqueue = "{tmp_path / "no-squeue"}"\n'
-                      "[epilog]\nadmin_comment = true\n")
+                      "[epilog]\nadmin_comment = true\n"
+                      '[scheduler]\nkind = "slurm"\n')  # auto: PBS where this host has OpenPBS's qstat
     (tmp_path / "scenario.json").write_text("{}")
     env = {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": "dgx-h100",
            "GPUSLURM_SCENARIO": str(tmp_path / "scenario.json")}
@@ -325,3 +326,24 @@ def test_the_monitor_command_warns_when_scontrol_is_missing(tmp_path: Path) -> N
                                                       str(tmp_path / "state" / "m.db")], env=env)
     assert result.exit_code == 0, result.output
     assert "no-scontrol is missing: jobs' AdminComment is not kept current" in result.stderr
+
+
+def test_the_monitor_on_pbs_keeps_no_running_jobs_comment(tmp_path: Path) -> None:
+    """[epilog] admin_comment is Slurm's AdminComment: on PBS the monitor says once that it keeps
+    none, and runs no qalter."""
+    from click.testing import CliRunner
+
+    from gpuslurm.cli.main import cli
+
+    qalter = tmp_path / "qalter"
+    qalter.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'qalter.log'}\n")
+    qalter.chmod(0o755)
+    config = tmp_path / "gpuslurm.toml"
+    config.write_text(f'[paths]\nrun_dir = "{tmp_path / "run"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                      f'qalter = "{qalter}"\nqstat = "{tmp_path / "no-qstat"}"\n'
+                      '[epilog]\nadmin_comment = true\n[scheduler]\nkind = "pbs"\n')
+    env = {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": "dgx-h100"}
+    result = CliRunner().invoke(cli, ["monitor", "--once", "--db", str(tmp_path / "state" / "m.db")], env=env)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("keeps no running PBS job's comment current") == 1
+    assert not (tmp_path / "qalter.log").exists()

@@ -164,21 +164,11 @@ def install_pbs_classic(pbs_home: str, python: str, config: str, capture: str, d
     mom_priv = os.path.join(pbs_home or classic.pbs_home(), "mom_priv")
     lib.check_trusted_dir(Path(mom_priv), "PBS's mom_priv")
     steps = classic.plan_scripts(mom_priv, python, config, capture, force)
-    would = "would " if dry_run else ""
-    for step in steps:
-        if step.verb == "create":
-            click.echo(f"{would}create {step.path} (root's, mode 0755)")
-        elif step.verb == "update":
-            click.echo(f"{would}update {step.path} (root's, mode 0755)")
-        elif step.verb == "fix":
-            click.echo(f"{would}set {step.path} root's, mode 0755")
-        if not dry_run and step.verb != "same":
-            classic.write_script(step)
-    if all(s.verb == "same" for s in steps):
-        click.echo(f"nothing to change: {mom_priv} has gpuslurm's prologue and epilogue")
-    click.echo("# pbs_mom runs them for each job when no execjob_prologue/execjob_epilogue hook is "
-               "enabled: health gate and vnode offline, leftovers, summary; no GPU choice, no "
-               "CUDA_VISIBLE_DEVICES, no device cgroup (gpuslurm's hooks do those: install --pbs)")
+    for line in classic.describe(steps, mom_priv, dry_run):
+        click.echo(line)
+    if not dry_run:
+        classic.apply_scripts(steps)
+    click.echo(classic.WHAT_THEY_DO)
 
 
 def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool) -> None:
@@ -190,23 +180,11 @@ def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool
 
     run = pbs.qmgr_runner(qmgr or pbs.default_qmgr())
     python, cfg, there = _checked_sources(python, config, capture, runs="hooks")
-    would = "would " if dry_run else ""
-    steps = pbs.plan_resources(run)
-    for name in pbs.HOOK_FILES:
-        state = pbs.read_state(run, name)
-        settings = cfg.throttle if cfg is not None else load_config().throttle
-        steps += pbs.plan_hook(name, state, pbs.hook_script(name),
-                               pbs.hook_config(name, python, config, capture,
-                                               package_dir=os.path.dirname(there),
-                                               throttle_file=settings.file, contact=settings.contact))
-    for step in steps:
-        click.echo(f"{would}{step.says}: {pbs.shown(step)}")
-    if not steps:
-        names = ", ".join(pbs.HOOK_FILES)
-        click.echo(f"nothing to change: PBS has hook(s) {names} as wanted")
-    elif not dry_run:
+    settings = (cfg or load_config()).throttle
+    steps = pbs.plan_install(run, python, config, capture, package_dir=os.path.dirname(there),
+                             throttle_file=settings.file, contact=settings.contact)
+    for line in pbs.describe(steps, dry_run):
+        click.echo(line)
+    if steps and not dry_run:
         pbs.apply_steps(run, steps)
-    click.echo("# the scheduler places ngpus only when sched_config's resources line names it "
-               '(resources: "ncpus, mem, arch, host, vnode, aoe, eoe, ngpus, nmigs": nmigs for MIG '
-               "instances); then kill -HUP pbs_sched. Each pbs_mom publishes its NUMA vnodes when it "
-               "starts or is HUPed.")
+    click.echo(pbs.SCHEDULER_NOTE)

@@ -2,27 +2,28 @@
 
 This module is the whole command: its own argument parser, no click (``gpuslurm pick`` starts
 here from :mod:`gpuslurm.cli.fast` before click is imported; a placement helper run in front of
-every job step must cost little more than the interpreter). It reads the node (``--from`` bundle
-or NVML), the live load (scenario or NVML), the candidates (the job's own GPUs inside a Slurm
-job), asks :mod:`gpuslurm.place.engine`, and prints or execs. See docs/pick.md.
+every job step must cost little more than the interpreter). It parses the options, asks
+:func:`gpuslurm.watch.pick.pick_for_job` (the node, the job's own GPUs through the scheduler
+adapters, the live load, the engine), and prints or execs. See docs/pick.md.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gpuslurm.errors import EXIT_BAD_INPUT, GpuslurmError, InputError
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: see gpuslurm.tuples
 
 if TYPE_CHECKING:
-    from typing import Any, NoReturn, TextIO
+    from typing import Any, NoReturn, TextIO, TypeVar
 
     from gpuslurm.hw.model import Node
-    from gpuslurm.place.engine import DeviceState, Placement
+    from gpuslurm.place.engine import Placement
     from gpuslurm.place.request import Request
+
+    _T = TypeVar("_T")
 
 EXIT_UNSATISFIED = 5  # nothing on the node satisfies the request now
 EXIT_WAIT_TIMEOUT = 6  # --wait gave up after --timeout
@@ -88,7 +89,7 @@ class HelpRequested(Exception):  # noqa: N818 - a signal, not an error
 
 def parse_args(argv: Sequence[str]) -> PickArgs:
     """Parse pick's command line; InputError (exit 2) names the option at fault."""
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {}  # each option's own type, checked by PickArgs
     positional: list[str] = []
     command: tuple[str, ...] = ()
     i = 0
@@ -139,7 +140,7 @@ def build_request(args: PickArgs) -> Request:
     from gpuslurm.hw.model import MIG_PROFILE_RE
     from gpuslurm.place.request import Request, parse_cc, parse_percent, parse_size_mib
 
-    def parsed(option: str, fn: Any, text: str | None) -> Any:
+    def parsed(option: str, fn: Callable[[str], _T], text: str | None) -> _T | None:
         if text is None:
             return None
         try:
@@ -159,183 +160,6 @@ def build_request(args: PickArgs) -> Request:
                    mig_profile=args.mig, exclusive=args.exclusive or args.wait, max_util=max_util)
 
 
-def job_candidates(node: Node, environ: Mapping[str, str]) -> tuple[str, ...] | None:
-    """The UUIDs the job around this process may use, or None outside a job (every GPU of the
-    node): each scheduler's adapter reads its own environment (``job_gpus_from_env``)."""
-    from gpuslurm.cli.schedulers import job_gpus_from_env
-
-    return job_gpus_from_env(environ, node)
-
-
-def cache_dir(environ: Mapping[str, str]) -> str | None:
-    """Where the caller's own cache of parsed bundles lives (``$XDG_CACHE_HOME/gpuslurm``, else
-    ``$HOME/.cache/gpuslurm``), or None when neither names an absolute directory.
-
-    Only ever used when it is the caller's and private (:mod:`gpuslurm.hw.bundlecache`): a path
-    from the environment cannot make root read or write where a user can.
-    """
-    base = environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        home = environ.get("HOME", "")
-        if not os.path.isabs(home):
-            return None
-        base = os.path.join(home, ".cache")
-    return os.path.join(base, "gpuslurm")
-
-
-def live_states(node: Node, bundle: str | None, now: float) -> dict[str, DeviceState]:
-    """Per-device load and health, one sample: the scenario (replay) or NVML."""
-    from gpuslurm.place.engine import DeviceState
-
-    if bundle is not None:
-        if not os.environ.get("GPUSLURM_SCENARIO") and \
-                not os.path.isfile(os.path.join(bundle, "scenario.json")):
-            # no scenario (hw.scenario's rule): every device idle, no process; the scenario
-            # module and the NVML reading types it needs are not worth loading for that
-            idle: dict[str, DeviceState] = {}
-            mark_out_of_service(node, idle, os.environ)
-            return with_window(node, idle, store_path(bundle, os.environ), now)
-        from pathlib import Path
-
-        from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
-
-        reading = ScenarioSampler(node, scenario_path(Path(bundle))).read(now)
-    else:
-        from gpuslurm.hw.nvml_sampler import NvmlSampler
-
-        sampler = NvmlSampler()
-        try:
-            reading = sampler.read(now)
-        finally:
-            sampler.close()
-    me = os.getuid()
-    foreign: dict[str, int] = {}
-    for p in reading.processes:
-        if _owner(p.pid) == me:
-            continue
-        for key in {p.gpu_uuid.lower(), (p.mig_uuid or p.gpu_uuid).lower()}:
-            foreign[key] = foreign.get(key, 0) + 1
-    states: dict[str, DeviceState] = {}
-    for d in reading.devices:
-        key = (d.mig_uuid or d.gpu_uuid).lower()
-        states[key] = DeviceState(d.util_pct, d.mem_used_mib or 0.0, foreign.get(key, 0))
-    for kind, subject, detail in reading.problems:
-        if kind == "gpu-lost":
-            states[subject.lower()] = DeviceState(healthy=False, problem=detail)
-    for g in node.gpus:  # a GPU NVML did not report at all is not healthy
-        if g.uuid.lower() not in states:
-            states[g.uuid.lower()] = DeviceState(healthy=False, problem="no reading from the GPU")
-    mark_out_of_service(node, states, os.environ)
-    return with_window(node, states, store_path(bundle, os.environ), now)
-
-
-def mark_out_of_service(node: Node, states: dict[str, Any], environ: Mapping[str, str]) -> None:
-    """GPUs out of service (``gpuslurm gpu offline``), and their MIG devices, are not healthy."""
-    from gpuslurm.config import load_config
-    from gpuslurm.place.engine import DeviceState
-    from gpuslurm.state.out_of_service import read_shared
-
-    try:
-        cfg = load_config(environ=environ)
-    except GpuslurmError:
-        return  # a broken config is the admin's matter, as for the store
-    if not os.access(cfg.paths.state_dir, os.X_OK):  # a user, where the state directory is root's
-        if os.path.isdir(cfg.paths.state_dir):
-            print(f"gpuslurm pick: {cfg.paths.state_dir} is not readable by this user: the record of "
-                  "GPUs out of service (gpuslurm gpu list) is not consulted", file=sys.stderr)
-        return
-    out = read_shared(cfg.paths.state_dir)  # a corrupt record is an error: no GPU is trusted blindly
-    for g in node.gpus:
-        if g.uuid in out:
-            why = f"out of service: {out[g.uuid].reason}"
-            for key in [g.uuid, *(m.uuid for m in g.mig_devices if m.uuid)]:
-                states[key.lower()] = DeviceState(healthy=False, problem=why)
-
-
-WINDOW_S = 60.0  # the load window read from the monitor's store
-
-
-def store_path(bundle: str | None, environ: Mapping[str, str]) -> str | None:
-    """The monitor's store to read the load window from: $GPUSLURM_DB, else (live) the config's."""
-    named = environ.get("GPUSLURM_DB", "").strip()
-    if named or bundle is not None:
-        return named or None
-    from gpuslurm.config import load_config
-    from gpuslurm.state.store import default_path
-
-    try:
-        cfg = load_config(environ=environ)
-    except GpuslurmError:
-        return None  # a broken config is the admin's matter; the one sample still serves
-    return cfg.monitor.db or default_path(cfg.paths.state_dir)
-
-
-def with_window(node: Node, states: dict[str, DeviceState], path: str | None,
-                now: float) -> dict[str, DeviceState]:
-    """``states`` with the store's last WINDOW_S of utilisation and memory, when it is readable.
-
-    The store is root-only on a node (/var/lib/gpuslurm): a user's pick then scores one sample.
-    """
-    if path is None or not os.access(path, os.R_OK):
-        return states
-    import sqlite3
-
-    from gpuslurm.place.engine import DeviceState
-    from gpuslurm.state.store import Store
-
-    uuids = [g.uuid for g in node.gpus] + [m.uuid for g in node.gpus for m in g.mig_devices if m.uuid]
-    try:
-        with Store.open(path, readonly=True) as store:
-            stats = store.gpu_stats(uuids, now - WINDOW_S, now)
-    except (GpuslurmError, sqlite3.Error, OSError):
-        return states
-    out = dict(states)
-    for uuid, stat in stats.items():
-        st = out.get(uuid.lower(), DeviceState())
-        out[uuid.lower()] = st._replace(window_util_pct=stat.util_mean_pct, window_mem_mib=stat.mem_peak_mib)
-    return out
-
-
-def _owner(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None  # gone, hidden (hidepid) or a replayed pid: someone else's
-
-
-def check_request(node: Node, req: Request, allowed: tuple[str, ...] | None) -> None:
-    """Bad input the engine would only report as 'nothing satisfies': exit 2 instead."""
-    from gpuslurm.place.engine import devices_of
-
-    if req.mig_profile is not None:
-        profiles = sorted({m.profile for g in node.gpus if g.mig_mode for m in g.mig_devices})
-        if req.mig_profile not in profiles:
-            raise InputError(f"no MIG device of profile {req.mig_profile!r} on {node.hostname} "
-                             f"(profiles: {', '.join(profiles) or 'none, MIG is off'})", "--mig")
-    total = len(devices_of(node, req.mig_profile, allowed))
-    kind = f"{req.mig_profile} MIG devices" if req.mig_profile else "GPUs"
-    if req.n > total:
-        where = "the job holds" if allowed is not None else f"{node.hostname} has"
-        extra = ("" if req.mig_profile or not any(g.mig_mode for g in node.gpus)
-                 else "; GPUs in MIG mode count only with --mig")
-        raise InputError(f"{req.n} {kind} wanted but {where} {total}{extra}")
-
-
-def decide(node: Node, req: Request, bundle: str | None, allowed: tuple[str, ...] | None,
-           cc: dict[str, tuple[int, int]] | None = None) -> Placement:
-    from gpuslurm.place.engine import place
-
-    return place(node, req, live_states(node, bundle, time.time()), allowed, cc)
-
-
-def capabilities(bundle: str | None) -> dict[str, tuple[int, int]]:
-    """Compute capability per GPU UUID from NVML, or from a bundle's nvml.json when it has one
-    (:func:`gpuslurm.hw.source.load_capabilities`); the rest falls back to the model table."""
-    from gpuslurm.hw.source import load_capabilities
-
-    return load_capabilities(bundle)
-
-
 def write_result(node: Node, placement: Placement, fmt: str, out: TextIO, err: TextIO) -> None:
     """Print the chosen set in ``fmt`` (the placement has a chosen set)."""
     from gpuslurm.place.explain import explain_lines, local_cpus
@@ -351,7 +175,7 @@ def write_result(node: Node, placement: Placement, fmt: str, out: TextIO, err: T
 
         gpus = []
         for d in win.devices:
-            item: dict[str, Any] = {"index": d.gpu.index, "minor": d.gpu.minor, "uuid": d.uuid,
+            item: dict[str, object] = {"index": d.gpu.index, "minor": d.gpu.minor, "uuid": d.uuid,
                                     "numa_node": d.gpu.numa_node, "name": d.gpu.name}
             if d.mig is not None:
                 item.update(gpu_uuid=d.gpu.uuid, mig_index=d.mig.index, profile=d.mig.profile)
@@ -411,30 +235,6 @@ def env_values(node: Node, placement: Placement) -> list[tuple[str, str]]:
             ("GPUSLURM_CPUS", format_ranges(within_allowed(first.gpu.cpu_affinity)))]
 
 
-def wait_for(node: Node, req: Request, bundle: str | None, allowed: tuple[str, ...] | None,
-             timeout: float | None, poll: float, err: TextIO,
-             cc: dict[str, tuple[int, int]] | None = None) -> Placement | None:
-    """Poll until a set satisfies ``req``; None on timeout. Progress goes to ``err``."""
-    from gpuslurm.place.explain import unsatisfied_line
-
-    started = time.monotonic()
-    while True:
-        placement = decide(node, req, bundle, allowed, cc)
-        if placement.chosen is not None:
-            return placement
-        waited = time.monotonic() - started
-        err.write(f"gpuslurm pick: waiting {waited:.0f}s: {unsatisfied_line(placement, req.n)}\n")
-        err.flush()
-        if timeout is not None and waited + poll > timeout:
-            if timeout > waited:
-                time.sleep(timeout - waited)
-                placement = decide(node, req, bundle, allowed, cc)
-                if placement.chosen is not None:
-                    return placement
-            return None
-        time.sleep(poll)
-
-
 def exec_command(node: Node, placement: Placement, command: Sequence[str], err: TextIO) -> NoReturn:
     """Exec ``command`` with the placement's environment and CPUs (never wider than allowed)."""
     from gpuslurm.place.explain import local_cpus
@@ -477,39 +277,37 @@ def exec_command(node: Node, placement: Placement, command: Sequence[str], err: 
 def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
              environ: Mapping[str, str] | None = None) -> int:
     """The command; its exit code (or no return when it execs CMD)."""
-    from gpuslurm.hw.source import bundle_path, load_node
+    from gpuslurm.cli.schedulers import job_gpus_from_env
+    from gpuslurm.watch.pick import Wait, pick_for_job
 
     args = parse_args(argv)
     req = build_request(args)
-    env = os.environ if environ is None else environ
-    poll = timeout = None
+    wait = None
     if args.wait:
         from gpuslurm.times import parse_duration
 
         # the one duration parser (units as every other option; more than 0), bounded by what
         # time.sleep() takes: it overflows near 2**63 ns, and a year is plenty
-        poll = 5.0 if args.poll is None else \
-            parse_duration(args.poll, "--poll", max_s=MAX_WAIT_S, max_words="366 days")
-        timeout = None if args.timeout is None else \
-            parse_duration(args.timeout, "--timeout", max_s=MAX_WAIT_S, max_words="366 days")
-    bundle = bundle_path(args.source)
-    node = load_node(args.source, cache_dir=cache_dir(env))
-    allowed = job_candidates(node, env)
-    check_request(node, req, allowed)
-    cc = capabilities(bundle) if req.min_cc is not None else None
-    if args.wait:
-        assert poll is not None
-        placement = wait_for(node, req, bundle, allowed, timeout, poll, err, cc)
-        if placement is None:
+        wait = Wait(5.0 if args.poll is None else
+                    parse_duration(args.poll, "--poll", max_s=MAX_WAIT_S, max_words="366 days"),
+                    None if args.timeout is None else
+                    parse_duration(args.timeout, "--timeout", max_s=MAX_WAIT_S, max_words="366 days"))
+
+    def say(line: str) -> None:
+        err.write(f"gpuslurm pick: {line}\n")
+        err.flush()
+
+    picked = pick_for_job(req, args.source, os.environ if environ is None else environ,
+                          job_gpus_from_env, wait, progress=say, warn=say)
+    node, placement = picked
+    if placement.chosen is None:
+        if wait is not None:
             err.write(f"gpuslurm pick: gave up after {args.timeout}: nothing free for the request\n")
             return EXIT_WAIT_TIMEOUT
-    else:
-        placement = decide(node, req, bundle, allowed, cc)
-        if placement.chosen is None:
-            from gpuslurm.place.explain import unsatisfied_line
+        from gpuslurm.place.explain import unsatisfied_line
 
-            err.write(f"gpuslurm pick: {unsatisfied_line(placement, req.n)}\n")
-            return EXIT_UNSATISFIED
+        err.write(f"gpuslurm pick: {unsatisfied_line(placement, req.n)}\n")
+        return EXIT_UNSATISFIED
     if args.command:
         exec_command(node, placement, args.command, err)
     write_result(node, placement, args.fmt, out, err)

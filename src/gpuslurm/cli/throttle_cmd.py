@@ -6,9 +6,14 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
+    from gpuslurm.policy.throttle import Throttle, ThrottleFile
+    from gpuslurm.watch.admission import Admission
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -19,13 +24,13 @@ def _file_option(f: F) -> F:
                              "/etc/slurm/gpuslurm-throttle).")(f)
 
 
-def _config() -> Any:
+def _config() -> Config:
     from gpuslurm.config import load_config
 
     return load_config()
 
 
-def _path(path: str | None, cfg: Any) -> str:
+def _path(path: str | None, cfg: Config) -> str:
     from gpuslurm.errors import InputError
 
     chosen = path or cfg.throttle.file
@@ -49,7 +54,7 @@ def _left(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s"
 
 
-def _warn_junk(path: str, content: Any) -> None:
+def _warn_junk(path: str, content: ThrottleFile) -> None:
     for number, _text, why in content.junk[:5]:
         click.echo(f"gpuslurm: warning: {path}:{number}: not a throttle line ({why}), ignored", err=True)
     if len(content.junk) > 5:
@@ -147,18 +152,6 @@ def add_cmd(user: str, path: str | None, duration: str | None, until: str | None
     click.echo(f"{user}: {what} until {_when(new.until)}")
 
 
-def _prometheus_scan(source: str, violations_dir: str | None, since: float, now: float) -> Any:
-    from gpuslurm.errors import InputError
-    from gpuslurm.report.prometheus import load_violations
-    from gpuslurm.slurm.throttle import ViolationScan
-
-    if violations_dir is not None:
-        raise InputError("--source and --violations-dir do not go together", source="throttle sync")
-    if not source.startswith("prometheus:"):
-        raise InputError(f"not a violation source: {source!r} (prometheus:URL)", source="--source")
-    return ViolationScan(tuple(load_violations(source, since, now)))
-
-
 def _warn_unknown_user(user: str) -> None:
     import pwd
 
@@ -182,7 +175,7 @@ def remove_cmd(user: str, path: str | None) -> None:
     now = time.time()
     found: list[bool] = []
 
-    def change(old: Any) -> Any:
+    def change(old: ThrottleFile) -> tuple[Throttle, ...] | None:
         kept, removed = remove_throttle(old.throttles, user, now)
         found.append(removed)
         return kept if removed else None
@@ -202,54 +195,23 @@ def remove_cmd(user: str, path: str | None) -> None:
 def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str | None,
              dry_run: bool) -> None:
     """Throttle the users named in recent violations, as [throttle] sync_* configures."""
-    from gpuslurm.policy.throttle import (
-        SyncPolicy,
-        active_throttles,
-        apply_sync,
-        implausible,
-        throttles_from_violations,
-    )
-    from gpuslurm.slurm.throttle import read_throttle_file, read_violations, update_throttle_file
+    from gpuslurm.slurm.throttle_sync import sync_throttles
 
     cfg = _config()
     file = _path(path, cfg)
-    tc = cfg.throttle
-    value = tc.cap_gpus if tc.sync_mode == "cap" else tc.nice if tc.sync_mode == "priority" else 0
-    policy = SyncPolicy(kinds=tc.sync_kinds, duration_s=tc.sync_minutes * 60, mode=tc.sync_mode,
-                        value=value, contact=tc.contact)
-    now = time.time()
-    if violation_source is not None:
-        scan = _prometheus_scan(violation_source, violations_dir, now - policy.duration_s, now)
-    else:
-        scan = read_violations(violations_dir or cfg.paths.violations_dir, since=now - policy.duration_s)
-    if not scan.exists:
-        click.echo(f"gpuslurm: warning: {violations_dir or cfg.paths.violations_dir}: no such "
-                   "directory, no violation read (see paths.violations_dir)", err=True)
-    for problem in scan.problems:
-        click.echo(f"gpuslurm: warning: {problem}: skipped", err=True)
-    for v in scan.violations:
-        why = implausible(v, now)
-        if why is not None and v.kind in policy.kinds:
-            click.echo(f"gpuslurm: warning: violation of {v.user} on {v.node}: {why}: skipped", err=True)
-    proposed = throttles_from_violations(scan.violations, policy, now)
-    changed: list[Any] = []
-    if dry_run:
-        current = read_throttle_file(file)
-        _state, diff = apply_sync(active_throttles(current.throttles, now), proposed, now)
-        changed.extend(diff)
-    else:
-        def change(old: Any) -> Any:
-            state, diff = apply_sync(old.throttles, proposed, now)
-            changed.extend(diff)
-            return state if diff else None
 
-        before, _after = update_throttle_file(file, change, now)
-        _warn_junk(file, before)
+    def warn(line: str) -> None:
+        click.echo(f"gpuslurm: warning: {line}", err=True)
+
+    done = sync_throttles(cfg, file, violations_dir=violations_dir, source=violation_source,
+                          dry_run=dry_run, warn=warn)
+    if done.before is not None:
+        _warn_junk(file, done.before)
     verb = "would throttle" if dry_run else "throttled"
-    for t in changed:
+    for t in done.changed:
         click.echo(f"{verb} {t.user} ({t.mode}) until {_when(t.until)}: {t.reason}")
-    if not changed:
-        click.echo(f"{len(scan.violations)} violation(s) read; no throttle to add or extend")
+    if not done.changed:
+        click.echo(f"{done.violations} violation(s) read; no throttle to add or extend")
 
 
 @throttle.command("auto")
@@ -289,7 +251,7 @@ def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, stat
     directory = state_dir or config.paths.state_dir
     state = load_state(directory, cfg.tiers)
     p = config.paths
-    adm: Any
+    adm: Admission
     try:
         if scheduler_kind(config) == "pbs":
             from gpuslurm.pbs.admission import PbsAdmission

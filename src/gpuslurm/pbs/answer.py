@@ -117,6 +117,13 @@ class PbsHookActions(PbsJobFacts):
         raise CommandError("PBS keeps no comment a hook can set on a finished job "
                            "(the summary file has the figures)")
 
+    def why_no_running_comments(self) -> str:
+        return "a PBS hook acts on its own event, never on running jobs' comments"
+
+    def set_running_comment(self, job_id: str, text: str) -> bool:
+        self.set_admin_comment(job_id, text)  # raises: PBS keeps no comment a hook can set
+        return True
+
     def set_final_comment(self, job_id: str, text: str) -> str:
         return f"PBS keeps no final comment on a job; the summary file has it: {text}"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from gpuslurm.errors import InputError
@@ -120,3 +120,26 @@ def write_script(step: ScriptStep) -> None:
         except OSError:
             pass
         raise
+
+
+def describe(steps: Sequence[ScriptStep], mom_priv: str, dry_run: bool) -> list[str]:
+    """What the install does to the scripts (``dry_run``: would do), or that nothing changes."""
+    would = "would " if dry_run else ""
+    said = {"create": "create {} (root's, mode 0755)", "update": "update {} (root's, mode 0755)",
+            "fix": "set {} root's, mode 0755"}
+    lines = [f"{would}{said[s.verb].format(s.path)}" for s in steps if s.verb in said]
+    if all(s.verb == "same" for s in steps):
+        lines.append(f"nothing to change: {mom_priv} has gpuslurm's prologue and epilogue")
+    return lines
+
+
+def apply_scripts(steps: Sequence[ScriptStep]) -> None:
+    """Write every script that changes (:func:`write_script`)."""
+    for step in steps:
+        if step.verb != "same":
+            write_script(step)
+
+
+WHAT_THEY_DO = ("# pbs_mom runs them for each job when no execjob_prologue/execjob_epilogue hook is "
+                "enabled: health gate and vnode offline, leftovers, summary; no GPU choice, no "
+                "CUDA_VISIBLE_DEVICES, no device cgroup (gpuslurm's hooks do those: install --pbs)")

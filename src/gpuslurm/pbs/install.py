@@ -248,3 +248,29 @@ def default_qmgr(environ: dict[str, str] | None = None) -> str:
 def shown(step: QmgrStep) -> str:
     """The qmgr command line as an admin would type it (imports name the shipped file)."""
     return "qmgr -c " + shlex.quote(step.command.replace("{file}", "FILE"))
+
+
+def plan_install(qmgr: Qmgr, python: str, config: str = "", capture: str = "", *, package_dir: str = "",
+                 throttle_file: str = "", contact: str = "") -> list[QmgrStep]:
+    """Every step that brings the server to gpuslurm's resources and every hook of
+    :data:`HOOK_FILES` (:func:`hook_config`'s arguments); empty when it has them as wanted."""
+    steps = plan_resources(qmgr)
+    for name in HOOK_FILES:
+        steps += plan_hook(name, read_state(qmgr, name), hook_script(name),
+                           hook_config(name, python, config, capture, package_dir=package_dir,
+                                       throttle_file=throttle_file, contact=contact))
+    return steps
+
+
+def describe(steps: Sequence[QmgrStep], dry_run: bool) -> list[str]:
+    """What the install does (``dry_run``: would do), one line a step, or that nothing changes."""
+    would = "would " if dry_run else ""
+    if not steps:
+        return [f"nothing to change: PBS has hook(s) {', '.join(HOOK_FILES)} as wanted"]
+    return [f"{would}{step.says}: {shown(step)}" for step in steps]
+
+
+SCHEDULER_NOTE = ("# the scheduler places ngpus only when sched_config's resources line names it "
+                  '(resources: "ncpus, mem, arch, host, vnode, aoe, eoe, ngpus, nmigs": nmigs for MIG '
+                  "instances); then kill -HUP pbs_sched. Each pbs_mom publishes its NUMA vnodes when it "
+                  "starts or is HUPed.")

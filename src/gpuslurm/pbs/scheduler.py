@@ -195,6 +195,16 @@ class PbsScheduler(PbsJobFacts):
         run_command([self.qalter, "-W", f"comment={value}", check_pbs_job_id(job_id)],
                     timeout=self.timeout, check=check)
 
+    def why_no_running_comments(self) -> str:
+        """Always a reason: the monitor keeps no PBS job's comment current."""
+        return ("the monitor keeps no running PBS job's comment current "
+                "([epilog] admin_comment is Slurm's AdminComment; the job's summary has the figures)")
+
+    def set_running_comment(self, job_id: str, text: str) -> bool:
+        """:meth:`set_admin_comment` (qalter takes a running job's comment)."""
+        self.set_admin_comment(job_id, text)
+        return True
+
     def requeue_job(self, job_id: str, reason: str) -> str:
         """``qrerun`` (the job goes back to the queue, not held), its comment naming ``reason``;
         a job PBS cannot rerun is deleted."""

@@ -51,7 +51,7 @@ class SyncPolicy(NamedTuple):
     """Which violations throttle their user, for how long after the violation was last seen."""
 
     kinds: tuple[str, ...] = ("rogue",)
-    duration_s: int = 7200
+    duration_s: float = 7200  # [throttle] sync_minutes × 60: fractions allowed
     mode: str = "reject"
     value: int = 0
     contact: str = ""

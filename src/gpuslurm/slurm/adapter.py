@@ -170,6 +170,25 @@ class SlurmScheduler:
 
         set_own_admin_comment(job_id, text, squeue=self.squeue, scontrol=self.scontrol, timeout=self.timeout)
 
+    def why_no_running_comments(self) -> str | None:
+        """None where scontrol is there to run."""
+        if os.access(self.scontrol, os.X_OK):
+            return None
+        return f"{self.scontrol} is missing: jobs' AdminComment is not kept current"
+
+    def set_running_comment(self, job_id: str, text: str) -> bool:
+        """:meth:`set_admin_comment`; False when slurmctld refuses because the job has finished."""
+        from gpuslurm.errors import GpuslurmError
+        from gpuslurm.slurm.scontrol import refused_as_finished
+
+        try:
+            self.set_admin_comment(job_id, text)
+        except GpuslurmError as exc:
+            if refused_as_finished(exc):
+                return False
+            raise
+        return True
+
     def apply_gpus_out(self, node_name: str, node: Node, out: Mapping[str, OutOfService]) -> str:
         """Holder jobs on the GPUs out of service (:mod:`gpuslurm.slurm.gpu_out`), per ``[gpu_out]``."""
         from gpuslurm.config import GpuOutConfig

@@ -110,6 +110,17 @@ class Scheduler(Protocol):
         """Attach ``text`` to the running job where admins and accounting see it."""
         ...
 
+    def why_no_running_comments(self) -> str | None:
+        """None when :meth:`set_running_comment` can keep running jobs' comments current (the
+        monitor's ``[epilog] admin_comment``); else why not, one line the monitor says once."""
+        ...
+
+    def set_running_comment(self, job_id: str, text: str) -> bool:
+        """:meth:`set_admin_comment` from the monitor while ``job_id`` runs; False when the scheduler
+        refused because the job has just ended (not a failure: the last comment stands).
+        GpuslurmError when it failed."""
+        ...
+
     def requeue_job(self, job_id: str, reason: str) -> str:
         """Put ``job_id`` back in the queue, not held, for ``reason`` (a GPU of this node failed
         under it, not its user's fault), without taking the node out of service; a job that cannot

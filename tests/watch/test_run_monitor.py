@@ -1,0 +1,62 @@
+"""watch/run.run_monitor called directly with the recording Scheduler: the monitor lists jobs, keeps
+running jobs' comments and acts only through the adapter it is handed (no scheduler command runs)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gpuslurm.config import Config, EpilogConfig, MonitorConfig, PathsConfig
+from gpuslurm.hw.source import load_node
+from gpuslurm.samples import Cycle, Violation
+from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
+from gpuslurm.watch.run import MonitorParts, run_monitor
+from recording_scheduler import RecordingScheduler
+
+U = [g.uuid for g in load_node("dgx-h100").gpus]
+
+
+def config(tmp_path: Path, *, admin_comment: bool) -> Config:
+    return Config(paths=PathsConfig(run_dir=str(tmp_path / "run"), state_dir=str(tmp_path / "state"),
+                                    violations_dir=str(tmp_path / "violations")),
+                  epilog=EpilogConfig(admin_comment=admin_comment),
+                  monitor=MonitorConfig(node_name="n1", admin_comment_interval_s=600))
+
+
+def parts(sched: RecordingScheduler, published: list[Sequence[Violation]]) -> MonitorParts:
+    return MonitorParts(scheduler_for=lambda timeout: sched, can_act=lambda: None,
+                        publish=lambda directory, node, found: published.append(found),
+                        comment_text=lambda n, figures: f"gpuslurm: {n} GPU")
+
+
+def test_one_cycle_lists_jobs_and_comments_through_the_adapter(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config(tmp_path, admin_comment=True)
+    write_map(JobMap("77", "alice", 1000, (MappedDevice(U[2], 2),), time.time() - 5), cfg.paths.jobs_dir)
+    (tmp_path / "scenario.json").write_text(json.dumps({"gpus": {U[2]: {"util": 40}}}))
+    monkeypatch.setenv("GPUSLURM_SCENARIO", str(tmp_path / "scenario.json"))
+    sched = RecordingScheduler()
+    published: list[Sequence[Violation]] = []
+    cycles: list[Cycle] = []
+    run_monitor(cfg, "dgx-h100", parts(sched, published), db=str(tmp_path / "state" / "m.db"), once=True,
+                on_cycle=cycles.append)
+    assert len(cycles) == 1 and isinstance(cycles[0], Cycle)
+    assert sched.called("set_running_comment") == [("77", "gpuslurm: 1 GPU")]
+    assert (tmp_path / "state" / "m.db").is_file()
+
+
+def test_a_scheduler_that_keeps_no_comments_is_said_once_and_never_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config(tmp_path, admin_comment=True)
+    write_map(JobMap("77", "alice", 1000, (MappedDevice(U[2], 2),), time.time() - 5), cfg.paths.jobs_dir)
+    sched = RecordingScheduler()
+    monkeypatch.setattr(sched, "why_no_running_comments", lambda: "no comments here")
+    warnings: list[str] = []
+    run_monitor(cfg, "dgx-h100", parts(sched, []), db=str(tmp_path / "state" / "m.db"), once=True,
+                warn=warnings.append)
+    assert warnings.count("no comments here") == 1
+    assert sched.called("set_running_comment") == []
