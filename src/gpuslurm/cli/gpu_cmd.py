@@ -15,8 +15,7 @@ from typing import Any
 import click
 
 from gpuslurm.cli.main import from_option, json_option
-
-EXIT_UNHEALTHY = 1
+from gpuslurm.errors import EXIT_CHECK_FAILED
 
 
 def _node_name(given: str | None, cfg: Any) -> str:
@@ -211,7 +210,7 @@ def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, so
     if act:
         _act_now(cfg, node, _node_name(node_name, cfg), report, store)
     if unhealthy:
-        raise click.exceptions.Exit(EXIT_UNHEALTHY)
+        raise click.exceptions.Exit(EXIT_CHECK_FAILED)  # a check ran and found a fault
 
 
 def _lost_rows(lost: tuple[int, ...], out: dict[str, Any], action: str) -> list[dict[str, Any]]:

@@ -33,8 +33,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gpuslurm.errors import GpuslurmError
-from gpuslurm.hooks.log import EXIT_UNHEALTHY, HookLog
+from gpuslurm.errors import EXIT_UNHEALTHY, GpuslurmError
+from gpuslurm.hooks.log import HookLog
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config

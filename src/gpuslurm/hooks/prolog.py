@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 import time
 
-from gpuslurm.errors import CommandError, GpuslurmError, InputError
-from gpuslurm.hooks.log import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, JobFaultError
+from gpuslurm.errors import EXIT_UNHEALTHY, CommandError, GpuslurmError, InputError
+from gpuslurm.hooks.log import HookLog, JobFaultError
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from gpuslurm.state.out_of_service import OutOfServiceStore
     from gpuslurm.state.scheduler import Scheduler
 
-__all__ = ["EXIT_INTERNAL", "EXIT_UNHEALTHY", "HookLog", "JobFaultError", "deny_all_devices", "health_gate",
+__all__ = ["HookLog", "JobFaultError", "deny_all_devices", "health_gate",
            "job_start", "out_of_service_gate", "prepare", "start_on_devices"]
 
 

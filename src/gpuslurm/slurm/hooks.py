@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, TextIO
 
 from gpuslurm.hooks.log import HookLog, guarded
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import TextIO
+
     from gpuslurm.config import Config
     from gpuslurm.slurm.adapter import SlurmScheduler
     from gpuslurm.state.job import HookJob
