@@ -171,3 +171,13 @@ def test_the_message_is_one_line_whatever_the_exception_says(text: str) -> None:
         code, message = errors.describe(exc)
         assert len(message.splitlines()) <= 1
         assert code == (EXIT_INTERNAL if isinstance(exc, RuntimeError) else exc.exit_code)
+
+
+def test_the_docs_list_every_code_once_as_errors_py_defines_it() -> None:
+    doc = SRC.parents[1] / "docs" / "exit-codes.md"
+    if not doc.exists():
+        pytest.skip("docs/ is not in this checkout (sdist)")
+    rows = re.findall(r"^\| (\d+) \| `(EXIT_[A-Z_]+)` \|", doc.read_text(), re.MULTILINE)
+    defined = {name: getattr(errors, name) for name in dir(errors) if name.startswith("EXIT_")}
+    assert sorted(name for _, name in rows) == sorted(defined)
+    assert all(defined[name] == int(code) for code, name in rows), rows
