@@ -31,6 +31,9 @@ from gpuslurm.errors import (
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
 
+    from gpuslurm.gres.records import GresOptions
+    from gpuslurm.hw.model import Node
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 FROM_HELP = ("Replay a capture bundle instead of reading NVML: a directory, or a built-in name "
@@ -54,7 +57,7 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
 
 
-def _load(source: str | None) -> Any:
+def _load(source: str | None) -> Node:
     from gpuslurm.hw.source import load_node
 
     return load_node(source)
@@ -193,7 +196,7 @@ def gres_conf(source: str | None, node_name: str | None, mps: int | None, shard:
     _emit(text, output)
 
 
-def _check(node: Any, opts: Any, existing: Path) -> None:
+def _check(node: Node, opts: GresOptions, existing: Path) -> None:
     from gpuslurm.gres.check import check_gres_conf, renamed_later
     from gpuslurm.gres.conf_parse import parse_gres_conf
     from gpuslurm.gres.records import plan_gres
