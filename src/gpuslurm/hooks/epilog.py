@@ -31,12 +31,14 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import EXIT_UNHEALTHY, GpuslurmError
 from gpuslurm.hooks.log import HookLog
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: the epilog's start-up
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuslurm.config import Config
     from gpuslurm.isolate.kill import Target
     from gpuslurm.policy.health import Fault
