@@ -1,6 +1,6 @@
 """One entry-point error policy (gpuslurm.errors.run_entry) and exit codes defined once.
 
-Every entry point (the CLI, pick, Slurm's prolog and epilog, the PBS hook's events, the classic
+Every entry point (the CLI, pick, Slurm's prolog, epilog and task prolog, the PBS hook's events, the classic
 PBS prologue and epilogue) turns the same exception into the same exit code and the same one-line
 message, because each goes through run_entry; the codes themselves are gpuslurm.errors' alone.
 """
@@ -82,6 +82,18 @@ def _slurm(hook: str) -> Callable[..., tuple[int, str]]:
     return run
 
 
+def task_prolog(exc: Exception, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                tmp_path: Path) -> tuple[int, str]:
+    from gpuslurm.hooks import taskprolog
+    from gpuslurm.slurm import hooks
+
+    monkeypatch.setattr(taskprolog, "task_start", _raiser(exc))
+    stream, out = io.StringIO(), io.StringIO()
+    rc = hooks.run_task_prolog({}, out, HookLog("task-prolog", stream=stream, use_syslog=False))
+    assert out.getvalue() == ""
+    return rc, stream.getvalue()
+
+
 def _pbs_hook(event: str) -> Callable[..., tuple[int, str]]:
     def run(exc: Exception, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
             tmp_path: Path) -> tuple[int, str]:
@@ -111,6 +123,7 @@ def _pbs_classic(kind: str) -> Callable[..., tuple[int, str]]:
 
 ENTRIES: dict[str, Callable[..., tuple[int, str]]] = {
     "cli": cli, "pick": pick, "slurm prolog": _slurm("prolog"), "slurm epilog": _slurm("epilog"),
+    "slurm task-prolog": task_prolog,
     **{f"pbs {e}": _pbs_hook(e) for e in ("exechost_startup", "execjob_begin", "execjob_launch",
                                           "execjob_attach", "execjob_end")},
     "pbs prologue": _pbs_classic("prologue"), "pbs epilogue": _pbs_classic("epilogue"),

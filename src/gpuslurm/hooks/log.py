@@ -1,5 +1,5 @@
 """What every job hook shares, whatever the scheduler: its log and its error policy (the exit codes
-and the policy itself are :mod:`gpuslurm.errors`', which the CLI uses too)."""
+and the policy are :mod:`gpuslurm.errors`, which the CLI uses too)."""
 
 from __future__ import annotations
 

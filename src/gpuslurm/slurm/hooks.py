@@ -83,8 +83,10 @@ def run_task_prolog(environ: Mapping[str, str], out: TextIO, log: HookLog | None
     from gpuslurm.hooks.taskprolog import task_start
     from gpuslurm.isolate.devices import join_job_cgroup
 
-    return task_start(lambda: join_job_cgroup(environ), lambda: task_prolog_lines(environ), out,
-                      log or HookLog("task-prolog", use_syslog=False))
+    log = log or HookLog("task-prolog", use_syslog=False)
+    # task_start keeps its own policy (only isolation refuses the task); what escapes it is a bug
+    return guarded(log, lambda: task_start(lambda: join_job_cgroup(environ),
+                                           lambda: task_prolog_lines(environ), out, log))
 
 
 def _setup(environ: Mapping[str, str], log: HookLog) -> tuple[HookJob, Config, SlurmScheduler]:
