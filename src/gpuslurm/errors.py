@@ -1,4 +1,5 @@
-"""One exception tree for gpuslurm; ``cli`` turns each class into an exit code."""
+"""One exception tree for gpuslurm, its exit codes, and the one policy every entry point (the CLI,
+each Slurm and PBS hook) uses to turn an exception into an exit code and a one-line message."""
 
 from __future__ import annotations
 
@@ -6,14 +7,24 @@ import os  # loaded by every interpreter at start; pathlib is not, and the hooks
 
 TYPE_CHECKING = False  # mypy takes any name TYPE_CHECKING as true; only typing's costs an import
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import NoReturn
 
-# Exit codes, assigned in one place (cli.main maps exceptions onto these).
+# Exit codes, defined here and nowhere else (docs/exit-codes.md lists them). Plain ints, not an
+# IntEnum: every hook imports this module, and enum (with functools) costs a PBS hook ~3.5 ms.
 EXIT_OK = 0
-EXIT_CHECK_FAILED = 1  # a check ran and found mismatches (gres-conf --check)
-EXIT_BAD_INPUT = 2  # the user's input (a file, an option) is wrong
+EXIT_CHECK_FAILED = 1  # a check ran and found mismatches (gres-conf --check, gpu health)
+EXIT_UNHEALTHY = 1  # a hook: a health fault took the node (or a GPU) out of service
+EXIT_BAD_INPUT = 2  # the user's input (a file, an option, a hook's arguments) is wrong
+EXIT_USAGE = EXIT_BAD_INPUT  # a usage error: what click returns, so every entry point agrees
 EXIT_HARDWARE = 3  # the hardware or its driver could not be read
+EXIT_PBS_REFUSED = 3  # PBS classic prologue: a GPU fault; never 1, on which pbs_mom deletes the job
+EXIT_NOT_ISOLATED = 3  # task prolog: the task could not join its devices cgroup, the task is refused
 EXIT_EXTERNAL = 4  # an external command failed or timed out
+EXIT_UNSATISFIED = 5  # pick: nothing on the node satisfies the request now
+EXIT_WAIT_TIMEOUT = 6  # pick --wait gave up after --timeout
+EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug in gpuslurm; a hook's gate fails closed
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 # The reader of our output went away (`gpuslurm discover | head -1`): no message, and the status
 # a shell reports for a writer SIGPIPE killed (128 + 13), as for `yes | head -1`.
 EXIT_CLOSED_PIPE = 141
@@ -105,3 +116,31 @@ class CheckMismatchError(GpuslurmError):
     """A check found differences; the report was already printed."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+def describe(exc: Exception) -> tuple[int, str]:
+    """The exit code and one-line message for ``exc`` reaching an entry point: a GpuslurmError's
+    own code and text; anything else is a bug, EXIT_INTERNAL."""
+    if isinstance(exc, GpuslurmError):
+        return exc.exit_code, str(exc)
+    return EXIT_INTERNAL, one_line(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def run_entry(step: Callable[[], int], say: Callable[[str], object], *, bug_hint: str = "",
+              reraise_bugs: bool = False, let_through: tuple[type[Exception], ...] = ()) -> int:
+    """The one entry-point error policy: ``step()``'s exit code, or the exception's (:func:`describe`)
+    with its message given to ``say`` (the CLI's stderr, a hook's log). A bug's message gets
+    ``bug_hint``; ``reraise_bugs`` (GPUSLURM_DEBUG) raises it instead, and ``let_through`` are raised
+    as they are (BrokenPipeError for the CLI's closed-pipe exit). BaseException (KeyboardInterrupt,
+    SystemExit) is the caller's."""
+    try:
+        return step()
+    except let_through:
+        raise
+    except Exception as exc:
+        bug = not isinstance(exc, GpuslurmError)
+        if bug and reraise_bugs:
+            raise
+        code, message = describe(exc)
+        say(message + bug_hint if bug else message)
+        return code

@@ -12,9 +12,9 @@ import pytest
 from hook_helpers import HookSite, make_site
 
 from gpuslurm.config import load_config
-from gpuslurm.errors import CommandError
+from gpuslurm.errors import EXIT_UNHEALTHY, CommandError
 from gpuslurm.hooks.epilog import job_end
-from gpuslurm.hooks.log import EXIT_UNHEALTHY, HookLog
+from gpuslurm.hooks.log import HookLog
 from gpuslurm.hooks.prolog import job_start
 from gpuslurm.state.job import GpuClaim, HookJob
 from gpuslurm.state.jobmap import read_map

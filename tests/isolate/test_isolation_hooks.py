@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from cgroup_helpers import NOBODY, PROBE, SYSTEM_PYTHON, as_nobody, make_gpu_files, parse_probe, unavailable
 
+from gpuslurm.errors import EXIT_NOT_ISOLATED
 from gpuslurm.hooks.log import HookLog
-from gpuslurm.hooks.taskprolog import EXIT_NOT_ISOLATED
 from gpuslurm.hw.source import BUILTIN_DIR
 from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
 from gpuslurm.slurm.hooks import run_epilog, run_prolog

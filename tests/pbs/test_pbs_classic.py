@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuslurm.errors import InputError
-from gpuslurm.pbs.classic import EXIT_USAGE, _vnode_name, check_args, main
+from gpuslurm.errors import EXIT_USAGE, InputError
+from gpuslurm.pbs.classic import _vnode_name, check_args, main
 from gpuslurm.pbs.classic_install import (
     MARKER,
     apply_scripts,

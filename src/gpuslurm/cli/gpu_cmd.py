@@ -10,16 +10,22 @@ import json
 import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpuslurm.cli.main import from_option, json_option
+from gpuslurm.errors import EXIT_CHECK_FAILED
 
-EXIT_UNHEALTHY = 1
+if TYPE_CHECKING:
+    from gpuslurm.config import Config
+    from gpuslurm.hw.model import Node
+    from gpuslurm.state.out_of_service import OutOfService, OutOfServiceStore
+    from gpuslurm.state.scheduler import Scheduler
 
 
-def _node_name(given: str | None, cfg: Any) -> str:
+def _node_name(given: str | None, cfg: Config) -> str:
     """--node-name, else [monitor] node_name, else slurmd's own (a HealthCheckProgram gets
     $SLURMD_NODENAME), else the short host name."""
     import os
@@ -28,10 +34,8 @@ def _node_name(given: str | None, cfg: Any) -> str:
             or socket.gethostname().split(".")[0])
 
 
-def _scheduler(cfg: Any, no_slurm: bool) -> Any:
-    """Slurm's or PBS's adapter, as ``[scheduler] kind`` says; None with ``--no-slurm``."""
-    if no_slurm:
-        return None
+def _scheduler(cfg: Config) -> Scheduler:
+    """Slurm's or PBS's adapter, as ``[scheduler] kind`` says."""
     from gpuslurm.cli.schedulers import scheduler_for
 
     return scheduler_for(cfg, cfg.hooks.command_timeout_s)
@@ -148,10 +152,10 @@ def _num(value: int | None) -> str:
     return "?" if value is None else str(value)
 
 
-def _apply(cfg: Any, node: Any, node_name: str | None, no_slurm: bool, store: Any) -> None:
-    scheduler = _scheduler(cfg, no_slurm)
-    if scheduler is None:
+def _apply(cfg: Config, node: Node, node_name: str | None, no_slurm: bool, store: OutOfServiceStore) -> None:
+    if no_slurm:
         return
+    scheduler = _scheduler(cfg)
     click.echo(scheduler.apply_gpus_out(_node_name(node_name, cfg), node, store.read()))
 
 
@@ -211,10 +215,10 @@ def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, so
     if act:
         _act_now(cfg, node, _node_name(node_name, cfg), report, store)
     if unhealthy:
-        raise click.exceptions.Exit(EXIT_UNHEALTHY)
+        raise click.exceptions.Exit(EXIT_CHECK_FAILED)  # a check ran and found a fault
 
 
-def _lost_rows(lost: tuple[int, ...], out: dict[str, Any], action: str) -> list[dict[str, Any]]:
+def _lost_rows(lost: tuple[int, ...], out: Mapping[str, OutOfService], action: str) -> list[dict[str, Any]]:
     """Report rows for GPUs NVML counts but answers GPU_IS_LOST for (left out of the node): named
     by the out-of-service record where it holds that index, else by the index alone."""
     rows: list[dict[str, Any]] = []
@@ -230,13 +234,14 @@ def _lost_rows(lost: tuple[int, ...], out: dict[str, Any], action: str) -> list[
     return rows
 
 
-def _fact(value: Any) -> str:
+def _fact(value: object) -> str:
     if isinstance(value, tuple):
         return "[" + ",".join(str(getattr(v, "pid", v)) for v in value) + "]"
     return str(value)
 
 
-def _act_now(cfg: Any, node: Any, name: str, report: list[dict[str, Any]], store: Any) -> None:
+def _act_now(cfg: Config, node: Node, name: str, report: list[dict[str, Any]],
+             store: OutOfServiceStore) -> None:
     """``--act``: each unhealthy GPU's faults acted on as :func:`gpuslurm.policy.fault_response.respond`
     decides (``gpu_out`` takes the GPU out, ``drain`` drains the node); then Slurm is brought to
     the out-of-service record (this is what slurmd's HealthCheckProgram runs)."""
@@ -245,7 +250,7 @@ def _act_now(cfg: Any, node: Any, name: str, report: list[dict[str, Any]], store
     from gpuslurm.policy.health import Fault, drain_reason, gpu_label
     from gpuslurm.state.out_of_service import take_out_decided
 
-    scheduler = _scheduler(cfg, False)
+    scheduler = _scheduler(cfg)
     labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
     faults: list[Fault] = []
     for r in report:

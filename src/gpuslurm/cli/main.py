@@ -1,7 +1,8 @@
 """The ``gpuslurm`` command line: thin click commands over the library.
 
-Every GpuslurmError becomes one line on stderr and the exit code its class carries; this module
-is the only place that happens. Commands import their libraries inside the function so that a
+Every GpuslurmError becomes one line on stderr and the exit code its class carries, in
+:func:`main` alone, by :func:`gpuslurm.errors.run_entry`: the policy every hook's entry uses too.
+Commands import their libraries inside the function so that a
 hook starting ``gpuslurm prolog`` does not pay for jinja2 or the XML parser.
 """
 
@@ -18,18 +19,22 @@ import click
 from gpuslurm import __version__
 from gpuslurm.errors import (
     EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
     CheckMismatchError,
-    GpuslurmError,
     HardwareError,
     InputError,
     one_line,
+    run_entry,
 )
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
 
+    from gpuslurm.gres.records import GresOptions
+    from gpuslurm.hw.model import Node
+
 F = TypeVar("F", bound=Callable[..., Any])
-EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpuslurm, not in the input
 
 FROM_HELP = ("Replay a capture bundle instead of reading NVML: a directory, or a built-in name "
              "(dgx-h100, l40s-4x, a100-mig). Default: $GPUSLURM_CAPTURE, else the live node.")
@@ -52,7 +57,7 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
 
 
-def _load(source: str | None) -> Any:
+def _load(source: str | None) -> Node:
     from gpuslurm.hw.source import load_node
 
     return load_node(source)
@@ -191,7 +196,7 @@ def gres_conf(source: str | None, node_name: str | None, mps: int | None, shard:
     _emit(text, output)
 
 
-def _check(node: Any, opts: Any, existing: Path) -> None:
+def _check(node: Node, opts: GresOptions, existing: Path) -> None:
     from gpuslurm.gres.check import check_gres_conf, renamed_later
     from gpuslurm.gres.conf_parse import parse_gres_conf
     from gpuslurm.gres.records import plan_gres
@@ -334,15 +339,21 @@ def main(argv: list[str] | None = None) -> int:
     BrokenPipeError is left to the caller (:func:`gpuslurm.cli.fast.quiet_on_closed_pipe`),
     which also keeps the interpreter's last flush from failing.
     """
+    return run_entry(lambda: _run_click(argv), lambda message: _say(f"gpuslurm: {message}"),
+                     bug_hint=" (set GPUSLURM_DEBUG=1 for a traceback)",
+                     reraise_bugs=bool(os.environ.get("GPUSLURM_DEBUG")), let_through=(BrokenPipeError,))
+
+
+def _run_click(argv: list[str] | None) -> int:
+    """:func:`run_cli`'s exit code, click's own exceptions turned into theirs; the rest (the
+    library's errors, bugs) are :func:`gpuslurm.errors.run_entry`'s, as for every hook."""
     try:
         code = run_cli(argv)
-        if code is not None:
-            return code
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except (click.Abort, KeyboardInterrupt, EOFError):
         _say("gpuslurm: aborted")
-        return 130
+        return EXIT_INTERRUPTED
     except click.UsageError as exc:
         path = exc.ctx.command_path if exc.ctx else "gpuslurm"
         _say(f"{path}: {exc.format_message()} (see '{path} --help')")
@@ -350,21 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         _say(f"gpuslurm: {exc.format_message()}")
         return EXIT_BAD_INPUT
-    except CheckMismatchError as exc:
-        _say(f"gpuslurm: {exc}")
-        return exc.exit_code
-    except GpuslurmError as exc:
-        _say(f"gpuslurm: {exc}")
-        return exc.exit_code
-    except BrokenPipeError:
-        raise
-    except Exception as exc:  # a bug in gpuslurm: say so plainly, traceback only when asked
-        if os.environ.get("GPUSLURM_DEBUG"):
-            raise
-        _say(f"gpuslurm: internal error: {type(exc).__name__}: {exc} "
-             "(set GPUSLURM_DEBUG=1 for a traceback)")
-        return EXIT_INTERNAL
-    return 0
+    return EXIT_OK if code is None else code
 
 
 if __name__ == "__main__":

@@ -13,7 +13,14 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from gpuslurm.errors import EXIT_BAD_INPUT, GpuslurmError, InputError
+from gpuslurm.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_UNSATISFIED,
+    EXIT_WAIT_TIMEOUT,
+    InputError,
+    run_entry,
+)
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: see gpuslurm.tuples
 
 if TYPE_CHECKING:
@@ -25,9 +32,6 @@ if TYPE_CHECKING:
 
     _T = TypeVar("_T")
 
-EXIT_UNSATISFIED = 5  # nothing on the node satisfies the request now
-EXIT_WAIT_TIMEOUT = 6  # --wait gave up after --timeout
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 MAX_WAIT_S = 366 * 86400.0  # --timeout and --poll
 WAIT_MAX_UTIL = 10.0  # --wait: a GPU is free when no one else's process is on it and util <= this
 FORMATS = ("env", "json", "explain")
@@ -317,26 +321,21 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
 def main(argv: Sequence[str] | None = None) -> int:
     """``gpuslurm pick``: errors become one line on stderr and their exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def step() -> int:
         try:
             return run_pick(args, sys.stdout, sys.stderr)
         except HelpRequested:
             print(USAGE)
             return 0
+
+    try:  # the one entry-point policy, as cli.main's; BrokenPipeError: cli.fast.quiet_on_closed_pipe's
+        return run_entry(step, lambda message: sys.stderr.write(f"gpuslurm pick: {message}\n"),
+                         bug_hint=" (set GPUSLURM_DEBUG=1 for a traceback)",
+                         reraise_bugs=bool(os.environ.get("GPUSLURM_DEBUG")), let_through=(BrokenPipeError,))
     except KeyboardInterrupt:
         sys.stderr.write("gpuslurm pick: interrupted\n")
         return EXIT_INTERRUPTED
-    except GpuslurmError as exc:
-        sys.stderr.write(f"gpuslurm pick: {exc}\n")
-        return exc.exit_code
-    except BrokenPipeError:
-        raise  # gpuslurm.cli.fast.quiet_on_closed_pipe: no message, and no failing flush at exit
-    except Exception as exc:  # a bug: one line, as cli.main says it
-        if os.environ.get("GPUSLURM_DEBUG"):
-            raise
-        sys.stderr.write(f"gpuslurm pick: internal error: {type(exc).__name__}: {exc} "
-                         "(set GPUSLURM_DEBUG=1 for a traceback)\n")
-        return 70
 
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_UNSATISFIED", "EXIT_WAIT_TIMEOUT", "main", "run_pick"]

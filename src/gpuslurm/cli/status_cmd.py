@@ -15,11 +15,15 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 import click
 
 from gpuslurm.cli.main import from_option, json_option
+
+if TYPE_CHECKING:
+    from gpuslurm.watch.live import LiveView
+    from gpuslurm.watch.view import Line
 
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
 LEAVE = "\x1b[?25h\x1b[?1049l"
@@ -32,7 +36,7 @@ _db_option = click.option("--db", metavar="PATH",
                                "(default: [monitor] db, else <state_dir>/monitor.db).")
 
 
-def _open(source: str | None, db: str | None) -> Any:
+def _open(source: str | None, db: str | None) -> LiveView:
     from gpuslurm.cli.schedulers import build_scheduler
     from gpuslurm.config import load_config
     from gpuslurm.watch.live import LiveView
@@ -91,7 +95,7 @@ def watch(interval: float, count: int | None, source: str | None, db: str | None
         live.close()
 
 
-def run_watch(live: Any, out: IO[str], interval: float, count: int | None = None) -> int:
+def run_watch(live: LiveView, out: IO[str], interval: float, count: int | None = None) -> int:
     """Draw frames of ``live.snapshot()`` on ``out`` until stopped; the number of frames drawn."""
     from gpuslurm.watch.view import plain, render
 
@@ -181,7 +185,7 @@ class _Wakeup:
         os.close(self._write)
 
 
-def _draw(out: IO[str], lines: Sequence[Any], rows: int) -> None:
+def _draw(out: IO[str], lines: Sequence[Line], rows: int) -> None:
     from gpuslurm.watch.view import Line, styled
 
     shown = list(lines)

@@ -31,16 +31,20 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gpuslurm.errors import GpuslurmError
-from gpuslurm.hooks.log import EXIT_UNHEALTHY, HookLog
+from gpuslurm.errors import EXIT_UNHEALTHY, GpuslurmError
+from gpuslurm.hooks.log import HookLog
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: the epilog's start-up
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuslurm.config import Config
     from gpuslurm.isolate.kill import Target
+    from gpuslurm.policy.health import Fault
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.scheduler import Scheduler
+    from gpuslurm.state.store import GpuStats
 
 SUMMARY_VERSION = 1
 
@@ -156,7 +160,7 @@ def _bookkeeping(job: HookJob, scheduler: Scheduler, start: float | None, now: f
             log.error(f"cannot set the job's final comment: {exc}")
 
 
-def _out_during(uuids: list[str], start: float | None, cfg: Any,
+def _out_during(uuids: list[str], start: float | None, cfg: Config,
                 log: HookLog) -> list[dict[str, Any]]:
     """The job's GPUs taken out of service since it started (a fault seen while it ran)."""
     from gpuslurm.state.out_of_service import OutOfServiceStore
@@ -170,8 +174,8 @@ def _out_during(uuids: list[str], start: float | None, cfg: Any,
             if u in uuids and (start is None or r.since >= start)]
 
 
-def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Any,
-                   log: HookLog) -> dict[str, Any]:
+def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Config,
+                   log: HookLog) -> dict[str, GpuStats]:
     """Per-device figures from the monitor's store; empty when there is no store or no data."""
     path = os.path.join(cfg.paths.state_dir, "monitor.db")
     if not uuids or start is None or not os.path.isfile(path):
@@ -186,16 +190,17 @@ def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Any,
         return {}
 
 
-def admin_comment(n_gpus: int, stats: Sequence[Any], killed: int = 0) -> str:
+def admin_comment(n_gpus: int, stats: Sequence[GpuStats], killed: int = 0) -> str:
     """The short summary for AdminComment: ``gpuslurm: 4 GPU, util mean 37% max 99%, peak mem …``.
 
     The mean is over all samples of all the job's GPUs; the peak memory is the largest on any one.
     """
     parts = [f"gpuslurm: {n_gpus} GPU"]
-    known = [s for s in stats if s.util_mean_pct is not None and s.util_samples]
+    known = [(s.util_mean_pct, s.util_max_pct, s.util_samples) for s in stats
+             if s.util_mean_pct is not None and s.util_max_pct is not None and s.util_samples]
     if known:
-        mean = sum(s.util_mean_pct * s.util_samples for s in known) / sum(s.util_samples for s in known)
-        top = max(s.util_max_pct for s in known)
+        mean = sum(m * n for m, _, n in known) / sum(n for _, _, n in known)
+        top = max(t for _, t, _ in known)
         parts.append(f"util mean {mean:.0f}% max {top:.0f}%")
     if peaks := [s.mem_peak_mib for s in stats if s.mem_peak_mib is not None]:
         parts.append(f"peak mem {max(peaks) / 1024:.1f} GiB")
@@ -229,7 +234,7 @@ def _gpus_from_claim(job: HookJob, spec: str | None, cfg: Config, log: HookLog) 
 class Release(NamedTuple):
     """What step 3 found: faults to act on, GPU labels for the drain reason, leftovers handled."""
 
-    faults: tuple[Any, ...]
+    faults: tuple[Fault, ...]
     labels: dict[str, str]
     leftovers: tuple[dict[str, Any], ...]  # gpu, pid, user, outcome: for the summary
 
@@ -237,7 +242,7 @@ class Release(NamedTuple):
 NO_RELEASE = Release((), {}, ())
 
 
-def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any, spec: str | None,
+def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Config, spec: str | None,
              log: HookLog, sluid: str | None = None) -> Release:
     """Kill the job's leftovers on its physical GPUs, then check the GPUs were released."""
     from gpuslurm.policy.health import Fault, gpu_label, release_enabled, released_faults
@@ -289,7 +294,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Any,
                 health = read_health(mine, spec)
             except GpuslurmError as exc:
                 log.error(f"cannot read GPU health again after the kill: {exc}")
-    faults: list[Any] = []
+    faults: list[Fault] = []
     action = cfg.health.leftover_processes.action
     for gpu in mine:
         facts = health[gpu.uuid]
@@ -330,7 +335,7 @@ def _other_holders(job_id: str, jobs_dir: str, log: HookLog) -> dict[str, list[t
     return out
 
 
-def _stop_mps(job: HookJob, gpus: Sequence[Mapping[str, Any]], cfg: Config, log: HookLog) -> list[Any]:
+def _stop_mps(job: HookJob, gpus: Sequence[Mapping[str, Any]], cfg: Config, log: HookLog) -> list[Fault]:
     """Stop the job's MPS daemon if the prolog started one. One that survives SIGKILL is stuck in
     the driver: a ``leftover_processes`` fault, so the node drains before the next job."""
     from gpuslurm.isolate.mps import stop_mps, stuck_report
@@ -365,7 +370,7 @@ def _stop_mps(job: HookJob, gpus: Sequence[Mapping[str, Any]], cfg: Config, log:
     return [Fault(stuck[0], "leftover_processes", action, stuck[1])] if action != "off" else []
 
 
-def _drain(job: HookJob, scheduler: Scheduler, drains: list[Any], labels: dict[str, str],
+def _drain(job: HookJob, scheduler: Scheduler, drains: list[Fault], labels: dict[str, str],
            log: HookLog) -> int:
     from gpuslurm.policy.health import drain_reason
 
@@ -380,7 +385,7 @@ def _drain(job: HookJob, scheduler: Scheduler, drains: list[Any], labels: dict[s
     return 0
 
 
-def record_refusal(job: HookJob, now: float, gpus: list[dict[str, Any]], faults: list[Any],
+def record_refusal(job: HookJob, now: float, gpus: list[dict[str, Any]], faults: Sequence[Fault],
                    cfg: Config, log: HookLog) -> None:
     """The summary of a job the prolog refused for health faults: its GPUs and the faults.
 
@@ -400,7 +405,7 @@ def record_refusal(job: HookJob, now: float, gpus: list[dict[str, Any]], faults:
         log.error(f"cannot write the job summary: {exc}")
 
 
-def _prolog_faults(job_id: str, cfg: Any, log: HookLog) -> list[Any]:
+def _prolog_faults(job_id: str, cfg: Config, log: HookLog) -> list[dict[str, Any]]:
     """The faults the prolog refused this job for (from its summary), or none."""
     from gpuslurm.jobid import check_job_id
     from gpuslurm.safedir import read_private_file
@@ -417,7 +422,7 @@ def _prolog_faults(job_id: str, cfg: Any, log: HookLog) -> list[Any]:
     return [f for f in faults if isinstance(f, dict)] if isinstance(faults, list) else []
 
 
-def _summary_dir(cfg: Any) -> str:
+def _summary_dir(cfg: Config) -> str:
     return os.path.join(cfg.paths.state_dir, "jobs")
 
 

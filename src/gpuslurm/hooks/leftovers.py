@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from gpuslurm.hw.procfs import PROC_ROOT
 from gpuslurm.isolate.kill import Target
+from gpuslurm.tuples import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuslurm.hw.health import GpuProcess
 
 
 def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: int,
@@ -39,7 +42,7 @@ def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: 
     return None
 
 
-def plan_kills(listed: Sequence[tuple[str, Any]], job_id: str, job_uid: int,
+def plan_kills(listed: Sequence[tuple[str, GpuProcess]], job_id: str, job_uid: int,
                holders: Mapping[str, Sequence[tuple[str, int]]] | None, ignore_users: Sequence[str],
                listed_at: float, proc_root: str = PROC_ROOT, job_sluid: str | None = None,
                ) -> tuple[list[Target], dict[tuple[str, int], tuple[str, str]]]:

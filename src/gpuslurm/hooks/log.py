@@ -1,18 +1,16 @@
-"""What every job hook shares, whatever the scheduler: its log, its exit codes, its error policy."""
+"""What every job hook shares, whatever the scheduler: its log and its error policy (the exit codes
+and the policy are :mod:`gpuslurm.errors`, which the CLI uses too)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 
-from gpuslurm.errors import GpuslurmError, one_line
+from gpuslurm.errors import one_line, run_entry
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import TextIO
-
-EXIT_UNHEALTHY = 1  # a health fault took the node (or GPU) out of service
-EXIT_INTERNAL = 70  # a bug: the hook fails closed
 
 
 class JobFaultError(Exception):
@@ -58,12 +56,7 @@ class HookLog:
 
 
 def guarded(log: HookLog, step: Callable[[], int]) -> int:
-    """Run a hook's ``step``; an error becomes its exit code, a bug EXIT_INTERNAL (fail closed)."""
-    try:
-        return step()
-    except GpuslurmError as exc:
-        log.error(str(exc))
-        return exc.exit_code
-    except Exception as exc:  # a bug: fail closed, the job must not start on an unchecked GPU
-        log.error(f"internal error: {type(exc).__name__}: {exc}")
-        return EXIT_INTERNAL
+    """Run a hook's ``step`` under :func:`gpuslurm.errors.run_entry`, the message to ``log``: an
+    error becomes its exit code, a bug EXIT_INTERNAL (fail closed: the job must not start on an
+    unchecked GPU)."""
+    return run_entry(step, log.error)

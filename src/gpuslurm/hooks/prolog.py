@@ -29,13 +29,12 @@ from __future__ import annotations
 import os
 import time
 
-from gpuslurm.errors import CommandError, GpuslurmError, InputError
-from gpuslurm.hooks.log import EXIT_INTERNAL, EXIT_UNHEALTHY, HookLog, JobFaultError
+from gpuslurm.errors import EXIT_UNHEALTHY, CommandError, GpuslurmError, InputError
+from gpuslurm.hooks.log import HookLog, JobFaultError
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from typing import Any
 
     from gpuslurm.config import Config
     from gpuslurm.hw.identity import AnyGpu, AnyNode, NodeIdentity
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
     from gpuslurm.state.out_of_service import OutOfServiceStore
     from gpuslurm.state.scheduler import Scheduler
 
-__all__ = ["EXIT_INTERNAL", "EXIT_UNHEALTHY", "HookLog", "JobFaultError", "deny_all_devices", "health_gate",
+__all__ = ["HookLog", "JobFaultError", "deny_all_devices", "health_gate",
            "job_start", "out_of_service_gate", "prepare", "start_on_devices"]
 
 
@@ -223,7 +222,7 @@ def _v2_dir(scheduler: Scheduler, job: HookJob, cfg: Config) -> Callable[[], Seq
     return lambda: scheduler.job_cgroup_v2(job, cfg)
 
 
-def _node(spec: str | None, cfg: Any, log: HookLog) -> NodeIdentity:
+def _node(spec: str | None, cfg: Config, log: HookLog) -> NodeIdentity:
     """The node's GPU identities (cached when replayed; never the link matrix, most of NVML's calls)."""
     from gpuslurm.hooks.cache import node_identity
 
@@ -306,7 +305,7 @@ def _job_out(action: Callable[[str, str], str], job_id: str, reason: str, log: H
     return 0
 
 
-def _job_devices_procs(cfg: Any, job: HookJob, scheduler: Scheduler, devices: Sequence[JobDevice],
+def _job_devices_procs(cfg: Config, job: HookJob, scheduler: Scheduler, devices: Sequence[JobDevice],
                        node: AnyNode, isolated: bool) -> str | None:
     """The devices cgroup the job's MPS daemon starts in (its ``cgroup.procs``), so the daemon and
     its servers never reach a GPU the job was not given. cgroup v1: gpuslurm's own (made by
@@ -340,7 +339,7 @@ def _job_devices_procs(cfg: Any, job: HookJob, scheduler: Scheduler, devices: Se
     return found if found is not None else mps_cgroup_v1(cfg, job.job_id, devices, node)
 
 
-def _release_mps_cgroup(cfg: Any, job_id: str, log: HookLog) -> None:
+def _release_mps_cgroup(cfg: Config, job_id: str, log: HookLog) -> None:
     """The prolog failed after making the daemon's own cgroup: remove it (the epilog may not run)."""
     from gpuslurm.isolate.devices import release_mps_cgroup
 
@@ -351,7 +350,7 @@ def _release_mps_cgroup(cfg: Any, job_id: str, log: HookLog) -> None:
         log.error(f"cannot remove the MPS daemon's cgroup: {exc}")
 
 
-def _stop_mps_after_failure(cfg: Any, job_id: str, log: HookLog) -> None:
+def _stop_mps_after_failure(cfg: Config, job_id: str, log: HookLog) -> None:
     from gpuslurm.isolate.mps import stop_mps
 
     try:

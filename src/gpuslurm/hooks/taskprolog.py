@@ -34,12 +34,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
+from gpuslurm.errors import EXIT_NOT_ISOLATED
 from gpuslurm.hooks.log import HookLog
 
 if TYPE_CHECKING:
     from gpuslurm.state.job import GpuClaim, JobDevice
-
-EXIT_NOT_ISOLATED = 3  # the task could not join its devices cgroup: the scheduler refuses the task
 
 
 def task_exports(claim: GpuClaim | None, job_id: str | None, *, local_id: str = "0",

@@ -368,7 +368,7 @@ def _read_state(base: int, job_id: str, job_path: str) -> MpsDaemon | None:
         raise InputError(f"not valid JSON: {exc}", source=path) from None
 
 
-def state_from_dict(doc: Any, source: str) -> MpsDaemon:
+def state_from_dict(doc: object, source: str) -> MpsDaemon:
     """Validate a decoded ``mps.json``."""
     if not isinstance(doc, dict):
         raise InputError("not a JSON object", source=source)

@@ -35,11 +35,21 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NoReturn, TextIO
 
-from gpuslurm.errors import GpuslurmError, HardwareError, InputError, exit_now
+from gpuslurm.errors import (
+    EXIT_PBS_REFUSED,
+    EXIT_UNHEALTHY,
+    EXIT_USAGE,
+    GpuslurmError,
+    HardwareError,
+    InputError,
+    exit_now,
+)
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import NoReturn, TextIO
+
     from gpuslurm.config import Config
     from gpuslurm.hooks.log import HookLog
     from gpuslurm.pbs.answer import HookAnswer
@@ -47,9 +57,6 @@ if TYPE_CHECKING:
     from gpuslurm.state.job import HookJob
 
 KINDS = {"prologue": 3, "epilogue": 10}  # the arguments pbs_mom passes (argv[1:])
-EXIT_USAGE = 2
-EXIT_UNHEALTHY = 3  # not 1: pbs_mom aborts (deletes) a job whose prologue exits 1
-EXIT_INTERNAL = 70
 MAX_ARG = 4096  # for the arguments read: the job id, user and group
 
 
@@ -59,7 +66,7 @@ def main(kind: str, argv: Sequence[str], environ: Mapping[str, str] | None = Non
 
     ``mom_priv``: where the script is (default ``$PBS_HOME/mom_priv`` from pbs.conf); when
     gpuslurm's hook is enabled there, the hook does all of this and the script does nothing."""
-    from gpuslurm.hooks.log import HookLog
+    from gpuslurm.hooks.log import HookLog, guarded
 
     err = stderr if stderr is not None else sys.stderr
     env = os.environ if environ is None else environ
@@ -67,24 +74,22 @@ def main(kind: str, argv: Sequence[str], environ: Mapping[str, str] | None = Non
         print(f"gpuslurm pbs: unknown script {kind!r} (prologue or epilogue)", file=err)
         return EXIT_USAGE
     log = HookLog(f"pbs {kind}", stream=err)
-    try:
+
+    def step() -> int:
         args = check_args(kind, argv)
         log.job_id = args[0]
-        if mom_priv is None:
+        if mom_priv is not None:
+            here = mom_priv
+        else:
             from gpuslurm.pbs.classic_install import pbs_home
 
-            mom_priv = os.path.join(pbs_home(env), "mom_priv")
-        if hook_enabled(mom_priv):
+            here = os.path.join(pbs_home(env), "mom_priv")
+        if hook_enabled(here):
             log.info(f"gpuslurm's hook is enabled on this host: the {kind} leaves the job to it")
             return 0
-        rc = _run(kind, args, env, log)
-    except GpuslurmError as exc:
-        log.error(str(exc))
-        return exc.exit_code
-    except Exception as exc:  # a bug: one line, and the prologue fails closed (requeue)
-        log.error(f"internal error: {type(exc).__name__}: {exc}")
-        return EXIT_INTERNAL
-    return rc
+        return _run(kind, args, env, log)
+
+    return guarded(log, step)  # an error or a bug: one line, and the prologue fails closed (requeue)
 
 
 def hook_enabled(mom_priv: str) -> bool:
@@ -144,13 +149,13 @@ def _run(kind: str, args: list[str], environ: Mapping[str, str], log: HookLog) -
 
         rc = job_start(job, actions, cfg, log, spec, isolate=False)
         apply_offline(answer, cfg, log)  # a failure is logged; the job is refused all the same
-        if rc == 1:  # the core drained (here: vnodes offline) for a health fault
-            return EXIT_UNHEALTHY
+        if rc == EXIT_UNHEALTHY:  # the core drained (here: vnodes offline) for a health fault
+            return EXIT_PBS_REFUSED
         if rc != 0:
             return rc
         if not answer.accept:  # the core requeued or refused it (a GPU out of service)
             log.error(f"the job does not run here: {answer.message}")
-            return EXIT_UNHEALTHY
+            return EXIT_PBS_REFUSED
         return 0
     uuids: tuple[str, ...] | None = None
     vnodes: tuple[str, ...] = ()
@@ -165,7 +170,7 @@ def _run(kind: str, args: list[str], environ: Mapping[str, str], log: HookLog) -
 
     rc = job_end(job, PbsHookActions(answer, vnodes), cfg, log, spec, time.time())
     if apply_offline(answer, cfg, log):
-        return 1
+        return EXIT_UNHEALTHY
     return rc
 
 

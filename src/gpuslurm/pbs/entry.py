@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from gpuslurm.errors import GpuslurmError, HardwareError, InputError, exit_now
+from gpuslurm.errors import EXIT_OK, EXIT_USAGE, HardwareError, InputError, exit_now
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,15 +40,13 @@ if TYPE_CHECKING:
     from gpuslurm.pbs.request import PbsRequest
     from gpuslurm.state.job import HookJob
 
-EXIT_USAGE = 2
-EXIT_INTERNAL = 70
 CODE = "from gpuslurm.pbs.entry import run; run()"  # what the hook runs with -I
 
 
 def main(argv: Sequence[str] | None = None, stdin: BinaryIO | None = None, stdout: TextIO | None = None,
          stderr: TextIO | None = None) -> int:
     """Answer the event ``argv[0]`` names (default ``sys.argv[1:]``); the exit code."""
-    from gpuslurm.hooks.log import HookLog
+    from gpuslurm.hooks.log import HookLog, guarded
     from gpuslurm.pbs.request import EVENTS
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -59,18 +57,19 @@ def main(argv: Sequence[str] | None = None, stdin: BinaryIO | None = None, stdou
         return EXIT_USAGE
     event = args[0]
     log = HookLog(f"pbs {event}", stream=err)
-    try:
-        answer = answer_event(event, stdin if stdin is not None else sys.stdin.buffer, log)
-    except GpuslurmError as exc:
-        log.error(str(exc))
-        return exc.exit_code
-    except Exception as exc:  # a bug: one line; the hook fails closed where it must
-        log.error(f"internal error: {type(exc).__name__}: {exc}")
-        return EXIT_INTERNAL
+    answers: list[HookAnswer] = []
+
+    def step() -> int:
+        answers.append(answer_event(event, stdin if stdin is not None else sys.stdin.buffer, log))
+        return EXIT_OK
+
+    rc = guarded(log, step)  # an error or a bug: one line; the hook fails closed where it must
+    if rc != EXIT_OK:
+        return rc
     out = stdout if stdout is not None else sys.stdout
-    out.write(answer.to_json() + "\n")
+    out.write(answers[0].to_json() + "\n")
     out.flush()
-    return 0
+    return EXIT_OK
 
 
 def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:

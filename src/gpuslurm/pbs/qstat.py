@@ -116,7 +116,7 @@ def _str(item: dict[str, Any], key: str, where: str, source: str, default: str |
     return value
 
 
-def _int(value: Any, what: str, source: str) -> int:
+def _int(value: object, what: str, source: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**63 - 1:
         raise _fail(f"{what} is not a non-negative integer: {str(value)[:40]!r}", source)
     return value
@@ -245,7 +245,7 @@ def parse_qstat_json(text: str, source: str = "qstat -f -F json") -> tuple[PbsJo
     return tuple(out)
 
 
-def _account(account: Any, project: Any) -> str | None:
+def _account(account: object, project: object) -> str | None:
     """Account_Name, else a project other than PBS's default: what fair-share groups users by."""
     for value in (account, project):
         if isinstance(value, str) and value and value != "_pbs_project_default":

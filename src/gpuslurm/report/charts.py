@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuslurm.errors import InputError
 from gpuslurm.policy.wording import tenths
@@ -29,6 +29,11 @@ from gpuslurm.report.data import GpuSeries, ReportData
 PLOT_SUFFIXES = (".png", ".html")
 TITLES = ("GPU-hours per {by}: allocated, used and idle", "GPU utilisation over time",
           "Share of GPU capacity against quota")
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
+
 MAX_ROWS = 20  # rows drawn in the bar charts, most used first
 
 
@@ -58,7 +63,7 @@ def _rows(report: Report) -> list[Row]:
     return [r for r in report.rows if r.key != NOBODY or r.used_gpu_hours > 0][:MAX_ROWS]
 
 
-def draw_hours(ax: Any, report: Report) -> None:
+def draw_hours(ax: Axes, report: Report) -> None:
     """Per row, three bars: allocated, used (its part outside any job hatched) and idle GPU-hours."""
     rows = _rows(report)
     xs = list(range(len(rows)))
@@ -78,7 +83,7 @@ def draw_hours(ax: Any, report: Report) -> None:
         ax.legend(fontsize="small", loc="upper right")
 
 
-def draw_gpus(ax: Any, data: ReportData, report: Report) -> Any:
+def draw_gpus(ax: Axes, data: ReportData, report: Report) -> AxesImage | None:
     """A heat map: one row per GPU (index order), utilisation % per bucket, blank where unknown."""
     from matplotlib import dates
 
@@ -99,7 +104,7 @@ def draw_gpus(ax: Any, data: ReportData, report: Report) -> Any:
     return image
 
 
-def draw_share(ax: Any, report: Report) -> None:
+def draw_share(ax: Axes, report: Report) -> None:
     """Bars: each row's share of capacity; a black tick: its quota (none when no quota applies)."""
     rows = [r for r in report.rows if r.key != NOBODY][:MAX_ROWS]
     names = [r.key for r in rows]
@@ -119,7 +124,7 @@ def draw_share(ax: Any, report: Report) -> None:
         ax.legend(fontsize="small", loc="upper right")
 
 
-def _draw(i: int, fig: Any, ax: Any, data: ReportData, report: Report) -> None:
+def _draw(i: int, fig: Figure, ax: Axes, data: ReportData, report: Report) -> None:
     if i == 0:
         draw_hours(ax, report)
     elif i == 1:
@@ -130,7 +135,7 @@ def _draw(i: int, fig: Any, ax: Any, data: ReportData, report: Report) -> None:
         draw_share(ax, report)
 
 
-def build_figure(data: ReportData, report: Report) -> Any:
+def build_figure(data: ReportData, report: Report) -> Figure:
     """All three charts stacked in one Figure (what a PNG holds)."""
     from matplotlib.figure import Figure
 
@@ -141,7 +146,7 @@ def build_figure(data: ReportData, report: Report) -> Any:
     return fig
 
 
-def build_figures(data: ReportData, report: Report) -> list[Any]:
+def build_figures(data: ReportData, report: Report) -> list[Figure]:
     """The three charts as separate Figures (what the HTML page holds)."""
     from matplotlib.figure import Figure
 
@@ -163,7 +168,7 @@ def heading(report: Report) -> str:
             f"idle {tenths(t.idle_gpu_hours)} of {tenths(t.capacity_gpu_hours)} GPU-hours")
 
 
-def _png(fig: Any) -> bytes:
+def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()

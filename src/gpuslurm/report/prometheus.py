@@ -377,10 +377,12 @@ def _value(item: dict[str, Any]) -> float | None:
     return _float(value[1]) if isinstance(value, list) and len(value) == 2 else None
 
 
-def _float(text: Any) -> float | None:
+def _float(text: object) -> float | None:
+    if not isinstance(text, (str, int, float)):  # what float() takes of JSON's values
+        return None
     try:
         value = float(text)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
     return None if math.isnan(value) else value
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
-from gpuslurm.errors import exit_now
+from gpuslurm.errors import EXIT_USAGE, exit_now
+from gpuslurm.tuples import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 # hook name -> its --help line
 HOOKS = {"prolog": "gpuslurm prolog: Slurm Prolog, as root before each job: health gate, device "
@@ -27,7 +30,6 @@ HOOKS = {"prolog": "gpuslurm prolog: Slurm Prolog, as root before each job: heal
                    "cleanup, summary",
          "task-prolog": "gpuslurm task-prolog: Slurm TaskProlog, as the job's user: CUDA and NUMA "
                         "hints as export lines"}
-EXIT_USAGE = 2  # what click returns for a usage error, so both entry points agree
 
 
 def main(argv: Sequence[str] | None = None) -> int:

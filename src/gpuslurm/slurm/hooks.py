@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, TextIO
 
 from gpuslurm.hooks.log import HookLog, guarded
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import TextIO
+
     from gpuslurm.config import Config
     from gpuslurm.slurm.adapter import SlurmScheduler
     from gpuslurm.state.job import HookJob
@@ -81,8 +83,10 @@ def run_task_prolog(environ: Mapping[str, str], out: TextIO, log: HookLog | None
     from gpuslurm.hooks.taskprolog import task_start
     from gpuslurm.slurm.hookenv import join_task_cgroup
 
-    return task_start(lambda: join_task_cgroup(environ), lambda: task_prolog_lines(environ), out,
-                      log or HookLog("task-prolog", use_syslog=False))
+    log = log or HookLog("task-prolog", use_syslog=False)
+    # task_start keeps its own policy (only isolation refuses the task); what escapes it is a bug
+    return guarded(log, lambda: task_start(lambda: join_task_cgroup(environ),
+                                           lambda: task_prolog_lines(environ), out, log))
 
 
 def _setup(environ: Mapping[str, str], log: HookLog) -> tuple[HookJob, Config, SlurmScheduler]:

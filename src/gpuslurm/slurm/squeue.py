@@ -55,7 +55,7 @@ MAX_TIME = 253402300799  # 9999-12-31T23:59:59Z: the last second datetime can sh
 MAX_FIELD_CHARS = 1 << 16  # one string field (a name, a node list, one gres_detail item)
 
 
-def _number(value: Any, what: str, most: float, source: str) -> float | None:
+def _number(value: object, what: str, most: float, source: str) -> float | None:
     """A number field: None when absent or unset (23.02+: ``{"set": false}``, ``"infinite"``);
     InputError for anything but a finite number from 0 to ``most`` (JSON's ``1e999`` is inf)."""
     if isinstance(value, dict):  # 23.02+: {"set": bool, "infinite": bool, "number": n}
@@ -69,7 +69,7 @@ def _number(value: Any, what: str, most: float, source: str) -> float | None:
     return float(value)
 
 
-def _text(value: Any, what: str, source: str) -> str:
+def _text(value: object, what: str, source: str) -> str:
     """A string field ("" when absent); InputError for another type or a string past the bound."""
     if value is None:
         return ""
@@ -80,7 +80,7 @@ def _text(value: Any, what: str, source: str) -> str:
     return value
 
 
-def _texts(value: Any, what: str, source: str) -> tuple[str, ...]:
+def _texts(value: object, what: str, source: str) -> tuple[str, ...]:
     """A list of strings (``()`` when absent); 22.05's plain string is a list of one."""
     if value is None or isinstance(value, str):
         return (_text(value, what, source),) if value else ()
@@ -89,7 +89,7 @@ def _texts(value: Any, what: str, source: str) -> tuple[str, ...]:
     return tuple(_text(v, what, source) for v in value)
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     """A short description of a JSON value for a message (never its whole text: it can be nested
     a thousand deep, or be a thousand digits long)."""
     if isinstance(value, float | bool) or value is None:
@@ -116,7 +116,7 @@ def _errors(doc: dict[str, Any], source: str) -> None:
     raise CommandError(one_line(f"{source}: {why}"), ("squeue", "--json"))
 
 
-def _job(item: Any, source: str) -> SqueueJob:
+def _job(item: object, source: str) -> SqueueJob:
     if not isinstance(item, dict):
         raise InputError(f"a job that is not a JSON object: {_shown(item)}", source=source)
     job_id = item.get("job_id")

@@ -75,7 +75,7 @@ class JobMap(NamedTuple):
         }
 
     @classmethod
-    def from_dict(cls, data: Any, source: str) -> JobMap:
+    def from_dict(cls, data: object, source: str) -> JobMap:
         """Validate a decoded map; unknown keys are ignored so newer writers stay readable."""
         if not isinstance(data, dict):
             raise InputError("a job map must be a JSON object", source=source)

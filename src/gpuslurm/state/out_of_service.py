@@ -93,7 +93,7 @@ def parse_record(data: bytes, source: str) -> dict[str, OutOfService]:
     return out
 
 
-def _entry(item: Any, source: str) -> OutOfService:
+def _entry(item: object, source: str) -> OutOfService:
     if not isinstance(item, dict):
         raise InputError("each GPU entry must be an object", source)
     uuid, reason, since, by = item.get("uuid"), item.get("reason"), item.get("since"), item.get("by")

@@ -32,7 +32,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -225,7 +225,7 @@ class Store:
         cutoff = math.floor((now - raw_window_s) / 60) * 60  # whole minutes only: no bucket is split
         self._write(self._rollup_rows, cutoff, None if keep_s is None else now - keep_s)
 
-    def _write(self, fn: Any, *args: Any) -> None:
+    def _write(self, fn: Callable[..., None], *args: object) -> None:
         if self.readonly:
             raise StoreError("opened read-only", source=self.path)
         conn = self._conn

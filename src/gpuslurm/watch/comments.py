@@ -14,16 +14,20 @@ unreachable slurmctld costs at most one timeout per interval.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuslurm.errors import CommandError, GpuslurmError
 from gpuslurm.samples import Allocation, ScanProblem
 
+if TYPE_CHECKING:
+    from gpuslurm.state.store import GpuStats
+
 PROBLEM_KIND = "admin-comment"
 
 # (uuids, since, until) → per-device figures (state.store.Store.gpu_stats)
-StatsFn = Callable[[Sequence[str], float, float], Mapping[str, Any]]
-TextFn = Callable[[int, Sequence[Any]], str]  # (GPU count, figures) → the line (hooks.epilog.admin_comment)
+StatsFn = Callable[[Sequence[str], float, float], Mapping[str, "GpuStats"]]
+# (GPU count, figures) → the line (hooks.epilog.admin_comment)
+TextFn = Callable[[int, Sequence["GpuStats"]], str]
 SendFn = Callable[[str, str], object]  # (job id, line) → sets it, raises GpuslurmError on failure
 
 

@@ -20,12 +20,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gpuslurm.errors import GpuslurmError
 from gpuslurm.samples import Allocation, Cycle, Reading, ScanProblem, Violation
 from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.comments import PROBLEM_KIND, CommentUpdater
+
+if TYPE_CHECKING:
+    from gpuslurm.hw.model import Node
 
 MAX_PENDING = 360  # cycles kept while the store refuses writes (an hour at 10 s)
 ROLLUP_EVERY_S = 60.0
@@ -267,7 +270,7 @@ def stop_on_signals(stop: threading.Event) -> Callable[[], None]:
     return restore
 
 
-def open_sampler(source: str | None) -> tuple[Sampler, Any]:
+def open_sampler(source: str | None) -> tuple[Sampler, Node]:
     """The sampler for ``source`` (a bundle or builtin name: replay; None: live NVML), and the Node.
 
     Replay starts from the state the bundle's capture recorded and takes its activity from the
