@@ -4,6 +4,7 @@ bash, zsh and fish where present; man pages made from each command's --help, rea
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,7 +104,9 @@ def test_a_click_commands_page_says_what_its_help_says(pages: Path, command: lis
     helped = subprocess.run([str(GPUSLURM), *command, "--help"], env=_env(COLUMNS="200"), capture_output=True,
                             text=True, timeout=60)
     shown = " ".join(_words(_man(pages / f"gpuslurm-{'-'.join(command)}.1")))
-    options = [line.split()[0].rstrip(",") for line in helped.stdout.splitlines() if line.startswith("  -")]
-    assert options and all(option in shown for option in options)
+    # each option's whole flags column (``-h, --help``, ``--from DIR|NAME``), as --help prints it
+    options = [re.split(r"\s{2,}", line.strip())[0] for line in helped.stdout.splitlines()
+               if line.startswith("  -")]
+    assert options and all(option in shown for option in options), [o for o in options if o not in shown]
     description = helped.stdout.split("\n\n")[1]
     assert " ".join(description.split()) in shown

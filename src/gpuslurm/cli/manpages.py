@@ -34,11 +34,19 @@ def _head(name: str, summary: str) -> list[str]:
             ".SH NAME", f"{_roff(name)} \\- {_roff(summary)}"]
 
 
+def _context(command: click.Command, name: str, parent: click.Context | None) -> click.Context:
+    # with the command's own context settings, as click's make_context gives them: the root's
+    # help option names (-h, --help) reach every page through the parent, as they reach --help
+    # (click keeps the help option it first makes on the command: a page made without them
+    # would also take -h from --help later in the same process)
+    return click.Context(command, info_name=name, parent=parent, **command.context_settings)
+
+
 def page(path: tuple[str, ...], command: click.Command, parent: click.Context) -> str:
     """The man page of ``gpuslurm <path>``: name, synopsis, description, options, subcommands."""
     if path == ("pick",):
         return pick_page()
-    ctx = click.Context(command, info_name=path[-1] if path else "gpuslurm", parent=parent)
+    ctx = _context(command, path[-1] if path else "gpuslurm", parent)
     name = "-".join(("gpuslurm", *path))
     lines = _head(name, command.get_short_help_str(limit=200))
     lines += [".SH SYNOPSIS", f".B {_roff(ctx.command_path)}",
@@ -75,10 +83,10 @@ def pick_page() -> str:
 def all_pages(cli: click.Group) -> dict[str, str]:
     """Every page by file name (``gpuslurm.1``, ``gpuslurm-gpu-list.1``, ...), hidden commands left out."""
     pages: dict[str, str] = {}
-    root = click.Context(cli, info_name="gpuslurm")
+    root = _context(cli, "gpuslurm", None)
 
     def visit(path: tuple[str, ...], command: click.Command, parent: click.Context | None) -> None:
-        ctx = root if parent is None else click.Context(command, info_name=path[-1], parent=parent)
+        ctx = root if parent is None else _context(command, path[-1], parent)
         pages["-".join(("gpuslurm", *path)) + ".1"] = page(path, command, parent or root) if path else \
             _root_page(cli, root)
         if isinstance(command, click.Group):
