@@ -13,6 +13,7 @@ import click
 from gpuslurm.cli.main import from_option
 
 if TYPE_CHECKING:
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.state.scheduler import Scheduler
 
 
@@ -45,22 +46,20 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
 
     from gpuslurm.config import load_config
     from gpuslurm.errors import InputError
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.state.store import Store, default_path
     from gpuslurm.watch import monitor as mon
     from gpuslurm.watch.build import build_monitor
 
     cfg = load_config()
-    if cfg.paths.nvml_library:
-        from gpuslurm.hw.nvml_lib import use_library
-
-        use_library(cfg.paths.nvml_library)
+    hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
     mc = cfg.monitor
     path = db or mc.db or default_path(cfg.paths.state_dir)
     if not os.path.isabs(path):
         raise InputError(f"the store must be an absolute path, not {path!r}",
                          source="--db" if db else "monitor.db")
     node_name = mc.node_name or socket.gethostname().split(".")[0]
-    sampler, node = mon.open_sampler(source)
+    sampler, node = mon.open_sampler(hardware)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     store = Store.open(path, group=_db_group(mc.db_group))
     for change in store.tightened:
@@ -82,7 +81,7 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
                              comments=_comments(cfg, store),
                              act=_actions(cfg, node_name),
                              quotas=_slurm_quotas(cfg, node),
-                             health=_health(cfg, node, node_name, source),
+                             health=_health(cfg, node, node_name, hardware),
                              observe=exporter.state.update if exporter else None)
     stop = threading.Event()
     restore = mon.stop_on_signals(stop)
@@ -120,20 +119,19 @@ def _scheduler(cfg: Any) -> Scheduler | None:
     return build_scheduler(cfg, _warn)
 
 
-def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
+def _health(cfg: Any, node: Any, node_name: str, source: HardwareSource) -> Any:
     """With ``[monitor] health``: the live health check (see docs/health.md)."""
     if not cfg.monitor.health:
         return None
     from gpuslurm.cli.schedulers import action_command, scheduler_for
     from gpuslurm.hw.health import read_health
-    from gpuslurm.hw.source import bundle_path
     from gpuslurm.state.out_of_service import OutOfServiceStore
     from gpuslurm.watch.health import HealthWatch
 
     kmsg = None
     path = cfg.monitor.kmsg
     if path == "auto":
-        path = "" if bundle_path(source) is not None else "/dev/kmsg"
+        path = "" if source.replay else "/dev/kmsg"
     if path:
         from gpuslurm.hw.kmsg import KmsgReader
 
@@ -152,7 +150,7 @@ def _health(cfg: Any, node: Any, node_name: str, source: str | None) -> Any:
         scheduler = None
 
     events = None
-    if bundle_path(source) is None:
+    if not source.replay:
         from gpuslurm.hw.health import NvmlHealthReader
         from gpuslurm.hw.nvml_events import NvmlEvents
 

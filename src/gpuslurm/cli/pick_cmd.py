@@ -477,7 +477,7 @@ def exec_command(node: Node, placement: Placement, command: Sequence[str], err: 
 def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
              environ: Mapping[str, str] | None = None) -> int:
     """The command; its exit code (or no return when it execs CMD)."""
-    from gpuslurm.hw.source import bundle_path, load_node
+    from gpuslurm.hw.source import hardware_source
 
     args = parse_args(argv)
     req = build_request(args)
@@ -492,8 +492,9 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
             parse_duration(args.poll, "--poll", max_s=MAX_WAIT_S, max_words="366 days")
         timeout = None if args.timeout is None else \
             parse_duration(args.timeout, "--timeout", max_s=MAX_WAIT_S, max_words="366 days")
-    bundle = bundle_path(args.source)
-    node = load_node(args.source, cache_dir=cache_dir(env))
+    hardware = hardware_source(args.source)
+    bundle = hardware.bundle
+    node = hardware.node(cache_dir=cache_dir(env))
     allowed = job_candidates(node, env)
     check_request(node, req, allowed)
     cc = capabilities(bundle) if req.min_cc is not None else None

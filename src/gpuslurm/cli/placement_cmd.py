@@ -49,7 +49,6 @@ def placement_rows(node: Any, text: str | Iterable[JobDetail], node_name: str) -
         if bad:
             raise InputError(f"job {job.job_id}: GPU IDX {bad[0]} but {node_name} has {len(table)} "
                              "gpu GRES; is --from this node?", "scontrol show -d job")
-        # table rows hold the node's own Gpu values (load_node gives a Node, not identities)
         gpus = [node.gpu(u) for u in dict.fromkeys(table[i].gpu.uuid for i in share.gpu_idx)]
         try:
             cpus = os_cpus_of_abstract(node, share.cpu_ids)
@@ -110,9 +109,9 @@ def summary(node_name: str, rows: list[dict[str, Any]]) -> str:
               help="Read a recorded `scontrol show -d job` instead of running it ('-': stdin).")
 def placement(source: str | None, as_json: bool, node_name: str | None, input_file: str | None) -> None:
     """For each running GPU job here: are its CPUs on its GPUs' NUMA nodes, and its weakest link."""
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
 
-    node = load_node(source)
+    node = hardware_source(source).node()
     name = node_name or os.environ.get("SLURMD_NODENAME") or node.hostname.split(".", 1)[0]
     source_text: str | tuple[JobDetail, ...]
     if input_file is None:
