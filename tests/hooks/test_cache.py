@@ -65,7 +65,8 @@ def test_the_hooks_node_round_trips_every_builtin(name: str) -> None:
 def test_replayed_node_is_cached_root_only_and_used(site: HookSite, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = str(site.root / "run")
     first = node_identity(str(site.bundle), run_dir)
-    assert first == load_node(str(site.bundle), links=False)
+    assert first == load_node(str(site.bundle), links=False)._replace(cpus=())
+    assert first.gpus[0].cpu_affinity  # each GPU's own CPUs stay
     path = cache_file(site, "node-identity.json")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == os.geteuid()
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -129,7 +130,7 @@ def test_the_live_node_is_never_cached(site: HookSite, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(HardwareSource, "node", live)
     run_dir = str(site.root / "run")
-    assert hook_node(LIVE, run_dir) == hook_node(LIVE, run_dir) == dgx
+    assert hook_node(LIVE, run_dir) == hook_node(LIVE, run_dir) == dgx._replace(cpus=())
     assert calls == [(None, False), (None, False)]
     assert not cache_file(site, "node-identity.json").exists()
 

@@ -16,10 +16,10 @@ run_dir, so a config that spells run_dir another way is simply parsed every time
 ``node-placement.json``: the same for the whole replayed node with its link matrix and CPUs
 (:func:`placement_node`), which PBS's execjob_begin ranks GPU sets by; same key, same rules.
 
-``node-identity.json``: a replayed node (:class:`gpuslurm.hw.model.Node` without its link matrix:
-the GPUs' UUIDs, indices, minors, bus ids, NUMA nodes, CPU affinities and MIG devices the hooks
-use) comes from parsing its capture bundle (nvidia-smi XML, lscpu, ...), which costs a prolog
-several times its own work.
+``node-identity.json``: a replayed node (:class:`gpuslurm.hw.model.Node` without its link matrix
+and CPU list: the GPUs' UUIDs, indices, minors, bus ids, NUMA nodes, CPU affinities and MIG
+devices the hooks use) comes from parsing its capture bundle (nvidia-smi XML, lscpu, ...), which
+costs a prolog several times its own work.
 The file is valid while the bundle directory holds the same files: its real path and, for every
 file but ``health.json`` (read by every hook anyway), name, size, inode, modification and change
 times. The live node is never cached; NVML is asked on every run. Its identities change without
@@ -103,8 +103,10 @@ def run_dir_hint(text: str) -> str:
 
 
 def hook_node(source: HardwareSource, run_dir: str, warn: Warn | None = None) -> Node:
-    """``source``'s node without its link matrix (the hooks' GPUs), cached when replayed."""
-    return _replayed(source, run_dir, warn, NODE_FILE, lambda: source.node(links=False))
+    """``source``'s node as the hooks use it, cached when replayed: its GPUs (each with its CPU
+    affinity) without the link matrix (most of NVML's calls) or the node's CPU list (``cpus`` is
+    empty: decoding a large node's hundreds of CPUs from the cache would cost a prolog ~1 ms)."""
+    return _replayed(source, run_dir, warn, NODE_FILE, lambda: source.node(links=False)._replace(cpus=()))
 
 
 def placement_node(source: HardwareSource, run_dir: str, warn: Warn | None = None) -> Node:
