@@ -17,11 +17,10 @@ from gpuslurm.errors import CaptureError, HardwareError
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # typing is not imported on pick's path
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
     from typing import Any
 
-    from gpuslurm.hw.health import GpuHealth
-    from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.hw.model import Node
 
 BUILTIN_PREFIX = "builtin:"
 ENV_VAR = "GPUSLURM_CAPTURE"
@@ -130,12 +129,6 @@ class HardwareSource(NamedTuple):
             return read_node() if links else read_node(links=False)
         except HardwareError as exc:
             raise HardwareError(f"{exc}; {NO_NVML_HINT}") from exc
-
-    def health(self, gpus: Sequence[Gpu], *, captured: bool = False) -> dict[str, GpuHealth]:
-        """:func:`gpuslurm.hw.health.read_health` of ``gpus`` from this source."""
-        from gpuslurm.hw.health import read_health
-
-        return read_health(gpus, self, captured=captured)
 
     def capabilities(self) -> dict[str, tuple[int, int]]:
         """:func:`load_capabilities` of this source."""
