@@ -14,37 +14,34 @@ import contextlib
 import difflib
 import io
 import json
-import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
-HERE = Path(__file__).resolve().parent
-TESTS = HERE.parent
-REPO = TESTS.parent
+from snapshot_env import BASE_ENV, HERE, REAL, REPO, TESTS, environ, first_line, normalise, stdout_record
+from snapshot_hooks import HOOK_CASES
+
+from report.report_helpers import CONFIG as REPORT_CONFIG
+from report.report_helpers import END, T0, make_store
+from scheduler_stand_in import no_jobs_config
+
 GOLDEN = HERE / "golden.json"
-REAL = REPO.parent / "shared" / "fixtures" / "real"
 RERECORD = "if the change is intended, record it again: python tests/snapshot/record.py --write"
-
-if str(TESTS) not in sys.path:  # run as a script: the test helpers live in tests/
-    sys.path.insert(0, str(TESTS))
-
-from hooks.hook_helpers import make_site  # noqa: E402
-from report.report_helpers import CONFIG as REPORT_CONFIG  # noqa: E402
-from report.report_helpers import END, T0, make_store  # noqa: E402
-from scheduler_stand_in import no_jobs_config  # noqa: E402
 
 BUILTINS = ("dgx-h100", "l40s-4x", "a100-mig")
 PLACEMENT_INPUT = TESTS / "place" / "data" / "scontrol-show-d-job-l40s.txt"
-QSTAT_JOB = TESTS / "pbs" / "data" / "qstat-f-json.json"  # real qstat -f -F json: 0.pbshost, 2 GPUs
 NODE_NAME = "snapnode"  # [monitor] node_name: the monitor and status would name this machine
+NVL = "{DATA}/nvl-pairs-4x"  # tests/place's bundle of two NVLink pairs
+NVL_PAIRS = [f"GPU-nvl-pairs-4x-000{i}-0000-0000-000000000000" for i in range(4)]  # tests/place/data's
+L40S_GPU0 = "GPU-b02cb6a6-cbee-5f55-b99a-6a786dc74e39"  # l40s-4x's GPU 0 (README.md shows it)
+A100_LAYOUT = ('[gpus."0"]\nprofiles = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]\n\n'
+               '[gpus."1"]\nmig = false\n')  # a100-mig's own, as `mig show --as-layout` prints it
 
 
 def multi_captures() -> list[str]:
@@ -96,6 +93,48 @@ OTHER_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("pick", "1", "--from", "multi/h200-mig__590.48.01", "--mig", "1g.18gb", "--format", "json"),
     ("pick", "1", "--from", "xml/a100-sxm4-mig-v12", "--mig", "1g.20gb", "--format", "json"),
     ("mig", "show", "--from", "a100-mig", "--as-layout"),
+    # inside a job: only the job's GPUs (Slurm's GRES indices, the task prolog's UUIDs, PBS's)
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", "pick", "2", "--from", NVL, "--format", "json"),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", "pick", "3", "--from", NVL),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=1,2", f"GPUSLURM_GPU_UUIDS={NVL_PAIRS[3]}", "pick", "1",
+     "--from", NVL, "--format", "json"),
+    ("SLURM_JOB_ID=42", "pick", "1", "--from", "dgx-h100"),
+    ("SLURM_JOB_ID=42", "SLURM_STEP_GPUS=4", "SLURM_JOB_GPUS=4,5", "pick", "1", "--from", "dgx-h100",
+     "--format", "json"),
+    ("SLURM_JOB_ID=42", "SLURM_JOB_GPUS=0-99999999999", "pick", "1", "--from", "dgx-h100"),
+    ("PBS_JOBID=12.pbshost", "pick", "1", "--from", NVL),
+    ("PBS_JOBID=12.pbshost", f"GPUSLURM_GPU_UUIDS={NVL_PAIRS[0]},{NVL_PAIRS[3]}", "pick", "2", "--from", NVL,
+     "--format", "json"),
+    # pick's cache of parsed bundles: the second run reads it
+    ("XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "dgx-h100", "--format", "json", "&&",
+     "XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "dgx-h100", "--format", "json"),
+    ("XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "a100-mig", "--mig", "1g.10gb", "&&",
+     "XDG_CACHE_HOME={SITE}/cache", "pick", "2", "--from", "a100-mig", "--mig", "1g.10gb"),
+    ("pick", "2", "--from", "{DATA}/pcie-tree-8x", "--format", "explain"),
+    ("pick", "4", "--from", "{DATA}/pcie-tree-8x", "--format", "json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "2", "--from", "l40s-4x", "--format", "explain"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "2", "--from", "l40s-4x", "--max-util", "50", "--format",
+     "json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "pick", "4", "--from", "l40s-4x", "--mem", "10GiB"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "status", "--from", "l40s-4x", "--json"),
+    ("GPUSLURM_SCENARIO={SITE}/busy.json", "monitor", "--once", "--json", "--from", "l40s-4x"),
+    ("GPUSLURM_SCENARIO={SITE}/no-such.json", "pick", "1", "--from", "l40s-4x"),
+    # a node with faults (faulty/dgx-h100: Xid 79, a hot GPU, ECC errors)
+    ("health", "--from", "faulty/dgx-h100", "--json"),
+    ("health", "--from", "faulty/dgx-h100"),
+    ("health", "--from", "faulty/dgx-h100", "--gpu", "index:2", "--json"),
+    ("status", "--from", "faulty/dgx-h100", "--json"),
+    ("pick", "8", "--from", "faulty/dgx-h100"),
+    ("pick", "2", "--from", "faulty/dgx-h100", "--format", "explain"),
+    ("monitor", "--once", "--json", "--from", "faulty/dgx-h100"),
+    ("monitor", "--once", "--from", "faulty/dgx-h100", "&&",
+     "gpu", "list", "--from", "faulty/dgx-h100", "--json"),
+    ("monitor", "--once", "--from", "faulty/dgx-h100", "&&", "hogs", "--json"),
+    ("gpu", "online", "index:2", "--from", "faulty/dgx-h100", "--no-slurm"),
+    ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "a100-mig"),
+    ("mig", "assert", "{SITE}/a100-layout.toml", "--from", "dgx-h100"),
+    ("mig", "assert", "{SITE}/other-layout.toml", "--from", "a100-mig"),
+    ("mig", "assert", "{SITE}/missing.toml", "--from", "a100-mig"),
     ("pick", "1", "--from", "dgx-h100", "--type", "a100", "--format", "json"),
     ("pick", "9", "--from", "dgx-h100", "--format", "json"),
     ("placement", "--from", "l40s-4x", "--node", "l40s01", "--input", str(PLACEMENT_INPUT), "--json"),
@@ -110,11 +149,11 @@ OTHER_COMMANDS: tuple[tuple[str, ...], ...] = (
        "--format", fmt) for by in ("user", "account", "job", "process") for fmt in ("json", "table")),
     ("fairshare-report", "--db", "{STORE}", "--since", f"@{int(T0)}", "--until", f"@{int(END)}", "--format",
      "csv"),
-    ("throttle", "add", "alice", "--file", "{SITE}/throttle", "--for", "2h", "--cap", "2",
+    ("throttle", "add", "nobody", "--file", "{SITE}/throttle", "--for", "2h", "--cap", "2",
      "--reason", "fair share", "&&", "throttle", "list", "--file", "{SITE}/throttle", "--json"),
-    ("throttle", "add", "bob", "--file", "{SITE}/throttle", "--for", "1h", "--mode", "reject",
-     "--reason", "x", "&&", "throttle", "remove", "bob", "--file", "{SITE}/throttle", "&&",
-     "throttle", "list", "--file", "{SITE}/throttle", "--json", "--all"),
+    ("throttle", "add", "snapshot-no-such-user", "--file", "{SITE}/throttle", "--for", "1h", "--mode",
+     "reject", "--reason", "x", "&&", "throttle", "remove", "snapshot-no-such-user", "--file",
+     "{SITE}/throttle", "&&", "throttle", "list", "--file", "{SITE}/throttle", "--json", "--all"),
     ("gpu", "offline", "index:3", "--from", "dgx-h100", "--reason", "fan", "--no-slurm", "&&",
      "gpu", "list", "--from", "dgx-h100", "--json"),
     ("gpu", "offline", "index:3", "--from", "dgx-h100", "--reason", "fan", "--no-slurm", "&&",
@@ -160,9 +199,23 @@ BAD_COMMANDS: tuple[tuple[str, ...], ...] = (
 )
 
 
+# Every command and subcommand: its --help (the options a refactor must keep). test_snapshot.py
+# checks the list against the CLI's own.
+COMMANDS: tuple[tuple[str, ...], ...] = (
+    (), ("capture",), ("demo",), ("discover",), ("epilog",), ("fairshare-report",), ("gpu",),
+    ("gpu", "list"), ("gpu", "offline"), ("gpu", "online"), ("gres-conf",), ("health",), ("hogs",),
+    ("install",), ("man-pages",), ("mig",), ("mig", "apply"), ("mig", "assert"), ("mig", "show"),
+    ("monitor",), ("node-conf",), ("pbs-conf",), ("pick",), ("placement",), ("prolog",), ("status",),
+    ("task-prolog",), ("throttle",), ("throttle", "add"), ("throttle", "auto"), ("throttle", "list"),
+    ("throttle", "remove"), ("throttle", "sync"), ("topo",), ("watch",),
+)
+
+
 def cli_cases() -> dict[str, tuple[str, ...]]:
     """Each command case: its id (the command line as a user types it) and its argv."""
     out: dict[str, tuple[str, ...]] = {}
+    for command in COMMANDS:
+        out[" ".join((*command, "--help"))] = (*command, "--help")
     for source in sources():
         for argv in NODE_COMMANDS:
             args = tuple(source if a == "{S}" else a for a in argv)
@@ -180,66 +233,6 @@ def cli_cases() -> dict[str, tuple[str, ...]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Normalisation
-
-
-_CLOCK = re.compile(r"\b(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d)(?::(\d\d))?\b")
-NEAR_NOW_S = 2 * 86400  # a time this close to the run's is the run's clock, not a recorded fact
-
-
-def _now(epoch: float) -> bool:
-    return abs(epoch - time.time()) < NEAR_NOW_S
-
-
-def _clock(match: re.Match[str]) -> str:
-    import calendar
-
-    y, mo, d, h, mi, s = (int(g or 0) for g in match.groups())
-    try:
-        epoch = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
-    except (OverflowError, ValueError):
-        return match.group(0)
-    return "<time>" if _now(epoch) else match.group(0)
-
-
-def normalise(text: str, site: Path, world: Path) -> str:
-    """Paths that differ between checkouts and runs become placeholders, times of the run's own
-    clock <time> (see test_snapshot.py)."""
-    for path, name in ((site, "<site>"), (world, "<bundles>"), (REAL, "<real>"), (REPO, "<repo>")):
-        text = text.replace(str(path.resolve()), name).replace(str(path), name)
-    return _CLOCK.sub(_clock, text)
-
-
-def _scrub(doc: Any) -> Any:
-    """JSON with the run's own clock (epoch seconds near now) as <time>."""
-    if isinstance(doc, dict):
-        return {k: _scrub(v) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [_scrub(v) for v in doc]
-    if isinstance(doc, int | float) and not isinstance(doc, bool) and _now(doc):
-        return "<time>"
-    return doc
-
-
-def _stdout(text: str, as_json: bool) -> Any:
-    """JSON as data (one document, or JSON lines), anything else as its lines."""
-    if as_json and text.strip():
-        try:
-            return _scrub(json.loads(text))
-        except ValueError:
-            pass
-        try:
-            return [_scrub(json.loads(line)) for line in text.splitlines()]
-        except ValueError:
-            pass
-    return text.splitlines()
-
-
-def _first_line(text: str) -> str:
-    return text.splitlines()[0] if text.strip() else ""
-
-
-# ---------------------------------------------------------------------------------------------
 # The world: bundles made once from the real captures
 
 
@@ -247,11 +240,6 @@ def _first_line(text: str) -> str:
 class World:
     root: Path
     imports: dict[str, dict[str, Any]]  # the `capture import` cases, recorded while making bundles
-
-    def source(self, name: str) -> str:
-        if name.startswith(("multi/", "xml/")):
-            return str(self.root / name)
-        return name
 
 
 @contextlib.contextmanager
@@ -271,7 +259,18 @@ def world() -> Iterator[World]:
             bundle = root / "xml" / x.removesuffix(".xml")
             bundle.mkdir(parents=True)
             shutil.copy(REAL / "nvidia-smi-q-x" / x, bundle / "nvidia-smi-q.xml")
+        make_faulty(root / "faulty" / "dgx-h100")
         yield w
+
+
+def make_faulty(bundle: Path) -> None:
+    """dgx-h100 with health facts: Xid 79 on GPU 2, GPU 5 hot, GPU 6 with uncorrectable ECC errors."""
+    from gpuslurm.hw.source import bundle_path
+
+    shutil.copytree(str(bundle_path("builtin:dgx-h100")), bundle)
+    uuids = re.findall(r"<uuid>(GPU-[0-9a-f-]+)</uuid>", (bundle / "nvidia-smi-q.xml").read_text())
+    (bundle / "health.json").write_text(json.dumps({
+        uuids[2]: {"xid": [79]}, uuids[5]: {"temperature_c": 99}, uuids[6]: {"ecc_uncorrectable": 2}}))
 
 
 @contextlib.contextmanager
@@ -283,41 +282,30 @@ def site_dir(world_root: Path) -> Iterator[Path]:
         config = no_jobs_config(site)
         config.write_text(config.read_text() + f'[monitor]\nnode_name = "{NODE_NAME}"\n')
         (site / "a-file").write_text("<nvidia_smi_log/>\n")
+        (site / "a100-layout.toml").write_text(A100_LAYOUT)
+        (site / "busy.json").write_text(json.dumps({"gpus": {L40S_GPU0: {"util": 95, "mem_mib": 44000}}}))
+        (site / "other-layout.toml").write_text(A100_LAYOUT.replace(
+            '["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]', '["7g.80gb"]'))
         yield site
 
 
-# The environment every case runs in: nothing of the caller's but what a shell always has, and a
-# fixed zone and terminal width (the tables fit the width; times print in local time).
-BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "COLUMNS": "100",
-            "LINES": "40"}
-
-
-@contextlib.contextmanager
-def environ(env: dict[str, str], clear: bool = False) -> Iterator[None]:
-    """``env`` as the whole environment (``clear``: as slurmd gives a hook, nothing else)."""
-    with mock.patch.dict(os.environ, {**({} if clear else BASE_ENV), **env}, clear=True):
-        time.tzset()
-        yield
-    time.tzset()
-
-
-def run_cli(args: tuple[str, ...], site: Path, world_root: Path) -> dict[str, Any]:
+def run_cli(args: tuple[str, ...], site: Path, world_root: Path, process: bool = False) -> dict[str, Any]:
     """One command (or "&&"-joined steps) in-process, as the ``gpuslurm`` executable runs it
-    (pick without click)."""
+    (pick without click); with ``process``, as that executable in a process of its own."""
     steps: list[list[str]] = [[]]
     for a in args:
         if a == "&&":
             steps.append([])
         else:
             steps[-1].append(a)
-    codes = [_one_command(step, site, world_root) for step in steps]
+    codes = [_one_command(step, site, world_root, process) for step in steps]
     rec = codes[-1]
     if len(codes) > 1:
         rec["steps"] = [{"exit": c["exit"], "stderr": c["stderr"]} for c in codes[:-1]]
     return rec
 
 
-def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any]:
+def _one_command(args: list[str], site: Path, world_root: Path, process: bool) -> dict[str, Any]:
     from gpuslurm.cli.main import main
     from gpuslurm.cli.pick_cmd import main as pick_main
 
@@ -325,283 +313,43 @@ def _one_command(args: list[str], site: Path, world_root: Path) -> dict[str, Any
         make_store(site / "report.db", rolled=True)
         config = site / "gpuslurm.toml"
         config.write_text(config.read_text() + REPORT_CONFIG)
-    places = {"{SITE}": str(site), "{REAL}": str(REAL), "{STORE}": str(site / "report.db")}
+    places = {"{SITE}": str(site), "{REAL}": str(REAL), "{STORE}": str(site / "report.db"),
+              "{DATA}": str(TESTS / "place" / "data")}
     argv = [re.sub(r"\{[A-Z]+\}", lambda m: places.get(m.group(0), m.group(0)), a) for a in args]
-    argv = [str(world_root / a) if a.startswith(("multi/", "xml/")) else a for a in argv]
+    argv = [str(world_root / a) if a.startswith(("multi/", "xml/", "faulty/")) else a for a in argv]
+    env = {"GPUSLURM_CONFIG": str(site / "gpuslurm.toml")}
+    while argv and re.fullmatch(r"[A-Z_]+=.*", argv[0]):  # NAME=VALUE before the command, as in a shell
+        name, _, value = argv.pop(0).partition("=")
+        env[name] = value
     out, err = io.StringIO(), io.StringIO()
-    with environ({"GPUSLURM_CONFIG": str(site / "gpuslurm.toml")}), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = pick_main(argv[1:]) if argv[0] == "pick" else main(argv)
+    if process:
+        proc = subprocess.run([sys.executable, "-m", "gpuslurm", *argv], env={**BASE_ENV, **env},
+                              capture_output=True, text=True, timeout=120, check=False, cwd="/")
+        code = proc.returncode
+        out.write(proc.stdout)
+        err.write(proc.stderr)
+    else:
+        with environ(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = pick_main(argv[1:]) if argv[:1] == ["pick"] else main(argv)
     as_json = "--json" in argv or "json" in argv
     return {"exit": code,
-            "stdout": _stdout(normalise(out.getvalue(), site, world_root), as_json),
-            "stderr": normalise(_first_line(err.getvalue()), site, world_root)}
-
-
-# ---------------------------------------------------------------------------------------------
-# Hooks in the fault cases: the Slurm hooks through `gpuslurm <hook>` (what the installed
-# executables run) on tests/hooks' sites (a replayed bundle, a stand-in scontrol that records its
-# calls); the PBS hook through gpuslurm.pbs.entry.main and the classic scripts through
-# gpuslurm.pbs.classic.main, as tests/pbs drives them.
-
-
-def _slurm_hook(hook: str, env: dict[str, str], site: Any, world_root: Path) -> dict[str, Any]:
-    from gpuslurm.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with environ(env, clear=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([hook])
-    return {"exit": code, "stdout": normalise(out.getvalue(), site.root, world_root).splitlines(),
-            "stderr": [normalise(line, site.root, world_root) for line in err.getvalue().splitlines()]}
-
-
-def _after(rec: dict[str, Any], site: Any, world_root: Path, job: str = "1234") -> dict[str, Any]:
-    """What the hook left: the scheduler calls (drain, requeue, comment), the job's map, the
-    out-of-service record's GPUs, the summary's faults."""
-    oos = site.root / "state" / "out-of-service.json"
-    summary = site.summaries / f"{job}-summary.json"
-    calls = [[normalise(a, site.root, world_root) for a in c] for c in site.scontrol_calls()]
-    return {**rec, "scontrol": calls, "map": (site.jobs_dir / f"{job}.json").exists(),
-            "out_of_service": _uuids(oos),
-            "summary_faults": sorted(f["check"] for f in json.loads(summary.read_text())["faults"])
-            if summary.exists() else None}
-
-
-def _uuids(record: Path) -> list[str] | str | None:
-    """The out-of-service record's GPUs (None: no record; a record that is not JSON: as it is)."""
-    if not record.exists():
-        return None
-    try:
-        return sorted(g["uuid"] for g in json.loads(record.read_text())["gpus"])
-    except ValueError:
-        return record.read_text()
-
-
-def _site(world_root: Path, builtin: str = "dgx-h100", config: str = "") -> Any:
-    root = Path(tempfile.mkdtemp(prefix="hook-", dir=world_root))
-    site = make_site(root, builtin=builtin)
-    if config:
-        site.write_config(config)
-    return site
-
-
-def _out_of_service(site: Any, uuids: list[str]) -> None:
-    (site.root / "state").mkdir(exist_ok=True)
-    recs = [{"uuid": u, "reason": "earlier", "since": 1.0, "by": "admin", "index": i, "minor": i}
-            for i, u in enumerate(uuids)]
-    (site.root / "state" / "out-of-service.json").write_text(json.dumps({"version": 1, "gpus": recs}))
-
-
-GPU_OUT = '[health.xid]\naction = "gpu_out"\n'
-
-
-def _prolog(builtin: str = "dgx-h100", config: str = "", gpus: str | None = "0,1",
-            health: Callable[[list[str]], dict[str, Any]] | None = None,
-            prepare: Callable[[Any], object] | None = None, patch: str | None = None,
-            **env: str) -> Callable[[Path], dict[str, Any]]:
-    def run(world_root: Path) -> dict[str, Any]:
-        site = _site(world_root, builtin, config)
-        if health:
-            site.set_health(health(site.uuids))
-        if prepare:
-            prepare(site)
-        environ_ = site.environ(gpus=gpus, **env)
-        for k in [k for k, v in env.items() if v == "<unset>"]:
-            del environ_[k]
-        with _bug(patch):
-            rec = _slurm_hook("prolog", environ_, site, world_root)
-        return _after(rec, site, world_root, environ_.get("SLURM_JOB_ID", "1234"))
-    return run
-
-
-@contextlib.contextmanager
-def _bug(target: str | None) -> Iterator[None]:
-    """A bug inside the hook: ``target`` raises ZeroDivisionError (as tests/hooks plant one)."""
-    if target is None:
-        yield
-        return
-    with mock.patch(target, side_effect=ZeroDivisionError("a planted bug")):
-        yield
-
-
-def _epilog(gpus: str | None = "0,1", prolog_first: bool = True, config: str = "",
-            after_prolog: Callable[[Any], None] | None = None, patch: str | None = None,
-            **env: str) -> Callable[[Path], dict[str, Any]]:
-    def run(world_root: Path) -> dict[str, Any]:
-        site = _site(world_root, config=config)
-        first = None
-        if prolog_first:
-            first = _slurm_hook("prolog", site.environ(gpus=gpus), site, world_root)["exit"]
-        if after_prolog:
-            after_prolog(site)
-        environ_ = site.environ(gpus=gpus, **env)
-        with _bug(patch):
-            rec = _slurm_hook("epilog", environ_, site, world_root)
-        return {"prolog_exit": first, **_after(rec, site, world_root, environ_["SLURM_JOB_ID"])}
-    return run
-
-
-def _task_prolog(gpus: str = "2,3", broken: bool = False, **env: str) -> Callable[[Path], dict[str, Any]]:
-    def run(world_root: Path) -> dict[str, Any]:
-        site = _site(world_root)
-        if broken:
-            (site.bundle / "nvidia-smi-q.xml").write_text("<nvidia_smi_log><gpu>")
-        return _slurm_hook("task-prolog", site.environ(gpus=gpus, **env), site, world_root)
-    return run
-
-
-def _leftovers(site: Any) -> None:
-    site.set_health({site.uuids[1]: {"processes": [{"pid": 99, "user": "alice", "used_mib": 4000}],
-                                     "memory_used_mib": 4100}})
-
-
-def _corrupt_map(site: Any) -> None:
-    (site.jobs_dir / "1234.json").write_text("{not json")
-
-
-def _pbs_site(world_root: Path, builtin: str = "dgx-h100") -> tuple[Path, Path, dict[str, str]]:
-    root = Path(tempfile.mkdtemp(prefix="pbs-", dir=world_root))
-    bundle = root / "bundle"
-    from gpuslurm.hw.source import BUILTIN_DIR
-
-    shutil.copytree(BUILTIN_DIR / builtin, bundle)
-    qstat = root / "qstat"
-    qstat.write_text(f"#!/bin/sh\nexec /bin/cat {QSTAT_JOB}\n")
-    qstat.chmod(0o755)
-    config = root / "gpuslurm.toml"
-    config.write_text(f'[paths]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
-                      f'cgroup_root = "{root}/no-cgroup"\nqstat = "{qstat}"\n'
-                      f'[monitor]\nnode_name = "pbshost"\n')
-    return root, bundle, {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": str(bundle)}
-
-
-def _pbs_event(event: str, doc: dict[str, Any], health: Callable[[list[str]], dict[str, Any]] | None = None,
-               before: tuple[tuple[str, dict[str, Any]], ...] = (), raw: bytes | None = None,
-               patch: str | None = None) -> Callable[[Path], dict[str, Any]]:
-    def run(world_root: Path) -> dict[str, Any]:
-        from gpuslurm.hw.source import load_node
-        from gpuslurm.pbs.entry import main
-
-        root, bundle, env = _pbs_site(world_root)
-        if health:
-            uuids = [g.uuid for g in load_node(str(bundle)).gpus]
-            (bundle / "health.json").write_text(json.dumps(health(uuids)))
-
-        def call(ev: str, fields: dict[str, Any], data: bytes | None = None) -> dict[str, Any]:
-            request = {"format": 1, "event": ev, "hostname": "pbshost", **fields}
-            out, err = io.StringIO(), io.StringIO()
-            with environ(env, clear=True):
-                rc = main([ev], io.BytesIO(data if data is not None else json.dumps(request).encode()),
-                          out, err)
-            return {"exit": rc, "answer": json.loads(out.getvalue()) if out.getvalue().strip() else None,
-                    "stderr": [normalise(line, root, world_root) for line in err.getvalue().splitlines()]}
-
-        earlier = [call(ev, fields)["exit"] for ev, fields in before]
-        with _bug(patch):
-            rec = call(event, doc, raw)
-        rec = json.loads(normalise(json.dumps(rec), root, world_root))
-        jobs = root / "run" / "jobs"
-        return {"before": earlier, **rec,
-                "maps": sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []}
-    return run
-
-
-def _classic(kind: str, argv: tuple[str, ...], health: Callable[[list[str]], dict[str, Any]] | None = None,
-             config: bool = True) -> Callable[[Path], dict[str, Any]]:
-    def run(world_root: Path) -> dict[str, Any]:
-        from gpuslurm.hw.source import load_node
-        from gpuslurm.pbs.classic import main
-
-        root, bundle, env = _pbs_site(world_root)
-        if not config:
-            env["GPUSLURM_CONFIG"] = str(root / "missing.toml")
-        if health:
-            uuids = [g.uuid for g in load_node(str(bundle)).gpus]
-            (bundle / "health.json").write_text(json.dumps(health(uuids)))
-        err = io.StringIO()
-        with environ(env, clear=True):
-            rc = main(kind, list(argv), environ=dict(os.environ), stderr=err, mom_priv=str(root / "mom_priv"))
-        jobs = root / "run" / "jobs"
-        lines = [normalise(line, root, world_root) for line in err.getvalue().splitlines()]
-        return {"exit": rc, "stderr": lines,
-                "maps": sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []}
-    return run
-
-
-def _xid(index: int, xid: int = 79) -> Callable[[list[str]], dict[str, Any]]:
-    return lambda uuids: {uuids[index]: {"xid": [xid]}}
-
-
-PBS_JOB = {"job_id": "1.pbshost", "euser": "root", "exec_vnode": "(pbshost[0]:ncpus=4:ngpus=2)",
-           "exec_host": "pbshost/0*4"}
-HOOK_CASES: dict[str, Callable[[Path], dict[str, Any]]] = {
-    "slurm prolog: healthy job": _prolog(),
-    "slurm prolog: job without GPUs": _prolog(gpus=None),
-    "slurm prolog: Xid 79 on a job's GPU (drain)": _prolog(gpus="1,2", health=_xid(2)),
-    "slurm prolog: hot GPU": _prolog(gpus="0", health=lambda u: {u[0]: {"temperature_c": 99}}),
-    "slurm prolog: GPU lost": _prolog(gpus="0", health=lambda u: {u[0]: {"lost": True}}),
-    "slurm prolog: Xid 79, gpu_out, not the last GPU": _prolog(config=GPU_OUT, gpus="1,2", health=_xid(2)),
-    "slurm prolog: Xid 48, gpu_out, the last GPU in service": _prolog(
-        builtin="l40s-4x", config=GPU_OUT, gpus="3", health=_xid(3, 48),
-        prepare=lambda s: _out_of_service(s, s.uuids[:-1])),
-    "slurm prolog: a GPU already out of service": _prolog(
-        config=GPU_OUT, gpus="2,3", prepare=lambda s: _out_of_service(s, [s.uuids[2]])),
-    "slurm prolog: invalid job id": _prolog(SLURM_JOB_ID="12;rm -rf /"),
-    "slurm prolog: no job id": _prolog(SLURM_JOB_ID="<unset>"),
-    "slurm prolog: GPU index beyond the node": _prolog(gpus="8"),
-    "slurm prolog: hostile SLURM_JOB_GPUS": _prolog(gpus="0-99999999999"),
-    "slurm prolog: corrupt out-of-service record": _prolog(
-        prepare=lambda s: ((s.root / "state").mkdir(), (s.root / "state" / "out-of-service.json")
-                           .write_text("["))),
-    "slurm prolog: bad config": _prolog(prepare=lambda s: s.config.write_text(
-        "[health.temperature]\nlimit = 3\n")),
-    "slurm prolog: unreadable health facts": _prolog(prepare=lambda s: (s.bundle / "health.json")
-                                                     .write_text("{not json")),
-    "slurm prolog: internal bug in the gate": _prolog(patch="gpuslurm.policy.health.gate_faults"),
-    "slurm epilog: healthy job": _epilog(),
-    "slurm epilog: missing map": _epilog(gpus="7", prolog_first=False),
-    "slurm epilog: corrupt map": _epilog(gpus="2", after_prolog=_corrupt_map),
-    "slurm epilog: leftover processes and memory": _epilog(
-        config="[epilog]\nkill_leftover = false\n", after_prolog=_leftovers),
-    "slurm epilog: invalid job id": _epilog(prolog_first=False, SLURM_JOB_ID="../../etc"),
-    "slurm epilog: internal bug in the summary": _epilog(patch="gpuslurm.hooks.epilog.write_summary"),
-    "slurm task-prolog: healthy job": _task_prolog(),
-    "slurm task-prolog: unreadable bundle": _task_prolog(broken=True),
-    "slurm task-prolog: invalid job id": _task_prolog(SLURM_JOB_ID="x y"),
-    "pbs execjob_begin: healthy job": _pbs_event("execjob_begin", PBS_JOB),
-    "pbs execjob_begin: Xid 79 on the vnode's GPU": _pbs_event(
-        "execjob_begin", PBS_JOB, health=lambda u: {x: {"xid": [79]} for x in u[:4]}),
-    "pbs execjob_begin: more GPUs than the vnode has": _pbs_event(
-        "execjob_begin", {**PBS_JOB, "exec_vnode": "(pbshost[0]:ncpus=1:ngpus=5)"}),
-    "pbs execjob_begin: invalid job id": _pbs_event("execjob_begin", {**PBS_JOB, "job_id": "../x"}),
-    "pbs execjob_begin: not JSON": _pbs_event("execjob_begin", {}, raw=b"{not json"),
-    "pbs execjob_begin: internal bug in the gate": _pbs_event(
-        "execjob_begin", PBS_JOB, patch="gpuslurm.policy.health.gate_faults"),
-    "pbs execjob_end: after begin": _pbs_event("execjob_end", PBS_JOB, before=(("execjob_begin", PBS_JOB),)),
-    "pbs execjob_end: missing map": _pbs_event("execjob_end", PBS_JOB),
-    "pbs classic prologue: healthy job": _classic("prologue", ("0.pbshost", "root", "root")),
-    "pbs classic prologue: Xid 79 on the job's GPU": _classic(
-        "prologue", ("0.pbshost", "root", "root"), health=lambda u: {x: {"xid": [79]} for x in u[:4]}),
-    "pbs classic prologue: invalid job id": _classic("prologue", ("../0", "root", "root")),
-    "pbs classic prologue: a job qstat does not list": _classic("prologue", ("9.pbshost", "root", "root")),
-    "pbs classic prologue: missing config": _classic("prologue", ("0.pbshost", "root", "root"), config=False),
-    "pbs classic epilogue: missing map": _classic(
-        "epilogue", ("0.pbshost", "root", "root", "j", "1", "", "", "workq", "null", "0")),
-}
+            "stdout": stdout_record(normalise(out.getvalue(), site, world_root), as_json),
+            "stderr": normalise(first_line(err.getvalue()), site, world_root)}
 
 
 # ---------------------------------------------------------------------------------------------
 # Recording
 
 
-def record_case(case: str, w: World) -> dict[str, Any]:
+def record_case(case: str, w: World, process: bool = False) -> dict[str, Any]:
+    """One case's behaviour (``process``: a command case run as its own process)."""
     if case in w.imports:
         return w.imports[case]
     if case in HOOK_CASES:
         return HOOK_CASES[case](w.root)
     args = cli_cases()[case]
     with site_dir(w.root) as site:
-        return run_cli(args, site, w.root)
+        return run_cli(args, site, w.root, process)
 
 
 def all_cases() -> list[str]:
