@@ -16,7 +16,7 @@ target "prolog median <= 3 x floor median" is met. --profile adds where the prol
 (`-X importtime`, cProfile). No assertion on time: the figures are for people to read.
 
 The first prolog and epilog (not timed) fill the hooks' caches in run_dir (the parsed config and
-the replayed node's identities, see gpuslurm.hooks.cache), as the first job on a node does.
+the replayed node, see gpuslurm.hooks.cache), as the first job on a node does.
 
     python benchmarks/bench_hooks.py [--runs 30] [--gpus 0,1,2,3] [--clean-venv] [--profile]
 """

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.identity import GpuIdentity
+from gpuslurm.hw.model import Gpu
 from gpuslurm.state.out_of_service import (
     RECORD_FILE,
     OutOfService,
@@ -25,10 +25,11 @@ from gpuslurm.state.out_of_service import (
 U3 = "GPU-33333333-3333-3333-3333-333333333333"
 
 
-def _gpus() -> list[GpuIdentity]:
+def _gpus() -> list[Gpu]:
     # minor ≠ index, as on the real dual-A5000 capture
-    return [GpuIdentity(uuid=f"GPU-{i}{i}{i}{i}{i}{i}{i}{i}-{i}{i}{i}{i}-0000-0000-000000000000",
-                        index=i, minor=(i + 1) % 4, bus_id=f"00000000:{i + 0x18:02X}:00.0") for i in range(4)]
+    return [Gpu(uuid=f"GPU-{i}{i}{i}{i}{i}{i}{i}{i}-{i}{i}{i}{i}-0000-0000-000000000000",
+                index=i, minor=(i + 1) % 4, bus_id=f"00000000:{i + 0x18:02X}:00.0",
+                name="NVIDIA RTX A5000", memory_mib=24564) for i in range(4)]
 
 
 def test_round_trip_through_the_store(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The hooks' caches (parsed config, replayed node identities) and their light entry point.
+"""The hooks' caches (parsed config, replayed node) and their light entry point.
 
 Real files in temporary directories; the hooks run as whole processes where what matters is what
 a process imports.
@@ -20,10 +20,10 @@ import gpuslurm
 from gpuslurm.config import load_config
 from gpuslurm.errors import InputError
 from gpuslurm.hooks import cache
-from gpuslurm.hooks.cache import load_hook_config, node_identity, run_dir_hint
+from gpuslurm.hooks.cache import hook_node, load_hook_config, placement_from_json, run_dir_hint
 from gpuslurm.hw import source
-from gpuslurm.hw.identity import from_json, identity_of, to_json
-from gpuslurm.hw.source import builtin_names, load_node
+from gpuslurm.hw.model import Node
+from gpuslurm.hw.source import LIVE, HardwareSource, builtin_names, hardware_source, load_node
 
 SRC = str(Path(gpuslurm.__file__).resolve().parents[1])
 
@@ -41,27 +41,32 @@ def forbid_bundle_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("the bundle was read although the cache holds it")
 
-    monkeypatch.setattr(source, "load_node", refuse)
+    monkeypatch.setattr(source, "_read_bundle", refuse)
 
 
-# --- node identities ---------------------------------------------------------------------------
+def node_identity(bundle: str, run_dir: str, warn: cache.Warn | None = None) -> Node:
+    return hook_node(hardware_source(bundle), run_dir, warn)
+
+
+# --- the hooks' node ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", builtin_names())
-def test_identity_round_trips_every_builtin(name: str) -> None:
+def test_the_hooks_node_round_trips_every_builtin(name: str) -> None:
     node = load_node(name, links=False)
-    ident = identity_of(node)
-    assert from_json(json.loads(json.dumps(to_json(ident)))) == ident
-    assert [g.uuid for g in ident.gpus] == [g.uuid for g in node.gpus]
-    assert [[m.uuid for m in g.mig_devices] for g in ident.gpus] == [
-        [m.uuid for m in g.mig_devices] for g in node.gpus]
-    assert ident.source == f"builtin:{name}"
+    back = placement_from_json(json.loads(json.dumps(node)))
+    assert back == node and type(back) is Node
+    assert [type(g).__name__ for g in back.gpus] == ["Gpu"] * len(node.gpus)
+    assert [[type(m).__name__ for m in g.mig_devices] for g in back.gpus] == [
+        ["MigDevice"] * len(g.mig_devices) for g in node.gpus]
+    assert back.source == f"builtin:{name}"
 
 
 def test_replayed_node_is_cached_root_only_and_used(site: HookSite, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = str(site.root / "run")
     first = node_identity(str(site.bundle), run_dir)
-    assert first == identity_of(load_node(str(site.bundle), links=False))
+    assert first == load_node(str(site.bundle), links=False)._replace(cpus=())
+    assert first.gpus[0].cpu_affinity  # each GPU's own CPUs stay
     path = cache_file(site, "node-identity.json")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == os.geteuid()
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -90,8 +95,12 @@ def test_a_corrupt_or_foreign_cache_is_replaced(site: HookSite) -> None:
     good = node_identity(str(site.bundle), run_dir)
     path = cache_file(site, "node-identity.json")
     doc = json.loads(path.read_text())
+    old_identity = {"hostname": "x", "source": "",
+                    "gpus": [["GPU-x", 0, 0, "00000000:01:00.0", None, [], None, []]]}
     for broken in ("not json", json.dumps({**doc, "gpuslurm": "0.0.0"}),
-                   json.dumps({**doc, "node": {"hostname": "x", "source": "", "gpus": [[1]]}})):
+                   json.dumps({**doc, "node": {"hostname": "x", "source": "", "gpus": [[1]]}}),
+                   json.dumps({**doc, "format": 1, "node": old_identity}),  # the light identities' cache
+                   json.dumps({**doc, "node": old_identity})):
         path.write_text(broken)
         assert node_identity(str(site.bundle), run_dir) == good
         assert json.loads(path.read_text()) == doc
@@ -115,15 +124,14 @@ def test_the_live_node_is_never_cached(site: HookSite, monkeypatch: pytest.Monke
     calls: list[object] = []
     dgx = load_node("dgx-h100", links=False)
 
-    def live(spec: str | None, *, links: bool = True) -> object:
-        calls.append(spec)
+    def live(self: HardwareSource, *, links: bool = True, cache_dir: str | None = None) -> Node:
+        calls.append((self.bundle, links))
         return dgx
 
-    monkeypatch.delenv("GPUSLURM_CAPTURE", raising=False)
-    monkeypatch.setattr(source, "load_node", live)
+    monkeypatch.setattr(HardwareSource, "node", live)
     run_dir = str(site.root / "run")
-    assert node_identity(None, run_dir) == node_identity(None, run_dir) == identity_of(dgx)
-    assert calls == [None, None]
+    assert hook_node(LIVE, run_dir) == hook_node(LIVE, run_dir) == dgx._replace(cpus=())
+    assert calls == [(None, False), (None, False)]
     assert not cache_file(site, "node-identity.json").exists()
 
 
@@ -197,7 +205,8 @@ def test_hooks_with_warm_caches_import_nothing_heavy(site: HookSite) -> None:
     for proc in (prolog, epilog):
         added = set(proc.stdout.split()) - baseline
         for heavy in ("click", "gpuslurm.cli.main", "dataclasses", "inspect", "pathlib", "tomllib",
-                      "subprocess", "xml.etree.ElementTree", "gpuslurm.hw.model", "gpuslurm.hw.bundle"):
+                      "subprocess", "xml.etree.ElementTree", "gpuslurm.hw.bundle",
+                      "gpuslurm.hw.nvml_json"):
             assert heavy not in added, heavy
     assert json.loads((site.jobs_dir.parent / "cache" / "config.json").read_text())["doc"]["hooks"] == {
         "command_timeout_s": 5}

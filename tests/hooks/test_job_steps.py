@@ -16,6 +16,7 @@ from gpuslurm.errors import EXIT_UNHEALTHY, CommandError
 from gpuslurm.hooks.epilog import job_end
 from gpuslurm.hooks.log import HookLog
 from gpuslurm.hooks.prolog import job_start
+from gpuslurm.hw.source import hardware_source
 from gpuslurm.state.job import GpuClaim, HookJob
 from gpuslurm.state.jobmap import read_map
 from gpuslurm.state.out_of_service import HOLDER_COMMENT
@@ -37,11 +38,13 @@ def a_job(*indices: int, **fields: object) -> HookJob:
 
 
 def start(site: HookSite, job: HookJob, sched: RecordingScheduler, log: HookLog | None = None) -> int:
-    return job_start(job, sched, load_config(str(site.config)), log or quiet("prolog"), str(site.bundle))
+    return job_start(job, sched, load_config(str(site.config)), log or quiet("prolog"),
+                     hardware_source(str(site.bundle)))
 
 
 def end(site: HookSite, job: HookJob, sched: RecordingScheduler, log: HookLog | None = None) -> int:
-    return job_end(job, sched, load_config(str(site.config)), log or quiet("epilog"), str(site.bundle))
+    return job_end(job, sched, load_config(str(site.config)), log or quiet("epilog"),
+                   hardware_source(str(site.bundle)))
 
 
 def test_a_healthy_job_is_mapped_and_the_scheduler_only_asked_whether_it_isolates(site: HookSite) -> None:

@@ -224,23 +224,37 @@ def test_builtin_names(builtins: Path) -> None:
     assert source.builtin_names() == ["dgx-h100", "l40s-4x"]
 
 
-def test_resolve_source(builtins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert source.resolve_source(None) is None
-    assert source.resolve_source("builtin:dgx-h100") == builtins / "dgx-h100"
-    assert source.resolve_source("l40s-4x") == builtins / "l40s-4x"
+def test_hardware_source(builtins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUSLURM_CAPTURE", raising=False)
+    assert source.hardware_source(None) == source.LIVE and not source.LIVE.replay
+    assert source.LIVE.describe() == "NVML"
+    dgx = source.hardware_source("builtin:dgx-h100")
+    assert dgx.bundle == str(builtins / "dgx-h100") and dgx.replay
+    assert dgx.describe() == "replay of builtin:dgx-h100"
+    assert source.hardware_source("l40s-4x").bundle == str(builtins / "l40s-4x")
     mine = make_bundle(tmp_path / "cwd" / "l40s-4x", {})
     monkeypatch.chdir(tmp_path / "cwd")
-    assert source.resolve_source("l40s-4x") == Path("l40s-4x")  # an existing path wins
-    assert source.resolve_source(str(mine)) == mine
+    assert source.hardware_source("l40s-4x").bundle == "l40s-4x"  # an existing path wins
+    assert source.hardware_source(str(mine)).describe() == f"replay of {mine}"
+    assert source.hardware_source(None, environ={"GPUSLURM_CAPTURE": "l40s-4x"}).bundle == "l40s-4x"
     monkeypatch.setenv("GPUSLURM_CAPTURE", "dgx-h100")
-    assert source.resolve_source(None) == builtins / "dgx-h100"
-    assert source.resolve_source("builtin:l40s-4x") == builtins / "l40s-4x"
+    assert source.hardware_source(None).bundle == str(builtins / "dgx-h100")
+    assert source.hardware_source(None, environ={}) == source.LIVE  # the hook's own environment
+    assert source.hardware_source("builtin:l40s-4x").bundle == str(builtins / "l40s-4x")
+    from gpuslurm.hw import nvml_lib
+
+    monkeypatch.setattr(nvml_lib, "_library_path", "")  # restored after the test
+    assert source.hardware_source("dgx-h100", nvml_library="/opt/nvml.so").nvml_library == ""
+    assert nvml_lib._library_path == ""  # a replay never chooses the process's NVML
+    assert source.hardware_source(None, nvml_library="/opt/nvml.so", environ={}) == \
+        source.HardwareSource(None, "/opt/nvml.so")
+    assert nvml_lib._library_path == "/opt/nvml.so"  # chosen once, before any reader initialises it
 
 
 @pytest.mark.parametrize("spec", ["nonesuch", "builtin:nonesuch", "builtin:l40s-4x/../dgx-h100"])
 def test_resolve_unknown_lists_builtins(builtins: Path, spec: str) -> None:
     with pytest.raises(CaptureError) as info:
-        source.resolve_source(spec)
+        source.hardware_source(spec)
     assert str(info.value).startswith(f"--from {spec}: ")
     assert "builtin captures: dgx-h100, l40s-4x" in str(info.value)
 
@@ -248,10 +262,10 @@ def test_resolve_unknown_lists_builtins(builtins: Path, spec: str) -> None:
 def test_resolve_env_and_file_errors(builtins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUSLURM_CAPTURE", "nonesuch")
     with pytest.raises(CaptureError, match=r"^GPUSLURM_CAPTURE nonesuch: neither"):
-        source.resolve_source(None)
+        source.hardware_source(None)
     (tmp_path / "f.xml").write_text("x")
     with pytest.raises(CaptureError, match="is a file"):
-        source.resolve_source(str(tmp_path / "f.xml"))
+        source.hardware_source(str(tmp_path / "f.xml"))
 
 
 def test_load_node_replays(builtins: Path) -> None:

@@ -148,7 +148,7 @@ def test_a_gpu_out_of_service_is_not_one_of_the_jobs_gpus(tmp_path: Path) -> Non
     requeued, again and again)."""
     from gpuslurm.config import load_config
     from gpuslurm.hooks.log import HookLog
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source, load_node
     from gpuslurm.pbs.classic import _job_gpus
     from gpuslurm.state.out_of_service import OutOfServiceStore, take_out
 
@@ -157,9 +157,9 @@ def test_a_gpu_out_of_service_is_not_one_of_the_jobs_gpus(tmp_path: Path) -> Non
     cfg = load_config(str(conf))
     log = HookLog("test", stream=io.StringIO(), use_syslog=False)
     node = load_node("dgx-h100")
-    everything = _job_gpus([("dgx-h100[0]", 4)], "dgx-h100", "dgx-h100", cfg, log)
+    everything = _job_gpus([("dgx-h100[0]", 4)], "dgx-h100", hardware_source("dgx-h100"), cfg, log)
     assert everything is not None and len(everything) == 4
     third = next(g for g in node.gpus if g.uuid == everything[2])
     take_out(OutOfServiceStore(cfg.paths.state_dir), node.gpus, third, "Xid 79", "admin", now=1.0)
-    left = _job_gpus([("dgx-h100[0]", 3)], "dgx-h100", "dgx-h100", cfg, log)
+    left = _job_gpus([("dgx-h100[0]", 3)], "dgx-h100", hardware_source("dgx-h100"), cfg, log)
     assert left == everything[:2] + everything[3:]

@@ -209,20 +209,22 @@ def test_the_replayed_node_with_its_links_is_read_once_then_cached(dgx: Site,
     from gpuslurm.hooks.cache import placement_node
     from gpuslurm.hw import source
 
-    first = placement_node(str(dgx.bundle), str(dgx.root / "run"))
+    bundle = source.hardware_source(str(dgx.bundle))
+
+    first = placement_node(bundle, str(dgx.root / "run"))
     assert (dgx.root / "run" / "cache" / "node-placement.json").stat().st_mode & 0o777 == 0o600
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the bundle was parsed again")
 
-    monkeypatch.setattr(source, "load_node", refuse)
-    again = placement_node(str(dgx.bundle), str(dgx.root / "run"))
+    monkeypatch.setattr(source, "_read_bundle", refuse)
+    again = placement_node(bundle, str(dgx.root / "run"))
     assert again == first and again.links is not None
     assert dgx.begin("20.pbshost", "(pbshost[0]:ncpus=1:ngpus=2)")[1] == {"format": 1, "accept": True}
     # a changed bundle file is a new key: parsed again
     (dgx.bundle / "hostname").write_text("other\n")
     with pytest.raises(AssertionError, match="parsed again"):
-        placement_node(str(dgx.bundle), str(dgx.root / "run"))
+        placement_node(bundle, str(dgx.root / "run"))
 
 
 def test_begin_starts_the_mps_daemon_launch_names_its_pipe_and_end_stops_it(dgx: Site) -> None:

@@ -19,12 +19,18 @@ from typing import Any
 import pytest
 
 from cluster_fixture import users_site
-from gpuslurm.hooks.cache import PLACEMENT_FILE, placement_node
-from gpuslurm.hw.source import load_node
+from gpuslurm.hooks import cache
+from gpuslurm.hooks.cache import PLACEMENT_FILE
+from gpuslurm.hw.model import Node
+from gpuslurm.hw.source import hardware_source, load_node
 from gpuslurm.pbs.entry import CODE
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays root and nobody; the job map is root's")
+
+
+def placement_node_of(bundle: str, run_dir: str, warn: cache.Warn | None = None) -> Node:
+    return cache.placement_node(hardware_source(bundle), run_dir, warn)
 
 
 @pytest.fixture
@@ -55,7 +61,7 @@ def _cache(base: Path) -> Path:
 
 def test_root_makes_it_private_and_nobody_cannot_touch_it(site: Path) -> None:
     truth = load_node(str(site / "bundle"))
-    assert placement_node(str(site / "bundle"), str(site / "run")) == truth
+    assert placement_node_of(str(site / "bundle"), str(site / "run")) == truth
     cache = _cache(site)
     assert (cache.stat().st_mode & 0o777, cache.parent.stat().st_mode & 0o777) == (0o600, 0o700)
     for code in (f"open({str(cache)!r}, 'w')", f"open({str(cache.parent / 'x')!r}, 'w')",
@@ -68,7 +74,7 @@ def test_a_forgery_in_a_cache_directory_left_open_is_not_used(site: Path) -> Non
     """An admin's chmod left root's cache directory writable by all: nobody replaces the file
     with a lie under the right key. Root refuses the directory, parses the bundle, writes nothing."""
     bundle, run = str(site / "bundle"), str(site / "run")
-    truth = placement_node(bundle, run)
+    truth = placement_node_of(bundle, run)
     cache = _cache(site)
     cache.parent.chmod(0o777)
     doc = json.loads(cache.read_text())
@@ -78,7 +84,7 @@ def test_a_forgery_in_a_cache_directory_left_open_is_not_used(site: Path) -> Non
     assert planted.returncode == 0, planted.stderr
     assert cache.stat().st_uid == NOBODY
     said: list[str] = []
-    assert placement_node(bundle, run, said.append) == truth
+    assert placement_node_of(bundle, run, said.append) == truth
     assert any("cache not used" in line for line in said), said
     assert cache.stat().st_uid == NOBODY and json.loads(cache.read_text()) == doc  # root wrote nothing there
 
@@ -90,7 +96,7 @@ def test_a_cache_directory_a_user_made_is_not_used(site: Path) -> None:
     truth = load_node(bundle)
     scratch = site / "scratch"
     scratch.mkdir(mode=0o700)
-    placement_node(bundle, str(scratch))  # the right key and layout, to forge from
+    placement_node_of(bundle, str(scratch))  # the right key and layout, to forge from
     doc = json.loads((scratch / "cache" / PLACEMENT_FILE).read_text())
     _lie(doc)
     (site / "run").chmod(0o1777)
@@ -98,7 +104,7 @@ def test_a_cache_directory_a_user_made_is_not_used(site: Path) -> None:
                                f"open(d + '/{PLACEMENT_FILE}', 'w').write({json.dumps(doc)!r})")
     assert planted.returncode == 0, planted.stderr
     said: list[str] = []
-    assert placement_node(bundle, run, said.append) == truth
+    assert placement_node_of(bundle, run, said.append) == truth
     assert any("cache not used" in line for line in said), said
     assert json.loads(_cache(site).read_text()) == doc and _cache(site).stat().st_uid == NOBODY
 
@@ -141,25 +147,25 @@ MUTATIONS: dict[str, Callable[[Any], None]] = {
 @pytest.mark.parametrize("what", sorted(MUTATIONS))
 def test_a_corrupt_cache_is_parsed_again_and_replaced(site: Path, what: str) -> None:
     bundle, run = str(site / "bundle"), str(site / "run")
-    truth = placement_node(bundle, run)
+    truth = placement_node_of(bundle, run)
     cache = _cache(site)
     good = json.loads(cache.read_text())
     bad = json.loads(cache.read_text())
     MUTATIONS[what](bad["node"])
     assert json.dumps(bad) != json.dumps(good)  # (True == 1 and 0.0 == 0 in Python)
     cache.write_text(json.dumps(bad))
-    assert placement_node(bundle, run) == truth
+    assert placement_node_of(bundle, run) == truth
     assert json.loads(cache.read_text()) == good
 
 
 @pytest.mark.parametrize("text", ["[" * 100_000, "not json", '{"format": 1}', "", "\xff"])
 def test_an_unreadable_cache_is_parsed_again(site: Path, text: str) -> None:
     bundle, run = str(site / "bundle"), str(site / "run")
-    truth = placement_node(bundle, run)
+    truth = placement_node_of(bundle, run)
     cache = _cache(site)
     good = cache.read_text()
     cache.write_text(text, encoding="latin-1")
-    assert placement_node(bundle, run) == truth
+    assert placement_node_of(bundle, run) == truth
     assert cache.read_text() == good
 
 

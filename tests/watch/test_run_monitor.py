@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from gpuslurm.config import Config, EpilogConfig, MonitorConfig, PathsConfig
-from gpuslurm.hw.source import load_node
+from gpuslurm.hw.source import hardware_source, load_node
 from gpuslurm.samples import Cycle, Violation
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.watch.run import MonitorParts, run_monitor
 from recording_scheduler import RecordingScheduler
+
+DGX = hardware_source("dgx-h100")
 
 U = [g.uuid for g in load_node("dgx-h100").gpus]
 
@@ -42,7 +44,7 @@ def test_one_cycle_lists_jobs_and_comments_through_the_adapter(tmp_path: Path,
     sched = RecordingScheduler()
     published: list[Sequence[Violation]] = []
     cycles: list[Cycle] = []
-    run_monitor(cfg, "dgx-h100", parts(sched, published), db=str(tmp_path / "state" / "m.db"), once=True,
+    run_monitor(cfg, DGX, parts(sched, published), db=str(tmp_path / "state" / "m.db"), once=True,
                 on_cycle=cycles.append)
     assert len(cycles) == 1 and isinstance(cycles[0], Cycle)
     assert sched.called("set_running_comment") == [("77", "gpuslurm: 1 GPU")]
@@ -56,7 +58,7 @@ def test_a_scheduler_that_keeps_no_comments_is_said_once_and_never_asked(
     sched = RecordingScheduler()
     monkeypatch.setattr(sched, "why_no_running_comments", lambda: "no comments here")
     warnings: list[str] = []
-    run_monitor(cfg, "dgx-h100", parts(sched, []), db=str(tmp_path / "state" / "m.db"), once=True,
+    run_monitor(cfg, DGX, parts(sched, []), db=str(tmp_path / "state" / "m.db"), once=True,
                 warn=warnings.append)
     assert warnings.count("no comments here") == 1
     assert sched.called("set_running_comment") == []

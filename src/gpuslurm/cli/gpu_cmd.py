@@ -65,11 +65,12 @@ def offline(spec: str, reason: str, force: bool, node_name: str | None, no_slurm
             source: str | None) -> None:
     """Take GPU out of service: new jobs never get it; running jobs are not disturbed."""
     from gpuslurm.config import load_config
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.state.out_of_service import OutOfServiceStore, resolve_gpu, take_out
 
     cfg = load_config()
-    node = load_node(source, links=True)
+    hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
+    node = hardware.node(links=True)
     target = resolve_gpu(spec, node.gpus)
     store = OutOfServiceStore(cfg.paths.state_dir)
     if not take_out(store, node.gpus, target, reason, "admin", now=time.time(), force=force):
@@ -90,18 +91,19 @@ def online(spec: str, force: bool, node_name: str | None, no_slurm: bool, source
     from gpuslurm.config import load_config
     from gpuslurm.errors import HardwareError
     from gpuslurm.hw.health import read_health
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.policy.health import gate_faults
     from gpuslurm.state.out_of_service import OutOfServiceStore, bring_back, resolve_gpu
 
     cfg = load_config()
-    node = load_node(source, links=True)
+    hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
+    node = hardware.node(links=True)
     target = resolve_gpu(spec, node.gpus)
     store = OutOfServiceStore(cfg.paths.state_dir)
     if target.uuid not in store.read():
         click.echo(f"GPU index {target.index} ({target.uuid}) is in service")
     else:
-        facts = read_health([target], source, captured=True)[target.uuid]
+        facts = read_health([target], hardware, captured=True)[target.uuid]
         faults = [f for f in gate_faults(facts, cfg.health) if f.action != "log"]
         if faults and not force:
             raise HardwareError(f"GPU index {target.index} ({target.uuid}) is still unhealthy: "
@@ -117,11 +119,11 @@ def online(spec: str, force: bool, node_name: str | None, no_slurm: bool, source
 def list_(as_json: bool, source: str | None) -> None:
     """Every GPU: in service or out, with the reason, who and when."""
     from gpuslurm.config import load_config
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.state.out_of_service import OutOfServiceStore
 
     cfg = load_config()
-    node = load_node(source, links=False)
+    node = hardware_source(source, nvml_library=cfg.paths.nvml_library).node(links=False)
     out = OutOfServiceStore(cfg.paths.state_dir).read()
     rows: list[dict[str, Any]] = []
     for g in node.gpus:
@@ -160,26 +162,27 @@ def _apply(cfg: Config, node: Node, node_name: str | None, no_slurm: bool, store
 
 
 @click.command("health")
-@click.option("--gpu", "spec", metavar="GPU", help="Only this GPU (UUID, index:N or minor:N).")
+@click.option("--gpu", "gpu_id", metavar="GPU", help="Only this GPU (UUID, index:N or minor:N).")
 @click.option("--act", is_flag=True,
               help="Act on faults as [health] says (gpu_out, drain): for Slurm's HealthCheckProgram.")
 @node_name_option
 @json_option
 @from_option
-def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, source: str | None) -> None:
+def health(gpu_id: str | None, act: bool, node_name: str | None, as_json: bool, source: str | None) -> None:
     """Each GPU's health now, every fact and the verdict; exit 1 if any GPU in service is unhealthy."""
     from gpuslurm.config import load_config
     from gpuslurm.hw.health import read_health
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.policy.health import running_faults
     from gpuslurm.state.out_of_service import OutOfServiceStore, resolve_gpu
 
     cfg = load_config()
-    node = load_node(source, links=act)
-    gpus = [resolve_gpu(spec, node.gpus)] if spec else list(node.gpus)
+    hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
+    node = hardware.node(links=act)
+    gpus = [resolve_gpu(gpu_id, node.gpus)] if gpu_id else list(node.gpus)
     store = OutOfServiceStore(cfg.paths.state_dir)
     out = store.read()
-    facts = read_health(gpus, source, captured=True)
+    facts = read_health(gpus, hardware, captured=True)
     report: list[dict[str, Any]] = []
     unhealthy = False
     for g in gpus:
@@ -192,7 +195,7 @@ def health(spec: str | None, act: bool, node_name: str | None, as_json: bool, so
                        "out_of_service": rec.to_dict() if rec else None,
                        "facts": {k: v for k, v in fact._asdict().items() if k != "uuid"},
                        "faults": [f._asdict() for f in faults]})
-    if not spec:
+    if not gpu_id:
         report += _lost_rows(node.lost, out, cfg.health.lost_gpu.action)
         unhealthy |= any(r["verdict"] == "unhealthy" for r in report)
     if as_json:

@@ -58,9 +58,9 @@ def json_option(f: F) -> F:
 
 
 def _load(source: str | None) -> Node:
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
 
-    return load_node(source)
+    return hardware_source(source).node()
 
 
 # Commands that live in their own modules, imported only when used: a prolog run on every job
@@ -239,16 +239,17 @@ def node_conf(source: str | None, node_name: str | None, template: Path | None,
     from gpuslurm.config import load_config
     from gpuslurm.gres.records import GresOptions
     from gpuslurm.gres.render import render_node_conf
-    from gpuslurm.hw.source import bundle_path, load_capabilities
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.slurm.mig_types import target_naming
 
     features = tuple(f for item in features for f in item.split(","))
     cfg = load_config()
     if "feature" in cfg.mps.triggers and cfg.mps.feature:  # the MPS trigger needs it on the node
         features = (*features, cfg.mps.feature)
-    node = _load(source)
+    hardware = hardware_source(source)
+    node = hardware.node()
     try:
-        cc = load_capabilities(bundle_path(source))
+        cc = hardware.capabilities()
     except HardwareError:  # the node was read; a driver without the query leaves the table
         cc = {}
     opts = GresOptions(mig=target_naming(slurm_version))

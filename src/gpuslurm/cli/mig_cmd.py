@@ -24,10 +24,10 @@ def mig() -> None:
 @click.option("--as-layout", is_flag=True, help="Print the current layout as a layout file to edit.")
 def show(source: str | None, as_json: bool, as_layout: bool) -> None:
     """Show each GPU's MIG mode, GPU instances and MIG device UUIDs."""
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.isolate.mig import layout_toml
 
-    node = load_node(source)
+    node = hardware_source(source).node()
     if as_layout:
         click.echo(layout_toml(node), nl=False)
     elif as_json:
@@ -74,11 +74,11 @@ def _show_table(node: Any) -> None:
 def assert_(layout: Path, source: str | None) -> None:
     """Exit 0 if the node matches LAYOUT; else print one line per differing GPU and exit 1."""
     from gpuslurm.errors import CheckMismatchError
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.isolate.mig import diff_lines, load_layout, resolve_layout
 
     wanted_layout = load_layout(layout)
-    node = load_node(source)
+    node = hardware_source(source).node()
     wanted = resolve_layout(wanted_layout, node)
     problems = diff_lines(node, wanted)
     for line in problems:
@@ -113,7 +113,7 @@ def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None
     """Make the node match LAYOUT: drain, reconfigure MIG, regenerate gres.conf, resume."""
     from gpuslurm.config import load_config
     from gpuslurm.gres.records import GresOptions
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.isolate.mig import load_layout
     from gpuslurm.names import check_node_name
     from gpuslurm.slurm.mig_apply import ApplyOptions, MigApplier
@@ -132,7 +132,8 @@ def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None
         gres_template=gres_template,
         slurm_timeout_s=cfg.hooks.command_timeout_s,
     )
-    applier = MigApplier(cfg.paths, opts, lambda: load_node(source), sys.stdout)
+    hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
+    applier = MigApplier(cfg.paths, opts, hardware.node, sys.stdout)
     node, wanted, changes = applier.plan(wanted_layout)
     if dry_run or not changes:
         return

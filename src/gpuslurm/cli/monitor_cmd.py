@@ -43,10 +43,12 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
             prometheus_port: int | None, prometheus_addr: str) -> None:
     """Sample every GPU and GPU process, attribute them to Slurm or PBS jobs, detect hogs, store it all."""
     from gpuslurm.config import load_config
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.watch.run import Exporting, run_monitor
 
     cfg = load_config()
-    run_monitor(cfg, source, monitor_parts(cfg), db=db, interval=interval, once=once,
+    hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
+    run_monitor(cfg, hardware, monitor_parts(cfg), db=db, interval=interval, once=once,
                 on_cycle=_print_json if as_json else (_summary if once else None),
                 prometheus=None if prometheus_port is None else Exporting(prometheus_addr, prometheus_port),
                 warn=_warn)

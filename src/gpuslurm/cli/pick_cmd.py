@@ -282,6 +282,7 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
              environ: Mapping[str, str] | None = None) -> int:
     """The command; its exit code (or no return when it execs CMD)."""
     from gpuslurm.cli.schedulers import job_gpus_from_env
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.watch.pick import Wait, pick_for_job
 
     args = parse_args(argv)
@@ -301,7 +302,7 @@ def run_pick(argv: Sequence[str], out: TextIO, err: TextIO,
         err.write(f"gpuslurm pick: {line}\n")
         err.flush()
 
-    picked = pick_for_job(req, args.source, os.environ if environ is None else environ,
+    picked = pick_for_job(req, hardware_source(args.source), os.environ if environ is None else environ,
                           job_gpus_from_env, wait, progress=say, warn=say)
     node, placement = picked
     if placement.chosen is None:

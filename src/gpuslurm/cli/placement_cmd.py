@@ -37,10 +37,10 @@ def _warn(message: str) -> None:
               help="Read a recorded `scontrol show -d job` instead of running it ('-': stdin).")
 def placement(source: str | None, as_json: bool, node_name: str | None, input_file: str | None) -> None:
     """For each running GPU job here: are its CPUs on its GPUs' NUMA nodes, and its weakest link."""
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.slurm.placement import placement_rows, summary
 
-    node = load_node(source)
+    node = hardware_source(source).node()
     name = node_name or os.environ.get("SLURMD_NODENAME") or node.hostname.split(".", 1)[0]
     source_text: str | tuple[JobDetail, ...]
     if input_file is None:

@@ -39,14 +39,12 @@ _db_option = click.option("--db", metavar="PATH",
 def _open(source: str | None, db: str | None) -> LiveView:
     from gpuslurm.cli.schedulers import build_scheduler
     from gpuslurm.config import load_config
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.watch.live import LiveView
 
     cfg = load_config()
-    if cfg.paths.nvml_library:
-        from gpuslurm.hw.nvml_lib import use_library
-
-        use_library(cfg.paths.nvml_library)
-    return LiveView(cfg, source, db, scheduler=build_scheduler(cfg))
+    hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
+    return LiveView(cfg, hardware, db, scheduler=build_scheduler(cfg))
 
 
 @click.command("status")

@@ -153,7 +153,7 @@ def run_day(out: Path, hours: float, *, speed: float | None = None,
     ``speed``: simulated seconds per real second (None: as fast as the machine goes).
     """
     from gpuslurm.hw.scenario import ScenarioSampler
-    from gpuslurm.hw.source import load_node
+    from gpuslurm.hw.source import hardware_source
     from gpuslurm.policy.detect import Detector
     from gpuslurm.state.jobmap import JobMap, MappedDevice, remove_map, write_map
     from gpuslurm.state.store import Store
@@ -163,7 +163,7 @@ def run_day(out: Path, hours: float, *, speed: float | None = None,
     day_s = round(hours * 3600.0 / script.STEP_S) * script.STEP_S
     until = (time.time() if now is None else now) // 60 * 60
     since = until - day_s
-    node = load_node(BUNDLE)
+    node = hardware_source(BUNDLE).node()
     gpus = sorted(node.gpus, key=lambda g: g.index)
     uuids = [g.uuid for g in gpus]
     minor = [g.minor for g in gpus]

@@ -1,4 +1,4 @@
-"""What the root hooks keep between runs: the parsed config, and a replayed node's GPU identities.
+"""What the root hooks keep between runs: the parsed config, and a replayed node.
 
 Both are small JSON files in ``<run_dir>/cache/`` (root's, 0600), written atomically and read
 back only through :mod:`gpuslurm.state.jobmap`'s checked file access (no symlinks, owner and
@@ -16,8 +16,10 @@ run_dir, so a config that spells run_dir another way is simply parsed every time
 ``node-placement.json``: the same for the whole replayed node with its link matrix and CPUs
 (:func:`placement_node`), which PBS's execjob_begin ranks GPU sets by; same key, same rules.
 
-``node-identity.json``: a replayed node's identities come from parsing its capture bundle
-(nvidia-smi XML, lscpu, ...) into the model, which costs a prolog several times its own work.
+``node-identity.json``: a replayed node (:class:`gpuslurm.hw.model.Node` without its link matrix
+and CPU list: the GPUs' UUIDs, indices, minors, bus ids, NUMA nodes, CPU affinities and MIG
+devices the hooks use) comes from parsing its capture bundle (nvidia-smi XML, lscpu, ...), which
+costs a prolog several times its own work.
 The file is valid while the bundle directory holds the same files: its real path and, for every
 file but ``health.json`` (read by every hook anyway), name, size, inode, modification and change
 times. The live node is never cached; NVML is asked on every run. Its identities change without
@@ -39,20 +41,18 @@ from gpuslurm.errors import GpuslurmError
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
+    from typing import Any
 
     from gpuslurm.config import Config
-    from gpuslurm.hw.identity import NodeIdentity
     from gpuslurm.hw.model import Node
-
-    _N = TypeVar("_N")
+    from gpuslurm.hw.source import HardwareSource
 
 Warn = Callable[[str], None]
 CACHE_DIR = "cache"
 CONFIG_FILE = "config.json"
 NODE_FILE = "node-identity.json"
 PLACEMENT_FILE = "node-placement.json"
-FORMAT = 1
+FORMAT = 2  # 2: node-identity.json holds the model's Node (1: the light identity tuples)
 MAX_BYTES = 1 << 20
 NOT_KEYED = frozenset({"health.json"})  # read by the health check itself on every run
 
@@ -102,23 +102,17 @@ def run_dir_hint(text: str) -> str:
 # --- the node ---------------------------------------------------------------------------------
 
 
-def node_identity(spec: str | None, run_dir: str, warn: Warn | None = None) -> NodeIdentity:
-    """The GPUs of the node ``spec`` names (see ``gpuslurm.hw.source``), cached when replayed."""
-    from gpuslurm.hw.identity import from_json, to_json
+def hook_node(source: HardwareSource, run_dir: str, warn: Warn | None = None) -> Node:
+    """``source``'s node as the hooks use it, cached when replayed: its GPUs (each with its CPU
+    affinity) without the link matrix (most of NVML's calls) or the node's CPU list (``cpus`` is
+    empty: decoding a large node's hundreds of CPUs from the cache would cost a prolog ~1 ms)."""
+    return _replayed(source, run_dir, warn, NODE_FILE, lambda: source.node(links=False)._replace(cpus=()))
 
-    return _replayed(spec, run_dir, warn, NODE_FILE, lambda: _read_node(spec), to_json,
-                     lambda doc: from_json(doc))
 
-
-def placement_node(spec: str | None, run_dir: str, warn: Warn | None = None) -> Node:
-    """The whole node ``spec`` names, link matrix and CPUs included (what the placement engine
-    ranks GPU sets by), cached like :func:`node_identity` when replayed; live, NVML every time."""
-    from gpuslurm.hw.source import load_node
-
-    def dump(node: Node) -> Node:  # json.dumps writes its NamedTuples as arrays
-        return node
-
-    return _replayed(spec, run_dir, warn, PLACEMENT_FILE, lambda: load_node(spec), dump, placement_from_json)
+def placement_node(source: HardwareSource, run_dir: str, warn: Warn | None = None) -> Node:
+    """``source``'s whole node, link matrix and CPUs included (what the placement engine ranks
+    GPU sets by), cached like :func:`hook_node` when replayed; live, NVML every time."""
+    return _replayed(source, run_dir, warn, PLACEMENT_FILE, source.node)
 
 
 MAX_MINOR = (1 << 20) - 1  # Linux minor numbers are 20 bits (the same bounds as nvml.json's reader)
@@ -126,8 +120,8 @@ MAX_MIB = 1 << 40  # a mebibyte count beyond any machine
 
 
 def placement_from_json(doc: Any) -> Node:
-    """The :class:`Node` :func:`placement_node` cached (its NamedTuples as JSON arrays), checked
-    as strictly as a bundle's ``nvml.json``: every value of exactly its type
+    """The :class:`Node` :func:`placement_node` or :func:`hook_node` cached (its NamedTuples as JSON
+    arrays), checked as strictly as a bundle's ``nvml.json``: every value of exactly its type
     (:func:`gpuslurm.hw.bundlecache.node_from_json`), every number in the range that reader
     allows, GPU indices, minors and UUIDs unique, the link matrix square over the GPUs.
     ValueError or TypeError otherwise: the caller parses the bundle again. (The array form reads in
@@ -163,13 +157,12 @@ def placement_from_json(doc: Any) -> Node:
     return node
 
 
-def _replayed(spec: str | None, run_dir: str, warn: Warn | None, name: str, read: Callable[[], _N],
-              dump: Callable[[_N], Any], load: Callable[[Any], _N]) -> _N:
-    """``read()`` the node, through the cache file ``name`` when ``spec`` names a bundle (keyed by
-    :func:`bundle_key`; a cached document ``load`` refuses is read and written anew)."""
-    from gpuslurm.hw.source import bundle_path
-
-    bundle = bundle_path(spec)
+def _replayed(source: HardwareSource, run_dir: str, warn: Warn | None, name: str,
+              read: Callable[[], Node]) -> Node:
+    """``read()`` the node, through the cache file ``name`` when ``source`` is a bundle (keyed by
+    :func:`bundle_key`; a cached document :func:`placement_from_json` refuses is read and written
+    anew). json.dumps writes the node's NamedTuples as arrays."""
+    bundle = source.bundle
     if bundle is None:
         return read()
     directory = os.path.join(run_dir, CACHE_DIR)
@@ -180,11 +173,11 @@ def _replayed(spec: str | None, run_dir: str, warn: Warn | None, name: str, read
     cached = _load(directory, name, warn)
     if isinstance(cached, dict) and cached.get("key") == key:
         try:
-            return load(cached["node"])
+            return placement_from_json(cached["node"])
         except (GpuslurmError, ValueError, TypeError, KeyError, AttributeError):
             pass  # not what this version writes: read the bundle and write it anew
     node = read()
-    _store(directory, name, {"key": key, "node": dump(node)}, warn)
+    _store(directory, name, {"key": key, "node": node}, warn)
     return node
 
 
@@ -198,13 +191,6 @@ def bundle_key(bundle: str) -> list[Any]:
                 st = entry.stat()  # follows a symlinked file, as the reader does
                 files.append([entry.name, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
     return [real, sorted(files)]
-
-
-def _read_node(spec: str | None) -> NodeIdentity:
-    from gpuslurm.hw.identity import identity_of
-    from gpuslurm.hw.source import load_node
-
-    return identity_of(load_node(spec, links=False))
 
 
 # --- the files --------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuslurm.config import Config
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.isolate.kill import Target
     from gpuslurm.policy.health import Fault
     from gpuslurm.state.job import HookJob
@@ -49,19 +50,15 @@ if TYPE_CHECKING:
 SUMMARY_VERSION = 1
 
 
-def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec: str | None = None,
+def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, source: HardwareSource,
             now: float | None = None) -> int:
-    """Run the job-end step for ``job``; 0 unless a drain was needed and failed (module docstring).
-    Raises GpuslurmError only before it starts (no safe way to proceed)."""
+    """Run the job-end step for ``job`` on ``source``'s node; 0 unless a drain was needed and
+    failed (module docstring). Raises GpuslurmError only before it starts (no safe way to proceed)."""
     from gpuslurm.state.jobmap import read_map, remove_map
 
     now = time.time() if now is None else now
     job_id, uid = job.job_id, job.uid
     log.job_id = job_id
-    if spec is None and cfg.paths.nvml_library:  # slurmd gives hooks no LD_LIBRARY_PATH
-        from gpuslurm.hw.nvml_lib import use_library
-
-        use_library(cfg.paths.nvml_library)
     jobs_dir = cfg.paths.jobs_dir
     try:
         jmap = read_map(job_id, jobs_dir)
@@ -77,7 +74,7 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec:
         gpus = [{"uuid": d.uuid, "minor": d.minor, "gres_index": d.gres_index,
                  "parent_uuid": d.parent_uuid} for d in jmap.devices]
     elif job.gpus is not None:
-        gpus = _gpus_from_claim(job, spec, cfg, log)
+        gpus = _gpus_from_claim(job, source, cfg, log)
 
     # 2. stop the job's MPS daemon (before the kill, so that it shuts down cleanly)
     mps_faults = _stop_mps(job, gpus, cfg, log)
@@ -85,7 +82,7 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec:
     # 3. kill the job's leftovers, check the GPUs were released; drain on a fault
     # the job's SLUID: Slurm's (25.11+ Epilog), else the one the prolog recorded
     sluid = job.sluid or (jmap.sluid if jmap is not None else None)
-    release = _release(job_id, uid, gpus, cfg, spec, log, sluid)
+    release = _release(job_id, uid, gpus, cfg, source, log, sluid)
     rc = 0
     drains = [f for f in [*release.faults, *mps_faults] if f.action == "drain"]
     if drains:
@@ -215,15 +212,15 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def _gpus_from_claim(job: HookJob, spec: str | None, cfg: Config, log: HookLog) -> list[dict[str, Any]]:
+def _gpus_from_claim(job: HookJob, source: HardwareSource, cfg: Config, log: HookLog) -> list[dict[str, Any]]:
     """No map (the job-start step did not run, or failed): the GPUs the scheduler names, if the
     node can be read."""
-    from gpuslurm.hooks.cache import node_identity
+    from gpuslurm.hooks.cache import hook_node
     from gpuslurm.state.job import resolve_devices
 
     assert job.gpus is not None
     try:
-        devices = resolve_devices(job.gpus, node_identity(spec, cfg.paths.run_dir, log.warning))
+        devices = resolve_devices(job.gpus, hook_node(source, cfg.paths.run_dir, log.warning))
     except GpuslurmError as exc:
         log.error(f"no job map, and the job's GPUs cannot be resolved: {exc}")
         return []
@@ -242,7 +239,7 @@ class Release(NamedTuple):
 NO_RELEASE = Release((), {}, ())
 
 
-def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Config, spec: str | None,
+def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Config, source: HardwareSource,
              log: HookLog, sluid: str | None = None) -> Release:
     """Kill the job's leftovers on its physical GPUs, then check the GPUs were released."""
     from gpuslurm.policy.health import Fault, gpu_label, release_enabled, released_faults
@@ -250,15 +247,15 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Conf
     kill = cfg.epilog.kill_leftover
     if not gpus or not (kill or release_enabled(cfg.health)):
         return NO_RELEASE
-    from gpuslurm.hooks.cache import node_identity
+    from gpuslurm.hooks.cache import hook_node
     from gpuslurm.hw.health import read_health
 
     physical = {g["parent_uuid"] or g["uuid"] for g in gpus}
     try:
-        node = node_identity(spec, cfg.paths.run_dir, log.warning)
+        node = hook_node(source, cfg.paths.run_dir, log.warning)
         mine = [g for g in node.gpus if g.uuid in physical]
         listed_at = time.clock_gettime(time.CLOCK_BOOTTIME)  # the clock /proc start times count in
-        health = read_health(mine, spec)
+        health = read_health(mine, source)
     except GpuslurmError as exc:
         log.error(f"cannot read GPU health, skipping the release check: {exc}")
         return NO_RELEASE
@@ -291,7 +288,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Conf
                     survivors.setdefault(t.gpu, []).append(t)
                 drop[t.gpu].add(t.pid)  # a survivor is reported below, as such
             try:
-                health = read_health(mine, spec)
+                health = read_health(mine, source)
             except GpuslurmError as exc:
                 log.error(f"cannot read GPU health again after the kill: {exc}")
     faults: list[Fault] = []

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from gpuslurm.config import Config
-    from gpuslurm.hw.identity import AnyGpu, AnyNode, NodeIdentity
+    from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.policy.health import Fault
     from gpuslurm.state.job import HookJob, JobDevice
     from gpuslurm.state.out_of_service import OutOfServiceStore
@@ -48,49 +49,45 @@ __all__ = ["HookLog", "JobFaultError", "deny_all_devices", "health_gate",
 
 
 def job_start(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
-              spec: str | None = None, *, node: AnyNode | None = None, isolate: bool | None = None) -> int:
+              source: HardwareSource, *, node: Node | None = None, isolate: bool | None = None) -> int:
     """Run the job-start step for ``job``, whose GPUs the scheduler chose (Slurm's prolog, PBS's
-    classic prologue), on this node (``spec``: a replayed capture bundle, else NVML); 0 when the
+    classic prologue), on this node (``source``: a replayed capture bundle or NVML); 0 when the
     job may run (or was refused without harm to the node), 1 when a health fault drained the node.
     Raises GpuslurmError when it cannot decide (see the module docstring).
 
-    ``node`` is the node's identities when the adapter has them already; ``isolate`` overrides
+    ``node`` is the node when the adapter has it already; ``isolate`` overrides
     ``[cgroup] devices`` (None: :func:`gpuslurm.isolate.devices.wanted`). The steps, each its own
     function: :func:`prepare`, the holder's pass, the job's devices, :func:`out_of_service_gate`,
     :func:`health_gate`, :func:`start_on_devices`. PBS's execjob_begin chooses the devices itself
     (gated by :func:`gpuslurm.pbs.begin.health_offline` before the choice) and runs the last step.
     """
-    isolate = prepare(job, scheduler, cfg, log, spec, isolate)
+    isolate = prepare(job, scheduler, cfg, log, isolate)
     from gpuslurm.state.out_of_service import HOLDER_COMMENT
 
     if job.uid == 0 and job.comment == HOLDER_COMMENT:  # root's holder of a GPU out of service
         log.info("a holder of a GPU out of service (gpuslurm gpu list): no gate, no map")
         return 0
     if job.gpus is None:  # a job without GPUs here: nothing to check or map
-        return deny_all_devices(job, scheduler, cfg, log, lambda: node or _node(spec, cfg, log), isolate)
+        return deny_all_devices(job, scheduler, cfg, log, lambda: node or _node(source, cfg, log), isolate)
     from gpuslurm.state.job import resolve_devices
 
-    node = node or _node(spec, cfg, log)
+    node = node or _node(source, cfg, log)
     devices = resolve_devices(job.gpus, node)
     if not devices:
         return deny_all_devices(job, scheduler, cfg, log, lambda: node, isolate)
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())  # MIG devices share their GPU's health
     if (refused := out_of_service_gate(job, scheduler, cfg, log, gpus)) is not None:
         return refused
-    if (drained := health_gate(job, scheduler, cfg, log, spec, node, devices)) is not None:
+    if (drained := health_gate(job, scheduler, cfg, log, source, node, devices)) is not None:
         return drained
     return start_on_devices(job, scheduler, cfg, log, node, devices, isolate)
 
 
-def prepare(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec: str | None,
-            isolate: bool | None) -> bool:
-    """The first step of every job start: name the job in the log, load the configured NVML
-    library (slurmd gives hooks no LD_LIBRARY_PATH); whether gpuslurm limits the job's devices."""
+def prepare(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, isolate: bool | None) -> bool:
+    """The first step of every job start: name the job in the log; whether gpuslurm limits the
+    job's devices. (The adapter's :class:`HardwareSource` has loaded the configured NVML library:
+    slurmd gives hooks no LD_LIBRARY_PATH.)"""
     log.job_id = job.job_id
-    if spec is None and cfg.paths.nvml_library:
-        from gpuslurm.hw.nvml_lib import use_library
-
-        use_library(cfg.paths.nvml_library)
     if isolate is None:
         from gpuslurm.isolate.devices import wanted
 
@@ -99,7 +96,7 @@ def prepare(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec:
 
 
 def deny_all_devices(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
-                     node: Callable[[], AnyNode], isolate: bool) -> int:
+                     node: Callable[[], Node], isolate: bool) -> int:
     """A job given no GPU here: nothing to check or map, but every GPU is denied to it (where
     gpuslurm isolates; ``node`` is asked only then)."""
     if isolate:
@@ -111,7 +108,7 @@ def deny_all_devices(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookL
 
 
 def out_of_service_gate(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog,
-                        gpus: Sequence[AnyGpu]) -> int | None:
+                        gpus: Sequence[Gpu]) -> int | None:
     """A job given a GPU out of service never runs on it: it is requeued (the hook's code);
     None when none of ``gpus`` is out. A corrupt record raises: the gate fails closed."""
     from gpuslurm.policy.health import gpu_label
@@ -125,8 +122,8 @@ def out_of_service_gate(job: HookJob, scheduler: Scheduler, cfg: Config, log: Ho
     return None
 
 
-def health_gate(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, spec: str | None,
-                node: AnyNode, devices: Sequence[JobDevice]) -> int | None:
+def health_gate(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, source: HardwareSource,
+                node: Node, devices: Sequence[JobDevice]) -> int | None:
     """Check the health of the job's GPUs and act on the faults as
     :func:`gpuslurm.policy.fault_response.respond` decides: a GPU to drain for drains the node
     and the step fails (EXIT_UNHEALTHY); GPUs taken out drain the node for new jobs (the graceful
@@ -138,7 +135,7 @@ def health_gate(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, s
     from gpuslurm.hw.health import read_health
 
     gpus = list({d.gpu.uuid: d.gpu for d in devices}.values())
-    health = read_health(gpus, spec)
+    health = read_health(gpus, source)
     faults = [f for gpu in gpus for f in gate_faults(health[gpu.uuid], cfg.health)]
     if not faults:
         return None
@@ -165,7 +162,7 @@ def health_gate(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, s
     return None
 
 
-def start_on_devices(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, node: AnyNode,
+def start_on_devices(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, node: Node,
                      devices: Sequence[JobDevice], isolate: bool) -> int:
     """The steps on the job's gated devices: limit the job to them, start its MPS daemon if it
     asked for one, write the job map. 0; what the job's user controls refuses the job (the
@@ -222,14 +219,14 @@ def _v2_dir(scheduler: Scheduler, job: HookJob, cfg: Config) -> Callable[[], Seq
     return lambda: scheduler.job_cgroup_v2(job, cfg)
 
 
-def _node(spec: str | None, cfg: Config, log: HookLog) -> NodeIdentity:
-    """The node's GPU identities (cached when replayed; never the link matrix, most of NVML's calls)."""
-    from gpuslurm.hooks.cache import node_identity
+def _node(source: HardwareSource, cfg: Config, log: HookLog) -> Node:
+    """The node's GPUs (cached when replayed; never the link matrix, most of NVML's calls)."""
+    from gpuslurm.hooks.cache import hook_node
 
-    return node_identity(spec, cfg.paths.run_dir, log.warning)
+    return hook_node(source, cfg.paths.run_dir, log.warning)
 
 
-def _start_mps(job: HookJob, scheduler: Scheduler, cfg: Config, devices: Sequence[JobDevice], node: AnyNode,
+def _start_mps(job: HookJob, scheduler: Scheduler, cfg: Config, devices: Sequence[JobDevice], node: Node,
                log: HookLog, isolated: bool) -> bool:
     """Start the job's MPS daemon if it asked for one (True).
 
@@ -266,7 +263,7 @@ def _start_mps(job: HookJob, scheduler: Scheduler, cfg: Config, devices: Sequenc
     return True
 
 
-def _drain_for_new_jobs(scheduler: Scheduler, name: str, node: AnyNode, store: OutOfServiceStore,
+def _drain_for_new_jobs(scheduler: Scheduler, name: str, node: Node, store: OutOfServiceStore,
                         log: HookLog) -> None:
     """GPUs taken out: drain the node for new jobs with the graceful path's reason (the monitor, or
     ``health --act``, rewrites gres.conf and resumes it once its running jobs end)."""
@@ -306,7 +303,7 @@ def _job_out(action: Callable[[str, str], str], job_id: str, reason: str, log: H
 
 
 def _job_devices_procs(cfg: Config, job: HookJob, scheduler: Scheduler, devices: Sequence[JobDevice],
-                       node: AnyNode, isolated: bool) -> str | None:
+                       node: Node, isolated: bool) -> str | None:
     """The devices cgroup the job's MPS daemon starts in (its ``cgroup.procs``), so the daemon and
     its servers never reach a GPU the job was not given. cgroup v1: gpuslurm's own (made by
     isolate_job just before) when gpuslurm isolates here; else the scheduler's job cgroup if it

@@ -38,13 +38,15 @@ from gpuslurm.errors import EXIT_NOT_ISOLATED
 from gpuslurm.hooks.log import HookLog
 
 if TYPE_CHECKING:
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.state.job import GpuClaim, JobDevice
 
 
 def task_exports(claim: GpuClaim | None, job_id: str | None, *, local_id: str = "0",
                  keep_cuda_visible_devices: bool = False, keep_device_order: bool = False,
-                 spec: str | None = None, run_dir: str) -> list[tuple[str, str]]:
-    """The ``(name, value)`` pairs for a task of the job (none for a task without GPUs).
+                 source: HardwareSource, run_dir: str) -> list[tuple[str, str]]:
+    """The ``(name, value)`` pairs for a task of the job on ``source``'s node (none for a task
+    without GPUs).
 
     ``local_id`` is the task's rank on the node (Slurm's ``SLURM_LOCALID``; not a number: 0);
     ``keep_*`` say the task already has its own ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER``.
@@ -52,10 +54,9 @@ def task_exports(claim: GpuClaim | None, job_id: str | None, *, local_id: str = 
     """
     if claim is None:
         return []
-    from gpuslurm.hw.source import load_node
     from gpuslurm.state.job import resolve_devices
 
-    devices = resolve_devices(claim, load_node(spec, links=False))
+    devices = resolve_devices(claim, source.node(links=False))
     if not devices:
         return []
     pairs = task_values(devices, _local(local_id), run_dir=run_dir, job_id=job_id,

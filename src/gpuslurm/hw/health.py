@@ -30,10 +30,11 @@ from gpuslurm.hw.procfs import PROC_ROOT, owner_uid
 from gpuslurm.safedir import read_regular
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
-if TYPE_CHECKING:  # a Gpu or the hooks' light GpuIdentity: only uuid and index are used
+if TYPE_CHECKING:
     from typing import Any
 
-    from gpuslurm.hw.identity import AnyGpu
+    from gpuslurm.hw.model import Gpu
+    from gpuslurm.hw.source import HardwareSource
 
 SCENARIO_FILE = "health.json"
 MAX_SCENARIO_BYTES = 1 << 20
@@ -83,17 +84,15 @@ _BOOL_KEYS = ("lost", "retired_pages_pending", "remap_pending", "remap_failed")
 _INT_KEYS = ("temperature_c", "ecc_uncorrectable", "memory_used_mib")
 
 
-def read_health(gpus: Sequence[AnyGpu], source: str | None, *,
+def read_health(gpus: Sequence[Gpu], source: HardwareSource, *,
                 captured: bool = False) -> dict[str, GpuHealth]:
-    """Health of ``gpus`` (physical GPUs) keyed by UUID, from the bundle ``source`` names or NVML.
+    """Health of ``gpus`` (physical GPUs) keyed by UUID, from ``source``'s bundle or NVML.
 
     ``captured``: a GPU's temperature that ``health.json`` does not give is the one the bundle's
     ``nvidia-smi -q -x`` recorded, as the replay NVML library serves it (the commands and the
     monitor; the hooks read ``health.json`` alone and stay free of the XML parser).
     """
-    from gpuslurm.hw.source import bundle_path
-
-    bundle = bundle_path(source)
+    bundle = source.bundle
     if bundle is None:
         return NvmlHealthReader().read(gpus)
     facts = read_scenario(os.path.join(bundle, SCENARIO_FILE), [g.uuid for g in gpus])
@@ -102,15 +101,14 @@ def read_health(gpus: Sequence[AnyGpu], source: str | None, *,
     return _timed(bundle, source, facts)
 
 
-def _captured_temperatures(bundle: str, source: str | None,
+def _captured_temperatures(bundle: str, source: HardwareSource,
                            facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:
     import math  # not at the top: the hooks' warm path imports this module (test_placement_cache)
     from pathlib import Path
 
     from gpuslurm.hw.bundle import read_captured_state
-    from gpuslurm.hw.source import load_node
 
-    node = _nodes.get(bundle) or _nodes.setdefault(bundle, load_node(source, links=False))
+    node = _nodes.get(bundle) or _nodes.setdefault(bundle, source.node(links=False))
     state = read_captured_state(Path(bundle), node)
     temps = {d.gpu_uuid: d.temp_c for d in state.devices if d.mig_uuid is None} if state else {}
     out = {}
@@ -122,7 +120,7 @@ def _captured_temperatures(bundle: str, source: str | None,
     return out
 
 
-def _timed(bundle: str, source: str | None, facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:
+def _timed(bundle: str, source: HardwareSource, facts: dict[str, GpuHealth]) -> dict[str, GpuHealth]:
     """``facts`` with the replay scenario's timed faults now (Xids, ECC, temperature, lost GPUs),
     when the bundle has a scenario (:func:`gpuslurm.hw.scenario.health_at`)."""
     if not os.environ.get("GPUSLURM_SCENARIO") and not os.path.isfile(os.path.join(bundle, "scenario.json")):
@@ -136,8 +134,6 @@ def _timed(bundle: str, source: str | None, facts: dict[str, GpuHealth]) -> dict
         return facts
     import time
 
-    from gpuslurm.hw.source import load_node
-
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -146,7 +142,7 @@ def _timed(bundle: str, source: str | None, facts: dict[str, GpuHealth]) -> dict
     stamp = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
     cached = _scenarios.get(bundle)
     if cached is None or cached[0] != stamp:
-        node = _nodes.get(bundle) or _nodes.setdefault(bundle, load_node(source, links=False))
+        node = _nodes.get(bundle) or _nodes.setdefault(bundle, source.node(links=False))
         cached = _scenarios[bundle] = (stamp, *load_scenario(path, node))
     return health_at(cached[1], cached[2], time.time(), facts)
 
@@ -244,7 +240,7 @@ class NvmlHealthReader:
         self._memory = nvml.memory_info
         self._first = nvml.first
 
-    def read(self, gpus: Sequence[AnyGpu]) -> dict[str, GpuHealth]:
+    def read(self, gpus: Sequence[Gpu]) -> dict[str, GpuHealth]:
         from gpuslurm.hw.nvml_lib import GpuLost
 
         out: dict[str, GpuHealth] = {}
@@ -257,7 +253,7 @@ class NvmlHealthReader:
                 out[gpu.uuid] = GpuHealth(gpu.uuid, error=str(exc))
         return out
 
-    def _read_one(self, gpu: AnyGpu) -> GpuHealth:
+    def _read_one(self, gpu: Gpu) -> GpuHealth:
         i = gpu.index
         handle = self._call("nvmlDeviceGetHandleByIndex", i, gpu=i)
         found = str(self._call("nvmlDeviceGetUUID", handle, gpu=i))

@@ -16,7 +16,7 @@ import re
 from enum import StrEnum
 
 from gpuslurm.hw.devfiles import mig_device_files
-from gpuslurm.tuples import NamedTuple
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 
 class LinkKind(StrEnum):
@@ -74,7 +74,19 @@ class Cpu(NamedTuple):
 
 
 # A MIG profile name: optional "<c>c." compute slices, "<g>g.<mem>gb", optional "+me" style suffix.
-MIG_PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb(?P<suffix>(?:\+[a-z.]+)*)$")
+_MIG_PROFILE = r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb(?P<suffix>(?:\+[a-z.]+)*)$"
+
+if TYPE_CHECKING:
+    MIG_PROFILE_RE: re.Pattern[str]
+
+
+def __getattr__(name: str) -> re.Pattern[str]:
+    # MIG_PROFILE_RE is compiled on first use: every hook loads this module, none matches a profile
+    if name == "MIG_PROFILE_RE":
+        pattern: re.Pattern[str] = re.compile(_MIG_PROFILE)
+        globals()[name] = pattern
+        return pattern
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MigDevice(NamedTuple):
@@ -94,7 +106,7 @@ class MigDevice(NamedTuple):
     @property
     def gi_slices(self) -> int:
         """GPU-instance slice count (the ``g`` of the profile), as NVML's attributes give it."""
-        m = MIG_PROFILE_RE.match(self.profile)
+        m = re.match(_MIG_PROFILE, self.profile)
         if m is None:
             raise ValueError(f"unknown MIG profile {self.profile!r}")
         return int(m.group("g"))

@@ -27,7 +27,7 @@ from gpuslurm.errors import GpuslurmError, NotSupported
 from gpuslurm.hw.nvml_lib import GpuLost
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.identity import AnyGpu
+    from gpuslurm.hw.model import Gpu
 
 # nvmlEventType* bits (nvml.h, stable ABI)
 EVENT_DOUBLE_BIT_ECC = 0x2
@@ -57,7 +57,7 @@ def _key(handle: Any) -> Any:
 class NvmlEvents:
     """Registers ``gpus`` for Xid and double-bit ECC events and queues them from a thread."""
 
-    def __init__(self, gpus: Sequence[AnyGpu], module: Any | None = None, wait_ms: int = 1000) -> None:
+    def __init__(self, gpus: Sequence[Gpu], module: Any | None = None, wait_ms: int = 1000) -> None:
         from gpuslurm.hw.nvml_lib import NvmlLibrary
 
         self.gpus = list(gpus)

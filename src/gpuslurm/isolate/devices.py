@@ -53,7 +53,7 @@ from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
-    from gpuslurm.hw.identity import AnyNode
+    from gpuslurm.hw.model import Node
     from gpuslurm.state.job import JobDevice
 
 NVIDIA_MAJOR = 195
@@ -90,7 +90,7 @@ def char_majors(proc_devices: str) -> dict[str, int]:
     return majors
 
 
-def denied_devices(node: AnyNode, given: Sequence[JobDevice], caps_major: int | None) -> tuple[Device, ...]:
+def denied_devices(node: Node, given: Sequence[JobDevice], caps_major: int | None) -> tuple[Device, ...]:
     """The devices a job holding ``given`` must not open on ``node``.
 
     ``caps_major`` is the ``nvidia-caps`` major, or None when that driver is not loaded: then no
@@ -368,7 +368,7 @@ def wanted(cfg: Config, scheduler_constrains: Callable[[], bool]) -> bool:
 
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
-                node: AnyNode | None = None, spec: str | None = None, scheduler: str = "slurm",
+                node: Node, scheduler: str = "slurm",
                 v2_dir: Callable[[], Sequence[str] | None] | None = None) -> str:
     """The prolog's step: limit the job to ``given``; a line for the log. The caller has decided
     that gpuslurm isolates here (:func:`wanted` for Slurm; the PBS adapter decides for PBS).
@@ -382,10 +382,6 @@ def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
     """
     from gpuslurm.errors import HardwareError
 
-    if node is None:
-        from gpuslurm.hw.source import load_node
-
-        node = load_node(spec, links=False)
     denied = _denied_for(given, node)  # the MPS daemon's cgroups deny the same
     root = cfg.paths.cgroup_root
     version = cgroup_version(root)
@@ -439,7 +435,7 @@ def release_job(cfg: Config, job_id: str, v2_dir: Callable[[], Sequence[str]] | 
     return None
 
 
-def _denied_for(given: Sequence[JobDevice], node: AnyNode) -> tuple[Device, ...]:
+def _denied_for(given: Sequence[JobDevice], node: Node) -> tuple[Device, ...]:
     from gpuslurm.errors import HardwareError
     from gpuslurm.hw.procfs import read_devices
 
@@ -450,7 +446,7 @@ def _denied_for(given: Sequence[JobDevice], node: AnyNode) -> tuple[Device, ...]
         raise HardwareError(str(exc)) from None
 
 
-def mps_cgroup_v1(cfg: Config, job_id: str, given: Sequence[JobDevice], node: AnyNode) -> str:
+def mps_cgroup_v1(cfg: Config, job_id: str, given: Sequence[JobDevice], node: Node) -> str:
     """Make ``mps_<id>``, the job's limits for its MPS daemon alone, and return its
     ``cgroup.procs`` (only root may join it: the daemon's process does, before dropping to the
     user). For nodes where Slurm constrains the tasks' devices but, in 22.05, makes no job cgroup
@@ -460,7 +456,7 @@ def mps_cgroup_v1(cfg: Config, job_id: str, given: Sequence[JobDevice], node: An
     return os.path.join(setup_v1(cfg.paths.cgroup_root, job_id, None, denied, kind="mps"), "cgroup.procs")
 
 
-def mps_cgroup_v2(cfg: Config, job_id: str, given: Sequence[JobDevice], node: AnyNode) -> str:
+def mps_cgroup_v2(cfg: Config, job_id: str, given: Sequence[JobDevice], node: Node) -> str:
     """Make ``<cgroup_root>/gpuslurm.mps/mps_<id>`` with a BPF program denying what the job's
     tasks are denied (:func:`denied_devices`, MIG capabilities included) and return its
     ``cgroup.procs``, which only root may write (the daemon's process joins before dropping to

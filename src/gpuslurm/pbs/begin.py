@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from gpuslurm.config import Config
     from gpuslurm.hooks.log import HookLog
     from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.pbs.answer import HookAnswer, PbsHookActions
     from gpuslurm.policy.health import Fault
     from gpuslurm.state.job import HookJob, JobDevice
@@ -88,7 +89,7 @@ def vnode_shares(node: Node, hostname: str, shares: tuple[tuple[str, int] | tupl
         vnode, ngpus, nmigs = share[0], share[1], (share[2] if len(share) > 2 else 0)
         numa = vnode_numa(vnode, hostname)
         cands = tuple(g for g in whole if numa is None or gpu_numa(g, cpu_numa) == numa)
-        mine = tuple(d for d in migs if numa is None or gpu_numa(d.gpu, cpu_numa) == numa)  # type: ignore[arg-type]
+        mine = tuple(d for d in migs if numa is None or gpu_numa(d.gpu, cpu_numa) == numa)
         out.append(VnodeGpus(vnode, ngpus, numa, cands, nmigs, mine))
     return out
 
@@ -111,7 +112,7 @@ def check_counts(wants: list[VnodeGpus]) -> None:
                 f"(gpuslurm's exechost_startup or `gpuslurm pbs-conf` set it from the node)")
 
 
-def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: HookLog,
+def health_offline(wants: list[VnodeGpus], cfg: Config, source: HardwareSource, log: HookLog,
                    answer: HookAnswer, node: Node, hostname: str) -> list[Fault]:
     """The health gate of execjob_begin, before the choice: check every candidate in service and act
     as :func:`gpuslurm.policy.fault_response.respond` decides, as the Slurm prolog does: a GPU to
@@ -132,7 +133,7 @@ def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: H
     out = store.read()  # a corrupt record raises: no GPU is given blindly
     gone = {u.lower() for u in out}
     gpus = list({g.uuid: g for w in wants for g in _physical(w) if g.uuid.lower() not in gone}.values())
-    health = read_health(gpus, spec)
+    health = read_health(gpus, source)
     faults = [f for g in gpus for f in gate_faults(health[g.uuid], cfg.health)]
     labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
     for w in wants:
@@ -172,8 +173,7 @@ def health_offline(wants: list[VnodeGpus], cfg: Config, spec: str | None, log: H
 def _physical(w: VnodeGpus) -> tuple[Gpu, ...]:
     """The physical GPUs a vnode's share may come from: its whole GPUs, its MIG devices' parents
     (a MIG device shares its GPU's health) when it asks for MIG instances."""
-    # resolved against a Node (not the hooks' light identity): its devices are the model's Gpu
-    parents: tuple[Gpu, ...] = tuple(d.gpu for d in w.migs) if w.nmigs else ()  # type: ignore[misc]
+    parents: tuple[Gpu, ...] = tuple(d.gpu for d in w.migs) if w.nmigs else ()
     return tuple({g.uuid: g for g in (*w.candidates, *parents)}.values())
 
 
@@ -261,8 +261,8 @@ def choose(node: Node, wants: list[VnodeGpus], held: dict[str, str],
 
 
 def run_begin(job: HookJob, shares: tuple[tuple[str, int] | tuple[str, int, int], ...], cfg: Config,
-              spec: str | None,
-              log: HookLog, answer: HookAnswer, actions: PbsHookActions, isolate: bool) -> int:
+              source: HardwareSource, log: HookLog, answer: HookAnswer, actions: PbsHookActions,
+              isolate: bool) -> int:
     """Choose the job's GPUs on this host and run the neutral prolog's steps around the choice; the
     exit code (the caller rejects the job on anything but 0 or an answer already refusing it).
 
@@ -272,17 +272,17 @@ def run_begin(job: HookJob, shares: tuple[tuple[str, int] | tuple[str, int, int]
     from gpuslurm.hooks.prolog import deny_all_devices, job_start, prepare, start_on_devices
 
     if not shares:  # no GPUs here: the prolog still denies it every GPU
-        return job_start(job, actions, cfg, log, spec, isolate=isolate)
-    prepare(job, actions, cfg, log, spec, isolate)
+        return job_start(job, actions, cfg, log, source, isolate=isolate)
+    prepare(job, actions, cfg, log, isolate)
     from gpuslurm.hooks.cache import placement_node
     from gpuslurm.state.job import GpuClaim, resolve_devices
     from gpuslurm.state.jobmap import lock_maps
 
-    node = placement_node(spec, cfg.paths.run_dir, log.warning)  # links: the placement ranks sets by them
+    node = placement_node(source, cfg.paths.run_dir, log.warning)  # links: the placement ranks sets by them
     wants = vnode_shares(node, job.node_name, shares)
     try:
         check_counts(wants)
-        drains = health_offline(wants, cfg, spec, log, answer, node, job.node_name)
+        drains = health_offline(wants, cfg, source, log, answer, node, job.node_name)
         if drains:
             _record_refusal(job, wants, drains, cfg, log)
             raise JobRefusedError(f"a GPU of vnode(s) {', '.join(answer.offline)} is unhealthy, taken "

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from gpuslurm.config import Config
     from gpuslurm.hooks.log import HookLog
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.pbs.answer import HookAnswer
     from gpuslurm.pbs.qstat import PbsJob
     from gpuslurm.state.job import HookJob
@@ -132,7 +133,9 @@ def _run(kind: str, args: list[str], environ: Mapping[str, str], log: HookLog) -
 
     job_id, user = args[0], args[1]
     cfg = load_hook_config(environ, log.warning)
-    spec = environ.get("GPUSLURM_CAPTURE") or None
+    from gpuslurm.hw.source import hardware_source
+
+    source = hardware_source(nvml_library=cfg.paths.nvml_library, environ=environ)
     host = node_name(cfg)
     answer = HookAnswer()
     if kind == "prologue":
@@ -143,11 +146,11 @@ def _run(kind: str, args: list[str], environ: Mapping[str, str], log: HookLog) -
             return 0
         pbs_job = _qstat_job(cfg, job_id)  # fails closed: which GPUs to gate is not known without it
         shares = gpu_shares(pbs_job, host)
-        job = _hook_job(job_id, user, host, cfg, strict=True, uuids=_job_gpus(shares, host, spec, cfg, log))
+        job = _hook_job(job_id, user, host, cfg, strict=True, uuids=_job_gpus(shares, host, source, cfg, log))
         actions = PbsHookActions(answer, tuple(v for v, _ in shares))
         from gpuslurm.hooks.prolog import job_start
 
-        rc = job_start(job, actions, cfg, log, spec, isolate=False)
+        rc = job_start(job, actions, cfg, log, source, isolate=False)
         apply_offline(answer, cfg, log)  # a failure is logged; the job is refused all the same
         if rc == EXIT_UNHEALTHY:  # the core drained (here: vnodes offline) for a health fault
             return EXIT_PBS_REFUSED
@@ -162,13 +165,13 @@ def _run(kind: str, args: list[str], environ: Mapping[str, str], log: HookLog) -
     try:  # only for a job without a map (the prologue did not run): the end still cleans up
         shares = gpu_shares(_qstat_job(cfg, job_id), host)
         vnodes = tuple(v for v, _ in shares)
-        uuids = _job_gpus(shares, host, spec, cfg, log)
+        uuids = _job_gpus(shares, host, source, cfg, log)
     except GpuslurmError as exc:
         log.warning(f"cannot read the job from qstat ({exc}); its map names its GPUs")
     job = _hook_job(job_id, user, host, cfg, strict=False, uuids=uuids)
     from gpuslurm.hooks.epilog import job_end
 
-    rc = job_end(job, PbsHookActions(answer, vnodes), cfg, log, spec, time.time())
+    rc = job_end(job, PbsHookActions(answer, vnodes), cfg, log, source, time.time())
     if apply_offline(answer, cfg, log):
         return EXIT_UNHEALTHY
     return rc
@@ -202,7 +205,7 @@ def gpu_shares(job: PbsJob, host: str) -> list[tuple[str, int]]:
     return list(total.items())
 
 
-def _job_gpus(shares: list[tuple[str, int]], host: str, spec: str | None, cfg: Config,
+def _job_gpus(shares: list[tuple[str, int]], host: str, source: HardwareSource, cfg: Config,
               log: HookLog) -> tuple[str, ...] | None:
     """Every GPU of the job's GPU vnodes here (module docstring) but those out of service (their
     vnode's ``ngpus`` no longer counts them: naming one would refuse every job placed there, a
@@ -212,7 +215,7 @@ def _job_gpus(shares: list[tuple[str, int]], host: str, spec: str | None, cfg: C
     from gpuslurm.hooks.cache import placement_node
     from gpuslurm.pbs.begin import out_of_service, vnode_shares
 
-    node = placement_node(spec, cfg.paths.run_dir, log.warning)
+    node = placement_node(source, cfg.paths.run_dir, log.warning)
     out = out_of_service(cfg)
     uuids = tuple(dict.fromkeys(g.uuid for w in vnode_shares(node, host, tuple(shares))
                                 for g in w.candidates if g.uuid.lower() not in out))

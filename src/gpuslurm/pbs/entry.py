@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from gpuslurm.config import Config
     from gpuslurm.hooks.log import HookLog
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.pbs.answer import HookAnswer
     from gpuslurm.pbs.request import PbsRequest
     from gpuslurm.state.job import HookJob
@@ -81,30 +82,36 @@ def answer_event(event: str, stdin: BinaryIO, log: HookLog) -> HookAnswer:
     req = read_request(stdin, event)
     log.job_id = req.job_id
     cfg = load_hook_config(os.environ, log.warning)
-    spec = os.environ.get("GPUSLURM_CAPTURE") or None
     answer = HookAnswer()
     if event == "exechost_startup":
-        _startup(req, cfg, spec, log, answer)
+        _startup(req, cfg, _source(cfg), log, answer)
     elif event == "execjob_begin":
-        _begin(req, cfg, spec, log, answer)
+        _begin(req, cfg, _source(cfg), log, answer)
     elif event == "execjob_launch":
-        _launch(req, cfg, spec, log, answer)
+        _launch(req, cfg, _source(cfg), log, answer)
     elif event == "execjob_attach":
         _join(req, cfg, log)
     else:
-        _end(req, cfg, spec, log, answer)
+        _end(req, cfg, _source(cfg), log, answer)
     return answer
 
 
-def _startup(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
+def _source(cfg: Config) -> HardwareSource:
+    """The node's hardware: the bundle ``GPUSLURM_CAPTURE`` names, else NVML from ``[paths]
+    nvml_library`` (pbs_mom's hook process has no LD_LIBRARY_PATH either)."""
+    from gpuslurm.hw.source import hardware_source
+
+    return hardware_source(nvml_library=cfg.paths.nvml_library)
+
+
+def _startup(req: PbsRequest, cfg: Config, source: HardwareSource, log: HookLog, answer: HookAnswer) -> None:
     """The NUMA vnodes, each GPU out of service (the record) taken from its vnode's ``ngpus``."""
     from gpuslurm.gres.pbs_vnodes import MEMORY_LEFT_OUT, has_migs, memory_known, plan_vnodes
-    from gpuslurm.hw.source import load_node
     from gpuslurm.pbs.gpu_out import startup_counts
     from gpuslurm.state.out_of_service import OutOfServiceStore
 
     host = req.hostname
-    node = load_node(spec, links=False)
+    node = source.node(links=False)
     counts = startup_counts(node, host, OutOfServiceStore(cfg.paths.state_dir).read())
     migs = has_migs(node)  # nmigs only where MIG instances are: a server may not have the resource
     answer.vnodes[host] = {"ncpus": 0, "mem": "0kb", "ngpus": 0}  # as pbs-conf: it all goes to NUMA vnodes
@@ -122,7 +129,7 @@ def _startup(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answe
             answer.vnodes[name]["nmigs"] = vnode.nmigs
 
 
-def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
+def _begin(req: PbsRequest, cfg: Config, source: HardwareSource, log: HookLog, answer: HookAnswer) -> None:
     from gpuslurm.pbs.answer import PbsHookActions
     from gpuslurm.pbs.begin import run_begin
     from gpuslurm.pbs.request import local_shares
@@ -133,13 +140,13 @@ def _begin(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer:
     shares = local_shares(req)
     isolate = pbs_isolates(cfg, req, log)
     actions = PbsHookActions(answer, tuple(s.vnode for s in shares), pbs_cgroups=req.pbs_cgroups)
-    rc = run_begin(job, tuple(shares), cfg, spec, log, answer, actions, isolate)
+    rc = run_begin(job, tuple(shares), cfg, source, log, answer, actions, isolate)
     if rc != 0:  # a health fault the prolog found (and drained for), or its own refusal
         answer.reject(f"gpuslurm: the job cannot start on {req.hostname} (prolog exit {rc}; "
                       f"see pbs_mom's log)")
 
 
-def _launch(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
+def _launch(req: PbsRequest, cfg: Config, source: HardwareSource, log: HookLog, answer: HookAnswer) -> None:
     from gpuslurm.pbs.request import local_shares
     from gpuslurm.state.jobmap import read_map
 
@@ -152,11 +159,11 @@ def _launch(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer
                              source=cfg.paths.jobs_dir)
         answer.env["CUDA_VISIBLE_DEVICES"] = ""  # no GPUs here: CUDA sees none
     else:
-        from gpuslurm.hooks.cache import node_identity
+        from gpuslurm.hooks.cache import hook_node
         from gpuslurm.hooks.taskprolog import task_values
         from gpuslurm.state.job import GpuClaim, resolve_devices
 
-        node = node_identity(spec, cfg.paths.run_dir, log.warning)
+        node = hook_node(source, cfg.paths.run_dir, log.warning)
         devices = resolve_devices(GpuClaim(uuids=jmap.uuids, source="the job map"), node)
         answer.env.update(task_values(devices, 0, run_dir=cfg.paths.run_dir, job_id=job_id,
                                       uid=jmap.uid))
@@ -245,14 +252,14 @@ def _other_job(pid: int, job_id: str, source: str) -> str | None:
     return None
 
 
-def _end(req: PbsRequest, cfg: Config, spec: str | None, log: HookLog, answer: HookAnswer) -> None:
+def _end(req: PbsRequest, cfg: Config, source: HardwareSource, log: HookLog, answer: HookAnswer) -> None:
     from gpuslurm.hooks.epilog import job_end
     from gpuslurm.pbs.answer import PbsHookActions
     from gpuslurm.pbs.request import local_shares
 
     job = _job(req, cfg, strict=False)
     actions = PbsHookActions(answer, tuple(s.vnode for s in local_shares(req)), pbs_cgroups=req.pbs_cgroups)
-    job_end(job, actions, cfg, log, spec, time.time())
+    job_end(job, actions, cfg, log, source, time.time())
 
 
 def _job(req: PbsRequest, cfg: Config, *, strict: bool) -> HookJob:

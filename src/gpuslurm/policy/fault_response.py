@@ -27,7 +27,7 @@ from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Sequence
 
-    from gpuslurm.hw.identity import AnyGpu
+    from gpuslurm.hw.model import Gpu
     from gpuslurm.policy.health import Fault
     from gpuslurm.state.out_of_service import OutOfService
 
@@ -51,7 +51,7 @@ class GpuResponse(NamedTuple):
     response: str  # one of RESPONSES
     why: str  # BY_ACTION, LAST_IN_SERVICE, UNNAMED, ALREADY_OUT or UNRECORDED
     faults: tuple[Fault, ...]  # every fault of this GPU, in the order found
-    gpu: AnyGpu | None = None  # None: the node has no GPU of that UUID
+    gpu: Gpu | None = None  # None: the node has no GPU of that UUID
 
     @property
     def acted(self) -> tuple[Fault, ...]:
@@ -102,7 +102,7 @@ class FaultResponse(NamedTuple):
                 for d in self.take_outs if d.gpu is not None}
 
 
-def respond(faults: Iterable[Fault], gpus: Sequence[AnyGpu], out: Collection[str]) -> FaultResponse:
+def respond(faults: Iterable[Fault], gpus: Sequence[Gpu], out: Collection[str]) -> FaultResponse:
     """The decision for each GPU with a fault (module docstring): ``gpus`` are the node's GPUs in
     its order, ``out`` the UUIDs out of service (compared without case)."""
     gone = {u.lower() for u in out}

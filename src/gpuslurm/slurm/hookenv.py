@@ -1,7 +1,7 @@
 """The environment Slurm gives a prolog, epilog or task prolog, and the GPUs it names.
 
 Pure: ``HookEnv.from_environ`` takes a mapping (``os.environ`` in production) and
-``resolve_job_gpus`` a ``HookEnv`` and a ``Node`` or ``NodeIdentity``; neither touches the system.
+``resolve_job_gpus`` a ``HookEnv`` and a ``Node``; neither touches the system.
 
 Which GPUs a job has, in this order (see ``resolve_job_gpus``):
 
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from gpuslurm.errors import InputError
 from gpuslurm.state.job import GpuClaim, HookJob, JobDevice, is_uuid, node_devices, resolve_devices
 
-if TYPE_CHECKING:  # both kinds of node, never loaded here: see gpuslurm.hw.identity
-    from gpuslurm.hw.identity import AnyNode
+if TYPE_CHECKING:
+    from gpuslurm.hw.model import Node
 
 # What Slurm writes into CUDA_VISIBLE_DEVICES when a GRES has no device files.
 NO_DEV_FILES = "NoDevFiles"
@@ -122,7 +122,7 @@ def node_name(environ: Mapping[str, str]) -> str:
     return environ.get("SLURMD_NODENAME", "").strip() or os.uname().nodename.split(".")[0]
 
 
-def gres_devices(node: AnyNode) -> tuple[JobDevice, ...]:
+def gres_devices(node: Node) -> tuple[JobDevice, ...]:
     """The node's gpu GRES in gres.conf order, so position ``i`` is Slurm's index ``i``."""
     return node_devices(node)
 
@@ -139,7 +139,7 @@ def gpu_claim(env: HookEnv) -> GpuClaim | None:
     return GpuClaim(indices, (), var)
 
 
-def resolve_job_gpus(env: HookEnv, node: AnyNode) -> tuple[JobDevice, ...]:
+def resolve_job_gpus(env: HookEnv, node: Node) -> tuple[JobDevice, ...]:
     """The devices the job (or step) was given, in the order Slurm listed them.
 
     The rule is in the module docstring. Repeats are dropped; an index out of range or an

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import TextIO
 
     from gpuslurm.config import Config
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.slurm.adapter import SlurmScheduler
     from gpuslurm.state.job import HookJob
 
@@ -34,7 +35,7 @@ def run_prolog(environ: Mapping[str, str], log: HookLog | None = None) -> int:
         from gpuslurm.hooks.prolog import job_start
 
         job, cfg, scheduler = _setup(environ, log)
-        return job_start(job, scheduler, cfg, log, environ.get("GPUSLURM_CAPTURE") or None)
+        return job_start(job, scheduler, cfg, log, _source(environ, cfg))
 
     return guarded(log, step)
 
@@ -48,10 +49,18 @@ def run_epilog(environ: Mapping[str, str], log: HookLog | None = None,
         from gpuslurm.hooks.epilog import job_end
 
         job, cfg, scheduler = _setup(environ, log)
-        return job_end(job, scheduler, cfg, log, environ.get("GPUSLURM_CAPTURE") or None,
+        return job_end(job, scheduler, cfg, log, _source(environ, cfg),
                        time.time() if now is None else now)
 
     return guarded(log, step)
+
+
+def _source(environ: Mapping[str, str], cfg: Config) -> HardwareSource:
+    """The node's hardware: the bundle ``GPUSLURM_CAPTURE`` names (baked into the installed
+    executables), else NVML from ``[paths] nvml_library`` (slurmd gives hooks no LD_LIBRARY_PATH)."""
+    from gpuslurm.hw.source import hardware_source
+
+    return hardware_source(nvml_library=cfg.paths.nvml_library, environ=environ)
 
 
 def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
@@ -64,16 +73,12 @@ def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
     claim = gpu_claim(env)
     if claim is None:
         return []
-    spec = environ.get("GPUSLURM_CAPTURE") or None
     cfg = load_config(environ=environ)
-    if spec is None and cfg.paths.nvml_library:
-        from gpuslurm.hw.nvml_lib import use_library
-
-        use_library(cfg.paths.nvml_library)
+    source = _source(environ, cfg)
     pairs = task_exports(claim, env.job_id, local_id=environ.get("SLURM_LOCALID", "0"),
                          keep_cuda_visible_devices=bool(environ.get("CUDA_VISIBLE_DEVICES", "").strip()),
                          keep_device_order=bool(environ.get("CUDA_DEVICE_ORDER", "").strip()),
-                         spec=spec, run_dir=cfg.paths.run_dir)
+                         source=source, run_dir=cfg.paths.run_dir)
     return [f"export {name}={value}" for name, value in pairs]
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from gpuslurm.errors import InputError
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
-if TYPE_CHECKING:  # both kinds of node, never loaded here: see gpuslurm.hw.identity
-    from gpuslurm.hw.identity import AnyGpu, AnyMig, AnyNode
+if TYPE_CHECKING:
+    from gpuslurm.hw.model import Gpu, MigDevice, Node
 
 
 class JobDevice(NamedTuple):
@@ -21,8 +21,8 @@ class JobDevice(NamedTuple):
     a ``NodeIdentity``), whichever the node given to :func:`resolve_devices` holds.
     """
 
-    gpu: AnyGpu
-    mig: AnyMig | None = None
+    gpu: Gpu
+    mig: MigDevice | None = None
     gres_index: int | None = None  # position in node_devices() order (Slurm's GRES index), when known
 
     @property
@@ -77,18 +77,18 @@ class HookJob(NamedTuple):
     sluid: str | None = None  # Slurm 25.11+: the job's SLUID (SLURM_JOB_SLUID), validated
 
 
-def node_devices(node: AnyNode) -> tuple[JobDevice, ...]:
+def node_devices(node: Node) -> tuple[JobDevice, ...]:
     """The node's devices in bus order, a MIG-mode GPU contributing its MIG devices (none if it has
     no instances): gres.conf's ``Name=gpu`` order, so position ``i`` is Slurm's GRES index ``i``."""
     devices: list[JobDevice] = []
-    gpus: tuple[AnyGpu, ...] = node.gpus
+    gpus: tuple[Gpu, ...] = node.gpus
     for gpu in sorted(gpus, key=lambda g: g.bus_id):
         for mig in gpu.mig_devices if gpu.mig_mode else (None,):
             devices.append(JobDevice(gpu, mig, len(devices)))
     return tuple(devices)
 
 
-def resolve_devices(claim: GpuClaim, node: AnyNode) -> tuple[JobDevice, ...]:
+def resolve_devices(claim: GpuClaim, node: Node) -> tuple[JobDevice, ...]:
     """The devices of ``claim`` on ``node``, in the claim's order, repeats dropped.
 
     An index out of range or an unknown UUID is an InputError naming ``claim.source``.
@@ -118,7 +118,7 @@ def is_uuid(item: str) -> bool:
     return item.startswith(("GPU-", "MIG-"))
 
 
-def _by_uuid(item: str, node: AnyNode, source: str) -> JobDevice:
+def _by_uuid(item: str, node: Node, source: str) -> JobDevice:
     table = node_devices(node)
     wanted = item.lower()
     for dev in table:

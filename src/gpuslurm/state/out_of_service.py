@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from typing import Any
 
-    from gpuslurm.hw.identity import AnyGpu
+    from gpuslurm.hw.model import Gpu
 
 GPU_OUT_REASON = "gpuslurm: GPU out"  # how a node drained for the graceful GPU-out path is told apart
 RECORD_FILE = "out-of-service.json"
@@ -193,7 +193,7 @@ def parse_gpu_spec(spec: str) -> tuple[str, str | int]:
     raise InputError(f"{shown}: not a GPU (give a UUID, index:N or minor:N)", "GPU")
 
 
-def resolve_gpu(spec: str, gpus: Sequence[AnyGpu]) -> AnyGpu:
+def resolve_gpu(spec: str, gpus: Sequence[Gpu]) -> Gpu:
     """The GPU ``spec`` names among ``gpus``; InputError when none does."""
     kind, value = parse_gpu_spec(spec)
     for gpu in gpus:
@@ -203,7 +203,7 @@ def resolve_gpu(spec: str, gpus: Sequence[AnyGpu]) -> AnyGpu:
     raise InputError(f"no GPU with {kind} {value} on this node", "GPU")
 
 
-def take_out(store: OutOfServiceStore, gpus: Sequence[AnyGpu], gpu: AnyGpu, reason: str, by: str, *,
+def take_out(store: OutOfServiceStore, gpus: Sequence[Gpu], gpu: Gpu, reason: str, by: str, *,
              now: float, force: bool = False) -> bool:
     """Record ``gpu`` out of service; False when it already was (its first reason is kept).
 
@@ -222,7 +222,7 @@ def take_out(store: OutOfServiceStore, gpus: Sequence[AnyGpu], gpu: AnyGpu, reas
     return True
 
 
-def bring_back(store: OutOfServiceStore, gpu: AnyGpu) -> OutOfService | None:
+def bring_back(store: OutOfServiceStore, gpu: Gpu) -> OutOfService | None:
     """Remove ``gpu`` from the record; the record it had, or None when it was in service."""
     with store.update() as records:
         return records.pop(gpu.uuid, None)

@@ -26,6 +26,7 @@ from gpuslurm.samples import Cycle, ScanProblem, Violation
 from gpuslurm.watch.view import Snapshot, build_snapshot
 
 if TYPE_CHECKING:
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.state.scheduler import Scheduler
 
 
@@ -40,9 +41,9 @@ class _NoStore:
 
 
 class LiveView:
-    """Snapshots of one node; ``source`` as ``--from`` (None: live NVML), ``db`` the monitor's store."""
+    """Snapshots of one node read from ``source``; ``db`` the monitor's store."""
 
-    def __init__(self, cfg: Config, source: str | None, db: str | None = None,
+    def __init__(self, cfg: Config, source: HardwareSource, db: str | None = None,
                  clock: Callable[[], float] = time.time, scheduler: Scheduler | None = None) -> None:
         from gpuslurm.policy.detect import Detector
         from gpuslurm.state.store import default_path
@@ -88,7 +89,7 @@ class LiveView:
         self.sampler.close()
 
     def _what(self) -> str:
-        what = self.node.source or self.source or ""
+        what = self.node.source or self.source.describe().removeprefix("replay of ")
         return "NVML" if self.node.source == "nvml" else f"replay of {what.removeprefix('replay:')}"
 
     def _stored(self, now: float) -> tuple[list[Violation], str, ScanProblem | None]:

@@ -29,6 +29,7 @@ from gpuslurm.watch.comments import PROBLEM_KIND, CommentUpdater
 
 if TYPE_CHECKING:
     from gpuslurm.hw.model import Node
+    from gpuslurm.hw.source import HardwareSource
 
 MAX_PENDING = 360  # cycles kept while the store refuses writes (an hour at 10 s)
 ROLLUP_EVERY_S = 60.0
@@ -270,21 +271,21 @@ def stop_on_signals(stop: threading.Event) -> Callable[[], None]:
     return restore
 
 
-def open_sampler(source: str | None) -> tuple[Sampler, Node]:
-    """The sampler for ``source`` (a bundle or builtin name: replay; None: live NVML), and the Node.
+def open_sampler(source: HardwareSource) -> tuple[Sampler, Node]:
+    """The sampler for ``source`` (a bundle: replay; else live NVML), and the Node.
 
     Replay starts from the state the bundle's capture recorded and takes its activity from the
     scenario (see :mod:`gpuslurm.hw.scenario`); a scenario
     naming an unknown GPU is a CaptureError here, before the first cycle.
     """
-    from gpuslurm.hw.source import load_node, resolve_source
+    node = source.node()
+    if source.bundle is not None:
+        from pathlib import Path
 
-    bundle = resolve_source(source)
-    node = load_node(source)
-    if bundle is not None:
         from gpuslurm.hw.bundle import read_captured_state
         from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
 
+        bundle = Path(source.bundle)
         return ScenarioSampler(node, scenario_path(bundle), read_captured_state(bundle, node)), node
     from gpuslurm.hw.nvml_sampler import NvmlSampler
 

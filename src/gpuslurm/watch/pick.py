@@ -20,6 +20,7 @@ from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: see gpusl
 
 if TYPE_CHECKING:
     from gpuslurm.hw.model import Node
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.place.engine import DeviceState, Placement
     from gpuslurm.place.request import Request
     from gpuslurm.samples import Reading
@@ -43,23 +44,22 @@ class Picked(NamedTuple):
     placement: Placement
 
 
-def pick_for_job(req: Request, source: str | None, environ: Mapping[str, str], job_gpus: JobGpus,
+def pick_for_job(req: Request, source: HardwareSource, environ: Mapping[str, str], job_gpus: JobGpus,
                  wait: Wait | None = None, progress: Callable[[str], None] | None = None,
                  warn: Callable[[str], None] | None = None) -> Picked:
-    """Choose devices for ``req`` on this node (``source``: a bundle, None for NVML), among the
+    """Choose devices for ``req`` on this node (read from ``source``), among the
     GPUs of the job around the caller when ``environ`` is inside one (``job_gpus``, a scheduler
     adapter's :meth:`~gpuslurm.state.scheduler.Scheduler.job_gpus_from_env`). With ``wait``,
     polls until a set is free, telling ``progress`` each time. InputError for a request the node
     can never meet."""
-    from gpuslurm.hw.source import bundle_path, load_capabilities, load_node
     from gpuslurm.place.pick import check_request
 
-    bundle = bundle_path(source)
-    node = load_node(source, cache_dir=cache_dir(environ))
+    bundle = source.bundle
+    node = source.node(cache_dir=cache_dir(environ))
     allowed = job_gpus(environ, node)
     check_request(node, req, allowed)
     # compute capability per GPU UUID from NVML or a bundle's nvml.json; the rest: the model table
-    cc = load_capabilities(bundle) if req.min_cc is not None else None
+    cc = source.capabilities() if req.min_cc is not None else None
 
     def decide() -> Placement:
         from gpuslurm.place.engine import place

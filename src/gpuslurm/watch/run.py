@@ -23,6 +23,7 @@ from gpuslurm.watch.build import build_monitor
 if TYPE_CHECKING:
     from gpuslurm.config import Config
     from gpuslurm.hw.model import Node
+    from gpuslurm.hw.source import HardwareSource
     from gpuslurm.samples import Cycle, ScanProblem, Violation
     from gpuslurm.state.scheduler import Scheduler
     from gpuslurm.watch.comments import CommentUpdater, TextFn
@@ -48,17 +49,13 @@ class Exporting(NamedTuple):
     port: int
 
 
-def run_monitor(cfg: Config, source: str | None, parts: MonitorParts, *, db: str | None = None,
+def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db: str | None = None,
                 interval: float | None = None, once: bool = False,
                 on_cycle: Callable[[Cycle], None] | None = None, prometheus: Exporting | None = None,
                 warn: Warn = lambda message: None) -> None:
-    """Sample ``source`` (a bundle; None: NVML) every ``interval`` seconds (default ``[monitor]
+    """Sample ``source`` (a replayed bundle, or NVML) every ``interval`` seconds (default ``[monitor]
     interval_s``), or ``once``, into the store ``db`` (default ``[monitor] db``), until SIGTERM or
     SIGINT. InputError when a cycle could not be stored, or for a bad store path or group."""
-    if cfg.paths.nvml_library:
-        from gpuslurm.hw.nvml_lib import use_library
-
-        use_library(cfg.paths.nvml_library)
     mc = cfg.monitor
     path = db or mc.db or default_path(cfg.paths.state_dir)
     if not os.path.isabs(path):
@@ -125,7 +122,7 @@ def _listing(cfg: Config, parts: MonitorParts, warn: Warn) -> Scheduler | None:
     return None
 
 
-def _parts(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source: str | None,
+def _parts(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source: HardwareSource,
            store: Store, warn: Warn) -> dict[str, Any]:
     """The Monitor's optional parts the configuration turns on."""
     def publish(violations: Sequence[Violation]) -> None:
@@ -166,20 +163,19 @@ def _actions(cfg: Config, parts: MonitorParts, node_name: str,
     return actor.act
 
 
-def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source: str | None,
+def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source: HardwareSource,
             warn: Warn) -> Callable[[float], Sequence[ScanProblem]] | None:
     """With ``[monitor] health``: the live health check (see docs/health.md)."""
     if not cfg.monitor.health:
         return None
     from gpuslurm.hw.health import read_health
-    from gpuslurm.hw.source import bundle_path
     from gpuslurm.state.out_of_service import OutOfServiceStore
     from gpuslurm.watch.health import HealthReader, HealthWatch
 
     kmsg = None
     path = cfg.monitor.kmsg
     if path == "auto":
-        path = "" if bundle_path(source) is not None else "/dev/kmsg"
+        path = "" if source.replay else "/dev/kmsg"
     if path:
         from gpuslurm.hw.kmsg import KmsgReader
 
@@ -199,7 +195,7 @@ def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source
 
     events = None
     read: HealthReader
-    if bundle_path(source) is None:
+    if not source.replay:
         from gpuslurm.hw.health import NvmlHealthReader
         from gpuslurm.hw.nvml_events import NvmlEvents
 
