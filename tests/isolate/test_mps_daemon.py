@@ -592,11 +592,11 @@ def test_a_tree_that_will_not_go_is_set_aside_and_the_job_starts(mps: Mps,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A tree the user's other processes keep growing outlasts any bound: the start sets it aside
     (for the admin) instead of failing; the epilog reports it and exits 0."""
-    import gpuslurm.isolate.mps as mps_module
+    import gpuslurm.isolate.mps_dirs as mps_dirs
 
     daemon = mps.start(job="45")
     _grow_tree(daemon.pipe_dir, depth=50)
-    monkeypatch.setattr(mps_module, "MAX_REMOVE_STEPS", 20)
+    monkeypatch.setattr(mps_dirs, "MAX_REMOVE_STEPS", 20)
     again = mps.start(job="45")
     assert again.pid is not None and not live(daemon.pid)
     assert len([n for n in os.listdir(os.path.join(mps.run_dir, "mps")) if n.startswith(".stale-45-")]) == 1
