@@ -5,6 +5,10 @@ so it uses only ``os`` and :mod:`gpuslurm.tuples` (typing's NamedTuple without i
 ``tomllib`` is imported only to parse (the hooks keep a parse in a cache,
 :mod:`gpuslurm.hooks.configcache`) and ``gpuslurm.errors`` only to raise.
 A missing default file means all defaults; a file named by ``$GPUSLURM_CONFIG`` must exist.
+
+Over 500 lines on purpose: it is one schema (a NamedTuple per TOML table, each field with its
+:class:`Rule`) and the one small generic parser that reads the schema, so a key, its type, its
+bounds and its default are read and changed in one place; split, each half would be unreadable.
 """
 
 from __future__ import annotations

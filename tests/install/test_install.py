@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from gpuslurm import install as lib
+from gpuslurm import trust
 from gpuslurm.cli.install_cmd import install
 from gpuslurm.cli.main import cli
 from gpuslurm.errors import EXIT_BAD_INPUT, InputError
@@ -373,7 +374,7 @@ def test_replay_bundle_is_baked_and_checked(dirs: tuple[Path, Path], tmp_path: P
 
 
 def test_the_walk_of_the_interpreters_code_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    lib.check_interpreter(sys.executable)  # this venv, made by root as CI makes it, is accepted
-    monkeypatch.setattr(lib, "MAX_CODE_ENTRIES", 50)
+    trust.check_interpreter(sys.executable)  # this venv, made by root as CI makes it, is accepted
+    monkeypatch.setattr(trust, "MAX_CODE_ENTRIES", 50)
     with pytest.raises(InputError, match="more than 50 files and directories to check"):
-        lib.check_interpreter(sys.executable)
+        trust.check_interpreter(sys.executable)

@@ -18,7 +18,7 @@ from pathlib import Path
 import gpuslurm
 from gpuslurm.errors import HardwareError
 from gpuslurm.isolate import bpf
-from gpuslurm.isolate.devices import cgroup_version
+from gpuslurm.isolate.cgroupfs import cgroup_version
 from mps_helpers import PROBE as PROBE  # argv: device paths; "<path> <errno name or OK>" each
 
 NOBODY = 65534

@@ -16,7 +16,8 @@ from cgroup_helpers import PROBE, make_gpu_files, parse_probe, v2_unavailable
 
 from gpuslurm.errors import HardwareError
 from gpuslurm.isolate import bpf
-from gpuslurm.isolate.devices import Device, setup_v2
+from gpuslurm.isolate.cgroup_v2 import setup_v2
+from gpuslurm.isolate.denylist import Device
 
 UNIFIED = Path(cgroup_helpers.UNIFIED)
 

@@ -13,7 +13,9 @@ import pytest
 from cgroup_helpers import NOBODY, PROBE, SYSTEM_PYTHON, as_nobody, make_gpu_files, parse_probe, unavailable
 
 from gpuslurm.errors import HardwareError
-from gpuslurm.isolate.devices import Device, cgroup_version, join_v1, remove_v1, setup_v1, v1_job_dir
+from gpuslurm.isolate.cgroup_v1 import join_v1, remove_v1, setup_v1, v1_job_dir
+from gpuslurm.isolate.cgroupfs import cgroup_version
+from gpuslurm.isolate.denylist import Device
 
 ROOT = "/sys/fs/cgroup"
 

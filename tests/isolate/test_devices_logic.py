@@ -8,13 +8,9 @@ import pytest
 
 from gpuslurm.config import CgroupConfig, Config
 from gpuslurm.hw.source import load_node
-from gpuslurm.isolate.devices import (
-    Device,
-    char_majors,
-    denied_devices,
-    v1_job_dir,
-    wanted,
-)
+from gpuslurm.isolate.cgroup_v1 import v1_job_dir
+from gpuslurm.isolate.denylist import Device, char_majors, denied_devices
+from gpuslurm.isolate.devices import wanted
 from gpuslurm.slurm.hookenv import gres_devices
 
 # The start of a real /proc/devices on a MIG-capable node (driver 535).

@@ -16,7 +16,8 @@ from cgroup_helpers import NOBODY, PROBE, SYSTEM_PYTHON, as_nobody, make_gpu_fil
 from gpuslurm.errors import EXIT_NOT_ISOLATED
 from gpuslurm.hooks.log import HookLog
 from gpuslurm.hw.source import BUILTIN_DIR
-from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
+from gpuslurm.isolate.cgroup_v1 import v1_job_dir
+from gpuslurm.isolate.cgroupfs import cgroup_version
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
 
 ROOT = "/sys/fs/cgroup"

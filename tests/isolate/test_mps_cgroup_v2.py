@@ -27,7 +27,8 @@ from test_mps_daemon import (
 )
 
 from gpuslurm.isolate import bpf
-from gpuslurm.isolate.devices import V2_MPS_PARENT, cgroup_version, remove_cgroup, v2_mps_dir
+from gpuslurm.isolate.cgroup_v2 import V2_MPS_PARENT, v2_mps_dir
+from gpuslurm.isolate.cgroupfs import cgroup_version, remove_cgroup
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
 
 __all__ = ["mps"]  # the fixture, shared with test_mps_daemon

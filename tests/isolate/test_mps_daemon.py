@@ -499,7 +499,9 @@ def test_the_daemon_starts_inside_the_jobs_devices_cgroup(mps: Mps) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from cgroup_helpers import PROBE, as_nobody, make_gpu_files, parse_probe
 
-    from gpuslurm.isolate.devices import Device, cgroup_version, remove_v1, setup_v1
+    from gpuslurm.isolate.cgroup_v1 import remove_v1, setup_v1
+    from gpuslurm.isolate.cgroupfs import cgroup_version
+    from gpuslurm.isolate.denylist import Device
 
     if cgroup_version("/sys/fs/cgroup") != 1:
         pytest.skip("no cgroup v1 devices hierarchy here")
@@ -590,11 +592,11 @@ def test_a_tree_that_will_not_go_is_set_aside_and_the_job_starts(mps: Mps,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A tree the user's other processes keep growing outlasts any bound: the start sets it aside
     (for the admin) instead of failing; the epilog reports it and exits 0."""
-    import gpuslurm.isolate.mps as mps_module
+    import gpuslurm.isolate.mps_dirs as mps_dirs
 
     daemon = mps.start(job="45")
     _grow_tree(daemon.pipe_dir, depth=50)
-    monkeypatch.setattr(mps_module, "MAX_REMOVE_STEPS", 20)
+    monkeypatch.setattr(mps_dirs, "MAX_REMOVE_STEPS", 20)
     again = mps.start(job="45")
     assert again.pid is not None and not live(daemon.pid)
     assert len([n for n in os.listdir(os.path.join(mps.run_dir, "mps")) if n.startswith(".stale-45-")]) == 1
@@ -661,7 +663,8 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps,
     sys.path.insert(0, str(Path(__file__).parent))
     from cgroup_helpers import PROBE, make_gpu_files, parse_probe
 
-    from gpuslurm.isolate.devices import cgroup_version, scheduler_devices_procs
+    from gpuslurm.isolate.cgroup_v1 import scheduler_devices_procs
+    from gpuslurm.isolate.cgroupfs import cgroup_version
     from gpuslurm.pbs.scheduler import PbsScheduler
     from gpuslurm.runner import run_command
     from gpuslurm.slurm.adapter import SlurmScheduler
@@ -719,7 +722,7 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps,
 
 def test_a_cgroup_not_roots_is_not_taken_for_the_schedulers() -> None:
     """A directory chain someone else owns (or that is missing) gives no cgroup to join."""
-    from gpuslurm.isolate.devices import scheduler_devices_procs
+    from gpuslurm.isolate.cgroup_v1 import scheduler_devices_procs
 
     root = Path(tempfile.mkdtemp())
     try:
@@ -739,7 +742,7 @@ def test_where_slurm_constrains_devices_the_prolog_confines_the_daemon_alone(mps
     leaves the tasks to Slurm, but Slurm 22.05 has no job cgroup while the prolog runs. The
     daemon starts in ``gpuslurm/mps_<id>`` (the job's GPUs 2 and 3 only; root alone may join),
     which the task prolog never joins and the epilog removes."""
-    from gpuslurm.isolate.devices import cgroup_version
+    from gpuslurm.isolate.cgroupfs import cgroup_version
 
     if cgroup_version("/sys/fs/cgroup") != 1:
         pytest.skip("no cgroup v1 devices hierarchy here")
@@ -771,6 +774,6 @@ def test_where_slurm_constrains_devices_the_prolog_confines_the_daemon_alone(mps
         assert not live(pid) and not cgroup.exists()
     finally:
         if cgroup.exists():
-            from gpuslurm.isolate.devices import remove_v1
+            from gpuslurm.isolate.cgroup_v1 import remove_v1
 
             remove_v1("/sys/fs/cgroup", JOB, kind="mps")

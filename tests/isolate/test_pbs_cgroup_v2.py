@@ -26,7 +26,7 @@ from cgroup_helpers import UNIFIED, as_nobody, make_gpu_files, v2_unavailable
 
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 from gpuslurm.isolate import bpf
-from gpuslurm.isolate.devices import V2_PBS_PARENT, v2_pbs_dir
+from gpuslurm.isolate.cgroup_v2 import V2_PBS_PARENT, v2_pbs_dir
 from gpuslurm.pbs.entry import main
 
 JOB = "41.pbshost"
@@ -242,7 +242,9 @@ def test_pbs_attach_cannot_move_the_users_mps_daemon_out_of_its_jobs_cgroup(site
     job 41 (v2 ``gpuslurm.mps/mps_<id>``, v1 ``devices/gpuslurm/mps_<id>``). ``pbs_attach -j 42 -p
     DAEMON`` by the same user would take the daemon out of job 41's device limits into job 42's
     (whose end would then kill it): refused, exit 2, it stays where it was."""
-    from gpuslurm.isolate.devices import cgroup_version, remove_cgroup, setup_mps_v2, setup_v1, v1_job_dir
+    from gpuslurm.isolate.cgroup_v1 import setup_v1, v1_job_dir
+    from gpuslurm.isolate.cgroup_v2 import setup_mps_v2
+    from gpuslurm.isolate.cgroupfs import cgroup_version, remove_cgroup
 
     other = "42.pbshost"
     root = UNIFIED

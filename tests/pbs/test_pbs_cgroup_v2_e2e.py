@@ -24,7 +24,7 @@ from pbs_helpers import Hooked, _job_report, copy_bundle, hooks_installed
 from gpuslurm.errors import HardwareError
 from gpuslurm.hw.source import load_node
 from gpuslurm.isolate import bpf
-from gpuslurm.isolate.devices import V2_PBS_PARENT
+from gpuslurm.isolate.cgroup_v2 import V2_PBS_PARENT
 from pbs_fixture import PREFIX, STATE_PARENT, PbsCluster
 
 pytestmark = pytest.mark.pbs

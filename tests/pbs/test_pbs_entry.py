@@ -323,7 +323,8 @@ def test_next_to_pbs_cgroups_hook_the_daemon_joins_its_job_cgroup_else_one_of_it
     """PBS's cgroups hook enabled here (the request says so): gpuslurm makes no job cgroup, and the
     MPS daemon starts in the hook's job cgroup ``pbs_jobs.service/jobid/<id>`` when it exists
     (root's), else in ``gpuslurm/mps_<id>`` of its own, removed at the end. Real v1 cgroups."""
-    from gpuslurm.isolate.devices import cgroup_version, v1_job_dir
+    from gpuslurm.isolate.cgroup_v1 import v1_job_dir
+    from gpuslurm.isolate.cgroupfs import cgroup_version
 
     root = "/sys/fs/cgroup"
     if cgroup_version(root) != 1:

@@ -24,7 +24,7 @@ import pytest
 from test_pbs_hooks_e2e import Hooked, _job_report, hooked  # noqa: F401 - the fixture, this module's own
 
 from gpuslurm.hw.source import load_node
-from gpuslurm.isolate.devices import v1_job_dir
+from gpuslurm.isolate.cgroup_v1 import v1_job_dir
 from mps_helpers import devices_cgroup, fake_control, live_with_pipe_under, probe_devices, records
 
 pytestmark = pytest.mark.pbs

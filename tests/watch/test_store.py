@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, ScanProblem, Violation
-from gpuslurm.state.store import SCHEMA_VERSION, Store, StoreError
+from gpuslurm.state.store import Store, StoreError
+from gpuslurm.state.store_file import SCHEMA_VERSION
 
 G0, G1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"
 MIG = "MIG-22222222-2222-2222-2222-222222222222"

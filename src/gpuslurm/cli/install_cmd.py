@@ -57,6 +57,7 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
     is refused unless --force.
     """
     from gpuslurm import install as lib
+    from gpuslurm import trust
     from gpuslurm.config import load_config
 
     if (classic or pbs_home) and not pbs:
@@ -78,8 +79,8 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
     # job_submit.lua reads gpuslurm-throttle beside itself, or the configured throttle file
     for throttle_file in dict.fromkeys((plan.slurm_etc / "gpuslurm-throttle",
                                         Path(load_config().throttle.file))):
-        lib.check_throttle_file(throttle_file)
-    lib.check_interpreter(plan.python)
+        trust.check_throttle_file(throttle_file)
+    trust.check_interpreter(plan.python)
     here = str(Path(lib.__file__).resolve().parent)
     there = lib.probe_interpreter(plan.python)
     if there != here:
@@ -129,25 +130,26 @@ def _checked_sources(python: str, config: str, capture: str, runs: str = "script
     import sys
 
     from gpuslurm import install as lib
+    from gpuslurm import trust
     from gpuslurm.config import load_config
     from gpuslurm.errors import InputError
 
     python = python or os.path.abspath(sys.executable)
     if not os.path.isabs(python) or "\n" in python:
         raise InputError("the interpreter must be an absolute path", python)
-    lib.check_interpreter(python)
+    trust.check_interpreter(python)
     here = str(Path(lib.__file__).resolve().parent)
     there = lib.probe_interpreter(python)
     if there != here:
         _warn(f"the {runs} will run the gpuslurm in {there}, not this one ({here})")
     cfg = None
     if config:
-        lib.check_config_path(config)
+        trust.check_config_path(config)
         cfg = load_config(config)  # a config that does not hold would fail every job: refuse it now
     if capture:
         if not os.path.isabs(capture) or "\n" in capture or not os.path.isdir(capture):
             raise InputError("--replay must name an existing directory by its absolute path", capture)
-        lib.check_trusted_dir(Path(capture), "a capture bundle")
+        trust.check_trusted_dir(Path(capture), "a capture bundle")
     return _Sources(python, cfg, there)
 
 
@@ -157,12 +159,12 @@ def install_pbs_classic(pbs_home: str, python: str, config: str, capture: str, d
     :mod:`gpuslurm.pbs.classic_install`)."""
     import os
 
-    from gpuslurm import install as lib
+    from gpuslurm import trust
     from gpuslurm.pbs import classic_install as classic
 
     python = _checked_sources(python, config, capture).python
     mom_priv = os.path.join(pbs_home or classic.pbs_home(), "mom_priv")
-    lib.check_trusted_dir(Path(mom_priv), "PBS's mom_priv")
+    trust.check_trusted_dir(Path(mom_priv), "PBS's mom_priv")
     steps = classic.plan_scripts(mom_priv, python, config, capture, force)
     for line in classic.describe(steps, mom_priv, dry_run):
         click.echo(line)

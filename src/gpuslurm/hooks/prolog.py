@@ -313,13 +313,9 @@ def _job_devices_procs(cfg: Config, job: HookJob, scheduler: Scheduler, devices:
     = "never"``."""
     import os
 
-    from gpuslurm.isolate.devices import (
-        cgroup_version,
-        mps_cgroup_v1,
-        mps_cgroup_v2,
-        scheduler_devices_procs,
-        v1_job_dir,
-    )
+    from gpuslurm.isolate.cgroup_v1 import scheduler_devices_procs, v1_job_dir
+    from gpuslurm.isolate.cgroupfs import cgroup_version
+    from gpuslurm.isolate.devices import mps_cgroup_v1, mps_cgroup_v2
 
     root = cfg.paths.cgroup_root
     if cfg.cgroup.devices == "never":  # no device cgroups of ours

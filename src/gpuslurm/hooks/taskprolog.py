@@ -23,7 +23,7 @@ and changes the task's environment accordingly. What we print:
   daemon for the job (``gpuslurm.isolate.mps``): CUDA then connects the task to that daemon.
 
 It never fails the task for its hints: any error there is one line on stderr and the exit code
-is 0. The one exception is device isolation (``gpuslurm.isolate.devices``, cgroup v1): when the
+is 0. The one exception is device isolation (``gpuslurm.isolate.cgroup_v1``): when the
 prolog made a devices cgroup for the job and the task cannot be moved into it, the task prolog
 exits ``EXIT_NOT_ISOLATED``; slurmstepd then logs "TaskProlog failed" and the task never runs
 (a batch job ends FAILED with that exit code; the node is not drained).

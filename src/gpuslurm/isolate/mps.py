@@ -23,19 +23,18 @@ pid file the user can write.
 
 from __future__ import annotations
 
-import errno
-import itertools
 import json
 import os
 import stat
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CommandError, HardwareError, InputError
+from gpuslurm.isolate import mps_dirs
 from gpuslurm.isolate.kill import Target, send_signal
 from gpuslurm.isolate.mps_request import LOG_VAR, PIPE_VAR, MpsDirs, MpsRequest, check_id, job_dirs
-from gpuslurm.safedir import DIR_FLAGS, open_dir
+from gpuslurm.safedir import DIR_FLAGS
 
 if TYPE_CHECKING:
     pass
@@ -133,19 +132,19 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
     check_id(gid, "SLURM_JOB_GID")
     dirs = job_dirs(run_dir, job_id)
     env = daemon_env(dirs.pipe, dirs.log, uuids, mps_control)
-    base = _open_base(os.path.dirname(dirs.job), create=True)
+    base = mps_dirs.open_base(os.path.dirname(dirs.job), create=True)
     assert base is not None
     try:
-        if _exists(base, job_id):  # left by a run of the same job id that was never stopped
+        if mps_dirs.exists(base, job_id):  # left by a run of the same job id that was never stopped
             _kill_now(_daemon_processes(uid, dirs.pipe), uid)
-            _remove_or_set_aside(base, job_id, dirs.job)
+            mps_dirs.remove_or_set_aside(base, job_id, dirs.job)
         try:
             os.mkdir(job_id, 0o755, dir_fd=base)
         except OSError as exc:  # a full or read-only /run: the node's problem, not a bug
             raise HardwareError(f"{dirs.job}: cannot make the MPS directory: {exc.strerror}") from None
         try:
             try:
-                _make_user_dirs(base, job_id, uid, gid)
+                mps_dirs.make_user_dirs(base, job_id, uid, gid)
             except OSError as exc:
                 raise HardwareError(f"{dirs.job}: cannot make the MPS pipe and log directories: "
                                     f"{exc.strerror}") from None
@@ -165,7 +164,7 @@ def start_mps(job_id: str, uid: int, gid: int, uuids: Sequence[str], request: Mp
         except BaseException:
             try:
                 _kill_now(_daemon_processes(uid, dirs.pipe), uid)
-                _remove(base, job_id)
+                mps_dirs.remove(base, job_id)
             except OSError:
                 pass  # the start's own error is the one to report
             raise
@@ -182,22 +181,6 @@ def _user_groups(uid: int, gid: int) -> list[int]:
     except KeyError:
         return []
     return sorted(set(os.getgrouplist(name, gid)) - {gid})
-
-
-def _make_user_dirs(base: int, job_id: str, uid: int, gid: int) -> None:
-    job = os.open(job_id, DIR_FLAGS, dir_fd=base)
-    try:
-        os.fchmod(job, 0o755)  # whatever the umask: the user must reach pipe/ and log/
-        for name in ("pipe", "log"):
-            os.mkdir(name, 0o700, dir_fd=job)
-            fd = os.open(name, DIR_FLAGS, dir_fd=job)
-            try:
-                os.fchown(fd, uid, gid)
-                os.fchmod(fd, 0o700)
-            finally:
-                os.close(fd)
-    finally:
-        os.close(job)
 
 
 def _wait_for_daemon(uid: int, pipe_dir: str, deadline: float) -> int | None:
@@ -253,11 +236,11 @@ def stop_mps(job_id: str, *, run_dir: str, mps_control: str, timeout: float = 10
     the result says what happened.
     """
     dirs = job_dirs(run_dir, job_id)
-    base = _open_base(os.path.dirname(dirs.job), create=False)
+    base = mps_dirs.open_base(os.path.dirname(dirs.job), create=False)
     if base is None:
         return None
     try:
-        if not _exists(base, job_id):
+        if not mps_dirs.exists(base, job_id):
             return None
         errors: list[str] = []
         daemon = None
@@ -268,11 +251,11 @@ def stop_mps(job_id: str, *, run_dir: str, mps_control: str, timeout: float = 10
         if daemon is not None:
             uid, gid = daemon.uid, daemon.gid
         if uid is None:  # only the job's user's processes may be signalled: the pipe's owner is it
-            uid = _pipe_owner(base, job_id)
+            uid = mps_dirs.pipe_owner(base, job_id)
         quit_error = _quit(mps_control, dirs, daemon, uid, gid, timeout)
         killed, stuck = _stop_processes(uid, dirs.pipe, daemon, grace, quit_error is None)
         try:
-            _remove(base, job_id)
+            mps_dirs.remove(base, job_id)
         except OSError as exc:
             errors.append(f"cannot remove {dirs.job}: {exc.strerror or exc}")
         return MpsStop(job_id, daemon, quit_error, killed, stuck, tuple(errors))
@@ -383,7 +366,7 @@ def state_from_dict(doc: object, source: str) -> MpsDaemon:
     return MpsDaemon(**{k: doc[k] for k in kinds if k != "uuids"}, uuids=tuple(doc["uuids"]))
 
 
-# --- processes and directories ----------------------------------------------------------------
+# --- processes ------------------------------------------------------------------------------
 
 
 def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -> list[Target]:
@@ -441,132 +424,3 @@ def _start_ticks(pid: int | None) -> int | None:
 
     ident = read_identity(pid)
     return None if isinstance(ident, ProcessProblem) else ident.start_ticks
-
-
-def _open_base(path: str, *, create: bool) -> int | None:
-    """``<run_dir>/mps`` reached as :func:`gpuslurm.safedir.open_dir` does: every component a
-    directory of root (or ours), no symlink, not writable by others (unless sticky, above the
-    base); missing ones made 0755. None if missing and not ``create``.
-    """
-    return open_dir(path, create_mode=0o755 if create else None, error=InputError)
-
-
-def _pipe_owner(base: int, job_id: str) -> int | None:
-    """The owner of ``<job>/pipe`` (root made it and gave it to the job's user); None if missing."""
-    try:
-        job = os.open(job_id, DIR_FLAGS, dir_fd=base)
-    except OSError:
-        return None
-    try:
-        st = os.lstat("pipe", dir_fd=job)
-    except OSError:
-        return None
-    finally:
-        os.close(job)
-    return st.st_uid if stat.S_ISDIR(st.st_mode) and st.st_uid != 0 else None
-
-
-def _exists(base: int, name: str) -> bool:
-    try:
-        os.lstat(name, dir_fd=base)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _remove_or_set_aside(base: int, name: str, path: str) -> None:
-    """Remove ``name`` under ``base``; when its user's files will not go (still growing), rename
-    it out of the way (``.stale-<name>-<ns>``, left for the admin) so the job starts anew."""
-    try:
-        _remove(base, name)
-    except OSError as exc:
-        try:
-            os.rename(name, f".stale-{name}-{time.time_ns()}", src_dir_fd=base, dst_dir_fd=base)
-        except OSError as again:  # a full or read-only /run: the node's problem, not a bug
-            raise HardwareError(f"{path}: cannot remove the old MPS directory ({exc.strerror or exc}) "
-                                f"nor set it aside: {again.strerror}") from None
-
-
-def _remove(base: int, name: str) -> None:
-    """Remove ``name`` under ``base`` and everything in it; symlinks inside are removed, never followed.
-
-    Below ``pipe/`` and ``log/`` the tree is the job's user's: deeper than any recursion or
-    descriptor limit (``shutil.rmtree`` recursed: RecursionError), wider than memory should hold,
-    and still growing while a process of theirs elsewhere adds to it. So no recursion and no whole
-    listing: each directory met is emptied by moving its entries up into the top one (two
-    descriptors open at a time), and every entry seen counts against :data:`MAX_REMOVE_STEPS`.
-    Every failure is an OSError.
-    """
-    try:
-        st = os.lstat(name, dir_fd=base)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=base)
-        return
-    top = os.open(name, DIR_FLAGS, dir_fd=base)
-    try:
-        budget = [MAX_REMOVE_STEPS]
-        while True:
-            seen = False
-            for entry in _entries(top, budget):
-                seen = True
-                _flatten(top, entry, budget)
-            if not seen:
-                break
-    finally:
-        os.close(top)
-    os.rmdir(name, dir_fd=base)
-
-
-MAX_REMOVE_STEPS = 200_000  # a daemon's directories hold a handful of pipes and logs
-
-
-def _entries(fd: int, budget: list[int]) -> Iterator[str]:
-    """The names in the directory ``fd``, one at a time, each counted against ``budget``."""
-    with os.scandir(fd) as found:
-        for item in found:
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise OSError(errno.ENOTEMPTY, f"more than {MAX_REMOVE_STEPS} entries, or still growing")
-            yield item.name
-
-
-def _flatten(top: int, entry: str, budget: list[int]) -> None:
-    """Remove ``entry`` of ``top`` if it is not a directory, else move its entries up into ``top``
-    and remove it once empty (a race leaves it for the next pass)."""
-    try:
-        if not stat.S_ISDIR(os.lstat(entry, dir_fd=top).st_mode):
-            os.unlink(entry, dir_fd=top)
-            return
-        sub = os.open(entry, DIR_FLAGS, dir_fd=top)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return  # replaced meanwhile: seen again at the next pass
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:  # a directory swapped for a symlink: the same
-            raise
-        return
-    try:
-        for child in _entries(sub, budget):
-            for _ in range(8):  # a name the user planted in the top directory: take the next
-                try:
-                    os.rename(child, f".gpuslurm-rm-{os.getpid()}-{next(_SERIAL)}", src_dir_fd=sub,
-                              dst_dir_fd=top)
-                    break
-                except FileNotFoundError:  # gone meanwhile
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
-                        raise
-            else:
-                raise OSError(errno.EEXIST, "no free name to move an entry to")
-    finally:
-        os.close(sub)
-    try:
-        os.rmdir(entry, dir_fd=top)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
-            raise
-
-
-_SERIAL = itertools.count()

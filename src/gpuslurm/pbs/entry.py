@@ -173,7 +173,9 @@ def _launch(req: PbsRequest, cfg: Config, source: HardwareSource, log: HookLog, 
 def _join(req: PbsRequest, cfg: Config, log: HookLog) -> None:
     """Move the task (or the attached process) into the job's devices cgroup, when it has one
     (cgroup v1: ``devices/gpuslurm/job_<id>``; v2: ``gpuslurm.pbs/job_<id>``)."""
-    from gpuslurm.isolate.devices import cgroup_version, join_v1, join_v2
+    from gpuslurm.isolate.cgroup_v1 import join_v1
+    from gpuslurm.isolate.cgroup_v2 import join_v2
+    from gpuslurm.isolate.cgroupfs import cgroup_version
 
     job_id, _ = req.require_job()
     root = cfg.paths.cgroup_root
@@ -301,7 +303,7 @@ def pbs_isolates(cfg: Config, req: PbsRequest, log: HookLog) -> bool:
     ``always``: the same, and an error where it cannot (neither, or PBS's cgroups hook enabled: a
     process is in one devices cgroup, and two hooks would fight over it). ``never``: no.
     """
-    from gpuslurm.isolate.devices import cgroup_version
+    from gpuslurm.isolate.cgroupfs import cgroup_version
 
     mode = cfg.cgroup.devices
     if mode == "never":

@@ -37,7 +37,7 @@ class PbsJobFacts:
 
     def job_cgroup_v2(self, job: HookJob, cfg: Config) -> None:
         """None: PBS makes its jobs no cgroup v2 directory gpuslurm could attach to; gpuslurm makes
-        the job its own (:func:`gpuslurm.isolate.devices.v2_pbs_dir`)."""
+        the job its own (:func:`gpuslurm.isolate.cgroup_v2.v2_pbs_dir`)."""
         return None
 
     def existing_job_cgroup_v2(self, job: HookJob, cfg: Config) -> tuple[str, ...]:

@@ -187,12 +187,12 @@ def _gid(value: str | None) -> int | None:
 
 
 def join_task_cgroup(environ: Mapping[str, str]) -> str | None:
-    """The TaskProlog's join (cgroup v1, :func:`gpuslurm.isolate.devices.join_job_cgroup`): job
+    """The TaskProlog's join (cgroup v1, :func:`gpuslurm.isolate.cgroup_v1.join_job_cgroup`): job
     ``SLURM_JOB_ID``'s task ``SLURM_TASK_PID`` (the task prolog's parent when that is unset or not
     a number); None outside a job."""
     import os
 
-    from gpuslurm.isolate.devices import join_job_cgroup
+    from gpuslurm.isolate.cgroup_v1 import join_job_cgroup
 
     job_id = environ.get("SLURM_JOB_ID", "").strip()
     if not job_id:

@@ -14,7 +14,7 @@ Pure text parsing of ``/proc/PID/cgroup`` lines and cgroup paths; nothing here t
   in each v1 controller (and the unified v2 tree of PBS Professional 2022+), ``<prefix>`` being the
   hook's ``cgroup_prefix`` (default ``pbs_jobs``); PBS Pro before 19 used ``/pbspro/<id>``. The id
   is a full PBS id (``123.server``, ``123[4].server``).
-- gpuslurm's own job cgroups (``gpuslurm.isolate.devices``): v1 ``/gpuslurm/job_<id>`` in the
+- gpuslurm's own job cgroups (``gpuslurm.isolate.cgroup_v1``/``cgroup_v2``): v1 ``/gpuslurm/job_<id>`` in the
   devices hierarchy, v2 ``/gpuslurm.pbs/job_<id>`` (PBS jobs); a job's MPS daemon's, v1
   ``/gpuslurm/mps_<id>``, v2 ``/gpuslurm.mps/mps_<id>``: its job's too. Only root makes them.
 """
@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from gpuslurm.jobid import valid_job_id, valid_sluid
 
-# gpuslurm's own cgroups (gpuslurm.isolate.devices makes them; root alone): the directory at the
+# gpuslurm's own cgroups (gpuslurm.isolate.cgroup_v1/cgroup_v2 make them; root alone): the directory at the
 # top of a hierarchy → the kinds of job cgroup below it. ``job_<id>``: the job's tasks; ``mps_<id>``:
 # the job's MPS daemon alone, the job's as much as its tasks.
 _OWN = {"gpuslurm": ("job", "mps"), "gpuslurm.pbs": ("job",), "gpuslurm.mps": ("mps",)}

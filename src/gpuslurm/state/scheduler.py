@@ -73,7 +73,7 @@ class Scheduler(Protocol):
     def job_cgroup_v2(self, job: HookJob, cfg: Config) -> tuple[str, ...] | None:
         """Every cgroup v2 directory the scheduler may run ``job`` in (each gets gpuslurm's device
         program); None when the scheduler makes the job none, and gpuslurm makes its own
-        (:func:`gpuslurm.isolate.devices.v2_pbs_dir`). GpuslurmError when it cannot tell."""
+        (:func:`gpuslurm.isolate.cgroup_v2.v2_pbs_dir`). GpuslurmError when it cannot tell."""
         ...
 
     def existing_job_cgroup_v2(self, job: HookJob, cfg: Config) -> tuple[str, ...]:
