@@ -2,8 +2,9 @@
 
 Every GpuslurmError becomes one line on stderr and the exit code its class carries, in
 :func:`main` alone, by :func:`gpuslurm.errors.run_entry`: the policy every hook's entry uses too.
-Commands import their libraries inside the function so that a
-hook starting ``gpuslurm prolog`` does not pay for jinja2 or the XML parser.
+Every ``gpuslurm X`` loads this module, so the commands defined here import their libraries
+inside the function; the other commands live in their own modules (``LAZY_COMMANDS``), each
+loaded only when its command is asked for, and those import at module level.
 """
 
 from __future__ import annotations
