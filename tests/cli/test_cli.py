@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gpuslurm.cli.main import cli, main
+from gpuslurm.cli.main import LAZY_COMMANDS, LAZY_SHORT_HELP, cli, main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -35,6 +35,28 @@ def test_every_command_has_help_and_is_in_the_readme() -> None:
         assert f"gpuslurm {name}" in readme, f"{name} is not documented in README.md"
         result = runner.invoke(cli, [name, "--help"])
         assert result.exit_code == 0, result.output
+
+
+def test_root_help_lists_each_command_as_it_says_itself_without_loading_it() -> None:
+    """``gpuslurm --help`` takes the lazy commands' lines from LAZY_SHORT_HELP, which must agree
+    with each command's own help; their modules import at module level, so loading them all for
+    the list would cost ``--help`` about a hundred modules."""
+    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "100", "PYTHONPATH": str(README.parent / "src")}
+
+    def root_help(load_all: bool) -> tuple[str, set[str]]:
+        code = ("import sys, click; from gpuslurm.cli.main import LAZY_COMMANDS, cli\n"
+                f"if {load_all}: [cli.get_command(click.Context(cli), name) for name in LAZY_COMMANDS]\n"
+                "cli.main(['--help'], prog_name='gpuslurm', standalone_mode=False)\n"
+                "print(' '.join(sys.modules), file=sys.stderr)")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              env=env, check=True)
+        return proc.stdout, set(proc.stderr.split())
+
+    listed, loaded = root_help(load_all=False)
+    modules = {target.partition(":")[0] for target in LAZY_COMMANDS.values()}
+    assert not modules & loaded, sorted(modules & loaded)
+    assert set(LAZY_SHORT_HELP) == set(LAZY_COMMANDS)
+    assert listed == root_help(load_all=True)[0]  # the commands' own lines, once they are loaded
 
 
 def test_discover_json_lists_gpus_and_mig_devices() -> None:

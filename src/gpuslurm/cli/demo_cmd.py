@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
 import click
+
+from gpuslurm.demo import run as demo_run
+from gpuslurm.demo import script
 
 
 def _positive(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -30,9 +34,6 @@ def demo(hours: float, speed: float | None, out: Path | None, no_plot: bool) -> 
     """Replay a scripted day of jobs (a rogue process and an idle allocation among them) on the
     built-in DGX H100 through the monitor, then print the fair-share report and draw its chart.
     Needs no GPU, no Slurm and no root."""
-    from gpuslurm.demo import run as demo_run
-    from gpuslurm.demo import script
-
     demo_run.check_hours(hours)
     no_chart = "--no-plot" if no_plot else demo_run.chart_unavailable()
     where = demo_run.prepare_out(out)
@@ -95,6 +96,4 @@ def _hm(seconds: float) -> str:
 
 
 def _columns() -> int:
-    import shutil
-
     return max(20, shutil.get_terminal_size().columns)

@@ -7,6 +7,7 @@ because it names two GPUs wherever minors differ from indices. See docs/health.m
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -16,28 +17,37 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpuslurm.cli.main import from_option, json_option
-from gpuslurm.errors import EXIT_CHECK_FAILED
+from gpuslurm.cli.schedulers import scheduler_for
+from gpuslurm.config import Config, load_config
+from gpuslurm.errors import EXIT_CHECK_FAILED, GpuslurmError, HardwareError
+from gpuslurm.hw.health import read_health
+from gpuslurm.hw.source import hardware_source
+from gpuslurm.jsondoc import document
+from gpuslurm.policy.fault_response import LAST_IN_SERVICE, respond
+from gpuslurm.policy.health import Fault, drain_reason, gate_faults, gpu_label, running_faults
+from gpuslurm.state.out_of_service import (
+    OutOfService,
+    OutOfServiceStore,
+    bring_back,
+    resolve_gpu,
+    take_out,
+    take_out_decided,
+)
 
 if TYPE_CHECKING:
-    from gpuslurm.config import Config
     from gpuslurm.hw.model import Node
-    from gpuslurm.state.out_of_service import OutOfService, OutOfServiceStore
     from gpuslurm.state.scheduler import Scheduler
 
 
 def _node_name(given: str | None, cfg: Config) -> str:
     """--node-name, else [monitor] node_name, else slurmd's own (a HealthCheckProgram gets
     $SLURMD_NODENAME), else the short host name."""
-    import os
-
     return (given or cfg.monitor.node_name or os.environ.get("SLURMD_NODENAME")
             or socket.gethostname().split(".")[0])
 
 
 def _scheduler(cfg: Config) -> Scheduler:
     """Slurm's or PBS's adapter, as ``[scheduler] kind`` says."""
-    from gpuslurm.cli.schedulers import scheduler_for
-
     return scheduler_for(cfg, cfg.hooks.command_timeout_s)
 
 
@@ -64,10 +74,6 @@ def gpu() -> None:
 def offline(spec: str, reason: str, force: bool, node_name: str | None, no_slurm: bool,
             source: str | None) -> None:
     """Take GPU out of service: new jobs never get it; running jobs are not disturbed."""
-    from gpuslurm.config import load_config
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.state.out_of_service import OutOfServiceStore, resolve_gpu, take_out
-
     cfg = load_config()
     hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
     node = hardware.node(links=True)
@@ -88,13 +94,6 @@ def offline(spec: str, reason: str, force: bool, node_name: str | None, no_slurm
 @from_option
 def online(spec: str, force: bool, node_name: str | None, no_slurm: bool, source: str | None) -> None:
     """Bring GPU back into service after checking its health again."""
-    from gpuslurm.config import load_config
-    from gpuslurm.errors import HardwareError
-    from gpuslurm.hw.health import read_health
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.policy.health import gate_faults
-    from gpuslurm.state.out_of_service import OutOfServiceStore, bring_back, resolve_gpu
-
     cfg = load_config()
     hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
     node = hardware.node(links=True)
@@ -118,10 +117,6 @@ def online(spec: str, force: bool, node_name: str | None, no_slurm: bool, source
 @from_option
 def list_(as_json: bool, source: str | None) -> None:
     """Every GPU: in service or out, with the reason, who and when."""
-    from gpuslurm.config import load_config
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.state.out_of_service import OutOfServiceStore
-
     cfg = load_config()
     node = hardware_source(source, nvml_library=cfg.paths.nvml_library).node(links=False)
     out = OutOfServiceStore(cfg.paths.state_dir).read()
@@ -137,8 +132,6 @@ def list_(as_json: bool, source: str | None) -> None:
             rows.append({"index": rec.index, "minor": rec.minor, "uuid": uuid, "in_service": False,
                          "reason": rec.reason, "by": rec.by, "since": rec.since, "missing": True})
     if as_json:
-        from gpuslurm.jsondoc import document
-
         json.dump(document("gpu-list", {"gpus": rows}, node.hostname), sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
@@ -170,12 +163,6 @@ def _apply(cfg: Config, node: Node, node_name: str | None, no_slurm: bool, store
 @from_option
 def health(gpu_id: str | None, act: bool, node_name: str | None, as_json: bool, source: str | None) -> None:
     """Each GPU's health now, every fact and the verdict; exit 1 if any GPU in service is unhealthy."""
-    from gpuslurm.config import load_config
-    from gpuslurm.hw.health import read_health
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.policy.health import running_faults
-    from gpuslurm.state.out_of_service import OutOfServiceStore, resolve_gpu
-
     cfg = load_config()
     hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
     node = hardware.node(links=act)
@@ -199,8 +186,6 @@ def health(gpu_id: str | None, act: bool, node_name: str | None, as_json: bool, 
         report += _lost_rows(node.lost, out, cfg.health.lost_gpu.action)
         unhealthy |= any(r["verdict"] == "unhealthy" for r in report)
     if as_json:
-        from gpuslurm.jsondoc import document
-
         doc = document("health", {"healthy": not unhealthy, "gpus": report}, node.hostname)
         json.dump(doc, sys.stdout, indent=1, default=list)
         sys.stdout.write("\n")
@@ -248,11 +233,6 @@ def _act_now(cfg: Config, node: Node, name: str, report: list[dict[str, Any]],
     """``--act``: each unhealthy GPU's faults acted on as :func:`gpuslurm.policy.fault_response.respond`
     decides (``gpu_out`` takes the GPU out, ``drain`` drains the node); then Slurm is brought to
     the out-of-service record (this is what slurmd's HealthCheckProgram runs)."""
-    from gpuslurm.errors import GpuslurmError
-    from gpuslurm.policy.fault_response import LAST_IN_SERVICE, respond
-    from gpuslurm.policy.health import Fault, drain_reason, gpu_label
-    from gpuslurm.state.out_of_service import take_out_decided
-
     scheduler = _scheduler(cfg)
     labels = {g.uuid: gpu_label(g.index, g.minor, g.uuid) for g in node.gpus}
     faults: list[Fault] = []

@@ -19,7 +19,12 @@ from datetime import datetime
 import click
 
 from gpuslurm.cli.main import json_option
+from gpuslurm.config import load_config
+from gpuslurm.errors import InputError
+from gpuslurm.jsondoc import document
 from gpuslurm.samples import Violation
+from gpuslurm.slurm.throttle import read_violations
+from gpuslurm.state.store import Store, default_path
 
 REPEAT_S = 60.0  # how often a monitor re-appends an ongoing violation to the shared directory
 
@@ -62,22 +67,15 @@ def table(violations: Sequence[Violation]) -> list[str]:
                    "(on the controller; [paths] violations_dir).")
 def hogs(as_json: bool, db: str | None, directory: str | None) -> None:
     """List the current violations: rogue processes, idle allocations, users over their share."""
-    from gpuslurm.config import load_config
-    from gpuslurm.errors import InputError
-
     cfg = load_config()
     now = time.time()
     slack = 3 * cfg.monitor.interval_s + 5
     if directory is not None:
-        from gpuslurm.slurm.throttle import read_violations
-
         scan = read_violations(directory, since=now - slack - REPEAT_S)
         for problem in scan.problems:
             click.echo(f"gpuslurm hogs: skipped {problem}", err=True)
         found = current(scan.violations, now, slack + REPEAT_S)
     else:
-        from gpuslurm.state.store import Store, default_path
-
         path = db or cfg.monitor.db or default_path(cfg.paths.state_dir)
         if not os.path.exists(path):
             raise InputError("no monitor store here: is `gpuslurm monitor` running on this node?",
@@ -85,8 +83,6 @@ def hogs(as_json: bool, db: str | None, directory: str | None) -> None:
         with Store.open(path, readonly=True) as store:
             found = current(store.violations(now - slack, now), now, slack)
     if as_json:
-        from gpuslurm.jsondoc import document
-
         doc = document("hogs", {"violations": [
             {**v._asdict(), "start_iso": datetime.fromtimestamp(v.start).astimezone().isoformat()}
             for v in found]})

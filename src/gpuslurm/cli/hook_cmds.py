@@ -12,13 +12,13 @@ import sys
 
 import click
 
+from gpuslurm.slurm.hooks import run_epilog, run_prolog, run_task_prolog
+
 
 @click.command("prolog")
 @click.pass_context
 def prolog(ctx: click.Context) -> None:
     """Slurm Prolog (root): check the job's GPUs' health, drain on faults, write the job map."""
-    from gpuslurm.slurm.hooks import run_prolog
-
     ctx.exit(run_prolog(os.environ))
 
 
@@ -26,8 +26,6 @@ def prolog(ctx: click.Context) -> None:
 @click.pass_context
 def epilog(ctx: click.Context) -> None:
     """Slurm Epilog (root): check the GPUs were released, remove the job map, write a summary."""
-    from gpuslurm.slurm.hooks import run_epilog
-
     ctx.exit(run_epilog(os.environ))
 
 
@@ -35,8 +33,6 @@ def epilog(ctx: click.Context) -> None:
 @click.pass_context
 def task_prolog(ctx: click.Context) -> None:
     """Slurm TaskProlog (the job's user): print CUDA_VISIBLE_DEVICES and NUMA hints as export lines."""
-    from gpuslurm.slurm.hooks import run_task_prolog
-
     ctx.exit(run_task_prolog(os.environ, sys.stdout))
 
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import click
 
+from gpuslurm import install as lib
+from gpuslurm import trust
+from gpuslurm.config import Config, load_config
+from gpuslurm.errors import InputError
 from gpuslurm.install import CGROUP_SNIPPET_NAME, DEFAULT_PREFIX
-
-if TYPE_CHECKING:
-    from gpuslurm.config import Config
+from gpuslurm.pbs import classic_install as classic
+from gpuslurm.pbs import install as pbs
 
 
 def _warn(message: str) -> None:
@@ -56,10 +61,6 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
     Safe to run again: unchanged files are left alone, and a file edited since gpuslurm wrote it
     is refused unless --force.
     """
-    from gpuslurm import install as lib
-    from gpuslurm import trust
-    from gpuslurm.config import load_config
-
     if (classic or pbs_home) and not pbs:
         raise click.UsageError("--classic and --pbs-home go with --pbs")
     if pbs:
@@ -126,14 +127,6 @@ def _checked_sources(python: str, config: str, capture: str, runs: str = "script
     """The interpreter (default: this one), config and bundle checked as every install checks
     them (root's, not writable by others; the config must parse). ``runs`` names what will run
     the interpreter, for the warning when it imports another gpuslurm."""
-    import os
-    import sys
-
-    from gpuslurm import install as lib
-    from gpuslurm import trust
-    from gpuslurm.config import load_config
-    from gpuslurm.errors import InputError
-
     python = python or os.path.abspath(sys.executable)
     if not os.path.isabs(python) or "\n" in python:
         raise InputError("the interpreter must be an absolute path", python)
@@ -157,11 +150,6 @@ def install_pbs_classic(pbs_home: str, python: str, config: str, capture: str, d
                         force: bool) -> None:
     """Write the classic prologue and epilogue into ``$PBS_HOME/mom_priv`` (see
     :mod:`gpuslurm.pbs.classic_install`)."""
-    import os
-
-    from gpuslurm import trust
-    from gpuslurm.pbs import classic_install as classic
-
     python = _checked_sources(python, config, capture).python
     mom_priv = os.path.join(pbs_home or classic.pbs_home(), "mom_priv")
     trust.check_trusted_dir(Path(mom_priv), "PBS's mom_priv")
@@ -175,11 +163,6 @@ def install_pbs_classic(pbs_home: str, python: str, config: str, capture: str, d
 
 def install_pbs(qmgr: str, python: str, config: str, capture: str, dry_run: bool) -> None:
     """Import every hook of :data:`gpuslurm.pbs.install.HOOK_FILES` into PBS (see that module)."""
-    import os
-
-    from gpuslurm.config import load_config
-    from gpuslurm.pbs import install as pbs
-
     run = pbs.qmgr_runner(qmgr or pbs.default_qmgr())
     python, cfg, there = _checked_sources(python, config, capture, runs="hooks")
     settings = (cfg or load_config()).throttle

@@ -2,8 +2,9 @@
 
 Every GpuslurmError becomes one line on stderr and the exit code its class carries, in
 :func:`main` alone, by :func:`gpuslurm.errors.run_entry`: the policy every hook's entry uses too.
-Commands import their libraries inside the function so that a
-hook starting ``gpuslurm prolog`` does not pay for jinja2 or the XML parser.
+Every ``gpuslurm X`` loads this module, so the commands defined here import their libraries
+inside the function; the other commands live in their own modules (``LAZY_COMMANDS``), each
+loaded only when its command is asked for, and those import at module level.
 """
 
 from __future__ import annotations
@@ -84,6 +85,36 @@ LAZY_COMMANDS = {
     "man-pages": "gpuslurm.cli.manpages:man_pages",
 }
 
+# Each lazy command's one-line help, as its docstring's first paragraph says it: ``gpuslurm --help``
+# lists the commands without importing all their modules (which import at module level).
+# tests/cli/test_cli.py checks the list against the commands' own help.
+LAZY_SHORT_HELP = {
+    "install": "Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they "
+               "need (--pbs: import gpuslurm's PBS hooks with qmgr instead).",
+    "hogs": "List the current violations: rogue processes, idle allocations, users over their share.",
+    "prolog": "Slurm Prolog (root): check the job's GPUs' health, drain on faults, write the job map.",
+    "epilog": "Slurm Epilog (root): check the GPUs were released, remove the job map, write a summary.",
+    "task-prolog": "Slurm TaskProlog (the job's user): print CUDA_VISIBLE_DEVICES and NUMA hints as "
+                   "export lines.",
+    "mig": "Show, check and apply a MIG layout (which GPUs get which MIG profiles) on this node.",
+    "throttle": "Throttle users' GPU submissions through Slurm's job_submit/lua (see docs/throttle.md).",
+    "monitor": "Sample every GPU and GPU process, attribute them to Slurm or PBS jobs, detect hogs, "
+               "store it all.",
+    "fairshare-report": "Allocated, used and idle GPU-hours per user/account/job/process, shares "
+                        "against quotas, violations with evidence, and what to do about them.",
+    "status": "Show each GPU with its jobs, users, processes, health and current violations (once).",
+    "watch": "Redraw the status view every interval until Ctrl-C (like top, but job-aware).",
+    "demo": "Replay a scripted day of jobs (a rogue process and an idle allocation among them) on the "
+            "built-in DGX H100 through the monitor, then print the fair-share report and draw its chart.",
+    "placement": "For each running GPU job here: are its CPUs on its GPUs' NUMA nodes, and its weakest "
+                 "link.",
+    "gpu": "Take one GPU out of service and back, and list the GPUs out (see docs/health.md).",
+    "health": "Each GPU's health now, every fact and the verdict; exit 1 if any GPU in service is "
+              "unhealthy.",
+    "man-pages": "Write a man page per command into DIR/man1 (default /usr/local/share/man, where man "
+                 "looks), made from each command's --help; then `man gpuslurm-pick`.",
+}
+
 
 class LazyGroup(click.Group):
     """A click group that imports the module of a lazy command only when it is asked for."""
@@ -100,6 +131,22 @@ class LazyGroup(click.Group):
             assert isinstance(command, click.Command)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's command list, each lazy command's line from LAZY_SHORT_HELP until it is loaded."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = []
+        for name in names:
+            if name in LAZY_SHORT_HELP and name not in self.commands:
+                command: click.Command | None = click.Command(name, help=LAZY_SHORT_HELP[name])
+            else:
+                command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup,

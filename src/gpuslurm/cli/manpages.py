@@ -15,6 +15,9 @@ import re
 import click
 
 from gpuslurm import __version__
+from gpuslurm.cli.main import cli
+from gpuslurm.cli.pick_cmd import USAGE
+from gpuslurm.safedir import replace_file
 
 DEFAULT_MAN_DIR = "/usr/local/share/man"  # on man's default search path (manpath(5)); a venv's is not
 
@@ -71,8 +74,6 @@ def page(path: tuple[str, ...], command: click.Command, parent: click.Context) -
 
 def pick_page() -> str:
     """pick's page: its own ``--help`` text, verbatim (no fill), under NAME."""
-    from gpuslurm.cli.pick_cmd import USAGE
-
     summary = USAGE.split("\n\n")[1].split(":")[0]  # its description's first clause
     lines = _head("gpuslurm-pick", " ".join(summary.split()))
     lines += [".SH SYNOPSIS", ".nf", _roff(USAGE), ".fi",
@@ -106,8 +107,6 @@ def _root_page(cli: click.Group, root: click.Context) -> str:
 
 def write_pages(pages: dict[str, str], man_dir: str) -> list[str]:
     """Write ``pages`` into ``<man_dir>/man1`` (0644, each replaced atomically); their paths."""
-    from gpuslurm.safedir import replace_file
-
     section = os.path.join(man_dir, "man1")
     os.makedirs(section, mode=0o755, exist_ok=True)
     written = []
@@ -123,7 +122,5 @@ def write_pages(pages: dict[str, str], man_dir: str) -> list[str]:
 def man_pages(man_dir: str) -> None:
     """Write a man page per command into DIR/man1 (default /usr/local/share/man, where man looks),
     made from each command's --help; then `man gpuslurm-pick`."""
-    from gpuslurm.cli.main import cli
-
     for path in write_pages(all_pages(cli), man_dir):
         click.echo(path)

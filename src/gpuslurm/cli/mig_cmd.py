@@ -11,6 +11,23 @@ from typing import Any
 import click
 
 from gpuslurm.cli.main import from_option, json_option
+from gpuslurm.config import load_config
+from gpuslurm.errors import CheckMismatchError
+from gpuslurm.gres.records import GresOptions
+from gpuslurm.hw.source import hardware_source
+from gpuslurm.isolate.mig import (
+    describe_state,
+    diff_lines,
+    gpu_state,
+    layout_toml,
+    load_layout,
+    resolve_layout,
+)
+from gpuslurm.isolate.mig_profiles import board_for
+from gpuslurm.jsondoc import document
+from gpuslurm.names import check_node_name
+from gpuslurm.slurm.mig_apply import ApplyOptions, MigApplier
+from gpuslurm.slurm.mig_types import target_naming
 
 
 @click.group("mig")
@@ -24,9 +41,6 @@ def mig() -> None:
 @click.option("--as-layout", is_flag=True, help="Print the current layout as a layout file to edit.")
 def show(source: str | None, as_json: bool, as_layout: bool) -> None:
     """Show each GPU's MIG mode, GPU instances and MIG device UUIDs."""
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.isolate.mig import layout_toml
-
     node = hardware_source(source).node()
     if as_layout:
         click.echo(layout_toml(node), nl=False)
@@ -37,9 +51,6 @@ def show(source: str | None, as_json: bool, as_layout: bool) -> None:
 
 
 def _show_dict(node: Any) -> dict[str, Any]:
-    from gpuslurm.isolate.mig import gpu_state
-    from gpuslurm.isolate.mig_profiles import board_for
-
     gpus = []
     for g in node.gpus:
         state = gpu_state(g)
@@ -52,14 +63,10 @@ def _show_dict(node: Any) -> dict[str, Any]:
             "devices": [{"index": m.index, "gi_id": m.gi_id, "ci_id": m.ci_id, "profile": m.profile,
                          "memory_mib": m.memory_mib, "uuid": m.uuid} for m in g.mig_devices],
         })
-    from gpuslurm.jsondoc import document
-
     return document("mig-show", {"source": node.source, "gpus": gpus}, node.hostname)
 
 
 def _show_table(node: Any) -> None:
-    from gpuslurm.isolate.mig import describe_state, gpu_state
-
     click.echo(f"{node.hostname} ({node.source or 'live'})")
     for g in node.gpus:
         click.echo(f"GPU {g.index}  {g.uuid}  {g.name}  {describe_state(gpu_state(g))}")
@@ -73,10 +80,6 @@ def _show_table(node: Any) -> None:
 @from_option
 def assert_(layout: Path, source: str | None) -> None:
     """Exit 0 if the node matches LAYOUT; else print one line per differing GPU and exit 1."""
-    from gpuslurm.errors import CheckMismatchError
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.isolate.mig import diff_lines, load_layout, resolve_layout
-
     wanted_layout = load_layout(layout)
     node = hardware_source(source).node()
     wanted = resolve_layout(wanted_layout, node)
@@ -111,14 +114,6 @@ def apply(layout: Path, source: str | None, dry_run: bool, node_name: str | None
           gres_node_name: str | None, gres_template: Path | None, dev_root: str, no_drain: bool,
           wait_s: float, poll_s: float, slurm_version: str | None) -> None:
     """Make the node match LAYOUT: drain, reconfigure MIG, regenerate gres.conf, resume."""
-    from gpuslurm.config import load_config
-    from gpuslurm.gres.records import GresOptions
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.isolate.mig import load_layout
-    from gpuslurm.names import check_node_name
-    from gpuslurm.slurm.mig_apply import ApplyOptions, MigApplier
-    from gpuslurm.slurm.mig_types import target_naming
-
     if node_name is not None:
         check_node_name(node_name, source="--node")
     if gres_node_name is not None:

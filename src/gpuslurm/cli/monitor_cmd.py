@@ -10,11 +10,18 @@ from typing import TYPE_CHECKING
 import click
 
 from gpuslurm.cli.main import from_option
+from gpuslurm.cli.schedulers import action_command, scheduler_for
+from gpuslurm.config import Config, load_config
+from gpuslurm.hooks.epilog import admin_comment
+from gpuslurm.hw.source import hardware_source
+from gpuslurm.jsondoc import document
+from gpuslurm.slurm.sshare import node_quota_cache
+from gpuslurm.slurm.throttle import append_violations
+from gpuslurm.watch.monitor import cycle_dict
+from gpuslurm.watch.run import Exporting, MonitorParts, run_monitor
 
 if TYPE_CHECKING:
-    from gpuslurm.config import Config
     from gpuslurm.samples import Cycle
-    from gpuslurm.watch.run import MonitorParts
 
 
 def _warn(message: str) -> None:
@@ -42,10 +49,6 @@ def _positive_float(ctx: click.Context, param: click.Parameter, value: float | N
 def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, source: str | None,
             prometheus_port: int | None, prometheus_addr: str) -> None:
     """Sample every GPU and GPU process, attribute them to Slurm or PBS jobs, detect hogs, store it all."""
-    from gpuslurm.config import load_config
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.watch.run import Exporting, run_monitor
-
     cfg = load_config()
     hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
     run_monitor(cfg, hardware, monitor_parts(cfg), db=db, interval=interval, once=once,
@@ -56,12 +59,6 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
 
 def monitor_parts(cfg: Config) -> MonitorParts:
     """What the monitor takes from the scheduler adapters (and the epilog's comment line)."""
-    from gpuslurm.cli.schedulers import action_command, scheduler_for
-    from gpuslurm.hooks.epilog import admin_comment
-    from gpuslurm.slurm.sshare import node_quota_cache
-    from gpuslurm.slurm.throttle import append_violations
-    from gpuslurm.watch.run import MonitorParts
-
     def can_act() -> str | None:
         command = action_command(cfg)
         return None if os.access(command, os.X_OK) else f"{command} is missing"
@@ -72,9 +69,6 @@ def monitor_parts(cfg: Config) -> MonitorParts:
 
 
 def _print_json(cycle: Cycle) -> None:
-    from gpuslurm.jsondoc import document
-    from gpuslurm.watch.monitor import cycle_dict
-
     doc = document("monitor-cycle", cycle_dict(cycle), cycle.node)
     sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()

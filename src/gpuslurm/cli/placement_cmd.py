@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING
 import click
 
 from gpuslurm.cli.main import from_option, json_option
+from gpuslurm.cli.schedulers import scheduler_for
+from gpuslurm.config import load_config
 from gpuslurm.errors import InputError
+from gpuslurm.hw.source import hardware_source
+from gpuslurm.jsondoc import document
+from gpuslurm.safedir import read_regular
+from gpuslurm.slurm.placement import live_jobs, placement_rows, summary
 
 if TYPE_CHECKING:
     from gpuslurm.state.running import JobDetail
@@ -37,32 +43,21 @@ def _warn(message: str) -> None:
               help="Read a recorded `scontrol show -d job` instead of running it ('-': stdin).")
 def placement(source: str | None, as_json: bool, node_name: str | None, input_file: str | None) -> None:
     """For each running GPU job here: are its CPUs on its GPUs' NUMA nodes, and its weakest link."""
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.slurm.placement import placement_rows, summary
-
     node = hardware_source(source).node()
     name = node_name or os.environ.get("SLURMD_NODENAME") or node.hostname.split(".", 1)[0]
     source_text: str | tuple[JobDetail, ...]
     if input_file is None:
-        from gpuslurm.cli.schedulers import scheduler_for
-        from gpuslurm.config import load_config
-        from gpuslurm.slurm.placement import live_jobs
-
         cfg = load_config()
         source_text = live_jobs(scheduler_for(cfg, cfg.monitor.command_timeout_s), name)
     elif input_file == "-":
         source_text = sys.stdin.buffer.read(64 << 20).decode("utf-8", errors="replace")
     else:
-        from gpuslurm.safedir import read_regular
-
         try:  # a regular file only (a FIFO would hang), bounded; job names may hold any bytes
             source_text = read_regular(input_file).decode("utf-8", errors="replace")
         except OSError as exc:
             raise InputError(f"cannot read: {exc.strerror}", source=input_file) from None
     rows = placement_rows(node, source_text, name, warn=_warn)
     if as_json:
-        from gpuslurm.jsondoc import document
-
         doc = document("placement", {"jobs": [r.as_dict() for r in rows], "summary": summary(name, rows)},
                        name)
         json.dump(doc, sys.stdout, indent=2)

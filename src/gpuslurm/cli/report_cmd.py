@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
 
 import click
 
-from gpuslurm.report.compute import BY_CHOICES
-from gpuslurm.report.render import FORMATS
-
-if TYPE_CHECKING:
-    from gpuslurm.config import Config
-    from gpuslurm.report.data import ReportData
+from gpuslurm.config import Config, load_config
+from gpuslurm.errors import GpuslurmError, InputError
+from gpuslurm.policy.share import Quotas
+from gpuslurm.report.charts import write_plot
+from gpuslurm.report.compute import BY_CHOICES, Policy, compute, physical_gpus
+from gpuslurm.report.data import ReportData, auto_step
+from gpuslurm.report.query import load_sqlite
+from gpuslurm.report.render import FORMATS, write_report
+from gpuslurm.report.window import resolve_window
+from gpuslurm.slurm.sshare import quotas, read_shares
+from gpuslurm.state.store import default_path
 
 
 @click.command("fairshare-report")
@@ -34,14 +38,6 @@ def fairshare_report(last: str | None, since: str | None, until: str | None, by:
                      plot: str | None, source: str | None, db: str | None, step: float | None) -> None:
     """Allocated, used and idle GPU-hours per user/account/job/process, shares against quotas,
     violations with evidence, and what to do about them."""
-    from gpuslurm.config import load_config
-    from gpuslurm.errors import InputError
-    from gpuslurm.policy.share import Quotas
-    from gpuslurm.report.compute import Policy, compute
-    from gpuslurm.report.data import auto_step
-    from gpuslurm.report.render import write_report
-    from gpuslurm.report.window import resolve_window
-
     lo, hi = resolve_window(last, since, until, time.time())
     if plot is not None and not plot.lower().endswith((".png", ".html")):
         raise InputError("the chart file must end in .png or .html", source="--plot")
@@ -55,8 +51,6 @@ def fairshare_report(last: str | None, since: str | None, until: str | None, by:
     report = compute(data, by, policy)
     write_report(report, fmt, sys.stdout)
     if plot is not None:
-        from gpuslurm.report.charts import write_plot
-
         write_plot(plot, data, report)
         click.echo(f"wrote {plot}", err=True)
 
@@ -68,10 +62,6 @@ def _slurm_quotas(cfg: Config, data: ReportData) -> tuple[dict[str, float] | Non
     """
     if cfg.detect.share.quota_source != "slurm":
         return None, {}
-    from gpuslurm.errors import GpuslurmError
-    from gpuslurm.report.compute import physical_gpus
-    from gpuslurm.slurm.sshare import quotas, read_shares
-
     try:
         found = read_shares(cfg.paths.sshare, timeout=cfg.monitor.command_timeout_s)
     except GpuslurmError as exc:
@@ -83,9 +73,6 @@ def _slurm_quotas(cfg: Config, data: ReportData) -> tuple[dict[str, float] | Non
 
 
 def _source(source: str | None, db: str | None, cfg: Config) -> str:
-    from gpuslurm.errors import InputError
-    from gpuslurm.state.store import default_path
-
     if source is not None and db is not None:
         raise InputError("give --source or --db, not both", source="--db")
     if source is not None:
@@ -96,17 +83,13 @@ def _source(source: str | None, db: str | None, cfg: Config) -> str:
 
 
 def _load(source: str, since: float, until: float, step_s: float) -> ReportData:
-    from gpuslurm.errors import InputError
-
     kind, sep, where = source.partition(":")
     if not sep or not where:
         raise InputError(f"bad source {source!r}: use sqlite:PATH or prometheus:URL", source="--source")
     if kind == "sqlite":
-        from gpuslurm.report.query import load_sqlite
-
         return load_sqlite(where, since, until, step_s)
     if kind == "prometheus":
-        from gpuslurm.report.prometheus import load_prometheus
+        from gpuslurm.report.prometheus import load_prometheus  # urllib.request: ~0.1 s, only for this source
 
         return load_prometheus(where, since, until, step_s)
     raise InputError(f"unknown source kind {kind!r}: use sqlite:PATH or prometheus:URL", source="--source")

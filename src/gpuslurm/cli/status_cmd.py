@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 import click
 
 from gpuslurm.cli.main import from_option, json_option
-
-if TYPE_CHECKING:
-    from gpuslurm.watch.live import LiveView
-    from gpuslurm.watch.view import Line
+from gpuslurm.cli.schedulers import build_scheduler
+from gpuslurm.config import load_config
+from gpuslurm.hw.source import hardware_source
+from gpuslurm.jsondoc import document
+from gpuslurm.watch.live import LiveView
+from gpuslurm.watch.view import Line, plain, render, snapshot_dict, styled
 
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
 LEAVE = "\x1b[?25h\x1b[?1049l"
@@ -37,11 +40,6 @@ _db_option = click.option("--db", metavar="PATH",
 
 
 def _open(source: str | None, db: str | None) -> LiveView:
-    from gpuslurm.cli.schedulers import build_scheduler
-    from gpuslurm.config import load_config
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.watch.live import LiveView
-
     cfg = load_config()
     hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
     return LiveView(cfg, hardware, db, scheduler=build_scheduler(cfg))
@@ -53,16 +51,12 @@ def _open(source: str | None, db: str | None) -> LiveView:
 @_db_option
 def status(source: str | None, as_json: bool, db: str | None) -> None:
     """Show each GPU with its jobs, users, processes, health and current violations (once)."""
-    from gpuslurm.watch.view import plain, render, snapshot_dict, styled
-
     live = _open(source, db)
     try:
         snap = live.snapshot()
     finally:
         live.close()
     if as_json:
-        from gpuslurm.jsondoc import document
-
         sys.stdout.write(json.dumps(document("status", snapshot_dict(snap), snap.node), indent=2) + "\n")
         return
     lines = render(snap, _width(sys.stdout))
@@ -95,8 +89,6 @@ def watch(interval: float, count: int | None, source: str | None, db: str | None
 
 def run_watch(live: LiveView, out: IO[str], interval: float, count: int | None = None) -> int:
     """Draw frames of ``live.snapshot()`` on ``out`` until stopped; the number of frames drawn."""
-    from gpuslurm.watch.view import plain, render
-
     tty = out.isatty()
     wake = _Wakeup()
     stopped: list[int] = []
@@ -174,8 +166,6 @@ class _Wakeup:
 
     def wait(self, timeout: float) -> bool:
         """Whether a poke came (now or since the last clear) within ``timeout`` seconds."""
-        import select
-
         return bool(select.select([self._read], [], [], timeout)[0])
 
     def close(self) -> None:
@@ -184,8 +174,6 @@ class _Wakeup:
 
 
 def _draw(out: IO[str], lines: Sequence[Line], rows: int) -> None:
-    from gpuslurm.watch.view import Line, styled
-
     shown = list(lines)
     if len(shown) > rows:  # keep the last row to say what did not fit
         hidden = len(shown) - rows + 1

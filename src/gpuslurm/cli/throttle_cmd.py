@@ -3,17 +3,38 @@
 from __future__ import annotations
 
 import json
+import pwd
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
-if TYPE_CHECKING:
-    from gpuslurm.config import Config
-    from gpuslurm.policy.throttle import Throttle, ThrottleFile
-    from gpuslurm.watch.admission import Admission
+from gpuslurm.cli.schedulers import scheduler_kind
+from gpuslurm.config import Config, load_config
+from gpuslurm.errors import GpuslurmError, InputError
+from gpuslurm.jsondoc import document
+from gpuslurm.pbs.admission import PbsAdmission
+from gpuslurm.policy.admission import AdmissionConfig, check_band
+from gpuslurm.policy.throttle import (
+    Throttle,
+    ThrottleFile,
+    active_throttles,
+    add_throttle,
+    check_mode,
+    check_user,
+    make_throttle,
+    parse_duration,
+    parse_until,
+    remove_throttle,
+)
+from gpuslurm.slurm.admission import SlurmAdmission
+from gpuslurm.slurm.throttle import read_throttle_file, update_throttle_file
+from gpuslurm.slurm.throttle_sync import sync_throttles
+from gpuslurm.times import parse_duration as parse_interval
+from gpuslurm.times import show
+from gpuslurm.watch.admission import Admission, auto_round, load_state, save_state
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -25,14 +46,10 @@ def _file_option(f: F) -> F:
 
 
 def _config() -> Config:
-    from gpuslurm.config import load_config
-
     return load_config()
 
 
 def _path(path: str | None, cfg: Config) -> str:
-    from gpuslurm.errors import InputError
-
     chosen = path or cfg.throttle.file
     if not chosen.startswith("/"):
         raise InputError(f"the throttle file must be an absolute path, not {chosen!r}", source="--file")
@@ -40,8 +57,6 @@ def _path(path: str | None, cfg: Config) -> str:
 
 
 def _when(ts: float) -> str:
-    from gpuslurm.times import show
-
     return show(ts, "%Y-%m-%d %H:%M:%S %Z")
 
 
@@ -75,17 +90,12 @@ def throttle() -> None:
 @click.option("--all", "show_all", is_flag=True, help="Also show expired lines still in the file.")
 def list_cmd(path: str | None, as_json: bool, show_all: bool) -> None:
     """List the throttled users: mode, until when, why and whom to ask."""
-    from gpuslurm.policy.throttle import active_throttles
-    from gpuslurm.slurm.throttle import read_throttle_file
-
     file = _path(path, _config())
     now = time.time()
     content = read_throttle_file(file)
     _warn_junk(file, content)
     rows = content.throttles if show_all else active_throttles(content.throttles, now)
     if as_json:
-        from gpuslurm.jsondoc import document
-
         doc = document("throttle-list", {"file": file, "throttles": [
             {**t._asdict(), "until_iso": datetime.fromtimestamp(t.until).astimezone().isoformat(),
              "active": t.active(now)} for t in rows]})
@@ -116,17 +126,6 @@ def list_cmd(path: str | None, as_json: bool, show_all: bool) -> None:
 def add_cmd(user: str, path: str | None, duration: str | None, until: str | None, mode: str | None,
             cap: int | None, nice: int | None, reason: str, contact: str | None) -> None:
     """Throttle USER's GPU submissions for a while (replaces any throttle USER has)."""
-    from gpuslurm.errors import InputError
-    from gpuslurm.policy.throttle import (
-        add_throttle,
-        check_mode,
-        check_user,
-        make_throttle,
-        parse_duration,
-        parse_until,
-    )
-    from gpuslurm.slurm.throttle import update_throttle_file
-
     cfg = _config()
     file = _path(path, cfg)
     check_user(user)
@@ -153,8 +152,6 @@ def add_cmd(user: str, path: str | None, duration: str | None, until: str | None
 
 
 def _warn_unknown_user(user: str) -> None:
-    import pwd
-
     try:
         pwd.getpwnam(user)
     except KeyError:
@@ -167,9 +164,6 @@ def _warn_unknown_user(user: str) -> None:
 @_file_option
 def remove_cmd(user: str, path: str | None) -> None:
     """Lift USER's throttle (nothing to do if USER is not throttled)."""
-    from gpuslurm.policy.throttle import check_user, remove_throttle
-    from gpuslurm.slurm.throttle import update_throttle_file
-
     file = _path(path, _config())
     check_user(user)
     now = time.time()
@@ -195,8 +189,6 @@ def remove_cmd(user: str, path: str | None) -> None:
 def sync_cmd(path: str | None, violations_dir: str | None, violation_source: str | None,
              dry_run: bool) -> None:
     """Throttle the users named in recent violations, as [throttle] sync_* configures."""
-    from gpuslurm.slurm.throttle_sync import sync_throttles
-
     cfg = _config()
     file = _path(path, cfg)
 
@@ -231,20 +223,14 @@ def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, stat
     AccountingStorageTRES=gres/gpu and AccountingStorageEnforce=limits. PBS ([scheduler] kind):
     the server's max_run_res.ngpus [u:NAME=N], a job over it stays queued (docs/throttle.md).
     """
-    from gpuslurm.cli.schedulers import scheduler_kind
-    from gpuslurm.errors import GpuslurmError, InputError
-    from gpuslurm.policy.admission import AdmissionConfig, check_band
-    from gpuslurm.times import parse_duration
-    from gpuslurm.watch.admission import auto_round, load_state, save_state
-
     config = _config()
     auto = config.throttle.auto
     try:
         check_band(auto.band_low, auto.band_high)
     except ValueError as exc:
         raise InputError(str(exc), source="[throttle.auto] band_low, band_high") from None
-    every = parse_duration(interval, "--interval")
-    base = parse_duration(backoff, "--backoff") if backoff is not None else auto.backoff_s
+    every = parse_interval(interval, "--interval")
+    base = parse_interval(backoff, "--backoff") if backoff is not None else auto.backoff_s
     cfg = AdmissionConfig(backoff_s=base, backoff_max_s=max(base, auto.backoff_max_s),
                           exempt=frozenset(auto.exempt_users), band=(auto.band_low, auto.band_high),
                           gain=auto.band_gain)
@@ -254,13 +240,9 @@ def auto_cmd(once: bool, interval: str, backoff: str | None, dry_run: bool, stat
     adm: Admission
     try:
         if scheduler_kind(config) == "pbs":
-            from gpuslurm.pbs.admission import PbsAdmission
-
             adm = PbsAdmission(qstat=p.qstat, pbsnodes=p.pbsnodes, qmgr=p.qmgr,
                                utilisation_source=auto.utilisation_source)
         else:
-            from gpuslurm.slurm.admission import SlurmAdmission
-
             adm = SlurmAdmission(squeue=p.squeue, scontrol=p.scontrol, sacctmgr=p.sacctmgr,
                                  utilisation_source=auto.utilisation_source)
     except InputError as exc:  # parse_source names "--source"; here it is a config key

@@ -13,6 +13,8 @@ Everything is written under the output directory, which must be empty, new, or a
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
 import os
 import shutil
@@ -20,14 +22,24 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, TextIO
+from typing import NamedTuple, TextIO
 
+from gpuslurm.config import DetectConfig, ShareDetect
 from gpuslurm.demo import script
 from gpuslurm.errors import InputError
+from gpuslurm.hw.scenario import ScenarioSampler
+from gpuslurm.hw.source import hardware_source
+from gpuslurm.policy.detect import Detector
+from gpuslurm.policy.share import Quotas
+from gpuslurm.report.charts import write_plot
+from gpuslurm.report.compute import Policy, compute
+from gpuslurm.report.data import auto_step
+from gpuslurm.report.query import load_sqlite
+from gpuslurm.report.render import write_report as render
+from gpuslurm.state.jobmap import JobMap, MappedDevice, remove_map, write_map
+from gpuslurm.state.store import Store
 from gpuslurm.watch.attribute import Attributor
-
-if TYPE_CHECKING:
-    from gpuslurm.config import DetectConfig
+from gpuslurm.watch.build import build_monitor
 
 BUNDLE = "dgx-h100"
 INTERVAL_S = 10.0  # the monitor's default cycle
@@ -75,8 +87,6 @@ class _DemoAttributor(Attributor):
 
 def detect_config() -> DetectConfig:
     """The detectors' settings: gpuslurm's defaults, with the script's users' quotas."""
-    from gpuslurm.config import DetectConfig, ShareDetect
-
     return DetectConfig(share=ShareDetect(users=tuple((u.name, u.quota) for u in script.USERS)))
 
 
@@ -152,13 +162,6 @@ def run_day(out: Path, hours: float, *, speed: float | None = None,
 
     ``speed``: simulated seconds per real second (None: as fast as the machine goes).
     """
-    from gpuslurm.hw.scenario import ScenarioSampler
-    from gpuslurm.hw.source import hardware_source
-    from gpuslurm.policy.detect import Detector
-    from gpuslurm.state.jobmap import JobMap, MappedDevice, remove_map, write_map
-    from gpuslurm.state.store import Store
-    from gpuslurm.watch.build import build_monitor
-
     check_hours(hours)
     day_s = round(hours * 3600.0 / script.STEP_S) * script.STEP_S
     until = (time.time() if now is None else now) // 60 * 60
@@ -238,8 +241,6 @@ def run_day(out: Path, hours: float, *, speed: float | None = None,
 
 def chart_unavailable() -> str | None:
     """Why the chart cannot be drawn here (matplotlib missing), or None."""
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         return "matplotlib is not installed (pip install matplotlib)"
     return None
@@ -247,8 +248,6 @@ def chart_unavailable() -> str | None:
 
 def write_config(out: Path) -> Path:
     """A config file with the script's quotas, so that a report run by hand judges as the demo did."""
-    import json
-
     # TOML basic strings and JSON strings escape alike for these plain names; json.dumps quotes them
     users = ", ".join(f"{json.dumps(u.name)} = {u.quota!r}" for u in script.USERS)
     path = out / CONFIG_NAME
@@ -259,14 +258,6 @@ def write_config(out: Path) -> Path:
 
 def write_report(run: DemoRun, fp: TextIO, *, plot: bool = True) -> Path | None:
     """Print the day's fair-share report on ``fp`` (and save it); write the chart. The chart's path."""
-    import io
-
-    from gpuslurm.policy.share import Quotas
-    from gpuslurm.report.compute import Policy, compute
-    from gpuslurm.report.data import auto_step
-    from gpuslurm.report.query import load_sqlite
-    from gpuslurm.report.render import write_report as render
-
     data = load_sqlite(str(run.db), run.since, run.until, auto_step(run.since, run.until))
     cfg = detect_config()
     policy = Policy(Quotas(cfg.share).of, dict(cfg.share.accounts), busy_pct=cfg.share.threshold_pct,
@@ -281,8 +272,6 @@ def write_report(run: DemoRun, fp: TextIO, *, plot: bool = True) -> Path | None:
         return None
     # matplotlib keeps a font cache under $HOME; the demo promises to write only in its directory
     os.environ.setdefault("MPLCONFIGDIR", str(run.out / ".cache" / "matplotlib"))
-    from gpuslurm.report.charts import write_plot
-
     chart = run.out / CHART_NAME
     write_plot(str(chart), data, report)
     return chart

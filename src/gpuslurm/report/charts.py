@@ -5,7 +5,7 @@ any job hatched), every GPU's utilisation over time as a heat map with one row p
 users know it (its index, ``node:index`` when the window spans nodes), and each row's share of
 capacity against its quota. Time axes name their time zone.
 
-matplotlib is imported here only, and this module only when ``--plot`` is given. Figures are
+matplotlib is imported here only, and only when a chart is drawn (``--plot``). Figures are
 built with ``matplotlib.figure.Figure`` (no pyplot: no global state, no GUI backend) and drawn by
 Agg. A ``.png`` gets the three charts stacked in one image; a ``.html`` page is the report as
 tables (:mod:`gpuslurm.report.html`) with the charts embedded.
@@ -25,6 +25,8 @@ from gpuslurm.errors import InputError
 from gpuslurm.policy.wording import tenths
 from gpuslurm.report.compute import NOBODY, Report, Row
 from gpuslurm.report.data import GpuSeries, ReportData
+from gpuslurm.report.html import render_page
+from gpuslurm.safedir import replace_file
 
 PLOT_SUFFIXES = (".png", ".html")
 TITLES = ("GPU-hours per {by}: allocated, used and idle", "GPU utilisation over time",
@@ -182,13 +184,9 @@ def write_plot(path: str, data: ReportData, report: Report) -> None:
     if suffix == ".png":
         payload = _png(build_figure(data, report))
     else:
-        from gpuslurm.report.html import render_page
-
         charts = [(title, _png(fig)) for title, fig in zip(titles(report), build_figures(data, report),
                                                             strict=True)]
         payload = render_page(report, heading(report), zone(report.until), charts).encode()
-    from gpuslurm.safedir import replace_file
-
     try:
         replace_file(path, payload, 0o644)
     except OSError as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import sqlite3
+import time
 from typing import Any
 
 from gpuslurm.errors import InputError
@@ -264,6 +265,4 @@ def _proc_series(cells: list[tuple[int, list[float]]], gpu_n: dict[tuple[int, in
 
 
 def _iso(ts: float) -> str:
-    import time
-
     return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ts))

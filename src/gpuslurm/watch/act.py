@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import socket
 from collections.abc import Callable, Sequence
@@ -17,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpuslurm.config import Config
 from gpuslurm.errors import CommandError, GpuslurmError, InputError
-from gpuslurm.hw.procfs import PROC_ROOT
-from gpuslurm.isolate.kill import SURVIVED
+from gpuslurm.hw.procfs import PROC_ROOT, ProcessProblem, read_process, start_time
+from gpuslurm.isolate.kill import SURVIVED, Target, kill_processes  # the epilog's pidfd killing
 from gpuslurm.jobid import valid_job_id
 from gpuslurm.policy.act import Planner, Step
 from gpuslurm.policy.wording import span
+from gpuslurm.runner import run_command
 from gpuslurm.samples import Cycle, ProcSample, ScanProblem, Violation
 
 if TYPE_CHECKING:
@@ -134,8 +136,6 @@ class Actor:
         return "; ".join(done) if done else "no alert channel configured"
 
     def _mail(self, to: Sequence[str], subject: str, body: str) -> None:
-        from gpuslurm.runner import run_command
-
         bad = [t for t in to if not _ADDRESS.fullmatch(t)]
         if bad:  # a user name from the passwd database could still break the headers
             raise InputError(f"not a mail address: {bad[0]!r}", source="act")
@@ -147,7 +147,7 @@ class Actor:
                     input_text="\n".join(head) + "\n\n" + body + "\n")
 
     def _post(self, step: Step, subject: str, body: str) -> None:
-        import urllib.error
+        import urllib.error  # urllib.request costs the monitor ~0.1 s: only with a webhook
         import urllib.request
 
         doc = {"node": self.node, "action": step.action, "event": step.event, "dry_run": step.dry_run,
@@ -166,8 +166,6 @@ class Actor:
             raise InputError(f"cannot post: {why}", source=self.cfg.act.webhook) from None
 
     def _kill(self, step: Step, cycle: Cycle) -> str:
-        from gpuslurm.isolate.kill import Target, kill_processes  # the epilog's pidfd killing
-
         v = step.violation
         assert v.pid is not None
         sample = next((p for p in cycle.procs if p.pid == v.pid), None)
@@ -182,10 +180,6 @@ class Actor:
 
     def _kill_target(self, v: Violation, sample: ProcSample | None) -> int | str:
         """The process's start ticks when it may be signalled; else why not (``not killed: …``)."""
-        import pwd
-
-        from gpuslurm.hw.procfs import ProcessProblem, read_process, start_time
-
         assert v.pid is not None
         if sample is None or sample.started is None:
             return "not killed: its start time is unknown, so a reused PID cannot be ruled out"

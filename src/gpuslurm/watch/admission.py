@@ -55,7 +55,7 @@ def prometheus_utilisation(source: str | None, now: float, timeout: float) -> fl
     or None without a source; InputError when Prometheus has none."""
     if source is None:
         return None
-    from gpuslurm.report.prometheus import PrometheusClient
+    from gpuslurm.report.prometheus import PrometheusClient  # urllib.request: only for this source
 
     client = PrometheusClient(source, timeout_s=timeout)
     items = client.instant(f"avg(avg_over_time({UTILISATION_METRIC}[5m]))", now)

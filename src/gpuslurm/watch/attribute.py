@@ -40,12 +40,11 @@ from gpuslurm.hw import procfs
 from gpuslurm.jobid import valid_sluid
 from gpuslurm.samples import Allocation, ProcessReading, ProcSample, ScanProblem
 from gpuslurm.state.cgroup import parse_cgroup
+from gpuslurm.state.jobmap import JobMap, list_job_ids, read_map
 
 
 def map_allocation(jmap: object) -> Allocation:
     """An Allocation from a prolog job map (``gpuslurm.state.jobmap.JobMap``)."""
-    from gpuslurm.state.jobmap import JobMap
-
     assert isinstance(jmap, JobMap)
     return Allocation(jmap.job_id, jmap.user, jmap.uid, jmap.uuids, jmap.start, jmap.account, source="map")
 
@@ -99,8 +98,6 @@ class Attributor:
             stamp = None
         if stamp is not None and stamp == self._maps_stamp:
             return self._maps, self._map_problems
-        from gpuslurm.state.jobmap import list_job_ids, read_map
-
         maps: list[Allocation] = []
         sluids: dict[str, str] = {}
         problems: list[ScanProblem] = []

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from gpuslurm.config import Config
 from gpuslurm.errors import GpuslurmError, InputError
+from gpuslurm.hw.health import SLOWDOWNS, read_health
+from gpuslurm.policy.detect import Detector
+from gpuslurm.policy.health import gate_faults
 from gpuslurm.samples import Cycle, ScanProblem, Violation
+from gpuslurm.state.store import Store, default_path
+from gpuslurm.watch.build import build_monitor
+from gpuslurm.watch.monitor import open_sampler
 from gpuslurm.watch.view import Snapshot, build_snapshot
 
 if TYPE_CHECKING:
@@ -45,11 +51,6 @@ class LiveView:
 
     def __init__(self, cfg: Config, source: HardwareSource, db: str | None = None,
                  clock: Callable[[], float] = time.time, scheduler: Scheduler | None = None) -> None:
-        from gpuslurm.policy.detect import Detector
-        from gpuslurm.state.store import default_path
-        from gpuslurm.watch.build import build_monitor
-        from gpuslurm.watch.monitor import open_sampler
-
         self.cfg = cfg
         self.source = source
         self.db = db or cfg.monitor.db or default_path(cfg.paths.state_dir)
@@ -95,8 +96,6 @@ class LiveView:
     def _stored(self, now: float) -> tuple[list[Violation], str, ScanProblem | None]:
         """The violations the monitor's store holds as current, where the view's came from, and
         why the store could not be read (if it could not)."""
-        from gpuslurm.state.store import Store
-
         mine = "this view's detectors"
         if not os.path.exists(self.db):
             return [], mine, None
@@ -112,9 +111,6 @@ class LiveView:
         return found, f"monitor store + {mine}", None
 
     def _faults(self) -> dict[str, list[str]]:
-        from gpuslurm.hw.health import SLOWDOWNS, read_health
-        from gpuslurm.policy.health import gate_faults
-
         try:
             health = read_health(self.node.gpus, self.source, captured=True)
         except GpuslurmError as exc:

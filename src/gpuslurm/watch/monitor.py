@@ -279,7 +279,7 @@ def open_sampler(source: HardwareSource) -> tuple[Sampler, Node]:
     naming an unknown GPU is a CaptureError here, before the first cycle.
     """
     node = source.node()
-    if source.bundle is not None:
+    if source.bundle is not None:  # each source's readers (the XML parser, or NVML) only for it
         from pathlib import Path
 
         from gpuslurm.hw.bundle import read_captured_state

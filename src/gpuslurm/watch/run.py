@@ -9,6 +9,7 @@ shares as quotas, the throttle's violations file, the epilog's comment line).
 
 from __future__ import annotations
 
+import grp
 import os
 import socket
 import threading
@@ -16,9 +17,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
+from gpuslurm.hw.health import NvmlHealthReader, read_health
+from gpuslurm.hw.kmsg import KmsgReader
+from gpuslurm.policy.detect import Detector
+from gpuslurm.state.out_of_service import OutOfServiceStore
 from gpuslurm.state.store import Store, default_path
 from gpuslurm.watch import monitor as mon
+from gpuslurm.watch.act import Actor
 from gpuslurm.watch.build import build_monitor
+from gpuslurm.watch.comments import CommentUpdater, TextFn
+from gpuslurm.watch.health import HealthReader, HealthWatch
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
@@ -26,7 +34,6 @@ if TYPE_CHECKING:
     from gpuslurm.hw.source import HardwareSource
     from gpuslurm.samples import Cycle, ScanProblem, Violation
     from gpuslurm.state.scheduler import Scheduler
-    from gpuslurm.watch.comments import CommentUpdater, TextFn
     from gpuslurm.watch.monitor import QuotaFeed
 
 Warn = Callable[[str], None]
@@ -69,8 +76,6 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
         warn(f"the store is {'readable by its group only' if mc.db_group else 'root-only'}: {change}")
     if store.moved_aside:
         warn(f"{path} was not a usable store; moved it to {store.moved_aside} and started a new one")
-    from gpuslurm.policy.detect import Detector
-
     detector = Detector(cfg.detect)
     exporter = None
     if prometheus is not None:
@@ -103,8 +108,6 @@ def _db_group(name: str) -> int | None:
     """The gid of ``[monitor] db_group``; None when it is empty (the store stays root's alone)."""
     if not name:
         return None
-    import grp
-
     try:
         return grp.getgrnam(name).gr_gid
     except KeyError:
@@ -145,8 +148,6 @@ def _comments(cfg: Config, parts: MonitorParts, store: Store, warn: Warn) -> Com
     if (why := sched.why_no_running_comments()) is not None:
         warn(why)
         return None
-    from gpuslurm.watch.comments import CommentUpdater
-
     return CommentUpdater(cfg.monitor.admin_comment_interval_s, stats=store.gpu_stats,
                           text=parts.comment_text, send=sched.set_running_comment)
 
@@ -154,8 +155,6 @@ def _comments(cfg: Config, parts: MonitorParts, store: Store, warn: Warn) -> Com
 def _actions(cfg: Config, parts: MonitorParts, node_name: str,
              warn: Warn) -> Callable[[Cycle, Sequence[Violation]], Sequence[ScanProblem]]:
     """What carries out ``[act]`` each cycle (see docs/monitor.md, "Actions")."""
-    from gpuslurm.watch.act import Actor
-
     actor = Actor(cfg, node_name, warn=warn, scheduler=parts.scheduler_for(cfg.act.timeout_s))
     if cfg.act.dry_run and (cfg.act.rogue.kill or cfg.act.idle.scancel):
         warn("[act] dry_run is on: rogue processes and idle jobs are only reported, "
@@ -168,17 +167,11 @@ def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source
     """With ``[monitor] health``: the live health check (see docs/health.md)."""
     if not cfg.monitor.health:
         return None
-    from gpuslurm.hw.health import read_health
-    from gpuslurm.state.out_of_service import OutOfServiceStore
-    from gpuslurm.watch.health import HealthReader, HealthWatch
-
     kmsg = None
     path = cfg.monitor.kmsg
     if path == "auto":
         path = "" if source.replay else "/dev/kmsg"
     if path:
-        from gpuslurm.hw.kmsg import KmsgReader
-
         reader = KmsgReader(cfg.paths.state_dir, kmsg=path)
         try:
             for why in reader.open():
@@ -196,8 +189,7 @@ def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source
     events = None
     read: HealthReader
     if not source.replay:
-        from gpuslurm.hw.health import NvmlHealthReader
-        from gpuslurm.hw.nvml_events import NvmlEvents
+        from gpuslurm.hw.nvml_events import NvmlEvents  # NVML's event set: a live node only
 
         read = NvmlHealthReader().read
         events = NvmlEvents(node.gpus)
