@@ -56,11 +56,14 @@ class Leftover:
                              user=uid, group=uid, extra_groups=[], capture_output=True, text=True,
                              check=True, timeout=10).stdout
         self.pid = int(out)
-        self.fd = os.pidfd_open(self.pid)
+        try:
+            self.fd: int | None = os.pidfd_open(self.pid)
+        except ProcessLookupError:  # a short one may be gone (and reaped) already on a loaded machine
+            self.fd = None
         self.comm = comm or Path(argv[0]).name
 
     def exited(self, timeout: float = 0.0) -> bool:
-        return bool(select.select([self.fd], [], [], timeout)[0])
+        return self.fd is None or bool(select.select([self.fd], [], [], timeout)[0])
 
     def started(self) -> Leftover:
         """Once it runs its own program (a shell's ``trap`` has then taken effect)."""
@@ -71,6 +74,8 @@ class Leftover:
         return self
 
     def stop(self) -> None:
+        if self.fd is None:
+            return
         try:
             signal.pidfd_send_signal(self.fd, signal.SIGKILL)
         except ProcessLookupError:
