@@ -127,22 +127,27 @@ def _running(pid: int) -> bool:
 MARK_VAR = "GPUSLURM_TEST_CLUSTER"  # cluster.sh starts its daemons with MARK_VAR=<state dir>
 
 
-def _slurmds(cluster: SlurmCluster) -> set[int]:
-    """This cluster's slurmd processes, whatever the pid file says: each one named slurmd whose
-    environment has cluster.sh's mark (a handover child inherits it; slurmstepd is not named so)."""
+def _marked(cluster: SlurmCluster, names: tuple[str, ...]) -> set[int]:
+    """This cluster's running processes named one of ``names``, whatever the pid files say: each
+    whose environment has cluster.sh's mark (a handover child inherits it)."""
     mark = f"{MARK_VAR}={cluster.state_dir}".encode()
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if (entry / "comm").read_text().strip() not in ("slurmd", "slurmd-wlm"):
+            if (entry / "comm").read_text().strip() not in names:
                 continue
             if mark in (entry / "environ").read_bytes().split(b"\0") and _running(int(entry.name)):
                 found.add(int(entry.name))
         except OSError:
             continue
     return found
+
+
+def _slurmds(cluster: SlurmCluster) -> set[int]:
+    """This cluster's slurmd processes (slurmstepd is not named so)."""
+    return _marked(cluster, ("slurmd", "slurmd-wlm"))
 
 
 def restart_slurmd(cluster: SlurmCluster, reconfigure: bool = True) -> None:
@@ -202,24 +207,31 @@ def _wait_slurmctld_settled(cluster: SlurmCluster) -> None:
     """After ``scontrol reconfigure``: from 23.11 slurmctld hands over to a new slurmctld process
     too ("Relinquishing control to new slurmctld process"), and between the old one's exit and the
     new one's pid file ``cluster.sh up`` sees no slurmctld but its port taken (seen on 24.11 in CI).
-    Wait until the pid file has named one running slurmctld for a whole second and it answers."""
+    Wait until one slurmctld of this cluster (found by cluster.sh's mark, not by the pid file: the
+    old process may remove the file after the new one wrote it, seen once on 24.11) has run alone
+    for a whole second and answers; then the pid file names it, as ``cluster.sh up`` asks it."""
     pidfile = cluster.state_dir / "run" / "slurmctld.pid"
     deadline = time.monotonic() + 60
-    steady: tuple[str, float] | None = None
+    steady: tuple[int, float] | None = None
     while True:
-        text = pidfile.read_text().strip() if pidfile.exists() else ""
-        if text.isdigit() and _running(int(text)):
-            if steady is None or steady[0] != text:
-                steady = (text, time.monotonic())
+        pids = _marked(cluster, ("slurmctld", "slurmctld-wlm"))
+        if len(pids) == 1:
+            (pid,) = pids
+            if steady is None or steady[0] != pid:
+                steady = (pid, time.monotonic())
             elif time.monotonic() - steady[1] >= 1:
                 ping = subprocess.run([SCONTROL, "ping"], env=cluster.env, capture_output=True,
                                       text=True, timeout=30, check=False)
                 if ping.returncode == 0 and "UP" in ping.stdout:
+                    named = pidfile.read_text().strip() if pidfile.exists() else ""
+                    if named != str(pid):
+                        pidfile.write_text(f"{pid}\n")
                     return
         else:
             steady = None
         if time.monotonic() > deadline:
-            raise TimeoutError(f"slurmctld does not settle after reconfigure\n{cluster.log_tail()}")
+            raise TimeoutError(f"slurmctld ({sorted(pids)}) does not settle after reconfigure\n"
+                               f"{cluster.log_tail()}")
         time.sleep(0.1)
 
 
