@@ -30,7 +30,10 @@ import pytest
 from prom_helpers import free_port
 
 NOBODY = 65534
-DEADLINE_S = 1.0
+# the monitor's per-connection deadline here: long enough that the attacker, opening eight at a
+# time, holds the cap (64) before the first is cut even on a loaded machine (at 1 s it peaked at
+# 46 once in CI, beside the Slurm tests)
+DEADLINE_S = 3.0
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays root (the monitor) and nobody")
 
 # Run by nobody with the system python: opens connections to PORT (at most 8 being made at once,
