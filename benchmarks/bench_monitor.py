@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from gpuslurm.config import DetectConfig
-from gpuslurm.hw.scenario import ScenarioSampler
+from gpuslurm.hw.replay.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
 from gpuslurm.policy.detect import Detector
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
@@ -121,8 +121,8 @@ def _health_check(node: object, tmp: Path) -> object:
     """The monitor's HealthWatch as ``gpuslurm monitor`` wires it, without a scheduler (a healthy
     node runs no scheduler command)."""
     from gpuslurm.config import HealthConfig
-    from gpuslurm.hw.health import read_scenario
-    from gpuslurm.hw.kmsg import KmsgReader
+    from gpuslurm.hw.live.kmsg import KmsgReader
+    from gpuslurm.hw.replay.health import read_scenario
     from gpuslurm.state.out_of_service import OutOfServiceStore
     from gpuslurm.watch.health import HealthWatch
 

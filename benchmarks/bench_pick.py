@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuslurm.hw.model import MigDevice
+from gpuslurm.hw.model.node import MigDevice
 from gpuslurm.hw.source import load_node
 from gpuslurm.place.engine import DeviceState, place
 from gpuslurm.place.request import Request

@@ -11,7 +11,7 @@ from gpuslurm.errors import CommandError
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.samples import Allocation
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.out_of_service import OutOfService

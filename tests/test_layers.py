@@ -9,9 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _contract_layers() -> list[str]:
+def _contract_layers(container: str = "gpuslurm") -> list[str]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"]
+                   if c["type"] == "layers" and c["containers"] == [container]]
     names: list[str] = []
     for layer in contract["layers"]:
         names += [part.strip().strip("()") for part in re.split(r"[|:]", layer)]
@@ -28,8 +29,14 @@ def test_the_readme_lists_the_contract_layers_in_order() -> None:
     assert _readme_layers() == _contract_layers()
 
 
-def test_every_package_and_module_is_in_a_layer() -> None:
-    src = ROOT / "src" / "gpuslurm"
+def _present(src: Path) -> set[str]:
     present = {p.name for p in src.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    present |= {p.stem for p in src.glob("*.py") if p.stem not in ("__init__", "__main__")}
-    assert present <= set(_contract_layers())
+    return present | {p.stem for p in src.glob("*.py") if p.stem not in ("__init__", "__main__")}
+
+
+def test_every_package_and_module_is_in_a_layer() -> None:
+    assert _present(ROOT / "src" / "gpuslurm") <= set(_contract_layers())
+
+
+def test_every_hw_package_and_module_is_in_an_hw_layer() -> None:
+    assert _present(ROOT / "src" / "gpuslurm" / "hw") == set(_contract_layers("gpuslurm.hw"))

@@ -48,8 +48,8 @@ def test_a_captured_hostname_with_a_newline_never_becomes_a_gres_conf_line(tmp_p
     # nvml.json is authoritative in a bundle; its hostname is printed in gres.conf's header
     import json
 
-    from gpuslurm.hw.bundle import read_bundle
-    from gpuslurm.hw.nvml_json import node_to_dict
+    from gpuslurm.hw.formats.nvml_json import node_to_dict
+    from gpuslurm.hw.replay.bundle import read_bundle
 
     src = Path(__file__).parents[1] / "src/gpuslurm/hw/builtin/l40s-4x"
     doc = node_to_dict(read_bundle(src))

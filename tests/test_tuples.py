@@ -83,7 +83,7 @@ def test_same_as_typing(fields: list[str], data: st.DataObject) -> None:
 
 def test_a_named_tuple_pickles_by_its_module_and_name() -> None:
     """Pickle finds the class as ``module.qualname``, as for typing.NamedTuple's classes."""
-    from gpuslurm.hw.model import Cpu, Gpu
+    from gpuslurm.hw.model.node import Cpu, Gpu
 
     gpu = Gpu("GPU-1", 0, 0, "00000000:01:00.0", "NVIDIA H100", 81559, cpu_affinity=(1, 2))
     for value in (gpu, Cpu(1, 2, 3), Cpu(os_id=1, core=2, socket=3, numa_node=0)):

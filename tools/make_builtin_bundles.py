@@ -22,7 +22,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from gpuslurm.hw.mig_minors import mig_minors_text
+from gpuslurm.hw.formats.mig_minors import mig_minors_text
 from gpuslurm.ranges import format_ranges
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "gpuslurm" / "hw" / "builtin"

@@ -114,7 +114,7 @@ class PathsConfig(NamedTuple):
     sendmail: str = "/usr/sbin/sendmail"  # [act] alerts by mail (run as `sendmail -t -oi`)
     scancel: str = "/usr/bin/scancel"  # [act.idle] scancel
     sacctmgr: str = "/usr/bin/sacctmgr"  # epilog.admin_comment of a finished job, in slurmdbd
-    nvml_library: str = ""  # "": libnvidia-ml.so.1 found by the dynamic loader (hw/nvml_lib.py)
+    nvml_library: str = ""  # "": libnvidia-ml.so.1 found by the dynamic loader (hw/live/nvml_lib.py)
     qstat: str = "/opt/pbs/bin/qstat"  # PBS: the jobs on this node (monitor, status)
     pbsnodes: str = "/opt/pbs/bin/pbsnodes"  # PBS: offline / clear a node with a comment
     qmgr: str = "/opt/pbs/bin/qmgr"  # PBS: hooks, max_run_res.ngpus

@@ -19,7 +19,7 @@ import pytest
 
 from gpuslurm.config import ActConfig, ActIdle, ActRogue, Config, PathsConfig
 from gpuslurm.errors import InputError
-from gpuslurm.hw.procfs import ProcIdentity, read_identity, start_time
+from gpuslurm.hw.live.procfs import ProcIdentity, read_identity, start_time
 from gpuslurm.hw.source import load_node
 from gpuslurm.samples import Allocation, Cycle, ProcSample, Violation
 from gpuslurm.watch.act import Actor

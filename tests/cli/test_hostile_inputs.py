@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuslurm.hw.nvml_json import dump_node
+from gpuslurm.hw.formats.nvml_json import dump_node
 from gpuslurm.hw.source import load_node
 
 
@@ -120,7 +120,7 @@ def test_fifo_as_health_json_is_one_line(tmp_path: Path) -> None:
     proc = gpuslurm("status", "--from", str(bundle))  # hung before: open() waited for a writer
     assert proc.returncode == 0 and "is a FIFO, not a regular file" in proc.stdout, proc.stderr
     from gpuslurm.errors import CaptureError
-    from gpuslurm.hw.health import read_scenario
+    from gpuslurm.hw.replay.health import read_scenario
 
     with pytest.raises(CaptureError, match="FIFO"):  # what the prolog and the epilog call
         read_scenario(bundle / "health.json", ["GPU-x"])

@@ -113,7 +113,7 @@ def test_apply_dry_run_prints_the_plan_with_the_configured_nvidia_smi(tmp_path: 
 
 def _real_h200_bundle(real_fixtures: Path, tmp_path: Path) -> Path:
     """The real H200 capture imported, with an lscpu.csv and the mig-minors of its GPU 0."""
-    from gpuslurm.hw.importer import import_multi_capture
+    from gpuslurm.hw.replay.importer import import_multi_capture
 
     bundle = tmp_path / "h200"
     import_multi_capture(real_fixtures / "multi" / "h200-mig__590.48.01.txt", bundle)

@@ -136,7 +136,7 @@ def test_no_cpu_list_unsets_gpuslurm_cpus_with_a_note(capsys: pytest.CaptureFixt
 @UNCONFINED
 def test_mig_without_a_cpu_list_keeps_each_ranks_block(capsys: pytest.CaptureFixture[str],
                                                       real_fixtures: Path, tmp_path: Path) -> None:
-    from gpuslurm.hw.importer import import_multi_capture
+    from gpuslurm.hw.replay.importer import import_multi_capture
 
     bundle = tmp_path / "h200"
     import_multi_capture(real_fixtures / "multi" / "h200-mig__590.48.01.txt", bundle)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from gpuslurm.demo import script
-from gpuslurm.hw.scenario import parse_scenario
+from gpuslurm.hw.formats.scenario import parse_scenario
 from gpuslurm.hw.source import load_node
 
 NODE = load_node("dgx-h100")

@@ -23,8 +23,8 @@ from gpuslurm.gres.features import (
     model_feature,
 )
 from gpuslurm.gres.render import render_node_conf
-from gpuslurm.hw.model import Link, LinkKind
-from gpuslurm.hw.nvml_json import dump_node
+from gpuslurm.hw.formats.nvml_json import dump_node
+from gpuslurm.hw.model.node import Link, LinkKind
 from gpuslurm.hw.source import bundle_path, load_node
 
 LADDER_80 = [f"gpumem_ge_{c}g" for c in (8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80)]

@@ -52,7 +52,7 @@ def test_a_capture_without_meminfo_gives_no_mem_lines_and_a_note(real_fixtures: 
     """The real H200 capture has no meminfo: `mem = 0mb` on every vnode made any `mem=` request
     unrunnable; as node-conf leaves RealMemory out, pbs-conf leaves mem out (pbs_mom's own figure
     stays on the natural vnode) and says so on stderr (the file has no comment syntax)."""
-    from gpuslurm.hw.importer import import_multi_capture
+    from gpuslurm.hw.replay.importer import import_multi_capture
 
     bundle = tmp_path / "h200"
     import_multi_capture(real_fixtures / "multi" / "h200-mig__590.48.01.txt", bundle)

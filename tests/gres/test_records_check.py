@@ -9,7 +9,7 @@ from gpuslurm.gres.check import check_gres_conf
 from gpuslurm.gres.conf_parse import parse_gres_conf
 from gpuslurm.gres.records import GresOptions, plan_gres
 from gpuslurm.gres.render import gres_summary, render_gres_conf
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import load_node
 
 

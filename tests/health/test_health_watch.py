@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from gpuslurm.config import Config, HealthConfig, XidCheck, parse_config
-from gpuslurm.hw.health import GpuHealth
-from gpuslurm.hw.kmsg import KmsgReader
+from gpuslurm.hw.live.kmsg import KmsgReader
+from gpuslurm.hw.model.health import GpuHealth
 from gpuslurm.hw.source import load_node
 from gpuslurm.samples import Reading
 from gpuslurm.state.out_of_service import RECORD_FILE, OutOfServiceStore
@@ -233,7 +233,7 @@ class Queued:
 
 
 def test_the_same_xid_from_nvml_events_and_the_kernel_log_counts_once(tmp_path: Path) -> None:
-    from gpuslurm.hw.nvml_events import XidEvent
+    from gpuslurm.hw.live.nvml_events import XidEvent
 
     _, reader = _kmsg(tmp_path, _xid(2, 79))
     store = OutOfServiceStore(str(tmp_path / "state"))
@@ -249,7 +249,7 @@ def test_the_same_xid_from_nvml_events_and_the_kernel_log_counts_once(tmp_path: 
 
 def test_a_gpu_unavailable_event_is_the_gpu_lost(tmp_path: Path) -> None:
     """R565's event for a GPU off the bus: the lost_gpu check's action, with no Xid needed."""
-    from gpuslurm.hw.nvml_events import XidEvent
+    from gpuslurm.hw.live.nvml_events import XidEvent
 
     store = OutOfServiceStore(str(tmp_path / "state"))
     sched = Recorder()

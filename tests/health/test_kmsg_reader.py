@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslurm.hw.kmsg import CURSOR_FILE, KmsgReader
-from gpuslurm.hw.kmsg_format import (
+from gpuslurm.hw.formats.kmsg_format import (
     KmsgCursor,
     KmsgRecord,
     format_cursor,
@@ -21,6 +20,7 @@ from gpuslurm.hw.kmsg_format import (
     parse_xid,
     split_records,
 )
+from gpuslurm.hw.live.kmsg import CURSOR_FILE, KmsgReader
 
 BOOT = "4c6e53f2-19c9-4d03-a3bb-3747ff60f865"
 NOBODY = 65534

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.model import Gpu
+from gpuslurm.hw.model.node import Gpu
 from gpuslurm.state.out_of_service import (
     RECORD_FILE,
     OutOfService,

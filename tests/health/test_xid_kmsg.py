@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gpuslurm.hw.kmsg_format import (
+from gpuslurm.hw.formats.kmsg_format import (
     MAX_PRI,
     XID_PREFIX,
     KmsgCursor,
@@ -19,7 +19,7 @@ from gpuslurm.hw.kmsg_format import (
     parse_xid,
     split_records,
 )
-from gpuslurm.hw.model import normalise_bus_id
+from gpuslurm.hw.model.node import normalise_bus_id
 from gpuslurm.policy import xid
 
 # As the 5xx drivers write them (format from NVIDIA's Xid documentation; bus ids of a DGX H100).

@@ -22,7 +22,7 @@ from gpuslurm.errors import InputError
 from gpuslurm.hooks import cache
 from gpuslurm.hooks.cache import hook_node, load_hook_config, placement_from_json, run_dir_hint
 from gpuslurm.hw import source
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import LIVE, HardwareSource, builtin_names, hardware_source, load_node
 
 SRC = str(Path(gpuslurm.__file__).resolve().parents[1])
@@ -205,8 +205,8 @@ def test_hooks_with_warm_caches_import_nothing_heavy(site: HookSite) -> None:
     for proc in (prolog, epilog):
         added = set(proc.stdout.split()) - baseline
         for heavy in ("click", "gpuslurm.cli.main", "dataclasses", "inspect", "pathlib", "tomllib",
-                      "subprocess", "xml.etree.ElementTree", "gpuslurm.hw.bundle",
-                      "gpuslurm.hw.nvml_json"):
+                      "subprocess", "xml.etree.ElementTree", "gpuslurm.hw.replay.bundle",
+                      "gpuslurm.hw.formats.nvml_json"):
             assert heavy not in added, heavy
     assert json.loads((site.jobs_dir.parent / "cache" / "config.json").read_text())["doc"]["hooks"] == {
         "command_timeout_s": 5}

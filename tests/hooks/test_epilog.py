@@ -26,7 +26,7 @@ from hook_helpers import HookSite, make_site
 from gpuslurm.hooks.epilog import admin_comment
 from gpuslurm.hooks.leftovers import leftover_verdict, plan_kills
 from gpuslurm.hooks.log import HookLog
-from gpuslurm.hw.health import GpuProcess
+from gpuslurm.hw.model.health import GpuProcess
 from gpuslurm.isolate.kill import Target, kill_processes
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
 from gpuslurm.state.jobmap import job_map, write_map

@@ -12,7 +12,8 @@ import pytest
 
 from gpuslurm.config import parse_config
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.health import GpuHealth, GpuProcess, parse_scenario
+from gpuslurm.hw.formats.health_json import parse_scenario
+from gpuslurm.hw.model.health import GpuHealth, GpuProcess
 from gpuslurm.policy.health import drain_reason, gate_enabled, gate_faults, gpu_label, released_faults
 
 DEFAULT = parse_config("").health
@@ -107,7 +108,7 @@ def test_bad_scenarios_name_the_problem(text: str, message: str) -> None:
 
 
 def test_hardware_throttling_is_logged_by_default() -> None:
-    from gpuslurm.hw.health import SLOWDOWNS as READER_SLOWDOWNS
+    from gpuslurm.hw.model.health import SLOWDOWNS as READER_SLOWDOWNS
     from gpuslurm.policy.health import SLOWDOWNS
 
     assert SLOWDOWNS == READER_SLOWDOWNS

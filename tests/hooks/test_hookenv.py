@@ -4,7 +4,7 @@ import pytest
 
 from gpuslurm.errors import InputError
 from gpuslurm.gres.records import GresOptions, plan_gres
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import builtin_names, load_node
 from gpuslurm.slurm.hookenv import HookEnv, gres_devices, parse_index_list, resolve_job_gpus
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "watch"))
 from watch_helpers import V2_ROOT, cgroup_unavailable, in_cgroup
 
 from gpuslurm.hooks.leftovers import plan_kills
-from gpuslurm.hw.health import GpuProcess
+from gpuslurm.hw.model.health import GpuProcess
 
 SLUID, OTHER = "s6Z5M8CB6N7P00", "sB3XM8CSC8S200"
 SCOPE = "system.slice/gpuslurmtest_slurmstepd.scope"

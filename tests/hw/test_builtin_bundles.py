@@ -1,7 +1,7 @@
 """The built-in capture bundles are internally consistent and match the public facts they claim.
 
 These checks parse the files with the standard library only, so they do not depend on the bundle
-reader; once ``gpuslurm.hw.bundle.read_bundle`` exists, the last test also loads every bundle.
+reader; once ``gpuslurm.hw.replay.bundle.read_bundle`` exists, the last test also loads every bundle.
 """
 
 from __future__ import annotations
@@ -368,10 +368,10 @@ def test_generator_reproduces_the_files_on_disk() -> None:
 
 @pytest.mark.parametrize("bundle", BUNDLES)
 def test_read_bundle_loads_each_builtin(bundle: str) -> None:
-    module = pytest.importorskip("gpuslurm.hw.bundle")
+    module = pytest.importorskip("gpuslurm.hw.replay.bundle")
     read_bundle = getattr(module, "read_bundle", None)
     if read_bundle is None:
-        pytest.skip("gpuslurm.hw.bundle has no read_bundle yet")
+        pytest.skip("gpuslurm.hw.replay.bundle has no read_bundle yet")
     node = read_bundle(BUILTIN / bundle)
     _, gpus = read_xml(bundle)
     listed = read_list(bundle)

@@ -11,10 +11,10 @@ import pytest
 
 from gpuslurm.errors import CaptureError, HardwareError
 from gpuslurm.hw import source
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.mig_minors import mig_minors_text
-from gpuslurm.hw.model import Cpu, Link, LinkKind, Node
-from gpuslurm.hw.nvml_json import dump_node
+from gpuslurm.hw.formats.mig_minors import mig_minors_text
+from gpuslurm.hw.formats.nvml_json import dump_node
+from gpuslurm.hw.model.node import Cpu, Link, LinkKind, Node
+from gpuslurm.hw.replay.bundle import read_bundle
 
 # Two sockets, 16 cores each, SMT siblings 32 apart (the usual Linux numbering).
 LSCPU_2S = "# CPU,Core,Socket,Node\n" + "".join(
@@ -241,7 +241,7 @@ def test_hardware_source(builtins: Path, tmp_path: Path, monkeypatch: pytest.Mon
     assert source.hardware_source(None).bundle == str(builtins / "dgx-h100")
     assert source.hardware_source(None, environ={}) == source.LIVE  # the hook's own environment
     assert source.hardware_source("builtin:l40s-4x").bundle == str(builtins / "l40s-4x")
-    from gpuslurm.hw import nvml_lib
+    from gpuslurm.hw.live import nvml_lib
 
     monkeypatch.setattr(nvml_lib, "_library_path", "")  # restored after the test
     assert source.hardware_source("dgx-h100", nvml_library="/opt/nvml.so").nvml_library == ""
@@ -274,13 +274,13 @@ def test_load_node_replays(builtins: Path) -> None:
 
 
 def test_load_node_without_nvml_gives_hint(builtins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("gpuslurm.hw.nvml")
+    fake = types.ModuleType("gpuslurm.hw.live.nvml")
 
     def read_node() -> Node:
         raise HardwareError("NVML library libnvidia-ml.so.1 not found")
 
     fake.read_node = read_node  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gpuslurm.hw.nvml", fake)
+    monkeypatch.setitem(sys.modules, "gpuslurm.hw.live.nvml", fake)
     with pytest.raises(HardwareError) as info:
         source.load_node(None)
     assert str(info.value) == ("NVML library libnvidia-ml.so.1 not found; no NVML here; use --from DIR "

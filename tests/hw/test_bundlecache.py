@@ -1,4 +1,4 @@
-"""hw.bundlecache: a bundle's parsed node kept in the caller's private cache, keyed by its content."""
+"""hw.replay.bundlecache: a bundle's parsed node kept in the caller's private cache, keyed by its content."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.bundlecache import CACHE_FILE, content_key, node_from_json
-from gpuslurm.hw.model import Cpu, Gpu, Link, LinkKind, MigDevice, Node
+from gpuslurm.hw.model.node import Cpu, Gpu, Link, LinkKind, MigDevice, Node
+from gpuslurm.hw.replay.bundlecache import CACHE_FILE, content_key, node_from_json
 from gpuslurm.hw.source import builtin_names, bundle_path, load_node
 
 

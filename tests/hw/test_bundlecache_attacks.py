@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster_fixture import users_site
-from gpuslurm.hw.bundlecache import CACHE_FILE
+from gpuslurm.hw.replay.bundlecache import CACHE_FILE
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays root and nobody")

@@ -16,10 +16,10 @@ import pytest
 
 from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
 from gpuslurm.errors import CaptureError, HardwareError, InputError
-from gpuslurm.hw.capture import write_capture
-from gpuslurm.hw.mig_minors import mig_minors_text
-from gpuslurm.hw.nvml import NvmlBackend
-from gpuslurm.hw.nvml_json import load_partial, read_capabilities
+from gpuslurm.hw.formats.mig_minors import mig_minors_text
+from gpuslurm.hw.formats.nvml_json import load_partial, read_capabilities
+from gpuslurm.hw.live.capture import write_capture
+from gpuslurm.hw.live.nvml import NvmlBackend
 
 LSCPU_OUT = "# CPU,Core,Socket,Node\n0,0,0,0\n1,1,0,0\n"
 

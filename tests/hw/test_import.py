@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.importer import import_multi_capture, split_sections
-from gpuslurm.hw.model import Link, LinkKind
+from gpuslurm.hw.model.node import Link, LinkKind
+from gpuslurm.hw.replay.bundle import read_bundle
+from gpuslurm.hw.replay.importer import import_multi_capture, split_sections
 
 BUNDLE_FILES = ["nvidia-smi-L.txt", "nvidia-smi-topo.txt", "nvidia-smi-q.txt"]
 

@@ -26,11 +26,11 @@ import pytest
 
 from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
 from gpuslurm.errors import HardwareError, NotSupported
-from gpuslurm.hw import nvml as nvml_module
-from gpuslurm.hw import sysfs
-from gpuslurm.hw.mig_minors import mig_minors_text
-from gpuslurm.hw.model import Cpu, Link, LinkKind
-from gpuslurm.hw.nvml import NvmlBackend, mig_profile_name
+from gpuslurm.hw.formats.mig_minors import mig_minors_text
+from gpuslurm.hw.live import nvml as nvml_module
+from gpuslurm.hw.live import sysfs
+from gpuslurm.hw.live.nvml import NvmlBackend, mig_profile_name
+from gpuslurm.hw.model.node import Cpu, Link, LinkKind
 
 
 def make_sys(root: pathlib.Path, cpus: list[dict[str, Any]], pci_numa: dict[str, int] | None = None,
@@ -100,7 +100,7 @@ def backend(gpus: list[dict[str, Any]], tmp_path: pathlib.Path, sys_root: pathli
 # -- lifecycle ------------------------------------------------------------------------------------
 
 def test_importing_the_module_neither_imports_pynvml_nor_initialises() -> None:
-    code = "import sys, gpuslurm.hw.nvml, gpuslurm.hw.capture; print('pynvml' in sys.modules)"
+    code = "import sys, gpuslurm.hw.live.nvml, gpuslurm.hw.live.capture; print('pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

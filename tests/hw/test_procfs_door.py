@@ -1,4 +1,4 @@
-"""/proc is read only through :mod:`gpuslurm.hw.procfs`: no other module in src/ names a /proc path.
+"""/proc is read only through :mod:`gpuslurm.hw.live.procfs`: no other module in src/ names a /proc path.
 
 Neither ruff's banned-api nor import-linter sees a string path, so this test reads every module's
 syntax tree for string literals (f-strings' literal parts too) that are /proc paths. Docstrings
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpuslurm"
-DOOR = Path("hw/procfs.py")
+DOOR = Path("hw/live/procfs.py")
 # Modules that may still read /proc themselves, each with its reason: none now (pick's read moved
-# to hw/procfs.owner_uid with its use case). A new /proc read goes through hw/procfs.py.
+# to hw/live/procfs.owner_uid with its use case). A new /proc read goes through hw/live/procfs.py.
 ALLOWED: set[Path] = set()
 PROC_PATH = re.compile(r"^/proc(?:/|$)")
 

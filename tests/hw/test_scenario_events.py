@@ -21,9 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.health import GpuHealth
-from gpuslurm.hw.nvml_replay import replay_dict
-from gpuslurm.hw.scenario import MAX_ECC, MAX_SECONDS, MAX_XID, health_at, parse_scenario, readings
+from gpuslurm.hw.formats.scenario import MAX_ECC, MAX_SECONDS, MAX_XID, parse_scenario
+from gpuslurm.hw.model.health import GpuHealth
+from gpuslurm.hw.replay.nvml_replay import replay_dict
+from gpuslurm.hw.replay.scenario import health_at, readings
 from gpuslurm.hw.source import load_node
 
 NODE = load_node("dgx-h100")

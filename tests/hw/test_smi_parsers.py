@@ -9,15 +9,15 @@ import re
 import pytest
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import MIG_PROFILE_RE
-from gpuslurm.hw.smi_text import merge_listing, parse_smi_list, parse_smi_query_text
-from gpuslurm.hw.smi_xml import (
+from gpuslurm.hw.formats.smi_text import merge_listing, parse_smi_list, parse_smi_query_text
+from gpuslurm.hw.formats.smi_xml import (
     SmiReport,
     is_placeholder_uuid,
     parse_smi_xml,
     synthetic_gpu_uuid,
     synthetic_mig_uuid,
 )
+from gpuslurm.hw.model.node import MIG_PROFILE_RE
 
 PLACEHOLDER_AB = "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"
 

@@ -17,10 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.bundle import read_bundle, read_captured_state
-from gpuslurm.hw.nvml_replay import replay_dict
-from gpuslurm.hw.scenario import ScenarioSampler, parse_scenario
-from gpuslurm.hw.smi_state import parse_smi_state
+from gpuslurm.hw.formats.scenario import parse_scenario
+from gpuslurm.hw.formats.smi_state import parse_smi_state
+from gpuslurm.hw.replay.bundle import read_bundle, read_captured_state
+from gpuslurm.hw.replay.nvml_replay import replay_dict
+from gpuslurm.hw.replay.scenario import ScenarioSampler
 from gpuslurm.watch.attribute import Attributor
 
 XML = "nvidia-smi-q-x"
@@ -143,7 +144,7 @@ def test_any_field_text_is_a_bounded_value_or_a_capture_error(tmp_path_factory: 
                                                               pid: str, name: str) -> None:
     from xml.sax.saxutils import escape
 
-    from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.hw.model.node import Gpu, Node
 
     node = Node("n", (Gpu("GPU-a", 0, 0, "00000000:81:00.0", "X", 24564),))
     text = GPU_XML.format(**{k: escape("".join(c for c in v if c.isprintable()))

@@ -7,10 +7,10 @@ import re
 import pytest
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.lscpu import parse_lscpu
-from gpuslurm.hw.mig_minors import mig_minors_text, parse_mig_minors
-from gpuslurm.hw.model import Cpu, Link, LinkKind
-from gpuslurm.hw.topo_text import parse_cpu_list, parse_topo
+from gpuslurm.hw.formats.lscpu import parse_lscpu
+from gpuslurm.hw.formats.mig_minors import mig_minors_text, parse_mig_minors
+from gpuslurm.hw.formats.topo_text import parse_cpu_list, parse_topo
+from gpuslurm.hw.model.node import Cpu, Link, LinkKind
 
 LEGEND = """
 Legend:

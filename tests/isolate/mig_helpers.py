@@ -7,8 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.nvml_json import dump_node
+from gpuslurm.hw.formats.nvml_json import dump_node
+from gpuslurm.hw.replay.bundle import read_bundle
 from gpuslurm.hw.source import BUILTIN_DIR
 
 FAKE_SMI = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-smi"

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from gpuslurm.hw.procfs import ProcessProblem, read_identity
+from gpuslurm.hw.live.procfs import ProcessProblem, read_identity
 from gpuslurm.isolate.kill import Target, kill_processes, send_signal
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a process as another user: needs root")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.model import Gpu, MigDevice, Node
+from gpuslurm.hw.model.node import Gpu, MigDevice, Node
 from gpuslurm.hw.source import load_node
 from gpuslurm.isolate.mig import (
     diff_lines,

@@ -17,10 +17,11 @@ from typing import Any, Protocol
 
 import pytest
 
-from gpuslurm.hw.bundle import read_bundle, read_captured_state
-from gpuslurm.hw.health import read_scenario
-from gpuslurm.hw.nvml_replay import dump_replay
-from gpuslurm.hw.scenario import parse_scenario, scenario_path
+from gpuslurm.hw.formats.scenario import parse_scenario
+from gpuslurm.hw.replay.bundle import read_bundle, read_captured_state
+from gpuslurm.hw.replay.health import read_scenario
+from gpuslurm.hw.replay.nvml_replay import dump_replay
+from gpuslurm.hw.replay.scenario import scenario_path
 from scheduler_stand_in import no_jobs_config
 
 HERE = Path(__file__).parent

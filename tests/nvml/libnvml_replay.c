@@ -1,4 +1,4 @@
-/* A test libnvidia-ml.so.1 that serves gpuslurm's nvml.json (src/gpuslurm/hw/nvml_replay.py)
+/* A test libnvidia-ml.so.1 that serves gpuslurm's nvml.json (src/gpuslurm/hw/replay/nvml_replay.py)
  * through NVIDIA's own nvml.h ABI. Input is hostile: every field is validated at nvmlInit; a
  * file it cannot serve makes nvmlInit fail and says why in GPUSLURM_NVML_REPLAY_LOG. */
 #include <nvml.h>
@@ -63,7 +63,7 @@ static int gpu_count, init_count;
 static char driver[80];
 static int cuda_version, driver_major, driver_minor, privileged;
 
-/* What changes with time: one state per scenario step (hw/scenario.py's readings, computed by
+/* What changes with time: one state per scenario step (hw/replay/scenario.py's readings, computed by
  * nvml_replay.py), the one in force chosen by the clock plus GPUSLURM_NVML_REPLAY_CLOCK seconds. */
 #define MAX_STEPS 4096
 #define SLOTS (1 + MAX_MIG) /* per GPU: the GPU itself, then its MIG devices */
@@ -514,7 +514,7 @@ static int load(void) {
         cuda_version = major * 1000 + minor * 10;
     }
     replay = cJSON_GetObjectItem(root, "replay");
-    if (!cJSON_IsObject(replay)) { say("%s: no \"replay\" section (write it with gpuslurm.hw.nvml_replay)", path); goto out; }
+    if (!cJSON_IsObject(replay)) { say("%s: no \"replay\" section (write it with gpuslurm.hw.replay.nvml_replay)", path); goto out; }
     driver_major = driver_minor = 0;
     if (driver[0] && sscanf(driver, "%d.%d", &driver_major, &driver_minor) != 2) {
         say("driver_version %.40s is not <major>.<minor>", driver); goto out;

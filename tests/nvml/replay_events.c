@@ -1,6 +1,6 @@
 /* NVML events for the replay library (included at the end of libnvml_replay.c, whose state and
  * helpers it uses): the scenario's timed events (nvml.json's replay.steps[].events, written by
- * gpuslurm.hw.nvml_replay) delivered through nvmlEventSetCreate / nvmlDeviceRegisterEvents /
+ * gpuslurm.hw.replay.nvml_replay) delivered through nvmlEventSetCreate / nvmlDeviceRegisterEvents /
  * nvmlEventSetWait_v2 (and the pre-R450 nvmlEventSetWait) / nvmlEventSetFree.
  *
  * An event is delivered once per event set, at its scenario time (the clock shifted by

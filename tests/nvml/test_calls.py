@@ -27,7 +27,7 @@ def _run(node: LiveNode, code: str) -> Any:
 
 LIFECYCLE = """
 import json
-from gpuslurm.hw.nvml import NvmlBackend
+from gpuslurm.hw.live.nvml import NvmlBackend
 def n(name):
     return len(called(name))
 b = NvmlBackend()
@@ -53,7 +53,7 @@ def test_init_is_lazy_and_happens_once(live_node: MakeLiveNode) -> None:
 FAILED_INIT = """
 import json
 from gpuslurm.errors import HardwareError
-from gpuslurm.hw.nvml import NvmlBackend
+from gpuslurm.hw.live.nvml import NvmlBackend
 try:
     NvmlBackend().read_node("n1")
 except HardwareError as exc:
@@ -74,8 +74,8 @@ def test_nothing_is_asked_of_a_library_that_did_not_start(live_node: MakeLiveNod
 
 READ = """
 import json
-from gpuslurm.hw.nvml import NvmlBackend
-from gpuslurm.hw.nvml_json import node_to_dict
+from gpuslurm.hw.live.nvml import NvmlBackend
+from gpuslurm.hw.formats.nvml_json import node_to_dict
 b = NvmlBackend()
 node = b.read_node("n1")
 calls = list(CALLS)
@@ -129,7 +129,7 @@ def test_old_driver_finds_the_switch_by_its_shared_remote(live_node: MakeLiveNod
 FULL_AND_LIGHT = """
 import json
 from pathlib import Path
-from gpuslurm.hw.nvml import NvmlBackend
+from gpuslurm.hw.live.nvml import NvmlBackend
 proc = Path(PROC)
 out = {}
 for name, links in (("full", True), ("light", False)):
@@ -202,7 +202,7 @@ def test_load_node_passes_links_false_to_nvml(live_node: MakeLiveNode) -> None:
 
 SAMPLER = """
 import json, time
-from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 s = NvmlSampler()
 def stamps(since):
     # the first call per GPU of a pass (a second one fetches the samples the first one counted)

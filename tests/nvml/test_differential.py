@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from tests.nvml.conftest import LiveNode, MakeLiveNode, _unavailable
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 BUILTIN = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin"
 REAL = Path(__file__).parents[3] / "shared" / "fixtures" / "real"
@@ -107,8 +107,8 @@ def _params() -> list[Any]:
 
 NODE_DUMP = """
 import json
-from gpuslurm.hw.nvml import NvmlBackend
-from gpuslurm.hw.nvml_json import node_to_dict
+from gpuslurm.hw.live.nvml import NvmlBackend
+from gpuslurm.hw.formats.nvml_json import node_to_dict
 print(json.dumps(node_to_dict(NvmlBackend().read_node())))
 """
 
@@ -130,7 +130,7 @@ def test_backend_reads_the_bundle(bundle: Path, live_node: MakeLiveNode, tmp_pat
     done = run_as_bundle_host(node, tmp_path / "host", code=NODE_DUMP)
     assert done.returncode == 0, done.stderr
     live = json.loads(done.stdout)
-    from gpuslurm.hw.nvml_json import node_to_dict
+    from gpuslurm.hw.formats.nvml_json import node_to_dict
     ref = node_to_dict(read_bundle(bundle))
     for key in ("gpus", "links", "cpus", "driver_version", "cuda_version"):
         assert live[key] == ref[key], key

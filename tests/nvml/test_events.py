@@ -1,6 +1,6 @@
 """NVML events through the real pynvml and the replay library: a scenario's timed faults (an Xid,
 an ECC count rising, a GPU falling off the bus) delivered once each, at their scenario time, to
-whoever registered before; and gpuslurm's event thread (hw/nvml_events.py) reading them.
+whoever registered before; and gpuslurm's event thread (hw/live/nvml_events.py) reading them.
 
 Registration happens at the replay clock's present; the test then moves the library's clock past
 the events (``GPUSLURM_NVML_REPLAY_CLOCK``, which the library reads on every call: the process sets
@@ -17,7 +17,7 @@ from typing import Any
 
 from tests.nvml.conftest import LiveNode, MakeLiveNode
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 BUILTIN = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin"
 AHEAD = 1000  # seconds from now to the timed events; the clock is moved past them after registering
@@ -58,8 +58,8 @@ print(json.dumps({"supported": supported, "got": got}))
 THREAD = """
 import json, os, time
 from pathlib import Path
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.nvml_events import NvmlEvents
+from gpuslurm.hw.replay.bundle import read_bundle
+from gpuslurm.hw.live.nvml_events import NvmlEvents
 ev = NvmlEvents(read_bundle(Path(BUNDLE)).gpus, wait_ms=100)
 why = ev.start()
 os.environ["GPUSLURM_NVML_REPLAY_CLOCK"] = "JUMP"

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from tests.nvml.conftest import MakeLiveNode
 
-from gpuslurm.hw.bundle import read_bundle, read_captured_state
-from gpuslurm.hw.health import read_scenario
+from gpuslurm.hw.replay.bundle import read_bundle, read_captured_state
+from gpuslurm.hw.replay.health import read_scenario
 
 BUILTIN = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin"
 FACTS: list[dict[str, Any]] = [
@@ -28,8 +28,8 @@ FACTS: list[dict[str, Any]] = [
 ]
 READ = """
 import json, sys
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.health import NvmlHealthReader
+from gpuslurm.hw.replay.bundle import read_bundle
+from gpuslurm.hw.live.nvml_health import NvmlHealthReader
 from pathlib import Path
 h = NvmlHealthReader().read(read_bundle(Path(sys.argv[1])).gpus)
 print(json.dumps({u: g._asdict() for u, g in h.items()}))
@@ -87,7 +87,7 @@ def test_status_shows_the_same_faults(live_node: MakeLiveNode, tmp_path: Path) -
 
 MEMORY = """
 import json, pynvml as n
-from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)
 v1 = n.nvmlDeviceGetMemoryInfo(h)
@@ -114,8 +114,8 @@ def test_memory_before_r510_is_v1(live_node: MakeLiveNode) -> None:
 
 LOST_READ = """
 import json
-from gpuslurm.hw.nvml import NvmlBackend
-from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml import NvmlBackend
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 node = NvmlBackend().read_node("n")
 r = NvmlSampler().read()
 print(json.dumps({"gpus": [g.index for g in node.gpus], "warnings": list(node.warnings),

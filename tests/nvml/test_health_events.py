@@ -17,7 +17,7 @@ from typing import Any
 from tests.nvml.conftest import LiveNode, MakeLiveNode
 from tests.nvml.test_events import BUILTIN, scenario_copy
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 from gpuslurm.state.out_of_service import OutOfServiceStore
 
 DGX = BUILTIN / "dgx-h100"

@@ -15,7 +15,7 @@ from typing import Any
 
 from tests.nvml.conftest import MakeLiveNode
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 BUILTIN = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin"
 FACTS: list[dict[str, Any]] = [
@@ -27,8 +27,8 @@ READ = """
 import json
 from pathlib import Path
 from gpuslurm.config import parse_config
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.health import NvmlHealthReader
+from gpuslurm.hw.replay.bundle import read_bundle
+from gpuslurm.hw.live.nvml_health import NvmlHealthReader
 from gpuslurm.policy.health import gate_faults
 gpus = read_bundle(Path(BUNDLE)).gpus
 model = [g for g in gpus[:3]] if not WRONG else [gpus[7]._replace(index=1, minor=1, bus_id=gpus[1].bus_id)]

@@ -15,7 +15,7 @@ import pytest
 from tests.nvml.conftest import MakeLiveNode
 from tests.nvml.test_differential import NODE_DUMP, REAL_BUNDLES
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 A100 = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "a100-mig"
 MIG_BUNDLES = [pytest.param(A100, id="a100-mig")] + [
@@ -110,7 +110,7 @@ def test_a_user_gets_the_plain_name_when_two_profiles_fit(live_node: MakeLiveNod
 
 CC = """
 import json
-from gpuslurm.hw.nvml import compute_capabilities
+from gpuslurm.hw.live.nvml import compute_capabilities
 print(json.dumps(compute_capabilities()))
 """
 

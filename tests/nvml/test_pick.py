@@ -38,7 +38,7 @@ def test_pick_live_chooses_as_replayed(name: str, args: list[str], live_node: Ma
 
 CAPABILITIES = """
 import json
-from gpuslurm.hw.nvml import compute_capabilities
+from gpuslurm.hw.live.nvml import compute_capabilities
 print(json.dumps(compute_capabilities()))
 """
 

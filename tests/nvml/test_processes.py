@@ -16,19 +16,19 @@ from pathlib import Path
 import pytest
 from tests.nvml.conftest import MakeLiveNode
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 L40S = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x"
 SAMPLE = """
 import json
-from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 r = NvmlSampler().read()
 print(json.dumps(sorted([p.gpu_uuid, p.pid, p.mem_mib] for p in r.processes)))
 """
 HEALTH = """
 import json
-from gpuslurm.hw.health import NvmlHealthReader
-from gpuslurm.hw.nvml import read_node
+from gpuslurm.hw.live.nvml_health import NvmlHealthReader
+from gpuslurm.hw.live.nvml import read_node
 h = NvmlHealthReader().read(read_node(links=False).gpus)
 print(json.dumps(sorted([u, p.pid, p.used_mib] for u, g in h.items() for p in g.processes or ())))
 """
@@ -77,10 +77,10 @@ def test_pynvml_itself_misreads_the_r535_layout(live_node: MakeLiveNode) -> None
 
 WRONG_LAYOUT = """
 import json
-from gpuslurm.hw import nvml_lib
+from gpuslurm.hw.live import nvml_lib
 # the deliberate mistake: always nvidia-ml-py's 24-byte struct behind _v3
 nvml_lib.NvmlLibrary._processes_abi = lambda self: ("_v3", nvml_lib._ProcessInfo)
-from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 r = NvmlSampler().read()
 print(json.dumps(sorted([p.gpu_uuid, p.pid, p.mem_mib] for p in r.processes)))
 """
@@ -102,7 +102,7 @@ def test_pynvml_itself_finds_no_v3_on_535_98(live_node: MakeLiveNode) -> None:
                         "except Exception as e:\n print(type(e).__name__, isinstance(e, n.NVMLError))\n")
     assert probe.strip() == "NVMLLibraryMismatchError False"
     probe = node.python("from gpuslurm.errors import NotSupported\n"
-                        "from gpuslurm.hw.nvml_lib import NvmlLibrary\n"
+                        "from gpuslurm.hw.live.nvml_lib import NvmlLibrary\n"
                         "lib = NvmlLibrary()\nh = lib.call('nvmlDeviceGetHandleByIndex', 0)\ntry:\n"
                         " lib.call('nvmlDeviceGetComputeRunningProcesses', h)\nexcept NotSupported as e:\n"
                         " print('not supported')\n")

@@ -30,8 +30,8 @@ import pytest
 from tests.nvml.conftest import LiveNode, MakeLiveNode
 from tests.nvml.test_differential import NODE_DUMP, run_as_bundle_host
 
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.nvml_json import node_to_dict
+from gpuslurm.hw.formats.nvml_json import node_to_dict
+from gpuslurm.hw.replay.bundle import read_bundle
 
 BUILTIN = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin"
 R545 = "545.29.06"
@@ -80,10 +80,10 @@ def test_entry_points_by_driver(driver: str, v3: bool, details: bool, live_node:
 
 GPUSLURM_PROCS = """
 import json
-from gpuslurm.hw import nvml_lib
-from gpuslurm.hw.nvml_sampler import NvmlSampler
-from gpuslurm.hw.health import NvmlHealthReader
-from gpuslurm.hw.nvml import read_node
+from gpuslurm.hw.live import nvml_lib
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml_health import NvmlHealthReader
+from gpuslurm.hw.live.nvml import read_node
 lib = nvml_lib.NvmlLibrary()
 suffix, entry = lib._processes_abi()
 r = NvmlSampler().read()
@@ -112,10 +112,10 @@ def test_gpuslurm_reads_each_layout(driver: str, abi: list[str], live_node: Make
 
 WRONG_LAYOUT = """
 import json
-from gpuslurm.hw import nvml_lib
+from gpuslurm.hw.live import nvml_lib
 # the deliberate mistake: R545 read as early R535 (32-byte entries behind _v3)
 nvml_lib.NvmlLibrary._processes_abi = lambda self: ("_v3", nvml_lib._ProcessInfoR535)
-from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 print(json.dumps(sorted([p.gpu_uuid, p.pid, p.mem_mib] for p in NvmlSampler().read().processes)))
 """
 

@@ -10,7 +10,7 @@ import pytest
 from tests.nvml.conftest import LiveNode, MakeLiveNode
 from tests.nvml.test_differential import NODE_DUMP
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 DGX = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "dgx-h100"
 
@@ -86,7 +86,7 @@ def test_capture_round_trip(live_node: MakeLiveNode, tmp_path: Path) -> None:
         pytest.skip(f"capture needs nvidia-smi on this machine: {done.stderr.strip()[:200]}")
     live = json.loads(node.python(NODE_DUMP))
     back = read_bundle(out)
-    from gpuslurm.hw.nvml_json import node_to_dict
+    from gpuslurm.hw.formats.nvml_json import node_to_dict
     again = node_to_dict(back)
     assert again["gpus"] == live["gpus"]
     assert again["links"] == live["links"]

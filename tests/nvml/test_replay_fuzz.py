@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.nvml.conftest import LiveNode, MakeLiveNode, scenario_bundle
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 A100 = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "a100-mig"
 READ_ALL = """
 from gpuslurm.errors import GpuslurmError
-from gpuslurm.hw.health import NvmlHealthReader
-from gpuslurm.hw.nvml import NvmlBackend
-from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml_health import NvmlHealthReader
+from gpuslurm.hw.live.nvml import NvmlBackend
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 try:
     node = NvmlBackend().read_node("n")
     NvmlSampler().read()

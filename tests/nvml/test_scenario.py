@@ -14,7 +14,7 @@ from typing import Any
 
 from tests.nvml.conftest import LATER, LiveNode, MakeLiveNode, scenario_bundle
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 L40S = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x"
 A100 = L40S.parent / "a100-mig"

@@ -25,9 +25,9 @@ import pytest
 from tests.nvml.conftest import ReplayLib, driver_lacks
 
 from cluster_fixture import install_hooks
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.health import read_scenario
-from gpuslurm.hw.nvml_replay import dump_replay
+from gpuslurm.hw.replay.bundle import read_bundle
+from gpuslurm.hw.replay.health import read_scenario
+from gpuslurm.hw.replay.nvml_replay import dump_replay
 from slurm_helpers import NodeControl, conf_with, hook_lines, hooks_paths, hooks_root, short_hostname
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.nvml.conftest import LiveNode, MakeLiveNode, exported_symbols
 from tests.nvml.test_differential import NODE_DUMP
 
-from gpuslurm.hw.bundle import read_bundle
+from gpuslurm.hw.replay.bundle import read_bundle
 
 L40S = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x"
 

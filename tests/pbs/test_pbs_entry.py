@@ -78,7 +78,7 @@ def test_startup_without_meminfo_publishes_no_mem(tmp_path: Path, monkeypatch: p
                                                   real_fixtures: Path) -> None:
     # the real H200 capture has no meminfo: every vnode got mem = 0mb, which no job asking for
     # memory (select=1:ncpus=1:nmigs=1:mem=100mb) could ever fit
-    from gpuslurm.hw.importer import import_multi_capture
+    from gpuslurm.hw.replay.importer import import_multi_capture
 
     site = Site(tmp_path, "dgx-h100", monkeypatch)
     shutil.rmtree(site.bundle)

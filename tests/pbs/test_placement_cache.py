@@ -21,7 +21,7 @@ import pytest
 from cluster_fixture import users_site
 from gpuslurm.hooks import cache
 from gpuslurm.hooks.cache import PLACEMENT_FILE
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import hardware_source, load_node
 from gpuslurm.pbs.entry import CODE
 
@@ -197,7 +197,7 @@ def test_a_warm_begin_process_loads_nothing_heavy(site: Path) -> None:
     _, enabled, *modules = line.split()
     assert enabled == "False"
     for heavy in ("typing", "dataclasses", "inspect", "contextlib", "pathlib", "tomllib", "subprocess",
-                  "xml", "math", "gpuslurm.hw.nvml_json", "gpuslurm.hw.bundle", "gpuslurm.names",
+                  "xml", "math", "gpuslurm.hw.formats.nvml_json", "gpuslurm.hw.replay.bundle", "gpuslurm.names",
                   "gpuslurm.cli.main"):
         assert heavy not in modules, heavy
     assert "gpuslurm.place.engine" in modules  # it did choose, with the engine

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpuslurm.hw.model import Cpu, Gpu, Link, Node, link_from_text
+from gpuslurm.hw.model.node import Cpu, Gpu, Link, Node, link_from_text
 
 DATA = Path(__file__).parent / "data"
 
@@ -55,7 +55,7 @@ BUNDLES = {"nvl-pairs-4x": NVL_PAIRS, "pcie-tree-8x": PCIE_TREE}
 
 
 def bundle_text(node: Node) -> str:
-    from gpuslurm.hw.nvml_json import dump_node
+    from gpuslurm.hw.formats.nvml_json import dump_node
 
     return dump_node(node)
 

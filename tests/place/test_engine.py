@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from place_nodes import BUNDLES, DATA, NVL_PAIRS, PCIE_TREE, bundle_text, make_node
 
-from gpuslurm.hw.model import Gpu, Link, LinkKind, MigDevice, Node
+from gpuslurm.hw.model.node import Gpu, Link, LinkKind, MigDevice, Node
 from gpuslurm.hw.source import load_node
 from gpuslurm.place.engine import Device, DeviceState, Placement, devices_of, place
 from gpuslurm.place.explain import explain_lines, local_cpus

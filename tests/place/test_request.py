@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuslurm.hw.capability import model_cc
+from gpuslurm.hw.model.capability import model_cc
 from gpuslurm.place.request import parse_cc, parse_percent, parse_size_mib
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from props_hostile import PIECES, mutated, one_line
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.nvml_json import dump_node, load_partial
+from gpuslurm.hw.formats.nvml_json import dump_node, load_partial
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 
 DOCUMENTED = {0, 1, 2, 3, 4}  # README: ok, check mismatch, bad input, hardware, external command

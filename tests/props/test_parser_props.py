@@ -17,13 +17,14 @@ from props_hostile import PIECES, mutated, one_line
 from gpuslurm.config import parse_config
 from gpuslurm.errors import InputError
 from gpuslurm.gres.conf_parse import parse_gres_conf
-from gpuslurm.hw import health, scenario
-from gpuslurm.hw.lscpu import parse_lscpu
-from gpuslurm.hw.mig_minors import parse_mig_minors
-from gpuslurm.hw.smi_text import parse_smi_list, parse_smi_query_text
-from gpuslurm.hw.smi_xml import parse_smi_xml
+from gpuslurm.hw.formats import health_json as health
+from gpuslurm.hw.formats import scenario
+from gpuslurm.hw.formats.lscpu import parse_lscpu
+from gpuslurm.hw.formats.mig_minors import parse_mig_minors
+from gpuslurm.hw.formats.smi_text import parse_smi_list, parse_smi_query_text
+from gpuslurm.hw.formats.smi_xml import parse_smi_xml
+from gpuslurm.hw.formats.topo_text import parse_cpu_list, parse_topo
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
-from gpuslurm.hw.topo_text import parse_cpu_list, parse_topo
 from gpuslurm.isolate.mig import parse_layout
 from gpuslurm.ranges import MAX_CPUS, MAX_GPUS, format_ranges, parse_ranges, range_bounds
 from gpuslurm.topo.hostlist import expand_hostlist

@@ -13,7 +13,7 @@ import pytest
 from gpuslurm.errors import CommandError
 from gpuslurm.gres.records import GresOptions, GresPlan, plan_gres
 from gpuslurm.gres.render import render_node_conf, render_plan
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import load_node
 from gpuslurm.topo.cores import format_ranges
 from slurm_harness import make_devices, slurmd_parse, write_slurm_conf

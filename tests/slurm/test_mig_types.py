@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from gpuslurm.cli.main import cli
 from gpuslurm.errors import CaptureError, InputError
 from gpuslurm.gres.records import GresOptions, plan_gres
-from gpuslurm.hw.bundle import read_bundle
-from gpuslurm.hw.importer import import_multi_capture
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
+from gpuslurm.hw.replay.bundle import read_bundle
+from gpuslurm.hw.replay.importer import import_multi_capture
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.mig_types import (
     SlurmVersion,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslurm.hw.model import Cpu
+from gpuslurm.hw.model.node import Cpu
 from gpuslurm.ranges import MAX_CPUS, parse_ranges
 from gpuslurm.topo.cores import LayoutError, core_map, format_ranges
 

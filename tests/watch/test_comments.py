@@ -17,7 +17,7 @@ import pytest
 
 from gpuslurm.errors import CommandError, GpuslurmError, InputError
 from gpuslurm.hooks.epilog import admin_comment
-from gpuslurm.hw.scenario import ScenarioSampler
+from gpuslurm.hw.replay.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
 from gpuslurm.samples import Allocation
 from gpuslurm.slurm.scontrol import refused_as_finished, set_admin_comment

@@ -18,7 +18,7 @@ import pytest
 from watch_helpers import sleeper, stop
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.scenario import ScenarioSampler
+from gpuslurm.hw.replay.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
 from gpuslurm.samples import Cycle, Violation
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map

@@ -16,7 +16,7 @@ from watch_helpers import sleeper, stop
 
 from gpuslurm.config import parse_config
 from gpuslurm.errors import CommandError
-from gpuslurm.hw.scenario import ScenarioSampler
+from gpuslurm.hw.replay.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
 from gpuslurm.policy.detect import Detector
 from gpuslurm.slurm.sshare import ShareCache

@@ -14,7 +14,7 @@ from typing import Any
 
 from fakes import fake_pynvml as fp
 from fakes.fake_pynvml import SamplingNvml
-from gpuslurm.hw.nvml_sampler import NvmlSampler
+from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 from gpuslurm.samples import GpuSample, ProcessReading
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import hardware_source, load_node
 from gpuslurm.place.request import Request
 from gpuslurm.watch.pick import Wait, pick_for_job

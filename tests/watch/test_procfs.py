@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from watch_helpers import sleeper, stop
 
-from gpuslurm.hw import procfs
-from gpuslurm.hw.procfs import ProcessFacts, ProcessProblem, parse_stat, read_identity, read_process
+from gpuslurm.hw.live import procfs
+from gpuslurm.hw.live.procfs import ProcessFacts, ProcessProblem, parse_stat, read_identity, read_process
 
 
 def test_parse_stat_takes_the_name_up_to_the_last_parenthesis() -> None:
@@ -132,7 +132,7 @@ def test_an_entry_the_reader_may_not_read_is_unreadable(tmp_path: Path) -> None:
 def test_status_parser_reads_real_files_and_bounds_the_rest() -> None:
     """The one /proc/PID/status parser (monitor, kills, MPS stop): live files of this process
     and of init, a zombie's state, and hostile text never anything but ValueError/IndexError."""
-    from gpuslurm.hw.procfs import ProcStatus, parse_status, read_status
+    from gpuslurm.hw.live.procfs import ProcStatus, parse_status, read_status
 
     me = read_status(os.getpid())
     assert isinstance(me, ProcStatus) and me.uid == os.getuid() and me.ppid == os.getppid() and me.alive
@@ -153,7 +153,7 @@ def test_status_parser_reads_real_files_and_bounds_the_rest() -> None:
 
 @given(st.binary(max_size=200))
 def test_status_parser_is_total(data: bytes) -> None:
-    from gpuslurm.hw.procfs import parse_status
+    from gpuslurm.hw.live.procfs import parse_status
 
     try:
         parse_status(data)
@@ -165,7 +165,7 @@ def test_uids_of_a_live_process_and_of_a_name_that_tries_to_forge_them() -> None
     """PBS's execjob_attach lets only the job's user's process in, all four uids checked: read
     through the door, and a process cannot name itself into another Uid line (the kernel escapes
     a newline in ``Name:``)."""
-    from gpuslurm.hw.procfs import parse_uids, read_uids
+    from gpuslurm.hw.live.procfs import parse_uids, read_uids
 
     me = os.getuid()
     assert read_uids(os.getpid()) == (me, os.geteuid(), me, me)
@@ -190,7 +190,7 @@ def test_uids_of_a_live_process_and_of_a_name_that_tries_to_forge_them() -> None
 @given(st.binary(max_size=200))
 def test_uid_parser_is_total(data: bytes) -> None:
     """Any text: four uids of the Uid line at a line start, or ValueError."""
-    from gpuslurm.hw.procfs import parse_uids
+    from gpuslurm.hw.live.procfs import parse_uids
 
     try:
         uids = parse_uids(data)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.scenario import ScenarioSampler, parse_scenario, scenario_path
+from gpuslurm.hw.formats.scenario import parse_scenario
+from gpuslurm.hw.replay.scenario import ScenarioSampler, scenario_path
 from gpuslurm.hw.source import load_node
 
 NODE = load_node("dgx-h100")
@@ -58,7 +59,7 @@ def test_a_mig_device_can_carry_a_process() -> None:
     mig = gpu.mig_devices[0].uuid
     assert mig is not None
     sc = parse_scenario(json.dumps({"procs": [{"pid": 5, "gpu": mig, "mem_mib": 700}]}), "s.json", MIG_NODE)
-    from gpuslurm.hw.scenario import readings
+    from gpuslurm.hw.replay.scenario import readings
 
     r = readings(MIG_NODE, sc.steps[0])
     assert [(p.gpu_uuid, p.mig_uuid) for p in r.processes] == [(gpu.uuid, mig)]

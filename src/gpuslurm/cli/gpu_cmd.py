@@ -35,7 +35,7 @@ from gpuslurm.state.out_of_service import (
 )
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.state.scheduler import Scheduler
 
 

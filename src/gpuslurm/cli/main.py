@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
 
     from gpuslurm.gres.records import GresOptions
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -330,14 +330,14 @@ def capture(args: tuple[str, ...], force: bool) -> None:
     if args[0] == "import":
         if len(args) != 3:
             raise click.UsageError("usage: gpuslurm capture import FILE DIR")
-        from gpuslurm.hw.importer import import_multi_capture
+        from gpuslurm.hw.replay.importer import import_multi_capture
 
         written = import_multi_capture(Path(args[1]), Path(args[2]))
         click.echo(f"{args[2]}: wrote {', '.join(written)}")
         return
     if len(args) != 1:
         raise click.UsageError("usage: gpuslurm capture DIR")
-    from gpuslurm.hw.capture import write_capture
+    from gpuslurm.hw.live.capture import write_capture
 
     written = write_capture(Path(args[0]), force=force)
     click.echo(f"{args[0]}: wrote {', '.join(written)}")

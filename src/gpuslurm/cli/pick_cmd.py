@@ -26,7 +26,7 @@ from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: see gpusl
 if TYPE_CHECKING:
     from typing import Any, NoReturn, TextIO, TypeVar
 
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.place.engine import Placement
     from gpuslurm.place.request import Request
 
@@ -141,7 +141,7 @@ def parse_args(argv: Sequence[str]) -> PickArgs:
 
 def build_request(args: PickArgs) -> Request:
     """The engine's request from the options; each bad value is an InputError naming its option."""
-    from gpuslurm.hw.model import MIG_PROFILE_RE
+    from gpuslurm.hw.model.node import MIG_PROFILE_RE
     from gpuslurm.place.request import Request, parse_cc, parse_percent, parse_size_mib
 
     def parsed(option: str, fn: Callable[[str], _T], text: str | None) -> _T | None:

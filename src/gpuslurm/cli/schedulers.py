@@ -10,7 +10,7 @@ from gpuslurm.tuples import TYPE_CHECKING  # not typing's: pick imports this mod
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.state.scheduler import Scheduler
 
 

@@ -6,7 +6,7 @@ import json
 from typing import IO, Any
 
 from gpuslurm.gres.records import node_core_map
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.jsondoc import document
 from gpuslurm.topo.cores import CoreMap, format_ranges
 

@@ -27,7 +27,7 @@ from typing import NamedTuple, TextIO
 from gpuslurm.config import DetectConfig, ShareDetect
 from gpuslurm.demo import script
 from gpuslurm.errors import InputError
-from gpuslurm.hw.scenario import ScenarioSampler
+from gpuslurm.hw.replay.scenario import ScenarioSampler
 from gpuslurm.hw.source import hardware_source
 from gpuslurm.policy.detect import Detector
 from gpuslurm.policy.share import Quotas

@@ -13,7 +13,7 @@ nor ``l4``; typed GRES, ``--gres=gpu:nvidia_h100_80gb_hbm3:1``, picks among its 
   ``gpumem_48g``), the smallest GPU's class on a mixed node; and ``gpumem_ge_<X>g`` for every
   class X up to C, so "at least 40 GiB" is the one feature ``gpumem_ge_40g``;
 - the compute capability ``cc_<major>.<minor>`` (NVML's where the caller has it, else the model
-  table of :mod:`gpuslurm.hw.capability`; none when unknown or mixed);
+  table of :mod:`gpuslurm.hw.model.capability`; none when unknown or mixed);
 - ``nvlink`` when some pair of GPUs is linked by NVLink, ``nvswitch`` when every pair of five or
   more GPUs is, with the same link count (a mesh that size needs a switch), from the link matrix;
 - ``mig`` when every GPU has MIG mode enabled.
@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from gpuslurm.hw.capability import model_cc
-from gpuslurm.hw.model import LinkKind, Node
+from gpuslurm.hw.model.capability import model_cc
+from gpuslurm.hw.model.node import LinkKind, Node
 
 # Marketed GPU memory sizes in GB; a GPU's class is the smallest not below its GiB.
 MEMORY_CLASSES_GIB = (8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 128, 141, 144, 180, 192, 256, 288)

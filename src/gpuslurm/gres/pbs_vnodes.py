@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.model import Gpu, Node
+from gpuslurm.hw.model.node import Gpu, Node
 from gpuslurm.tuples import NamedTuple  # not dataclasses (inspect): PBS's execjob_begin imports this
 
 

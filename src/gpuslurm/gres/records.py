@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import Gpu, LinkKind, MigDevice, Node, autodetect_mig_type, autodetect_type
+from gpuslurm.hw.model.node import Gpu, LinkKind, MigDevice, Node, autodetect_mig_type, autodetect_type
 from gpuslurm.topo.cores import CoreMap, LayoutError, core_map, format_ranges
 
 

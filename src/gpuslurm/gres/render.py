@@ -14,7 +14,7 @@ from gpuslurm import __version__
 from gpuslurm.errors import InputError, one_line
 from gpuslurm.gres.features import FEATURE_RE, hardware_features, merge_features
 from gpuslurm.gres.records import GresOptions, GresPlan, plan_gres
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.names import check_node_name
 
 GRES_TEMPLATE = "gres.conf.j2"

@@ -16,7 +16,7 @@ run_dir, so a config that spells run_dir another way is simply parsed every time
 ``node-placement.json``: the same for the whole replayed node with its link matrix and CPUs
 (:func:`placement_node`), which PBS's execjob_begin ranks GPU sets by; same key, same rules.
 
-``node-identity.json``: a replayed node (:class:`gpuslurm.hw.model.Node` without its link matrix
+``node-identity.json``: a replayed node (:class:`gpuslurm.hw.model.node.Node` without its link matrix
 and CPU list: the GPUs' UUIDs, indices, minors, bus ids, NUMA nodes, CPU affinities and MIG
 devices the hooks use) comes from parsing its capture bundle (nvidia-smi XML, lscpu, ...), which
 costs a prolog several times its own work.
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.hw.source import HardwareSource
 
 Warn = Callable[[str], None]
@@ -122,11 +122,11 @@ MAX_MIB = 1 << 40  # a mebibyte count beyond any machine
 def placement_from_json(doc: Any) -> Node:
     """The :class:`Node` :func:`placement_node` or :func:`hook_node` cached (its NamedTuples as JSON
     arrays), checked as strictly as a bundle's ``nvml.json``: every value of exactly its type
-    (:func:`gpuslurm.hw.bundlecache.node_from_json`), every number in the range that reader
+    (:func:`gpuslurm.hw.replay.bundlecache.node_from_json`), every number in the range that reader
     allows, GPU indices, minors and UUIDs unique, the link matrix square over the GPUs.
     ValueError or TypeError otherwise: the caller parses the bundle again. (The array form reads in
     a fraction of the time the keyed form takes, a third of PBS's execjob_begin's own work.)"""
-    from gpuslurm.hw.bundlecache import node_from_json
+    from gpuslurm.hw.replay.bundlecache import node_from_json
     from gpuslurm.ranges import MAX_CPUS, MAX_GPUS
 
     node = node_from_json(doc)

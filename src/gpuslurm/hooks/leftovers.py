@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from gpuslurm.hw.procfs import PROC_ROOT
+from gpuslurm.hw.live.procfs import PROC_ROOT
 from gpuslurm.isolate.kill import Target
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.health import GpuProcess
+    from gpuslurm.hw.model.health import GpuProcess
 
 
 def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: int,
@@ -56,7 +56,7 @@ def plan_kills(listed: Sequence[tuple[str, GpuProcess]], job_id: str, job_uid: i
     reuses a listed PID. A skipped process is ``gone``, ``other`` (not this job's) or ``kept``
     (left alive but still counted by the release check: PID 1, this hook's own tree, unreadable).
     """
-    from gpuslurm.hw.procfs import ProcessProblem, read_process
+    from gpuslurm.hw.live.procfs import ProcessProblem, read_process
     from gpuslurm.state.cgroup import parse_cgroup
 
     ticks = os.sysconf("SC_CLK_TCK")

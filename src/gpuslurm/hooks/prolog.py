@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.hw.model.node import Gpu, Node
     from gpuslurm.hw.source import HardwareSource
     from gpuslurm.policy.health import Fault
     from gpuslurm.state.job import HookJob, JobDevice

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
 
 BUILTIN_PREFIX = "builtin:"
 ENV_VAR = "GPUSLURM_CAPTURE"
@@ -108,7 +108,7 @@ class HardwareSource(NamedTuple):
 
     def node(self, *, links: bool = True, cache_dir: str | None = None) -> Node:
         """The node: the bundle's (parsed, or from ``cache_dir``'s private cache, see
-        :mod:`gpuslurm.hw.bundlecache`), else NVML's (never cached).
+        :mod:`gpuslurm.hw.replay.bundlecache`), else NVML's (never cached).
 
         ``links=False``: the caller does not use the link matrix, so NVML is not asked for it (most
         of a live read's calls). ``Node.links`` is then None from every source, so code that needs
@@ -119,11 +119,11 @@ class HardwareSource(NamedTuple):
             if cache_dir is None:
                 node = _read_bundle(path)
             else:
-                from gpuslurm.hw.bundlecache import cached_node
+                from gpuslurm.hw.replay.bundlecache import cached_node
 
                 node = cached_node(path, cache_dir, lambda: _read_bundle(path))
             return node if links else node._replace(links=None)
-        from gpuslurm.hw.nvml import read_node  # lazy: replay must work where NVML is absent
+        from gpuslurm.hw.live.nvml import read_node  # lazy: replay must work where NVML is absent
 
         try:
             return read_node() if links else read_node(links=False)
@@ -148,7 +148,7 @@ def hardware_source(spec: str | None = None, *, nvml_library: str = "",
     if path is not None:
         return HardwareSource(path)
     if nvml_library:  # one NVML per process: chosen here, before any reader initialises it
-        from gpuslurm.hw.nvml_lib import use_library
+        from gpuslurm.hw.live.nvml_lib import use_library
 
         use_library(nvml_library)
     return HardwareSource(None, nvml_library)
@@ -163,9 +163,9 @@ def load_node(spec: str | None, *, links: bool = True, cache_dir: str | None = N
 def load_capabilities(bundle: str | None) -> dict[str, tuple[int, int]]:
     """Compute capability per GPU UUID: NVML's for the live node (``bundle`` None), else the
     bundle's ``nvml.json`` entries ({} without the file). What is missing falls back to the model
-    table (:mod:`gpuslurm.hw.capability`); a malformed entry is a CaptureError."""
+    table (:mod:`gpuslurm.hw.model.capability`); a malformed entry is a CaptureError."""
     if bundle is None:
-        from gpuslurm.hw.nvml import compute_capabilities
+        from gpuslurm.hw.live.nvml import compute_capabilities
 
         return compute_capabilities()
     path = os.path.join(bundle, "nvml.json")
@@ -173,7 +173,7 @@ def load_capabilities(bundle: str | None) -> dict[str, tuple[int, int]]:
         return {}
     from pathlib import Path
 
-    from gpuslurm.hw.nvml_json import read_capabilities
+    from gpuslurm.hw.formats.nvml_json import read_capabilities
 
     return read_capabilities(Path(path))
 
@@ -182,7 +182,7 @@ def _read_bundle(path: str) -> Node:
     # Imported here: a live read never needs the capture parsers (smi XML, topo, lscpu).
     from pathlib import Path
 
-    from gpuslurm.hw.bundle import read_bundle
+    from gpuslurm.hw.replay.bundle import read_bundle
 
     node = read_bundle(Path(path))
     if (label := bundle_label(path)).startswith(BUILTIN_PREFIX):  # not a site-packages path

@@ -37,7 +37,7 @@ def join(path: str, pid: int, controllers: str, want: str) -> str | None:
     """Write ``pid`` into ``path``'s ``cgroup.procs`` and check ``/proc/PID/cgroup`` says ``want``
     for the hierarchy ``controllers`` ("" for the unified one); None when ``path`` does not exist."""
     from gpuslurm.errors import HardwareError
-    from gpuslurm.hw.procfs import read_cgroup_text
+    from gpuslurm.hw.live.procfs import read_cgroup_text
 
     if not os.path.isdir(path):
         return None

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.state.job import JobDevice
 
 NVIDIA_MAJOR = 195

@@ -16,7 +16,7 @@ from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.isolate.denylist import Device
     from gpuslurm.state.job import JobDevice
 
@@ -113,7 +113,7 @@ def release_job(cfg: Config, job_id: str, v2_dir: Callable[[], Sequence[str]] | 
 
 def _denied_for(given: Sequence[JobDevice], node: Node) -> tuple[Device, ...]:
     from gpuslurm.errors import HardwareError
-    from gpuslurm.hw.procfs import read_devices
+    from gpuslurm.hw.live.procfs import read_devices
     from gpuslurm.isolate.denylist import char_majors, denied_devices
 
     caps_major = char_majors(read_devices() or "").get("nvidia-caps")

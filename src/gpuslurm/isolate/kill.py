@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from gpuslurm.hw.procfs import PROC_ROOT
+from gpuslurm.hw.live.procfs import PROC_ROOT
 
 KILL_WAIT_S = 2.0  # after SIGKILL; a process still there by then is stuck in the kernel
 SURVIVED = "survived SIGKILL"
@@ -88,7 +88,7 @@ def _signal_and_wait(fds: Mapping[int, int], sig: int, timeout_s: float) -> dict
 
 def pin(t: Target, proc_root: str = PROC_ROOT) -> int | str:
     """A pidfd for ``t`` if it still is that process (start time, and owner when given); else why not."""
-    from gpuslurm.hw.procfs import ProcessProblem, read_identity
+    from gpuslurm.hw.live.procfs import ProcessProblem, read_identity
 
     try:
         fd = os.pidfd_open(t.pid)
@@ -125,7 +125,7 @@ def send_signal(targets: Sequence[Target], sig: int, proc_root: str = PROC_ROOT)
 
 def real_uid(pid: int, proc_root: str = PROC_ROOT) -> int | None:
     """The real uid of a live process (None for one gone or a zombie)."""
-    from gpuslurm.hw.procfs import ProcessProblem, read_status
+    from gpuslurm.hw.live.procfs import ProcessProblem, read_status
 
     status = read_status(pid, proc_root)
     return None if isinstance(status, ProcessProblem) or not status.alive else status.uid

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.model import MIG_PROFILE_RE, Gpu, Node
+from gpuslurm.hw.model.node import MIG_PROFILE_RE, Gpu, Node
 from gpuslurm.isolate.mig_profiles import MigBoard, board_for, canonical_profile, creation_order, placements
 from gpuslurm.ranges import MAX_GPUS, format_ranges, parse_ranges
 from gpuslurm.safedir import read_regular

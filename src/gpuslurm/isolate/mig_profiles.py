@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from gpuslurm.hw.model import MIG_PROFILE_RE
+from gpuslurm.hw.model.node import MIG_PROFILE_RE
 
 
 class ProfileShape(NamedTuple):

@@ -376,7 +376,7 @@ def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -
     Only ``uid``'s: anyone can put the job's pipe directory into their own environment, root
     included, and must not be killed for it. ``uid`` None finds nothing.
     """
-    from gpuslurm.hw.procfs import ProcessProblem, list_pids, read_environ, read_identity, read_status
+    from gpuslurm.hw.live.procfs import ProcessProblem, list_pids, read_environ, read_identity, read_status
 
     if uid is None:
         return []
@@ -409,7 +409,7 @@ def _daemon_processes(uid: int | None, pipe_dir: str, hint: int | None = None) -
 
 def _alive(t: Target) -> bool:
     """Whether ``t`` still runs: the same start time, not a zombie."""
-    from gpuslurm.hw.procfs import ProcessProblem, read_status
+    from gpuslurm.hw.live.procfs import ProcessProblem, read_status
 
     if _start_ticks(t.pid) != t.start_ticks:
         return False
@@ -420,7 +420,7 @@ def _alive(t: Target) -> bool:
 def _start_ticks(pid: int | None) -> int | None:
     if pid is None:
         return None
-    from gpuslurm.hw.procfs import ProcessProblem, read_identity
+    from gpuslurm.hw.live.procfs import ProcessProblem, read_identity
 
     ident = read_identity(pid)
     return None if isinstance(ident, ProcessProblem) else ident.start_ticks

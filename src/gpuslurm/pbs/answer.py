@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.samples import Allocation
     from gpuslurm.state.out_of_service import OutOfService
 

@@ -42,7 +42,7 @@ from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from gpuslurm.config import Config
     from gpuslurm.hooks.log import HookLog
-    from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.hw.model.node import Gpu, Node
     from gpuslurm.hw.source import HardwareSource
     from gpuslurm.pbs.answer import HookAnswer, PbsHookActions
     from gpuslurm.policy.health import Fault

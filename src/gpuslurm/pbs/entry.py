@@ -203,7 +203,7 @@ def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, 
     refused (InputError: exit 2, the attach refused)."""
     import signal
 
-    from gpuslurm.hw.procfs import read_uids
+    from gpuslurm.hw.live.procfs import read_uids
 
     job_id, _ = req.require_job()
     pid = req.pid
@@ -240,7 +240,7 @@ def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, 
 
 def _other_job(pid: int, job_id: str, source: str) -> str | None:
     """The job other than ``job_id`` whose cgroup (the scheduler's or gpuslurm's) holds ``pid``."""
-    from gpuslurm.hw.procfs import read_cgroup_text
+    from gpuslurm.hw.live.procfs import read_cgroup_text
     from gpuslurm.state.cgroup import parse_cgroup_path
 
     try:

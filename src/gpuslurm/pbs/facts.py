@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.running import JobDetail
 

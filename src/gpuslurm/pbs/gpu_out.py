@@ -29,7 +29,7 @@ from gpuslurm.errors import CommandError
 from gpuslurm.state.out_of_service import GPU_OUT_REASON, gpu_out_reason
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.pbs.qstat import PbsNode
     from gpuslurm.samples import Allocation
     from gpuslurm.state.out_of_service import OutOfService

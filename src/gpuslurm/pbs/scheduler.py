@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from gpuslurm.config import Config, GpuOutConfig
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.pbs.qstat import PbsNode
     from gpuslurm.state.out_of_service import OutOfService
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 
-from gpuslurm.hw.capability import model_cc
-from gpuslurm.hw.model import Gpu, Link, LinkKind, MigDevice, Node
+from gpuslurm.hw.model.capability import model_cc
+from gpuslurm.hw.model.node import Gpu, Link, LinkKind, MigDevice, Node
 from gpuslurm.place.request import Request
 from gpuslurm.tuples import NamedTuple
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.place.engine import Device, Exclusion, Placement, Ranked
 from gpuslurm.ranges import format_ranges
 from gpuslurm.tuples import NamedTuple

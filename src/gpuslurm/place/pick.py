@@ -15,7 +15,7 @@ from gpuslurm.place.engine import DeviceState, devices_of
 from gpuslurm.tuples import TYPE_CHECKING  # not typing's: see gpuslurm.tuples
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.place.request import Request
     from gpuslurm.samples import Reading
     from gpuslurm.state.out_of_service import OutOfService

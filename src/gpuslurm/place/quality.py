@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuslurm.hw.model import Gpu, Node
+from gpuslurm.hw.model.node import Gpu, Node
 from gpuslurm.place.engine import Device, weakest_link
 from gpuslurm.topo.cores import LayoutError, core_map
 from gpuslurm.tuples import NamedTuple

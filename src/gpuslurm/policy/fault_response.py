@@ -27,7 +27,7 @@ from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Sequence
 
-    from gpuslurm.hw.model import Gpu
+    from gpuslurm.hw.model.node import Gpu
     from gpuslurm.policy.health import Fault
     from gpuslurm.state.out_of_service import OutOfService
 

@@ -13,12 +13,12 @@ from gpuslurm.config import HealthConfig
 from gpuslurm.policy.xid import describe, is_fault
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
-# hw.health.SLOWDOWNS, the clock event reasons that mean a fault or its cooling slows the GPU
+# hw.model.health.SLOWDOWNS, the clock event reasons that mean a fault or its cooling slows the GPU
 # (not policy or idleness); spelled here so the prolog need not load the readers to decide
 SLOWDOWNS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 
 if TYPE_CHECKING:  # the facts' types only: the prolog need not load the readers to decide
-    from gpuslurm.hw.health import GpuHealth, GpuProcess
+    from gpuslurm.hw.model.health import GpuHealth, GpuProcess
 
 
 class Fault(NamedTuple):

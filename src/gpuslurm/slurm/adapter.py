@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # the hooks build this adapter on every job: keep its imports
     from collections.abc import Mapping
 
     from gpuslurm.config import Config, GpuOutConfig
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.samples import Allocation
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.out_of_service import OutOfService

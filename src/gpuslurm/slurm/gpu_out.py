@@ -41,7 +41,7 @@ from gpuslurm.slurm.scontrol import check_node_name, clean_reason
 from gpuslurm.state.out_of_service import GPU_OUT_REASON, HOLDER_COMMENT, gpu_out_reason, holder_name
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.slurm.squeue import JobGpus
     from gpuslurm.state.out_of_service import OutOfService
 

@@ -27,7 +27,7 @@ from gpuslurm.errors import InputError
 from gpuslurm.state.job import GpuClaim, HookJob, JobDevice, is_uuid, node_devices, resolve_devices
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
 
 # What Slurm writes into CUDA_VISIBLE_DEVICES when a GRES has no device files.
 NO_DEV_FILES = "NoDevFiles"

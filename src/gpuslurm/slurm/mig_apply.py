@@ -27,7 +27,7 @@ from typing import NamedTuple, TextIO
 from gpuslurm.config import PathsConfig
 from gpuslurm.errors import CommandError, GpuslurmError, HardwareError, InputError
 from gpuslurm.gres.records import GresOptions
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.isolate.mig import (
     GpuChange,
     Layout,

@@ -19,7 +19,7 @@ Read from Slurm's ``src/plugins/gpu/nvml/gpu_nvml.c`` (``_handle_mig`` and its c
 from __future__ import annotations
 
 from gpuslurm.gres.records import MigNaming
-from gpuslurm.hw.model import MIG_PROFILE_RE, MigDevice, autodetect_mig_type, autodetect_type
+from gpuslurm.hw.model.node import MIG_PROFILE_RE, MigDevice, autodetect_mig_type, autodetect_type
 from gpuslurm.slurm.version import SLURMD as SLURMD
 from gpuslurm.slurm.version import SlurmVersion as SlurmVersion
 from gpuslurm.slurm.version import installed_slurm_version as installed_slurm_version

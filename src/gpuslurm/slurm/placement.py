@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from gpuslurm.errors import CommandError, InputError
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Gpu, Node
+    from gpuslurm.hw.model.node import Gpu, Node
     from gpuslurm.state.running import JobDetail
     from gpuslurm.state.scheduler import Scheduler
 

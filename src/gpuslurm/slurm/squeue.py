@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from gpuslurm.errors import CommandError, InputError, one_line
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.ranges import MAX_GPUS, parse_ranges
 from gpuslurm.runner import run_command
 from gpuslurm.topo.hostlist import expand_hostlist

@@ -11,7 +11,7 @@ from gpuslurm.errors import InputError
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Gpu, MigDevice, Node
+    from gpuslurm.hw.model.node import Gpu, MigDevice, Node
 
 
 class JobDevice(NamedTuple):

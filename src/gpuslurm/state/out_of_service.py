@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from typing import Any
 
-    from gpuslurm.hw.model import Gpu
+    from gpuslurm.hw.model.node import Gpu
 
 GPU_OUT_REASON = "gpuslurm: GPU out"  # how a node drained for the graceful GPU-out path is told apart
 RECORD_FILE = "out-of-service.json"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.samples import Allocation
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.out_of_service import OutOfService

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuslurm.hw.model import Cpu
+from gpuslurm.hw.model.node import Cpu
 from gpuslurm.ranges import format_ranges
 from gpuslurm.tuples import NamedTuple
 

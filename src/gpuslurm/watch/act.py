@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuslurm.config import Config
 from gpuslurm.errors import CommandError, GpuslurmError, InputError
-from gpuslurm.hw.procfs import PROC_ROOT, ProcessProblem, read_process, start_time
+from gpuslurm.hw.live.procfs import PROC_ROOT, ProcessProblem, read_process, start_time
 from gpuslurm.isolate.kill import SURVIVED, Target, kill_processes  # the epilog's pidfd killing
 from gpuslurm.jobid import valid_job_id
 from gpuslurm.policy.act import Planner, Step

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from gpuslurm.errors import GpuslurmError
-from gpuslurm.hw import procfs
+from gpuslurm.hw.live import procfs
 from gpuslurm.jobid import valid_sluid
 from gpuslurm.samples import Allocation, ProcessReading, ProcSample, ScanProblem
 from gpuslurm.state.cgroup import parse_cgroup

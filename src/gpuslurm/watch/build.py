@@ -15,7 +15,7 @@ from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.monitor import CycleStore, Monitor, Sampler
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.state.scheduler import Scheduler
 
 

@@ -1,8 +1,8 @@
 """Health while jobs run: each monitor cycle, live faults through the prolog's policy, then acted on.
 
-Sources: the kernel log's Xid lines (:class:`gpuslurm.hw.kmsg.KmsgReader`), mapped to a GPU by
+Sources: the kernel log's Xid lines (:class:`gpuslurm.hw.live.kmsg.KmsgReader`), mapped to a GPU by
 bus id; NVML's Xid, double-bit ECC and GPU-unavailable events, queued by a thread
-(:class:`gpuslurm.hw.nvml_events.NvmlEvents`); and the facts NVML (or the replay scenario) gives
+(:class:`gpuslurm.hw.live.nvml_events.NvmlEvents`); and the facts NVML (or the replay scenario) gives
 now: ECC, pending row remaps and retired pages, temperature, hardware clock slowdowns, a lost
 GPU. An Xid stays on its GPU until the monitor restarts or the GPU is brought back online (a
 fault does not heal because time passed). The same Xid from two sources, or logged twice, counts
@@ -32,10 +32,10 @@ from gpuslurm.state.out_of_service import OutOfServiceStore, take_out_decided
 
 if TYPE_CHECKING:
     from gpuslurm.config import HealthConfig
-    from gpuslurm.hw.health import GpuHealth
-    from gpuslurm.hw.kmsg import KmsgReader
-    from gpuslurm.hw.model import Gpu, Node
-    from gpuslurm.hw.nvml_events import NvmlEvents
+    from gpuslurm.hw.live.kmsg import KmsgReader
+    from gpuslurm.hw.live.nvml_events import NvmlEvents
+    from gpuslurm.hw.model.health import GpuHealth
+    from gpuslurm.hw.model.node import Gpu, Node
     from gpuslurm.state.scheduler import Scheduler
 
 PROBLEM_KIND = "health"

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuslurm.config import Config
 from gpuslurm.errors import GpuslurmError, InputError
-from gpuslurm.hw.health import SLOWDOWNS, read_health
+from gpuslurm.hw.health import read_health
+from gpuslurm.hw.model.health import SLOWDOWNS
 from gpuslurm.policy.detect import Detector
 from gpuslurm.policy.health import gate_faults
 from gpuslurm.samples import Cycle, ScanProblem, Violation

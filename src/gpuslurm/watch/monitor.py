@@ -28,7 +28,7 @@ from gpuslurm.watch.attribute import Attributor
 from gpuslurm.watch.comments import PROBLEM_KIND, CommentUpdater
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.hw.source import HardwareSource
 
 MAX_PENDING = 360  # cycles kept while the store refuses writes (an hour at 10 s)
@@ -275,19 +275,19 @@ def open_sampler(source: HardwareSource) -> tuple[Sampler, Node]:
     """The sampler for ``source`` (a bundle: replay; else live NVML), and the Node.
 
     Replay starts from the state the bundle's capture recorded and takes its activity from the
-    scenario (see :mod:`gpuslurm.hw.scenario`); a scenario
+    scenario (see :mod:`gpuslurm.hw.formats.scenario`); a scenario
     naming an unknown GPU is a CaptureError here, before the first cycle.
     """
     node = source.node()
     if source.bundle is not None:  # each source's readers (the XML parser, or NVML) only for it
         from pathlib import Path
 
-        from gpuslurm.hw.bundle import read_captured_state
-        from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
+        from gpuslurm.hw.replay.bundle import read_captured_state
+        from gpuslurm.hw.replay.scenario import ScenarioSampler, scenario_path
 
         bundle = Path(source.bundle)
         return ScenarioSampler(node, scenario_path(bundle), read_captured_state(bundle, node)), node
-    from gpuslurm.hw.nvml_sampler import NvmlSampler
+    from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 
     return NvmlSampler(), node
 

@@ -1,7 +1,7 @@
 """``gpuslurm pick``'s use case: the node, the job's GPUs, the node's present load, the placement.
 
 The load is read as the monitor reads it (hence watch/): one sample from NVML or a replayed
-scenario, each process's owner through :mod:`gpuslurm.hw.procfs`, the out-of-service record and
+scenario, each process's owner through :mod:`gpuslurm.hw.live.procfs`, the out-of-service record and
 the monitor's store window through state/; :mod:`gpuslurm.place.pick` and the engine decide. The
 job's GPUs come from the scheduler adapters, passed in (``job_gpus``: this layer imports none).
 
@@ -19,7 +19,7 @@ from gpuslurm.errors import GpuslurmError
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple  # not typing's: see gpuslurm.tuples
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.hw.source import HardwareSource
     from gpuslurm.place.engine import DeviceState, Placement
     from gpuslurm.place.request import Request
@@ -90,7 +90,7 @@ def cache_dir(environ: Mapping[str, str]) -> str | None:
     """Where the caller's own cache of parsed bundles lives (``$XDG_CACHE_HOME/gpuslurm``, else
     ``$HOME/.cache/gpuslurm``), or None when neither names an absolute directory.
 
-    Only ever used when it is the caller's and private (:mod:`gpuslurm.hw.bundlecache`): a path
+    Only ever used when it is the caller's and private (:mod:`gpuslurm.hw.replay.bundlecache`): a path
     from the environment cannot make root read or write where a user can.
     """
     base = environ.get("XDG_CACHE_HOME", "")
@@ -111,9 +111,9 @@ def live_states(node: Node, bundle: str | None, environ: Mapping[str, str], now:
     states: dict[str, DeviceState] = {}
     if bundle is None or environ.get("GPUSLURM_SCENARIO") or \
             os.path.isfile(os.path.join(bundle, "scenario.json")):
-        # without a scenario (hw.scenario's rule) every device is idle with no process: the
+        # without a scenario (hw.formats.scenario's rule) every device is idle with no process: the
         # scenario module and the reading types it needs are not worth loading for that
-        from gpuslurm.hw.procfs import owner_uid
+        from gpuslurm.hw.live.procfs import owner_uid
 
         me = os.getuid()
 
@@ -146,10 +146,10 @@ def _read_once(node: Node, bundle: str | None, environ: Mapping[str, str], now: 
     if bundle is not None:
         from pathlib import Path
 
-        from gpuslurm.hw.scenario import ScenarioSampler, scenario_path
+        from gpuslurm.hw.replay.scenario import ScenarioSampler, scenario_path
 
         return ScenarioSampler(node, scenario_path(Path(bundle), dict(environ))).read(now)
-    from gpuslurm.hw.nvml_sampler import NvmlSampler
+    from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 
     sampler = NvmlSampler()
     try:

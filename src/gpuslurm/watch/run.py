@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
-from gpuslurm.hw.health import NvmlHealthReader, read_health
-from gpuslurm.hw.kmsg import KmsgReader
+from gpuslurm.hw.health import read_health
+from gpuslurm.hw.live.kmsg import KmsgReader
+from gpuslurm.hw.live.nvml_health import NvmlHealthReader
 from gpuslurm.policy.detect import Detector
 from gpuslurm.state.out_of_service import OutOfServiceStore
 from gpuslurm.state.store import Store, default_path
@@ -30,7 +31,7 @@ from gpuslurm.watch.health import HealthReader, HealthWatch
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
-    from gpuslurm.hw.model import Node
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.hw.source import HardwareSource
     from gpuslurm.samples import Cycle, ScanProblem, Violation
     from gpuslurm.state.scheduler import Scheduler
@@ -189,7 +190,7 @@ def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source
     events = None
     read: HealthReader
     if not source.replay:
-        from gpuslurm.hw.nvml_events import NvmlEvents  # NVML's event set: a live node only
+        from gpuslurm.hw.live.nvml_events import NvmlEvents  # NVML's event set: a live node only
 
         read = NvmlHealthReader().read
         events = NvmlEvents(node.gpus)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gpuslurm.hw.model import Node
+from gpuslurm.hw.model.node import Node
 from gpuslurm.policy.rogue import why_rogue
 from gpuslurm.policy.usage import view
 from gpuslurm.policy.wording import span

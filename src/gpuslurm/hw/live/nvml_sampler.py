@@ -1,7 +1,7 @@
 """Live sampling for the monitor: every GPU's utilisation, memory, power, temperature and processes.
 
 The samples are :mod:`gpuslurm.samples` values, the same the replay sampler
-(:mod:`gpuslurm.hw.scenario`) returns; NVML is reached through :mod:`gpuslurm.hw.nvml_lib`.
+(:mod:`gpuslurm.hw.replay.scenario`) returns; NVML is reached through :mod:`gpuslurm.hw.live.nvml_lib`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from gpuslurm.errors import HardwareError, NotSupported
-from gpuslurm.hw.nvml_lib import (
+from gpuslurm.hw.live.nvml_lib import (
     MIB,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_NOT_FOUND,
@@ -19,7 +19,7 @@ from gpuslurm.hw.nvml_lib import (
     MemoryInfo,
     NvmlLibrary,
 )
-from gpuslurm.hw.nvml_lib import text as _text
+from gpuslurm.hw.live.nvml_lib import text as _text
 from gpuslurm.samples import GpuSample, ProcessReading, Reading
 
 

@@ -1,6 +1,6 @@
 """Parse ``nvidia-smi -q -x`` (DTD v11–v13) into a :class:`SmiReport`.
 
-Decisions on odd input, shared with :mod:`gpuslurm.hw.smi_text`:
+Decisions on odd input, shared with :mod:`gpuslurm.hw.formats.smi_text`:
 
 - ``<attached_gpus>`` differing from the number of ``<gpu>`` elements (nvidia-smi run with ``-i``,
   or an edited capture): the GPUs present are described and a warning names both numbers.
@@ -24,7 +24,7 @@ from pyexpat import ErrorString
 from typing import NamedTuple
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import Gpu, MigDevice, normalise_bus_id
+from gpuslurm.hw.model.node import Gpu, MigDevice, normalise_bus_id
 
 __all__ = [
     "SmiReport",

@@ -1,6 +1,6 @@
 """Parse the human-readable ``nvidia-smi -q`` and ``nvidia-smi -L`` outputs.
 
-``-q`` gives the same facts as ``-q -x`` (see :mod:`gpuslurm.hw.smi_xml`, whose rules on odd input
+``-q`` gives the same facts as ``-q -x`` (see :mod:`gpuslurm.hw.formats.smi_xml`, whose rules on odd input
 apply here too). ``-L`` is the only capture that names MIG profiles and MIG UUIDs;
 :func:`merge_listing` copies them into a report.
 """
@@ -11,8 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import MIG_PROFILE_RE, Gpu, MigDevice
-from gpuslurm.hw.smi_xml import (
+from gpuslurm.hw.formats.smi_xml import (
     SmiReport,
     dedupe_uuids,
     finish_report,
@@ -23,6 +22,7 @@ from gpuslurm.hw.smi_xml import (
     parse_mig_mode,
     parse_optional_int,
 )
+from gpuslurm.hw.model.node import MIG_PROFILE_RE, Gpu, MigDevice
 
 __all__ = ["ListedGpu", "ListedMig", "merge_listing", "parse_smi_list", "parse_smi_query_text"]
 

@@ -19,8 +19,8 @@ import re
 import xml.etree.ElementTree as ET
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import Node
-from gpuslurm.hw.smi_xml import parse_bus_id, xml_root
+from gpuslurm.hw.formats.smi_xml import parse_bus_id, xml_root
+from gpuslurm.hw.model.node import Node
 from gpuslurm.samples import GpuSample, ProcessReading, Reading
 
 __all__ = ["MAX_NAME", "parse_smi_state"]

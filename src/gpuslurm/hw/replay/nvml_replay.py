@@ -1,10 +1,10 @@
 """Writes the nvml.json that the test NVML library (tests/nvml/libnvml_replay.c) serves.
 
-It is :func:`gpuslurm.hw.nvml_json.node_to_dict` plus what the C library needs to answer NVML's
+It is :func:`gpuslurm.hw.formats.nvml_json.node_to_dict` plus what the C library needs to answer NVML's
 own questions without parsing topology text or scenarios: per GPU, the NVLinks (remote bus id, or
 a switch), the PCIe common-ancestor level towards every other GPU and the health facts of a
 ``health.json``; and the scenario's steps as NVML would report them (what
-:func:`gpuslurm.hw.scenario.readings` gives the replay sampler), at absolute times. The C side
+:func:`gpuslurm.hw.replay.scenario.readings` gives the replay sampler), at absolute times. The C side
 validates every field. A step's timed faults become NVML events (``"events"``: GPU position, MIG
 slot, ``nvmlEventType`` bit, data) and its ECC count ``"ecc_uncorrectable"`` on the GPU's entry.
 """
@@ -15,10 +15,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from gpuslurm.hw.health import CLOCK_EVENTS, GpuHealth
-from gpuslurm.hw.model import LinkKind, Node
-from gpuslurm.hw.nvml_json import node_to_dict
-from gpuslurm.hw.scenario import Scenario, readings
+from gpuslurm.hw.formats.nvml_json import node_to_dict
+from gpuslurm.hw.formats.scenario import Scenario
+from gpuslurm.hw.model.health import CLOCK_EVENTS, GpuHealth
+from gpuslurm.hw.model.node import LinkKind, Node
+from gpuslurm.hw.replay.scenario import readings
 from gpuslurm.samples import Reading
 
 __all__ = ["dump_replay", "replay_dict"]
@@ -44,10 +45,10 @@ def replay_dict(node: Node, *, driver_version: str | None = None, privileged: bo
     it); ``privileged=False`` makes GPU/compute-instance lookups answer NO_PERMISSION, as NVML
     does for a user who is not root; ``processes`` maps a GPU index to the compute processes it
     has before any scenario step, as (pid, used MiB or None); ``health`` gives each GPU's facts by UUID
-    (:func:`gpuslurm.hw.health.read_scenario`); ``reserved_mib`` the driver's reserved memory
+    (:func:`gpuslurm.hw.replay.health.read_scenario`); ``reserved_mib`` the driver's reserved memory
     per GPU index (memory v1's "used" includes it, v2's does not); ``scenario`` its steps, the
     first beginning at ``start`` (Unix seconds); ``captured`` the state the bundle's capture
-    recorded (:func:`gpuslurm.hw.bundle.read_captured_state`), served from the epoch until the
+    recorded (:func:`gpuslurm.hw.replay.bundle.read_captured_state`), served from the epoch until the
     first step and carried into the steps as the replay sampler carries it: utilisation, memory
     used, temperature, power and processes (NVML has no process names).
     """

@@ -11,9 +11,9 @@ import re
 from pathlib import Path
 
 from gpuslurm.errors import HardwareError
-from gpuslurm.hw.model import Cpu, normalise_bus_id
-from gpuslurm.hw.procfs import MEMINFO
-from gpuslurm.hw.topo_text import parse_cpu_list
+from gpuslurm.hw.formats.topo_text import parse_cpu_list
+from gpuslurm.hw.live.procfs import MEMINFO
+from gpuslurm.hw.model.node import Cpu, normalise_bus_id
 
 _CPU_DIR_RE = re.compile(r"^cpu(\d+)$")
 _NODE_DIR_RE = re.compile(r"^node(\d+)$")

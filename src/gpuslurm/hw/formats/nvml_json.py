@@ -18,7 +18,7 @@ reader then takes that fact from the other files.
 ``compute_capability`` is not a fact of the model (``nvidia-smi -q -x`` does not carry it): the
 capture writes NVML's where it answers, and :func:`read_capabilities` reads it for ``pick
 --min-cc`` and ``node-conf``'s ``cc_X.Y`` feature; a GPU without one falls back to the model table
-(:mod:`gpuslurm.hw.capability`).
+(:mod:`gpuslurm.hw.model.capability`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import Cpu, Gpu, MigDevice, Node, link_from_text
+from gpuslurm.hw.model.node import Cpu, Gpu, MigDevice, Node, link_from_text
 from gpuslurm.ranges import MAX_CPUS, MAX_GPUS
 from gpuslurm.safedir import read_regular_text
 from gpuslurm.tuples import TYPE_CHECKING

@@ -12,7 +12,7 @@ event for it) is a problem of the cycle, said once, and the thread goes on; the 
 read names the GPU. When no GPU supports the wanted events, the driver has no event API, or it
 lacks ``nvmlEventSetWait_v2`` (before R450: nvidia-ml-py calls only that),
 :meth:`NvmlEvents.start` says so once and the kernel log stays the Xid source. All calls go
-through :class:`gpuslurm.hw.nvml_lib.NvmlLibrary`.
+through :class:`gpuslurm.hw.live.nvml_lib.NvmlLibrary`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import GpuslurmError, NotSupported
-from gpuslurm.hw.nvml_lib import GpuLost
+from gpuslurm.hw.live.nvml_lib import GpuLost
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.model import Gpu
+    from gpuslurm.hw.model.node import Gpu
 
 # nvmlEventType* bits (nvml.h, stable ABI)
 EVENT_DOUBLE_BIT_ECC = 0x2
@@ -58,7 +58,7 @@ class NvmlEvents:
     """Registers ``gpus`` for Xid and double-bit ECC events and queues them from a thread."""
 
     def __init__(self, gpus: Sequence[Gpu], module: Any | None = None, wait_ms: int = 1000) -> None:
-        from gpuslurm.hw.nvml_lib import NvmlLibrary
+        from gpuslurm.hw.live.nvml_lib import NvmlLibrary
 
         self.gpus = list(gpus)
         self.nvml = NvmlLibrary(module)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from gpuslurm.hw.devfiles import mig_device_files
+from gpuslurm.hw.model.devfiles import mig_device_files
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 

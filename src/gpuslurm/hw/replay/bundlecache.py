@@ -25,8 +25,8 @@ import os
 
 from gpuslurm import __version__
 from gpuslurm.errors import GpuslurmError
-from gpuslurm.hw.model import Cpu, Gpu, Link, LinkKind, MigDevice, Node
-from gpuslurm.hw.strict import as_int, as_list, as_text, opt_int, opt_text
+from gpuslurm.hw.formats.strict import as_int, as_list, as_text, opt_int, opt_text
+from gpuslurm.hw.model.node import Cpu, Gpu, Link, LinkKind, MigDevice, Node
 from gpuslurm.safedir import read_private_file, read_regular, write_private_file
 from gpuslurm.tuples import TYPE_CHECKING  # typing is not imported on pick's path
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 CACHE_FILE = "bundle-node.json"
 FORMAT = 2  # 2: Node gained "lost"
 MAX_CACHE_BYTES = 16 << 20
-# The files hw.bundle reads facts from (the order is part of the key).
+# The files hw.replay.bundle reads facts from (the order is part of the key).
 NODE_FILES = ("nvml.json", "nvidia-smi-q.xml", "nvidia-smi-q.txt", "nvidia-smi-L.txt",
               "nvidia-smi-topo.txt", "lscpu.csv", "mig-minors", "meminfo", "hostname")
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.bundle import SMI_LIST, SMI_TEXT, TOPO, read_text
-from gpuslurm.hw.smi_text import parse_smi_list, parse_smi_query_text
-from gpuslurm.hw.topo_text import parse_topo
+from gpuslurm.hw.formats.smi_text import parse_smi_list, parse_smi_query_text
+from gpuslurm.hw.formats.topo_text import parse_topo
+from gpuslurm.hw.replay.bundle import SMI_LIST, SMI_TEXT, TOPO, read_text
 
 _RULE_RE = re.compile(r"^#{20,}\s*$")
 _TITLE_RE = re.compile(r"^# (?P<state>[\w-]+) :: (?P<name>.+?)\s*$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import Cpu
+from gpuslurm.hw.model.node import Cpu
 from gpuslurm.ranges import MAX_CPUS, bounded_int
 
 CAPTURE_HINT = "capture with lscpu -p=CPU,CORE,SOCKET,NODE"

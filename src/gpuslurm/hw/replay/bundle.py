@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.lscpu import parse_lscpu
-from gpuslurm.hw.model import Cpu, Gpu, Link, MigDevice, Node
-from gpuslurm.hw.smi_xml import SmiReport, parse_smi_xml
-from gpuslurm.hw.topo_text import TopoMatrix, parse_topo
+from gpuslurm.hw.formats.lscpu import parse_lscpu
+from gpuslurm.hw.formats.smi_xml import SmiReport, parse_smi_xml
+from gpuslurm.hw.formats.topo_text import TopoMatrix, parse_topo
+from gpuslurm.hw.model.node import Cpu, Gpu, Link, MigDevice, Node
 from gpuslurm.ranges import format_ranges
 from gpuslurm.tuples import TYPE_CHECKING
 
@@ -60,7 +60,7 @@ def read_bundle(path: Path) -> Node:
         raise CaptureError("no such capture bundle directory", path)
     nvml: dict[str, Any] = {}
     if (path / NVML_JSON).is_file():
-        from gpuslurm.hw.nvml_json import load_partial  # json only when the bundle has it
+        from gpuslurm.hw.formats.nvml_json import load_partial  # json only when the bundle has it
 
         nvml = load_partial(path / NVML_JSON)
     facts = _gpu_facts(path, nvml)
@@ -103,7 +103,7 @@ def read_captured_state(path: Path, node: Node) -> Reading | None:
     used, temperature, power, processes), or None when the bundle has no XML capture."""
     if not (path / SMI_XML).is_file():
         return None
-    from gpuslurm.hw.smi_state import parse_smi_state
+    from gpuslurm.hw.formats.smi_state import parse_smi_state
 
     return parse_smi_state(read_text(path / SMI_XML), str(path / SMI_XML), node)
 
@@ -112,7 +112,7 @@ def _smi_report(path: Path) -> tuple[SmiReport, str] | None:
     if (path / SMI_XML).is_file():
         report, origin = parse_smi_xml(read_text(path / SMI_XML), str(path / SMI_XML)), SMI_XML
     elif (path / SMI_TEXT).is_file():
-        from gpuslurm.hw.smi_text import parse_smi_query_text
+        from gpuslurm.hw.formats.smi_text import parse_smi_query_text
 
         report, origin = parse_smi_query_text(read_text(path / SMI_TEXT), str(path / SMI_TEXT)), SMI_TEXT
     else:
@@ -120,7 +120,7 @@ def _smi_report(path: Path) -> tuple[SmiReport, str] | None:
     # -L adds only MIG profile names and MIG UUIDs: read it (and pay for its parser) only when
     # some GPU has MIG devices. gres-conf runs on every node of a cluster.
     if any(g.mig_devices for g in report.gpus) and (path / SMI_LIST).is_file():
-        from gpuslurm.hw.smi_text import merge_listing, parse_smi_list
+        from gpuslurm.hw.formats.smi_text import merge_listing, parse_smi_list
 
         source = str(path / SMI_LIST)
         report = merge_listing(report, parse_smi_list(read_text(path / SMI_LIST), source), source)
@@ -207,7 +207,7 @@ def _mig_minors(path: Path, gpus: tuple[Gpu, ...], warnings: list[str]) -> tuple
             warnings.append(f"MIG device files are unknown: add {MIG_MINORS} "
                             "(/proc/driver/nvidia-caps/mig-minors) to the bundle")
         return gpus
-    from gpuslurm.hw.mig_minors import parse_mig_minors
+    from gpuslurm.hw.formats.mig_minors import parse_mig_minors
 
     table = parse_mig_minors(read_text(file), str(file))
 

@@ -7,7 +7,7 @@ this driver or nvidia-ml-py lacks) raises :class:`NotSupported`, GPU_IS_LOST rai
 and the GPU. Importing this module never touches the driver. :func:`use_library` names the NVML
 library to load by path (``[paths] nvml_library``) for processes that get no ``LD_LIBRARY_PATH``,
 such as the hooks slurmd runs. Readers of nodes
-(:mod:`gpuslurm.hw.nvml`), samples (:mod:`gpuslurm.hw.nvml_sampler`) and health
+(:mod:`gpuslurm.hw.live.nvml`), samples (:mod:`gpuslurm.hw.live.nvml_sampler`) and health
 (:mod:`gpuslurm.hw.health`) call it; none of them sees ``pynvml``.
 """
 
@@ -268,7 +268,7 @@ def _preload(path: str) -> None:
     global _preloaded
     if _preloaded is not None:
         return
-    from gpuslurm.hw.procfs import fd_path
+    from gpuslurm.hw.live.procfs import fd_path
     from gpuslurm.safedir import open_dir, why_refused
 
     where = "[paths] nvml_library"

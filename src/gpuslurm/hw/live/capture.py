@@ -16,9 +16,9 @@ from pathlib import Path
 
 from gpuslurm import __version__
 from gpuslurm.errors import CommandError, GpuslurmError, HardwareError, InputError
-from gpuslurm.hw.nvml import NvmlBackend, compute_capabilities
-from gpuslurm.hw.nvml_json import dump_node
-from gpuslurm.hw.procfs import PROC_ROOT
+from gpuslurm.hw.formats.nvml_json import dump_node
+from gpuslurm.hw.live.nvml import NvmlBackend, compute_capabilities
+from gpuslurm.hw.live.procfs import PROC_ROOT
 from gpuslurm.runner import run_command, which
 
 TIMEOUT = 30.0

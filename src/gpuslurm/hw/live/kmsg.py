@@ -20,8 +20,7 @@ import os
 from collections.abc import Callable
 from typing import NamedTuple
 
-from gpuslurm.hw import procfs
-from gpuslurm.hw.kmsg_format import (
+from gpuslurm.hw.formats.kmsg_format import (
     KmsgCursor,
     XidLine,
     format_cursor,
@@ -31,6 +30,7 @@ from gpuslurm.hw.kmsg_format import (
     parse_xid,
     split_records,
 )
+from gpuslurm.hw.live import procfs
 from gpuslurm.safedir import open_dir, read_private_at, replace_at
 
 KMSG = "/dev/kmsg"

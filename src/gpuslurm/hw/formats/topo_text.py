@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpuslurm.errors import CaptureError
-from gpuslurm.hw.model import Link, LinkKind, link_from_text
+from gpuslurm.hw.model.node import Link, LinkKind, link_from_text
 from gpuslurm.ranges import MAX_CPUS, bounded_int, parse_ranges
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

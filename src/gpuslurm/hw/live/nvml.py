@@ -1,4 +1,4 @@
-"""The live NVML backend: a node's GPUs, MIG devices and links, read through :mod:`gpuslurm.hw.nvml_lib`.
+"""The live NVML backend: a node's GPUs, MIG devices and links, read through :mod:`gpuslurm.hw.live.nvml_lib`.
 
 Optional NVML functions are probed by name (``hasattr``, then FUNCTION_NOT_FOUND from an older
 driver) rather than by parsing versions. NOT_SUPPORTED becomes None (or :class:`NotSupported`);
@@ -35,9 +35,21 @@ from pathlib import Path
 from typing import Any
 
 from gpuslurm.errors import CaptureError, HardwareError, NotSupported
-from gpuslurm.hw import sysfs
-from gpuslurm.hw.mig_minors import MigKey, parse_mig_minors
-from gpuslurm.hw.model import (
+from gpuslurm.hw.formats.mig_minors import MigKey, parse_mig_minors
+from gpuslurm.hw.live import sysfs
+from gpuslurm.hw.live.nvml_lib import (
+    MIB,
+    NVML_DEVICE_MIG_ENABLE,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_FOUND,
+    NVML_FEATURE_ENABLED,
+    GpuLost,
+    NvmlLibrary,
+)
+from gpuslurm.hw.live.nvml_lib import text as _text
+from gpuslurm.hw.live.procfs import PROC_ROOT
+from gpuslurm.hw.model.node import (
     MIG_PROFILE_RE,
     SELF_LINK,
     Cpu,
@@ -48,20 +60,8 @@ from gpuslurm.hw.model import (
     Node,
     normalise_bus_id,
 )
-from gpuslurm.hw.nvml_lib import (
-    MIB,
-    NVML_DEVICE_MIG_ENABLE,
-    NVML_ERROR_INVALID_ARGUMENT,
-    NVML_ERROR_NO_PERMISSION,
-    NVML_ERROR_NOT_FOUND,
-    NVML_FEATURE_ENABLED,
-    GpuLost,
-    NvmlLibrary,
-)
-from gpuslurm.hw.nvml_lib import text as _text
-from gpuslurm.hw.procfs import PROC_ROOT
 
-# Enums from nvml.h (stable ABI); the return codes are in gpuslurm.hw.nvml_lib.
+# Enums from nvml.h (stable ABI); the return codes are in gpuslurm.hw.live.nvml_lib.
 NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
 
