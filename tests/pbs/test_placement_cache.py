@@ -197,7 +197,8 @@ def test_a_warm_begin_process_loads_nothing_heavy(site: Path) -> None:
     _, enabled, *modules = line.split()
     assert enabled == "False"
     for heavy in ("typing", "dataclasses", "inspect", "contextlib", "pathlib", "tomllib", "subprocess",
-                  "xml", "math", "gpuslurm.hw.formats.nvml_json", "gpuslurm.hw.replay.bundle", "gpuslurm.names",
+                  "xml", "math", "gpuslurm.hw.formats.nvml_json", "gpuslurm.hw.replay.bundle",
+                  "gpuslurm.names",
                   "gpuslurm.cli.main"):
         assert heavy not in modules, heavy
     assert "gpuslurm.place.engine" in modules  # it did choose, with the engine

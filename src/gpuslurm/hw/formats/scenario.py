@@ -24,8 +24,9 @@ read of a replayed node reports every Xid logged so far); ``ecc_uncorrectable`` 
 volatile uncorrectable ECC count from that step on, carried into later steps until one sets it
 again, and never lower than before (a volatile count only grows until the GPU is reset); a rise
 is a double-bit ECC event. ``temp_c`` over steps is a temperature ramp, ``lost`` a GPU falling
-off the bus. :func:`gpuslurm.hw.replay.scenario.health_at` lays a step's faults over ``health.json``'s facts, so the health
-gate and the monitor see them at the scenario's time, as the replay NVML library serves them.
+off the bus. :func:`gpuslurm.hw.replay.scenario.health_at` lays a step's faults over
+``health.json``'s facts, so the health gate and the monitor see them at the scenario's time, as the
+replay NVML library serves them.
 ``gpu`` may name a MIG device by its UUID. A GPU in MIG mode reports no utilisation, whole or
 per process, whatever the scenario says: NVML has none for it (nvidia-smi shows N/A). A UUID
 that is neither a GPU nor a MIG device of the bundle is an error naming the file and the entry.
