@@ -85,7 +85,7 @@ def default_root(version: str) -> Path:
     """The cached Slurm root that carries ``version`` (built when absent: minutes)."""
     sys.path.insert(0, str(CHECKOUT / "tests"))
     try:
-        import slurm_roots  # type: ignore[import-not-found]
+        from tests.helpers import slurm_roots  # type: ignore[import-not-found]
     except ImportError as exc:
         raise MatrixError(f"no root for Python {version}: name one with --root {version}=PATH "
                           f"(tests/slurm_roots.py: {exc})") from exc

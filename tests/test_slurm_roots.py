@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-import cluster_fixture
-import slurm_roots
+from tests.helpers import cluster_fixture, slurm_roots
 
 HOSTS = st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z]{2,5}){1,2}", fullmatch=True)
 SUITES = st.sampled_from(["bookworm", "trixie", "forky", "sid"])

@@ -33,7 +33,7 @@ import pytest
 from gpuslurm.hw.source import load_node
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -27,16 +27,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.helpers import slurm_roots
+from tests.helpers.cluster_fixture import install_hooks, users_python
+from tests.helpers.mps_helpers import devices_cgroup, fake_control, live_with_pipe_under, probe_devices
+from tests.helpers.mps_helpers import records as fake_records
+from tests.helpers.slurm_helpers import restart_slurmd
 
-import slurm_roots
-from cluster_fixture import install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
-from mps_helpers import devices_cgroup, fake_control, live_with_pipe_under, probe_devices
-from mps_helpers import records as fake_records
-from slurm_helpers import restart_slurmd
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from docker_fixture import COMPOSE, NODE, compose_run_settings, compose_service
+from tests.helpers.docker_fixture import COMPOSE, NODE, compose_run_settings, compose_service
 
 CAPS = ["CHOWN", "SYS_ADMIN", "MKNOD"]
 

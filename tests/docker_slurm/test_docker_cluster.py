@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from tests.helpers.docker_fixture import NODE, BuiltImage, DockerNode, compose_run_settings, compose_service
 
-from docker_fixture import NODE, BuiltImage, DockerNode, compose_run_settings, compose_service
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 
 CLUSTER_SH = "/src/gpuslurm/docker-slurm/cluster.sh"

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
+from tests.helpers.recording_scheduler import RecordingScheduler
 
 from gpuslurm.config import load_config
 from gpuslurm.errors import EXIT_UNHEALTHY, CommandError
@@ -20,7 +21,6 @@ from gpuslurm.hw.source import hardware_source
 from gpuslurm.state.job import GpuClaim, HookJob
 from gpuslurm.state.jobmap import read_map
 from gpuslurm.state.out_of_service import HOLDER_COMMENT
-from recording_scheduler import RecordingScheduler
 
 
 @pytest.fixture

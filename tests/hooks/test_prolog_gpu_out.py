@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 from gpuslurm.hooks.log import HookLog
 from gpuslurm.slurm.hooks import run_prolog

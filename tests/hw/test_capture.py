@@ -13,8 +13,8 @@ import socket
 from typing import Any
 
 import pytest
+from tests.helpers.fakes import fake_pynvml as fp
 
-from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
 from gpuslurm.errors import CaptureError, HardwareError, InputError
 from gpuslurm.hw.capture import write_capture
 from gpuslurm.hw.mig_minors import mig_minors_text

@@ -23,8 +23,8 @@ import sys
 from typing import Any
 
 import pytest
+from tests.helpers.fakes import fake_pynvml as fp
 
-from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
 from gpuslurm.errors import HardwareError, NotSupported
 from gpuslurm.hw import nvml as nvml_module
 from gpuslurm.hw import sysfs

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_pbs_entry import Site
+from tests.helpers.pbs_site import Site
 
 from gpuslurm.errors import CommandError
 from gpuslurm.gres.pbs_vnodes import plan_vnodes

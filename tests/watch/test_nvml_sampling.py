@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fakes import fake_pynvml as fp
-from fakes.fake_pynvml import SamplingNvml
+from tests.helpers.fakes import fake_pynvml as fp
+from tests.helpers.fakes.fake_pynvml import SamplingNvml
+
 from gpuslurm.hw.nvml_sampler import NvmlSampler
 from gpuslurm.samples import GpuSample, ProcessReading
 
