@@ -1,4 +1,4 @@
-"""tests/slurm_roots.py's pure parts: the mirror read from apt's configuration, the root's key;
+"""tests/helpers/slurm_roots.py's pure parts: the mirror read from apt's configuration, the root's key;
 what the cluster fixture says of a root without accounting."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The behaviour snapshot (issue 20's "behaviour is unchanged"): each case of tests/snapshot/record.py
-run now and compared with tests/snapshot/golden.json, recorded from main at fbadb85.
+"""The behaviour snapshot (issue 20's "behaviour is unchanged"): each case of tests/helpers/snapshot_record.py
+run now and compared with tests/cli/snapshot/golden.json, recorded from main at fbadb85.
 
 The cases:
 - every command and subcommand with ``--json`` (and its table, where it prints one), ``gres-conf``,
@@ -41,7 +41,7 @@ violation falls in the window moves with it; tests/demo checks it), the table of
 throttle (its LEFT column counts down), and commands that need a live node or cluster (``watch``,
 ``install``, ``mig apply``, ``throttle auto``/``sync``, ``capture DIR``): only their --help is here.
 
-On purpose, a change is recorded again: ``python tests/snapshot/record.py --write``.
+On purpose, a change is recorded again: ``python -m tests.helpers.snapshot_record --write``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ test_hooks_e2e, this module adds Prolog=/Epilog=/TaskProlog= to the running clus
 executables ``gpuslurm install`` writes (with an interpreter the job's user can run, for the task
 prolog: ``cluster_fixture.users_python``), and restores slurm.conf afterwards. Jobs run as
 ``nobody`` (``sbatch --uid``), so the daemon's uid is not root's.
-The MPS control program is the stand-in tests/fakes/nvidia-cuda-mps-control.
+The MPS control program is the stand-in tests/helpers/fakes/nvidia-cuda-mps-control.
 """
 
 from __future__ import annotations

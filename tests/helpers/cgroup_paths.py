@@ -1,5 +1,5 @@
 """A real process moved into a real cgroup made for the test (root only), for any test directory
-(tests/watch, tests/prom)."""
+(tests/watch)."""
 
 from __future__ import annotations
 

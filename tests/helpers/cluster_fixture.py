@@ -15,7 +15,7 @@ is restarted. In such a cluster ``cluster.sacctmgr("add", "account", "team")`` a
 which ``sshare -P -a`` then lists; ``sacct`` shows finished jobs.
 
 Slurm release: ``GPUSLURM_SLURM_RELEASE`` (22.05, the host's own Slurm, by default; 24.11 or
-26.05: the daemons run from a cached Debian root that tests/slurm_roots.py makes, and this session
+26.05: the daemons run from a cached Debian root that tests/helpers/slurm_roots.py makes, and this session
 sees that root's clients at /usr/bin/sbatch, /usr/bin/scontrol ... so tests need no change).
 ``install_hooks`` and ``users_python`` then install with the root's Python, inside the root.
 
@@ -78,7 +78,7 @@ def cluster_unavailable() -> str | None:
 def accounting_unavailable() -> str | None:
     """Why this machine cannot add slurmdbd and MariaDB to the test cluster, or None.
 
-    In a root, slurmdbd and sacctmgr are the root's (tests/slurm_roots.py PACKAGES) and the
+    In a root, slurmdbd and sacctmgr are the root's (tests/helpers/slurm_roots.py PACKAGES) and the
     MariaDB server the host's, as cluster.sh runs them."""
     active = slurm_roots.active()
     if active is not None:

@@ -1,4 +1,4 @@
--- Drives plugins/job_submit.lua under plain lua5.1 with a fake `slurm` table (tests/throttle).
+-- Drives plugins/job_submit.lua under plain lua5.1 with a fake `slurm` table (tests/slurm/test_plugin_*.py).
 -- Globals set before this file runs: PLUGIN (path), NOW (fake clock, Unix seconds).
 -- The test's own Lua code follows this file and prints what it checks.
 local real_time = os.time

@@ -1,5 +1,5 @@
 """Shared by the MIG tests: a writable copy of a built-in bundle whose ``nvml.json`` the
-nvidia-smi stand-in (tests/fakes/nvidia-smi) edits, and the calls it logged."""
+nvidia-smi stand-in (tests/helpers/fakes/nvidia-smi) edits, and the calls it logged."""
 
 from __future__ import annotations
 

@@ -182,7 +182,7 @@ def driver_lacks(version: str | None) -> frozenset[str]:
     (whose ``nvmlProcessDetail_v1_t`` carries ``usedGpuCcProtectedMemory`` now). R545 (545.23.06,
     545.29.x) declares the same process and memory entry points as 535.104 and later; what it adds
     for gpuslurm's calls is version 3 of the MIG profile-info structs, a struct version the library
-    checks itself (tests/nvml/test_r545.py). No version: every entry point.
+    checks itself (tests/hw/nvml/test_r545.py). No version: every entry point.
     """
     if version is None:
         return frozenset()

@@ -1,6 +1,6 @@
 """Small synthetic nodes for the placement tests, and the bundles made from them (tests/place/data).
 
-``python tests/place/place_nodes.py`` rewrites the bundles; test_bundles_match_generator keeps
+``python tests/helpers/place_nodes.py`` rewrites the bundles; test_bundles_match_generator keeps
 the committed files and this code in step.
 """
 

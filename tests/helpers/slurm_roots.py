@@ -17,8 +17,8 @@ its hook templates beside ``src``) with the root's own Python. docker-slurm/clus
 
 Every difference between releases that the harness knows of lives in ``RELEASES`` below.
 
-    python tests/slurm_roots.py build 24.11 [26.05 ...]   # make or reuse; prints the root's path
-    python tests/slurm_roots.py path 24.11                 # the root's path, built or not
+    python tests/helpers/slurm_roots.py build 24.11 [26.05 ...]   # make or reuse; prints the root's path
+    python tests/helpers/slurm_roots.py path 24.11                 # the root's path, built or not
 """
 
 from __future__ import annotations

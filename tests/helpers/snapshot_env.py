@@ -1,5 +1,5 @@
 """What every snapshot case shares: where things are, the environment a case runs in, and what
-is normalised in what it prints (tests/snapshot/test_snapshot.py says why)."""
+is normalised in what it prints (tests/cli/test_snapshot.py says why)."""
 
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ def _bug(target: str | None) -> Iterator[None]:
         planted.start()
     except (AttributeError, ModuleNotFoundError) as exc:
         raise AssertionError(f"the planted bug's target {target} is gone ({exc}): point the case at "
-                             "the same step's new home in tests/snapshot/record.py") from None
+                             "the same step's new home in tests/helpers/snapshot_record.py") from None
     try:
         yield
     finally:

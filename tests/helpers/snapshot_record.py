@@ -1,10 +1,10 @@
 """Record (or check) the behaviour snapshot of issue 20: every command's output and exit code on the
 built-in bundles and the real captures, and each hook's exit code in the fault cases.
 
-    python tests/snapshot/record.py           compare with tests/snapshot/golden.json, print the diff
-    python tests/snapshot/record.py --write   record it again (only when a change is intended)
+    python -m tests.helpers.snapshot_record           compare with tests/cli/snapshot/golden.json, print the diff
+    python -m tests.helpers.snapshot_record --write   record it again (only when a change is intended)
 
-tests/snapshot/test_snapshot.py runs the same cases under pytest, one test per case. What is
+tests/cli/test_snapshot.py runs the same cases under pytest, one test per case. What is
 normalised, and why, is said there.
 """
 
@@ -41,7 +41,7 @@ from tests.helpers.snapshot_env import (
 from tests.helpers.snapshot_hooks import HOOK_CASES
 
 GOLDEN = HERE / "golden.json"
-RERECORD = "if the change is intended, record it again: python tests/snapshot/record.py --write"
+RERECORD = "if the change is intended, record it again: python -m tests.helpers.snapshot_record --write"
 
 BUILTINS = ("dgx-h100", "l40s-4x", "a100-mig")
 PLACEMENT_INPUT = TESTS / "place" / "data" / "scontrol-show-d-job-l40s.txt"
@@ -393,7 +393,7 @@ def load_golden() -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     write = argv == ["--write"]
     if argv and not write:
-        print("usage: python tests/snapshot/record.py [--write]", file=sys.stderr)
+        print("usage: python -m tests.helpers.snapshot_record [--write]", file=sys.stderr)
         return 2
     if not REAL.is_dir():
         print(f"record.py: {REAL} is absent: the real captures are part of the snapshot", file=sys.stderr)

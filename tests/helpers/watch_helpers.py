@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.helpers.cgroup_paths import in_cgroup as in_cgroup  # shared with tests/prom
+from tests.helpers.cgroup_paths import in_cgroup as in_cgroup
 
 V1_ROOT = Path("/sys/fs/cgroup/freezer")
 V2_ROOT = Path("/sys/fs/cgroup/unified")

@@ -1,6 +1,6 @@
 """The prolog's ``gpu_out`` action: the faulty GPU out of service, the job requeued, the node not failed.
 
-A replayed DGX H100 and a stand-in scontrol that records its calls (tests/hooks/hook_helpers.py).
+A replayed DGX H100 and a stand-in scontrol that records its calls (tests/helpers/hook_helpers.py).
 """
 
 from __future__ import annotations

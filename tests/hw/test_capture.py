@@ -2,7 +2,7 @@
 
 The stand-in stays here for what only it can express: NVML failing at init or at a call, a GPU
 lost at its handle, and capture run in-process. ``gpuslurm capture`` through the real pynvml
-and the replay library is tested in tests/nvml/test_replay_edges.py (a round trip).
+and the replay library is tested in tests/hw/nvml/test_replay_edges.py (a round trip).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The per-job MPS daemon for real: started as ``nobody`` by root, stopped, rolled back.
 
-The daemon is the stand-in ``tests/fakes/nvidia-cuda-mps-control`` (a real background process
+The daemon is the stand-in ``tests/helpers/fakes/nvidia-cuda-mps-control`` (a real background process
 that listens on the pipe directory and records every call with its uid and gid). Root only.
 """
 

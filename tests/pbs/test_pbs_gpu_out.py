@@ -1,7 +1,7 @@
 """A GPU out of service on PBS without PBS: execjob_begin and exechost_startup in-process, and the
 vnode counts and commands :func:`gpuslurm.pbs.gpu_out.reconcile` derives from the record.
 
-The real-PBS test is tests/pbs/test_pbs_gpu_out_e2e.py.
+The real-PBS test is tests/pbs_cluster/test_pbs_gpu_out_e2e.py.
 """
 
 from __future__ import annotations

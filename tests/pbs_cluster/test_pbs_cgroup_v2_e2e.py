@@ -1,6 +1,6 @@
 """gpuslurm's PBS hook confining jobs on cgroup v2, through the real pbs_mom, as a real user.
 
-The module fixture installs the hook as tests/pbs/test_pbs_hooks_e2e.py does (with
+The module fixture installs the hook as tests/pbs_cluster/test_pbs_hooks_e2e.py does (with
 pbs_helpers.hooks_installed), ``[paths] cgroup_root`` on a cgroup2 mount: the host's one hierarchy
 mounted again where pbs_mom's namespace sees it (``ip netns exec`` mounts its own /sys, without the
 host's /sys/fs/cgroup). execjob_begin makes ``gpuslurm.pbs/job_<id>`` with the BPF device program,

@@ -5,8 +5,8 @@ asks for it: execjob_begin starts the daemon as the job's user inside the job's 
 execjob_launch names its pipe and log directories in the task's environment, execjob_end stops it
 and removes its directories. The hook is installed by the ``hooked`` fixture of
 test_pbs_hooks_e2e (its own instance for this module); this module only adds the MPS control
-program (the stand-in tests/fakes/nvidia-cuda-mps-control, shared with the Slurm MPS test
-through tests/mps_helpers.py) and a share to its config, and puts the config back afterwards.
+program (the stand-in tests/helpers/fakes/nvidia-cuda-mps-control, shared with the Slurm MPS test
+through tests/helpers/mps_helpers.py) and a share to its config, and puts the config back afterwards.
 """
 
 from __future__ import annotations

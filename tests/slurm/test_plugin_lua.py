@@ -1,4 +1,4 @@
-"""plugins/job_submit.lua under the real lua5.1, with a fake ``slurm`` table (tests/throttle/harness.lua).
+"""plugins/job_submit.lua under the real lua5.1, with a fake ``slurm`` table (tests/helpers/harness.lua).
 
 The throttle files are written by gpuslurm's own writer, so these tests also hold the file format
 to its two readers.

@@ -1,5 +1,5 @@
 """slurm_job_modify in plugins/job_submit.lua: `scontrol update` by a throttled user, fed the
-records slurmctld really hands the plugin (tests/throttle/harness.lua's ``record`` and ``update``:
+records slurmctld really hands the plugin (tests/helpers/harness.lua's ``record`` and ``update``:
 the record's user_name nil, its owner in user_id, the update holding only the fields it changes).
 
 Each update is the attacker's: the throttled owner of a held job asks for more than the throttle

@@ -222,7 +222,7 @@ def test_config_refusals(text: str) -> None:
 
 
 class Queued:
-    """What NvmlEvents.drain hands the cycle (the thread itself: tests/nvml/test_events.py)."""
+    """What NvmlEvents.drain hands the cycle (the thread itself: tests/hw/nvml/test_events.py)."""
 
     def __init__(self, *events: Any) -> None:
         self.events = list(events)
@@ -286,7 +286,7 @@ def test_a_gpu_lost_before_the_node_was_read_drains_by_its_index(tmp_path: Path)
 
 # --- the kernel log as an attacker writes it ---------------------------------------------------
 
-# The records an ordinary user made the kernel log (tests/health/test_xid_kmsg.py holds them as
+# The records an ordinary user made the kernel log (tests/policy/test_xid_kmsg.py holds them as
 # read from /dev/kmsg), aimed at this node's GPU 3 (bus 61), and the driver's line as root's
 # `echo '<3>NVRM: Xid ...' > /dev/kmsg` files it (LOG_USER: PRI 11).
 ATTACKS = (

@@ -1,6 +1,6 @@
 """NvmlSampler against a stand-in pynvml that also answers the live-sampling calls.
 
-What the replay library serves through the real pynvml is tested there (tests/nvml:
+What the replay library serves through the real pynvml is tested there (tests/hw/nvml:
 test_scenario.py reads GPUs, MIG devices, processes and a lost GPU live vs replayed,
 test_processes.py every process-list layout, test_calls.py the timestamps the sampler asks for
 and that a query the driver lacks is asked once). What stays here only a stand-in can express:

@@ -1,7 +1,7 @@
 """A stand-in for the ``pynvml`` module (nvidia-ml-py), driven by a description of a node.
 
 Reading nodes, samples and health through NVML, and which calls gpuslurm makes (counted at the
-real pynvml's door, tests/nvml/calls.py), are tested with the real pynvml against the replay
+real pynvml's door, tests/helpers/nvml_calls.py), are tested with the real pynvml against the replay
 library (tests/nvml). This stand-in is kept only for what that library cannot serve:
 
 * injected failures: ``init_error`` (DRIVER_NOT_LOADED, NO_PERMISSION, LIBRARY_NOT_FOUND from
@@ -18,7 +18,7 @@ library (tests/nvml). This stand-in is kept only for what that library cannot se
 * a capture whose NVML fails while the stand-in nvidia-smi answers (tests/hw/test_capture.py).
 
 Users: tests/hw/test_nvml.py, tests/hw/test_capture.py, tests/watch/test_nvml_sampling.py. NVML
-events are served by the library (tests/nvml/replay_events.c, tests/nvml/test_events.py).
+events are served by the library (tests/hw/nvml/replay_events.c, tests/hw/nvml/test_events.py).
 
 It follows nvidia-ml-py 12/13 as installed: ``NVMLError(value)`` maps the value onto a subclass,
 handles are opaque, strings come back as ``str`` (the package decodes them), structures are

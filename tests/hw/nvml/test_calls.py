@@ -1,9 +1,9 @@
 """Which NVML calls gpuslurm makes and skips, counted at the real pynvml's door to the replay library.
 
-These were call-count tests on the stand-in (tests/fakes/fake_pynvml.py: tests/hw/test_nvml.py's
+These were call-count tests on the stand-in (tests/helpers/fakes/fake_pynvml.py: tests/hw/test_nvml.py's
 lifecycle and NVSwitch/MIG checks, tests/hw/test_nvml_light.py, the sampler's timestamps and
 not-supported memo in tests/watch/test_nvml_sampling.py); here the counts are what crossed the C
-ABI (tests/nvml/calls.py). Names are the library's symbols, so ``_v2``/``_v3`` suffixes show.
+ABI (tests/helpers/nvml_calls.py). Names are the library's symbols, so ``_v2``/``_v3`` suffixes show.
 """
 
 from __future__ import annotations
