@@ -202,7 +202,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="py_matrix.py", description=__doc__.splitlines()[0])
     parser.add_argument("--python", action="append", choices=sorted(ROOT_OF), help="default: all")
     parser.add_argument("--root", action="append", default=[], metavar="VERSION=PATH",
-                        help="a Debian root holding /usr/bin/pythonVERSION (default: tests/helpers/slurm_roots.py's)")
+                        help="a Debian root holding /usr/bin/pythonVERSION "
+                             "(default: tests/helpers/slurm_roots.py's)")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: LAYERS)")
     opts = parser.parse_args(argv)
     if os.geteuid() != 0:

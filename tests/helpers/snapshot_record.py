@@ -1,7 +1,8 @@
 """Record (or check) the behaviour snapshot of issue 20: every command's output and exit code on the
 built-in bundles and the real captures, and each hook's exit code in the fault cases.
 
-    python -m tests.helpers.snapshot_record           compare with tests/cli/snapshot/golden.json, print the diff
+    python -m tests.helpers.snapshot_record           compare with tests/cli/snapshot/golden.json
+                                                      and print the diff
     python -m tests.helpers.snapshot_record --write   record it again (only when a change is intended)
 
 tests/cli/test_snapshot.py runs the same cases under pytest, one test per case. What is

@@ -1,6 +1,7 @@
-"""``job_start`` and ``job_end`` called directly, with a recording Scheduler (tests/helpers/recording_scheduler.py)
-on a replayed DGX H100: what each step asks of the scheduler, in the fault cases, without Slurm's
-or PBS's hook input in between (tests/hooks/test_prolog.py runs them through Slurm's)."""
+"""``job_start`` and ``job_end`` called directly, with a recording Scheduler
+(tests/helpers/recording_scheduler.py) on a replayed DGX H100: what each step asks of the
+scheduler, in the fault cases, without Slurm's or PBS's hook input in between
+(tests/hooks/test_prolog.py runs them through Slurm's)."""
 
 from __future__ import annotations
 

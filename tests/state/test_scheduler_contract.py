@@ -178,7 +178,8 @@ def cfg_at(root: Path) -> Config:
 # --- the shape -------------------------------------------------------------------------------------
 
 def test_slurm_recordings_are_there_for_every_release_of_the_suite() -> None:
-    """One recording per release the cluster tests run (tests/helpers/slurm_roots.py's, and the host's 22.05)."""
+    """One recording per release the cluster tests run (tests/helpers/slurm_roots.py's, and the
+    host's 22.05)."""
     from tests.helpers.slurm_roots import HOST_RELEASE
     from tests.helpers.slurm_roots import RELEASES as ROOT_RELEASES
 
