@@ -85,7 +85,7 @@ def venv_dir(root: Path, version: str) -> Path:
 
 def default_root(version: str) -> Path:
     """The cached Slurm root that carries ``version`` (built when absent: minutes)."""
-    sys.path.insert(0, str(CHECKOUT / "tests"))
+    sys.path.insert(0, str(CHECKOUT))
     try:
         from tests.helpers import slurm_roots  # type: ignore[import-not-found]
     except ImportError as exc:
