@@ -12,7 +12,7 @@ far fewer CPUs than the emulated node, so the process's own affinity says nothin
 allocation is what is measured.
 
 Only one test cluster can run per host: this takes the same host lock as the test fixture
-(tests/cluster_fixture.py) and waits for it. Runs as root, like the cluster. --use-running
+(tests/helpers/cluster_fixture.py) and waits for it. Runs as root, like the cluster. --use-running
 SLURM_CONF measures one workload on a cluster that is already up instead (its own gres.conf).
 
     python benchmarks/bench_numa_affinity.py [--jobs 40] [--seed 1] [--binding both]
@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SH = ROOT / "docker-slurm" / "cluster.sh"
-LOCK_PATH = "/run/lock/gpuslurm-test-cluster.lock"  # the one tests/cluster_fixture.py takes
+LOCK_PATH = "/run/lock/gpuslurm-test-cluster.lock"  # the one tests/helpers/cluster_fixture.py takes
 SBATCH = "/usr/bin/sbatch"
 SCONTROL = "/usr/bin/scontrol"
 SQUEUE = "/usr/bin/squeue"

@@ -24,7 +24,7 @@
 #   GPUSLURM_GRES_ARGS           extra `gpuslurm gres-conf` options, e.g. "--mps 100"; the GresTypes
 #                                line follows the gres names the generated file uses
 #   GPUSLURM_CLUSTER_GRES_CONF   use this gres.conf instead of generating one (e.g. one without Cores=)
-#   GPUSLURM_SLURM_ROOT          a Debian root with another Slurm release (tests/slurm_roots.py makes
+#   GPUSLURM_SLURM_ROOT          a Debian root with another Slurm release (tests/helpers/slurm_roots.py makes
 #                                them): munged, slurmctld and slurmd run chrooted into it, in a mount
 #                                namespace of their own (its holder's pid in run/ns.pid) where the
 #                                host's /dev, /proc, /sys, /tmp and /run, the host's /etc at /.host-etc and
@@ -291,7 +291,7 @@ check_prerequisites() {
     [[ $(id -u) -eq 0 ]] || die "must run as root (slurmd, munged and mknod need it)"
     local bin
     if [[ -n $ROOT ]]; then
-        [[ -s $ROOT/.gpuslurm-root.json ]] || die "$ROOT is not a finished root: python3 tests/slurm_roots.py build RELEASE"
+        [[ -s $ROOT/.gpuslurm-root.json ]] || die "$ROOT is not a finished root: python3 tests/helpers/slurm_roots.py build RELEASE"
         for bin in "$SLURMCTLD" "$SLURMD" "$MUNGED" "$SBATCH" "$SINFO"; do
             [[ -x $ROOT$bin ]] || die "$ROOT$bin is missing: rebuild the root"
         done
@@ -300,7 +300,7 @@ check_prerequisites() {
         [[ -n $WITH_DBD ]] || return 0
         # The root's slurmdbd and sacctmgr; the host's MariaDB server (a private one, as below).
         for bin in "$SLURMDBD" "$SACCTMGR"; do
-            [[ -x $ROOT$bin ]] || die "$ROOT$bin is missing: rebuild the root (tests/slurm_roots.py)"
+            [[ -x $ROOT$bin ]] || die "$ROOT$bin is missing: rebuild the root (tests/helpers/slurm_roots.py)"
         done
         check_mariadb
         return 0

@@ -4,9 +4,8 @@ import signal
 
 import pytest
 from hypothesis import HealthCheck, settings
-
-from cluster_fixture import host_cluster_lock, slurm_cluster  # noqa: F401  (session Slurm cluster, marker slurm)
-from pbs_fixture import pbs_cluster, pbs_installed  # noqa: F401  (session PBS cluster, marker pbs)
+from tests.helpers.cluster_fixture import host_cluster_lock, slurm_cluster  # noqa: F401  (session Slurm cluster, marker slurm)
+from tests.helpers.pbs_fixture import pbs_cluster, pbs_installed  # noqa: F401  (session PBS cluster, marker pbs)
 
 # Property tests: no per-example deadline (a 2-core CI machine is noisy); derandomised under CI so a
 # run is reproducible, each test's example count bounded so all of them stay within their CI budget.
@@ -38,7 +37,7 @@ def real_fixtures() -> pathlib.Path:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # Tests marked `slurm` run the real slurmd -G; skip them only when this machine can't.
     if item.get_closest_marker("slurm") is not None:
-        from slurm_harness import slurm_available
+        from tests.helpers.slurm_harness import slurm_available
 
         reason = slurm_available()
         if reason:

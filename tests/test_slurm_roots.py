@@ -1,4 +1,4 @@
-"""tests/slurm_roots.py's pure parts: the mirror read from apt's configuration, the root's key;
+"""tests/helpers/slurm_roots.py's pure parts: the mirror read from apt's configuration, the root's key;
 what the cluster fixture says of a root without accounting."""
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-import cluster_fixture
-import slurm_roots
+from tests.helpers import cluster_fixture, slurm_roots
 
 HOSTS = st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z]{2,5}){1,2}", fullmatch=True)
 SUITES = st.sampled_from(["bookworm", "trixie", "forky", "sid"])

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.helpers.scheduler_stand_in import no_jobs_config
 
 from gpuslurm.cli.hogs_cmd import current
 from gpuslurm.hw.source import load_node
 from gpuslurm.samples import Violation
-from scheduler_stand_in import no_jobs_config
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

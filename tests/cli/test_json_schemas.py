@@ -15,14 +15,14 @@ from typing import Any
 import click
 import jsonschema
 import pytest
+from tests.helpers.report_helpers import CONFIG as REPORT_CONFIG
+from tests.helpers.report_helpers import END, T0, make_store
+from tests.helpers.scheduler_stand_in import no_jobs_config
 
 from gpuslurm.cli.main import cli, main
 from gpuslurm.cli.pick_cmd import main as pick_main
 from gpuslurm.hw.source import load_node
 from gpuslurm.jsondoc import VERSIONS, schema_id, schema_path
-from report.report_helpers import CONFIG as REPORT_CONFIG
-from report.report_helpers import END, T0, make_store
-from scheduler_stand_in import no_jobs_config
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
 XMLS = sorted(p.name for p in (SHARED / "nvidia-smi-q-x").glob("*.xml")) if SHARED.is_dir() else []

@@ -7,13 +7,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.helpers.pick_helpers import GPUSLURM, JOB_VARS, scenario, uuids
 
 from gpuslurm.cli.pick_cmd import (
     EXIT_UNSATISFIED,
@@ -28,9 +28,6 @@ from gpuslurm.ranges import format_ranges
 from gpuslurm.watch.pick import cache_dir
 
 DATA = Path(__file__).resolve().parents[1] / "place" / "data"
-GPUSLURM = [sys.executable, "-m", "gpuslurm", "pick"]
-JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPUSLURM_GPU_UUIDS",
-            "GPUSLURM_SCENARIO", "GPUSLURM_CAPTURE", "CUDA_VISIBLE_DEVICES")
 
 
 @pytest.fixture(autouse=True)
@@ -60,10 +57,6 @@ def pick(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def uuids(name: str) -> list[str]:
-    return [g.uuid for g in load_node(name).gpus]
 
 
 def test_env_format(capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,12 +140,6 @@ def test_mig_without_a_cpu_list_keeps_each_ranks_block(capsys: pytest.CaptureFix
         "export CUDA_VISIBLE_DEVICES=MIG-00000003-0000-0000-0000-000000000003", "unset GPUSLURM_CPUS",
         "export CUDA_VISIBLE_DEVICES=MIG-00000004-0000-0000-0000-000000000004", "unset GPUSLURM_CPUS"]
     assert err.count("\n") == 1 and "GPUSLURM_CPUS is unset" in err
-
-
-def scenario(tmp_path: Path, body: dict[str, object]) -> str:
-    path = tmp_path / "scenario.json"
-    path.write_text(json.dumps(body))
-    return str(path)
 
 
 def test_scenario_load_and_exclusive(capsys: pytest.CaptureFixture[str], tmp_path: Path,

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from test_pick import GPUSLURM, JOB_VARS, scenario, uuids
+from tests.helpers.pick_helpers import GPUSLURM, JOB_VARS, scenario, uuids
 
 from gpuslurm.state.out_of_service import RECORD_FILE, OutOfService, format_record
 

@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.helpers import slurm_roots
+from tests.helpers.cluster_fixture import install_hooks, slurm_accounting_cluster  # noqa: F401 - module fixture
+from tests.helpers.slurm_helpers import SCONTROL, conf_with, hook_lines, hooks_paths, hooks_root
 
-import slurm_roots
-from cluster_fixture import install_hooks, slurm_accounting_cluster  # noqa: F401 - module fixture
 from gpuslurm.hooks.epilog import admin_comment
 from gpuslurm.slurm.scontrol import own_admin_comment
-from slurm_helpers import SCONTROL, conf_with, hook_lines, hooks_paths, hooks_root
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

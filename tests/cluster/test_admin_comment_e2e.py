@@ -27,7 +27,7 @@ from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -14,9 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from cluster_fixture import SlurmCluster, _restart, skip_without_accounting
-from slurm_helpers import make_user
+from tests.helpers.cluster_fixture import SlurmCluster, _restart, skip_without_accounting
+from tests.helpers.slurm_helpers import make_user
 
 pytestmark = pytest.mark.slurm
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.helpers.cluster_fixture import SlurmCluster
 
-from cluster_fixture import SlurmCluster
 from gpuslurm.slurm.admission import configured_gpus, gpus_held
 from gpuslurm.slurm.squeue import parse_squeue_json
 

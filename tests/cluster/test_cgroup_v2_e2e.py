@@ -27,15 +27,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.helpers import slurm_roots
+from tests.helpers.cluster_fixture import install_hooks, users_python
+from tests.helpers.slurm_helpers import (
+    SCONTROL,
+    conf_with,
+    hook_lines,
+    hooks_root,
+    restart_slurmd,
+    short_hostname,
+)
 
-import slurm_roots
-from cluster_fixture import install_hooks, users_python
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
-from slurm_helpers import SCONTROL, conf_with, hook_lines, hooks_root, restart_slurmd, short_hostname
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = [
     pytest.mark.slurm,

@@ -15,11 +15,10 @@ import time
 from typing import TYPE_CHECKING
 
 import pytest
-
-import slurm_roots
+from tests.helpers import slurm_roots
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -3,7 +3,7 @@
 An Xid 79 for GPU 3 (bus 00000000:61:00.0 of the replayed DGX H100), a kernel record in the
 driver's format, is added to the kernel log the monitor reads (a recorded /dev/kmsg: a line written
 to the real /dev/kmsg from user space is LOG_USER, never the driver's, and is refused, as
-tests/health/test_kmsg_reader.py shows) while eight one-GPU jobs run (one of them on GPU 3). The real
+tests/hw/test_kmsg_reader.py shows) while eight one-GPU jobs run (one of them on GPU 3). The real
 monitor (``gpuslurm monitor --once``, replayed hardware) records GPU 3 out of service within one
 cycle, with the Xid in the reason and in the node's Comment; the node is never drained and the
 running jobs are not disturbed. Once GPU 3 is free the next cycle puts a holder job on it: seven
@@ -33,7 +33,7 @@ import pytest
 from gpuslurm.hw.source import load_node
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

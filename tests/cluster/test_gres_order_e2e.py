@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.helpers import slurm_roots
 
-import slurm_roots
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
@@ -37,7 +37,7 @@ except OSError as e:
 
 @pytest.fixture(scope="module")
 def l40s(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    from cluster_fixture import _cluster_sh
+    from tests.helpers.cluster_fixture import _cluster_sh
 
     env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_CONF"}
     default = os.environ.get("GPUSLURM_BUNDLE", "dgx-h100")

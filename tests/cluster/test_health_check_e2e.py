@@ -25,7 +25,7 @@ import pytest
 from gpuslurm.hw.source import bundle_path, load_node
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

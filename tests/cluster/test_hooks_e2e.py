@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-
-from cluster_fixture import install_hooks
-from gpuslurm.hw.source import load_node
-from slurm_helpers import (
+from tests.helpers.cluster_fixture import install_hooks
+from tests.helpers.slurm_helpers import (
     SCONTROL,
     NodeControl,
     conf_with,
@@ -35,8 +33,10 @@ from slurm_helpers import (
     short_hostname,
 )
 
+from gpuslurm.hw.source import load_node
+
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.helpers import slurm_roots
+from tests.helpers.cluster_fixture import install_hooks, users_python
+from tests.helpers.slurm_helpers import restart_slurmd
 
-import slurm_roots
-from cluster_fixture import install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
-from slurm_helpers import restart_slurmd
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.helpers import slurm_roots
 
-import slurm_roots
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
 

@@ -8,7 +8,7 @@ test_hooks_e2e, this module adds Prolog=/Epilog=/TaskProlog= to the running clus
 executables ``gpuslurm install`` writes (with an interpreter the job's user can run, for the task
 prolog: ``cluster_fixture.users_python``), and restores slurm.conf afterwards. Jobs run as
 ``nobody`` (``sbatch --uid``), so the daemon's uid is not root's.
-The MPS control program is the stand-in tests/fakes/nvidia-cuda-mps-control.
+The MPS control program is the stand-in tests/helpers/fakes/nvidia-cuda-mps-control.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.helpers import slurm_roots
+from tests.helpers.cluster_fixture import install_hooks, users_python
+from tests.helpers.mps_helpers import devices_cgroup, fake_control, live_with_pipe_under, probe_devices
+from tests.helpers.mps_helpers import records as fake_records
+from tests.helpers.slurm_helpers import restart_slurmd
 
-import slurm_roots
-from cluster_fixture import install_hooks, users_python
 from gpuslurm.hw.source import BUILTIN_DIR
-from mps_helpers import devices_cgroup, fake_control, live_with_pipe_under, probe_devices
-from mps_helpers import records as fake_records
-from slurm_helpers import restart_slurmd
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -19,7 +19,7 @@ from gpuslurm.ranges import MAX_CPUS, parse_ranges
 from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 BIN = str(Path(sys.executable).parent / "gpuslurm")

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.helpers.cluster_fixture import install_hooks
 
-from cluster_fixture import install_hooks
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -26,7 +26,7 @@ from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.adapter import SlurmScheduler
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -18,7 +18,7 @@ import pytest
 from gpuslurm.slurm.sluid import job_of_sluid_text
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-from test_throttle_e2e import SETTLE_S, Throttled
-
-from slurm_helpers import SCONTROL, SlurmRelease, User, job_submit_plugin, slurm_release
+from tests.helpers.slurm_helpers import SCONTROL, SlurmRelease, User, job_submit_plugin, slurm_release
+from tests.helpers.throttle_helpers import SETTLE_S, Throttled
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

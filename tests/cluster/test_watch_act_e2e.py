@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
+from tests.helpers import slurm_roots
+from tests.helpers.slurm_helpers import SCANCEL, User, job_submit_plugin
 
-import slurm_roots
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
-from slurm_helpers import SCANCEL, User, job_submit_plugin
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -2,7 +2,7 @@
 
 ``docker compose`` is not on this machine: Debian 12 ships docker-compose 1.29 (Compose v1), which
 predates the ``cgroup:`` key the service needs, and Compose v2 is not a Debian 12 package. So
-tests/docker_fixture.py creates the container from compose.yaml through the Docker SDK
+tests/helpers/docker_fixture.py creates the container from compose.yaml through the Docker SDK
 (``compose_run_settings``); these tests check, without Docker, that the file says what the tested
 container needs and that nothing in it escapes the translation, and test_docker_cluster.py checks
 the running container against the file.
@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from docker_fixture import COMPOSE, NODE, compose_run_settings, compose_service
+from tests.helpers.docker_fixture import COMPOSE, NODE, compose_run_settings, compose_service
 
 CAPS = ["CHOWN", "SYS_ADMIN", "MKNOD"]
 

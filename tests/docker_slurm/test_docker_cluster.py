@@ -7,7 +7,7 @@ that GPU's UUID, the devices cgroup must let the job open only that GPU's fake d
 allowed, no driver; EPERM: refused), and the epilog must have removed the map and written the
 summary. Three set-ups: Slurm isolates (ConstrainDevices=yes), gpuslurm's prolog isolates
 (ConstrainDevices=no, ``cgroup.devices = "auto"``), and a control where nothing isolates, in which
-every GPU must open. Fixtures: tests/docker_fixture.py.
+every GPU must open. Fixtures: tests/helpers/docker_fixture.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from tests.helpers.docker_fixture import NODE, BuiltImage, DockerNode, compose_run_settings, compose_service
 
-from docker_fixture import NODE, BuiltImage, DockerNode, compose_run_settings, compose_service
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 
 CLUSTER_SH = "/src/gpuslurm/docker-slurm/cluster.sh"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 import gpuslurm
 from gpuslurm.config import load_config

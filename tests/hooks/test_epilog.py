@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 from gpuslurm.hooks.epilog import admin_comment
 from gpuslurm.hooks.leftovers import leftover_verdict, plan_kills

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 from gpuslurm.hooks.log import HookLog
 from gpuslurm.slurm.hooks import run_epilog, run_prolog

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 from gpuslurm.hooks.log import HookLog
 from gpuslurm.slurm.hooks import run_epilog, run_prolog, run_task_prolog

@@ -1,7 +1,7 @@
 """The pure health gate and the health.json scenario reader.
 
 The live reader through NVML (the real pynvml against the replay library) and the gate on what it
-reads are in tests/nvml/test_health_gate.py and tests/nvml/test_health.py.
+reads are in tests/hw/nvml/test_health_gate.py and tests/hw/nvml/test_health.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 
 def job(n: int) -> str:

@@ -1,6 +1,7 @@
-"""``job_start`` and ``job_end`` called directly, with a recording Scheduler (tests/recording_scheduler.py)
-on a replayed DGX H100: what each step asks of the scheduler, in the fault cases, without Slurm's
-or PBS's hook input in between (tests/hooks/test_prolog.py runs them through Slurm's)."""
+"""``job_start`` and ``job_end`` called directly, with a recording Scheduler
+(tests/helpers/recording_scheduler.py) on a replayed DGX H100: what each step asks of the
+scheduler, in the fault cases, without Slurm's or PBS's hook input in between
+(tests/hooks/test_prolog.py runs them through Slurm's)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
+from tests.helpers.recording_scheduler import RecordingScheduler
 
 from gpuslurm.config import load_config
 from gpuslurm.errors import EXIT_UNHEALTHY, CommandError
@@ -20,7 +22,6 @@ from gpuslurm.hw.source import hardware_source
 from gpuslurm.state.job import GpuClaim, HookJob
 from gpuslurm.state.jobmap import read_map
 from gpuslurm.state.out_of_service import HOLDER_COMMENT
-from recording_scheduler import RecordingScheduler
 
 
 @pytest.fixture

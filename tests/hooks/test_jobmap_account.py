@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 from gpuslurm.errors import InputError
 from gpuslurm.hooks.log import HookLog

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "watch"))
-from watch_helpers import V2_ROOT, cgroup_unavailable, in_cgroup
+from tests.helpers.watch_helpers import V2_ROOT, cgroup_unavailable, in_cgroup
 
 from gpuslurm.hooks.leftovers import plan_kills
 from gpuslurm.hw.model.health import GpuProcess

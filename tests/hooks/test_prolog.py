@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 from gpuslurm.hooks.log import HookLog
 from gpuslurm.slurm.hooks import run_epilog, run_prolog

@@ -1,6 +1,6 @@
 """The prolog's ``gpu_out`` action: the faulty GPU out of service, the job requeued, the node not failed.
 
-A replayed DGX H100 and a stand-in scontrol that records its calls (tests/hooks/hook_helpers.py).
+A replayed DGX H100 and a stand-in scontrol that records its calls (tests/helpers/hook_helpers.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 from gpuslurm.hooks.log import HookLog
 from gpuslurm.slurm.hooks import run_prolog

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hook_helpers import HookSite, make_site
+from tests.helpers.hook_helpers import HookSite, make_site
 
 HOSTILE = ["gpuslurm:mps=nan", "gpuslurm:mps=inf", "gpuslurm:mps=1e999", "gpuslurm:mps=0x10",
            "gpuslurm:mps=" + "9" * 5000, "gpuslurm:mps=-0", "gpuslurm:mps=%s%n", "x" * 100_000,

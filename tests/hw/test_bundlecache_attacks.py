@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.helpers.cluster_fixture import users_site
 
-from cluster_fixture import users_site
 from gpuslurm.hw.replay.bundlecache import CACHE_FILE
 
 NOBODY = 65534

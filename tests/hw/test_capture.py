@@ -2,7 +2,7 @@
 
 The stand-in stays here for what only it can express: NVML failing at init or at a call, a GPU
 lost at its handle, and capture run in-process. ``gpuslurm capture`` through the real pynvml
-and the replay library is tested in tests/nvml/test_replay_edges.py (a round trip).
+and the replay library is tested in tests/hw/nvml/test_replay_edges.py (a round trip).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import socket
 from typing import Any
 
 import pytest
+from tests.helpers.fakes import fake_pynvml as fp
 
-from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
 from gpuslurm.errors import CaptureError, HardwareError, InputError
 from gpuslurm.hw.formats.mig_minors import mig_minors_text
 from gpuslurm.hw.formats.nvml_json import load_partial, read_capabilities

@@ -1,8 +1,8 @@
 """The live NVML backend against a stand-in pynvml, and the sysfs readers it relies on.
 
-The real pynvml against the replay library (tests/nvml) covers reading whole nodes: identities,
+The real pynvml against the replay library (tests/hw/nvml) covers reading whole nodes: identities,
 minors apart from indexes, NVSwitch and PCIe links, MIG devices with NVIDIA's profile names, per
-driver version, and which calls the backend makes or skips (tests/nvml/test_calls.py counts them
+driver version, and which calls the backend makes or skips (tests/hw/nvml/test_calls.py counts them
 at pynvml's door to the library: lazy init and shutdown, no PCIe ancestor on NVSwitch nodes, no
 NVLink query in MIG mode, no MIG count on a MIG-disabled GPU). What stays here is what only a
 stand-in can express: sysfs and /proc trees of our making (NUMA nodes, offline CPUs, MIG minors)
@@ -23,8 +23,8 @@ import sys
 from typing import Any
 
 import pytest
+from tests.helpers.fakes import fake_pynvml as fp
 
-from fakes import fake_pynvml as fp  # tests/ is on sys.path (see tests/conftest.py)
 from gpuslurm.errors import HardwareError, NotSupported
 from gpuslurm.hw.formats.mig_minors import mig_minors_text
 from gpuslurm.hw.live import nvml as nvml_module
@@ -405,7 +405,7 @@ def test_fake_mirrors_the_installed_nvidia_ml_py() -> None:
     called = set(re.findall(r'"(nvml[A-Z]\w+)"', source))
     assert called - {"nvmlDeviceGetNvLinkRemotePciInfo_v2"} <= set(dir(real))
     # The MIG profile table and instance lookups are served by the replay library through the
-    # real pynvml (tests/nvml); here they are absent, so the fake exercises the fallback naming.
+    # real pynvml (tests/hw/nvml); here they are absent, so the fake exercises the fallback naming.
     replay_only = {"nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetGpuInstanceById",
                    "nvmlGpuInstanceGetInfo"}
     assert called - {"nvmlDeviceGetNvLinkRemotePciInfo_v2"} - replay_only <= set(dir(fp.SamplingNvml))

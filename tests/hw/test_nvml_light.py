@@ -1,7 +1,7 @@
 """The hooks' lighter node read: identities without the link matrix (links=False).
 
 Through NVML this is tested with the real pynvml against the replay library, counting the calls
-that cross into it (tests/nvml/test_calls.py: a light read asks no NVLink or PCIe-ancestor query
+that cross into it (tests/hw/nvml/test_calls.py: a light read asks no NVLink or PCIe-ancestor query
 on the DGX H100, the PCIe L40S and the MIG A100, keeps MIG minors, and ``load_node`` passes
 ``links=False`` through). What stays here needs no NVML at all.
 """

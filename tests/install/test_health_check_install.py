@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from click.testing import CliRunner
-from test_install import dirs, ok, run  # noqa: F401 - the fixture
+from tests.helpers.install_helpers import ok, run
 
 from gpuslurm import install as lib
 from gpuslurm.cli.install_cmd import install
@@ -19,7 +19,7 @@ from gpuslurm.hw.source import bundle_path, load_node
 WRAPPER = "gpuslurm-health-check"
 
 
-def test_the_wrapper_is_installed_with_the_hooks_and_its_lines_printed_once(dirs: tuple[Path, Path]) -> None:  # noqa: F811
+def test_the_wrapper_is_installed_with_the_hooks_and_its_lines_printed_once(dirs: tuple[Path, Path]) -> None:
     etc, prefix = dirs
     out = ok(run(etc, prefix, "--health-check"))
     wrapper = prefix / WRAPPER
@@ -36,13 +36,13 @@ def test_the_wrapper_is_installed_with_the_hooks_and_its_lines_printed_once(dirs
     assert "HealthCheckProgram" not in noted.split("slurm.conf: ", 1)[-1], noted
 
 
-def test_without_the_flag_there_is_no_wrapper_and_no_line(dirs: tuple[Path, Path]) -> None:  # noqa: F811
+def test_without_the_flag_there_is_no_wrapper_and_no_line(dirs: tuple[Path, Path]) -> None:
     etc, prefix = dirs
     out = ok(run(etc, prefix))
     assert not (prefix / WRAPPER).exists() and "HealthCheck" not in out
 
 
-def test_an_admins_edit_of_the_wrapper_is_refused_until_force(dirs: tuple[Path, Path]) -> None:  # noqa: F811
+def test_an_admins_edit_of_the_wrapper_is_refused_until_force(dirs: tuple[Path, Path]) -> None:
     etc, prefix = dirs
     ok(run(etc, prefix, "--health-check"))
     (prefix / WRAPPER).write_text("#!/bin/sh\nexit 0\n")
@@ -58,7 +58,7 @@ def test_not_with_pbs() -> None:
 
 
 def test_the_installed_wrapper_runs_health_act_with_an_empty_environment_and_slurmds_node_name(
-        dirs: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+        dirs: tuple[Path, Path], tmp_path: Path) -> None:
     etc, prefix = dirs
     bundle = tmp_path / "bundle"
     source = bundle_path("dgx-h100")

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner, Result
+from tests.helpers.install_helpers import ok, run
 
 from gpuslurm import install as lib
 from gpuslurm import trust
@@ -23,23 +24,6 @@ from gpuslurm.errors import EXIT_BAD_INPUT, InputError
 HOOK_NAMES = ("gpuslurm-prolog", "gpuslurm-epilog", "gpuslurm-task-prolog")
 # What the installed hooks exec: the hooks' own entry point, not the click CLI.
 HOOK_CODE = "'from gpuslurm.slurm.entry import run; run()'"
-
-
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    etc = tmp_path / "etc"
-    etc.mkdir()
-    return etc, tmp_path / "libexec" / "gpuslurm"
-
-
-def run(etc: Path, prefix: Path, *extra: str) -> Result:
-    args = ["--slurm-etc", str(etc), "--prefix", str(prefix), *extra]
-    return CliRunner().invoke(install, args, standalone_mode=False)
-
-
-def ok(result: Result) -> str:
-    assert result.exception is None, (result.output, result.exception)
-    return result.output
 
 
 def refused(result: Result) -> InputError:

@@ -10,9 +10,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import cgroup_helpers
 import pytest
-from cgroup_helpers import PROBE, make_gpu_files, parse_probe, v2_unavailable
+from tests.helpers import cgroup_helpers
+from tests.helpers.cgroup_helpers import PROBE, make_gpu_files, parse_probe, v2_unavailable
 
 from gpuslurm.errors import HardwareError
 from gpuslurm.isolate import bpf

@@ -10,7 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cgroup_helpers import NOBODY, PROBE, SYSTEM_PYTHON, as_nobody, make_gpu_files, parse_probe, unavailable
+from tests.helpers.cgroup_helpers import (
+    NOBODY,
+    PROBE,
+    SYSTEM_PYTHON,
+    as_nobody,
+    make_gpu_files,
+    parse_probe,
+    unavailable,
+)
 
 from gpuslurm.errors import HardwareError
 from gpuslurm.isolate.cgroup_v1 import join_v1, remove_v1, setup_v1, v1_job_dir

@@ -11,7 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cgroup_helpers import NOBODY, PROBE, SYSTEM_PYTHON, as_nobody, make_gpu_files, parse_probe, unavailable
+from tests.helpers.cgroup_helpers import (
+    NOBODY,
+    PROBE,
+    SYSTEM_PYTHON,
+    as_nobody,
+    make_gpu_files,
+    parse_probe,
+    unavailable,
+)
 
 from gpuslurm.errors import EXIT_NOT_ISOLATED
 from gpuslurm.hooks.log import HookLog

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from mig_helpers import make_bundle, smi_calls, smi_env, write_config
+from tests.helpers.mig_helpers import make_bundle, smi_calls, smi_env, write_config
 
 from gpuslurm.cli.main import main
 from gpuslurm.errors import InputError

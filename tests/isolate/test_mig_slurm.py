@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from mig_helpers import make_bundle, smi_env, smi_log, write_config
+from tests.helpers.mig_helpers import make_bundle, smi_env, smi_log, write_config
 
 from gpuslurm.gres.conf_parse import parse_gres_conf
 from gpuslurm.slurm.mig_apply import node_field
 
 if TYPE_CHECKING:
-    from cluster_fixture import SlurmCluster
+    from tests.helpers.cluster_fixture import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

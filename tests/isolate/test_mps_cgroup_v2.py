@@ -13,25 +13,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cgroup_helpers import UNIFIED, as_nobody, probe_as_nobody_in, v2_unavailable
-from test_mps_daemon import (
+from tests.helpers.cgroup_helpers import UNIFIED, as_nobody, probe_as_nobody_in, v2_unavailable
+from tests.helpers.mps_helpers import (
     JOB,
     SYSTEM_PYTHON,
     Mps,
     hook_site,
     job_env,
     live,
-    mps,
-    processes_with,
     quiet,
+)
+from tests.helpers.mps_helpers import (
+    live_with_pipe_under as processes_with,
 )
 
 from gpuslurm.isolate import bpf
 from gpuslurm.isolate.cgroup_v2 import V2_MPS_PARENT, v2_mps_dir
 from gpuslurm.isolate.cgroupfs import cgroup_version, remove_cgroup
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
-
-__all__ = ["mps"]  # the fixture, shared with test_mps_daemon
 
 # As the job's user: write argv[2] into the cgroup.procs argv[1]; prints OK or the errno name.
 MOVE = """

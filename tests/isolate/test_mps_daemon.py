@@ -1,100 +1,36 @@
 """The per-job MPS daemon for real: started as ``nobody`` by root, stopped, rolled back.
 
-The daemon is the stand-in ``tests/fakes/nvidia-cuda-mps-control`` (a real background process
+The daemon is the stand-in ``tests/helpers/fakes/nvidia-cuda-mps-control`` (a real background process
 that listens on the pipe directory and records every call with its uid and gid). Root only.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests.helpers.mps_helpers import JOB, NOBODY, NOGROUP, Mps, hook_site, job_env, live, quiet
+from tests.helpers.mps_helpers import live_with_pipe_under as processes_with
 
 import gpuslurm
 from gpuslurm.errors import CommandError, InputError
-from gpuslurm.hooks.log import HookLog
-from gpuslurm.hw.source import BUILTIN_DIR, load_node
-from gpuslurm.isolate.mps import MpsRequest, start_mps, stop_mps
+from gpuslurm.isolate.mps import MpsRequest, start_mps
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
-from mps_helpers import live_with_pipe_under as processes_with  # also imported from here
 
-NOBODY = 65534
-NOGROUP = 65534
-JOB = "8641"  # not 1234: other tests' jobs have cgroups that every task prolog looks for
-FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
+FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fakes" / "nvidia-cuda-mps-control"
 SRC = str(Path(gpuslurm.__file__).resolve().parents[1])
 SYSTEM_PYTHON = "/usr/bin/python3"  # readable by nobody, unlike pyenv's under /root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
                                 reason="runs the daemon as nobody: needs root and /usr/bin/python3")
-
-
-@dataclass
-class Mps:
-    root: Path
-    calls: Path
-
-    @property
-    def run_dir(self) -> str:
-        return str(self.root / "run")
-
-    def control(self, name: str = "nvidia-cuda-mps-control", **knobs: str) -> str:
-        """A wrapper that runs the stand-in with its log file (and test knobs) set."""
-        path = self.root / name
-        env = "".join(f"{k}={v} " for k, v in {"GPUSLURM_FAKE_MPS_LOG": self.calls, **knobs}.items())
-        path.write_text(f'#!/bin/sh\n{env}exec {FAKE} "$@"\n')
-        path.chmod(0o755)
-        return str(path)
-
-    def records(self, event: str | None = None) -> list[dict[str, Any]]:
-        lines = self.calls.read_text().splitlines() if self.calls.exists() else []
-        return [r for r in map(json.loads, lines) if event is None or r["event"] == event]
-
-    def start(self, job: str = "42", uuids: tuple[str, ...] = ("GPU-a", "GPU-b"), pct: int = 50,
-              pinned: int = 0, control: str | None = None, timeout: float = 5.0) -> Any:
-        return start_mps(job, NOBODY, NOGROUP, uuids, MpsRequest("comment", pct), run_dir=self.run_dir,
-                         mps_control=control or self.control(), pinned_memory_limit_mib=pinned,
-                         timeout=timeout)
-
-    def stop(self, job: str = "42", control: str | None = None, grace: float = 2.0) -> Any:
-        return stop_mps(job, run_dir=self.run_dir, mps_control=control or self.control(), timeout=5.0,
-                        grace=grace)
-
-
-def live(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            return "\nState:\tZ" not in fh.read()  # our daemons are reparented to a pid 1 that may not reap
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def mps() -> Iterator[Mps]:
-    root = Path(tempfile.mkdtemp(prefix="gpuslurm-mps-"))
-    root.chmod(0o755)  # nobody reaches the pipe directory through it
-    calls = root / "calls.jsonl"
-    calls.touch(mode=0o666)
-    calls.chmod(0o666)
-    try:
-        yield Mps(root, calls)
-    finally:
-        for pid in processes_with(str(root)):  # a failed test must not leave daemons behind
-            os.kill(pid, signal.SIGKILL)
-        subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=False)  # deep trees too
 
 
 def mode_owner(path: str | Path) -> tuple[int, int, int]:
@@ -247,44 +183,6 @@ def test_stop_removes_what_the_user_planted_without_following_it(mps: Mps) -> No
 
 
 # --- through the hooks ------------------------------------------------------------------------
-
-
-@dataclass
-class Site:
-    env: dict[str, str]  # the hook environment of job JOB, without its MPS request
-    uuids: list[str]  # the bundle's GPUs in index order
-    scontrol_log: Path
-
-
-def hook_site(mps: Mps, control: str | None = None) -> Site:
-    """A replayed DGX H100 and a config whose MPS control is the stand-in; scontrol records calls."""
-    bundle = mps.root / "bundle"
-    shutil.copytree(BUILTIN_DIR / "dgx-h100", bundle)
-    scontrol, scontrol_log = mps.root / "scontrol", mps.root / "scontrol.log"
-    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {scontrol_log}\n')
-    scontrol.chmod(0o755)
-    config = mps.root / "gpuslurm.toml"
-    config.write_text(
-        "[paths]\n"
-        f'run_dir = "{mps.run_dir}"\n'
-        f'state_dir = "{mps.root / "state"}"\n'
-        f'scontrol = "{scontrol}"\n'
-        f'mps_control = "{control or mps.control()}"\n'
-        '[mps]\ntriggers = ["gres", "comment"]\nactive_thread_percentage = 40\n'
-        "[hooks]\ncommand_timeout_s = 5\n[epilog]\nkill_grace_s = 0.5\n"
-        '[cgroup]\ndevices = "never"\n')  # device isolation is tested on its own
-    env = {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": str(bundle), "SLURM_JOB_ID": JOB,
-           "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_USER": "nobody", "SLURM_JOB_GID": str(NOGROUP),
-           "SLURMD_NODENAME": "node07", "SLURM_JOB_GPUS": "2,3"}
-    return Site(env, [g.uuid for g in load_node(str(bundle)).gpus], scontrol_log)
-
-
-def job_env(site: Site, **extra: str) -> dict[str, str]:
-    return {**site.env, **extra}
-
-
-def quiet(hook: str) -> HookLog:
-    return HookLog(hook, stream=io.StringIO(), use_syslog=False)
 
 
 def task_prolog_as_nobody(env: dict[str, str]) -> str:
@@ -496,8 +394,7 @@ def test_a_root_process_with_the_pipe_directory_survives_a_stale_restart(mps: Mp
 
 def test_the_daemon_starts_inside_the_jobs_devices_cgroup(mps: Mps) -> None:
     # Outside the job's device limits the user could ptrace their own daemon and open any GPU.
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cgroup_helpers import PROBE, as_nobody, make_gpu_files, parse_probe
+    from tests.helpers.cgroup_helpers import PROBE, as_nobody, make_gpu_files, parse_probe
 
     from gpuslurm.isolate.cgroup_v1 import remove_v1, setup_v1
     from gpuslurm.isolate.cgroupfs import cgroup_version
@@ -660,8 +557,7 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps,
     PrologFlags=Contain), PBS's cgroups hook's (``pbs_jobs.service/jobid/<id>``) are root's, so
     the daemon's process joins it as root before dropping to the user. Found through the
     scheduler's adapter, made here as the scheduler makes it."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cgroup_helpers import PROBE, make_gpu_files, parse_probe
+    from tests.helpers.cgroup_helpers import PROBE, make_gpu_files, parse_probe
 
     from gpuslurm.isolate.cgroup_v1 import scheduler_devices_procs
     from gpuslurm.isolate.cgroupfs import cgroup_version
@@ -719,7 +615,6 @@ def test_the_daemon_starts_inside_the_schedulers_root_owned_job_cgroup(mps: Mps,
                     time.sleep(0.1)
 
 
-
 def test_a_cgroup_not_roots_is_not_taken_for_the_schedulers() -> None:
     """A directory chain someone else owns (or that is missing) gives no cgroup to join."""
     from gpuslurm.isolate.cgroup_v1 import scheduler_devices_procs
@@ -761,8 +656,7 @@ def test_where_slurm_constrains_devices_the_prolog_confines_the_daemon_alone(mps
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
         assert f"devices:/gpuslurm/mps_{JOB}" in [line.split(":", 1)[1] for line in lines], lines
         assert (cgroup / "cgroup.procs").stat().st_uid == 0  # not the user's to join
-        sys.path.insert(0, str(Path(__file__).parent))
-        from cgroup_helpers import probe_as_nobody_in
+        from tests.helpers.cgroup_helpers import probe_as_nobody_in
 
         # as the user, in the daemon's cgroup: the job's GPUs 2 and 3 (dgx-h100: minor = index)
         assert probe_as_nobody_in(str(cgroup / "cgroup.procs")) == {

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cgroup_helpers import UNIFIED, as_nobody, make_gpu_files, v2_unavailable
+from tests.helpers.cgroup_helpers import UNIFIED, as_nobody, make_gpu_files, v2_unavailable
 
 from gpuslurm.hw.source import BUILTIN_DIR, load_node
 from gpuslurm.isolate import bpf

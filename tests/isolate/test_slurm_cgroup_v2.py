@@ -17,9 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cgroup_helpers import NOBODY, PROBE, SYSTEM_PYTHON, UNIFIED, make_gpu_files, parse_probe, v2_unavailable
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.helpers.cgroup_helpers import (
+    NOBODY,
+    PROBE,
+    SYSTEM_PYTHON,
+    UNIFIED,
+    make_gpu_files,
+    parse_probe,
+    v2_unavailable,
+)
 
 from gpuslurm.errors import HardwareError, InputError
 from gpuslurm.hooks.log import HookLog

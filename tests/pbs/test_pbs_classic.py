@@ -1,6 +1,6 @@
 """The classic prologue/epilogue without PBS: pbs_mom's arguments checked, the scripts' files.
 
-What pbs_mom does with them runs in tests/pbs/test_pbs_classic_e2e.py.
+What pbs_mom does with them runs in tests/pbs_cluster/test_pbs_classic_e2e.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A GPU out of service on PBS without PBS: execjob_begin and exechost_startup in-process, and the
 vnode counts and commands :func:`gpuslurm.pbs.gpu_out.reconcile` derives from the record.
 
-The real-PBS test is tests/pbs/test_pbs_gpu_out_e2e.py.
+The real-PBS test is tests/pbs_cluster/test_pbs_gpu_out_e2e.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_pbs_entry import Site
+from tests.helpers.pbs_site import Site
 
 from gpuslurm.errors import CommandError
 from gpuslurm.gres.pbs_vnodes import plan_vnodes

@@ -1,5 +1,5 @@
 """plugins/pbs/gpuslurm_hook.py under a stand-in ``pbs`` module: its failure policy and how it
-applies gpuslurm's answer, without PBS (the real pbs_mom runs it in tests/pbs/test_pbs_hooks_e2e.py).
+applies gpuslurm's answer, without PBS (the real pbs_mom runs it in tests/pbs_cluster/test_pbs_hooks_e2e.py).
 
 The stand-in gives the hook what pbs_python gives it (``pbs.event()``, ``pbs.vnode``, ``pbs.size``,
 ``pbs.logmsg``, ``pbs.hook_config_filename``) and records what the hook does with them.

@@ -1,6 +1,6 @@
 """``gpuslurm install --pbs``'s plan against a stand-in qmgr: idempotent, only the differences.
 
-The real qmgr of the test cluster runs it in tests/pbs/test_pbs_hooks_e2e.py.
+The real qmgr of the test cluster runs it in tests/pbs_cluster/test_pbs_hooks_e2e.py.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-import pbs_fixture
+from tests.helpers import pbs_fixture
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="without root the reason is root, not the source")

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers.cluster_fixture import users_site
 
-from cluster_fixture import users_site
 from gpuslurm.hooks import cache
 from gpuslurm.hooks.cache import PLACEMENT_FILE
 from gpuslurm.hw.model.node import Node

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from place_nodes import BUNDLES, DATA, NVL_PAIRS, PCIE_TREE, bundle_text, make_node
+from tests.helpers.place_nodes import BUNDLES, DATA, NVL_PAIRS, PCIE_TREE, bundle_text, make_node
 
 from gpuslurm.hw.model.node import Gpu, Link, LinkKind, MigDevice, Node
 from gpuslurm.hw.source import load_node

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from detect_helpers import GPUS, alloc, cycle, detect_cfg, proc, run, utils
+from tests.helpers.detect_helpers import GPUS, alloc, cycle, detect_cfg, proc, run, utils
 
 from gpuslurm.config import Config
 from gpuslurm.policy.defensive import Thresholds, thresholds

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from detect_helpers import GPUS, alloc, cycle, detect_cfg, gpu, proc, utils
+from tests.helpers.detect_helpers import GPUS, alloc, cycle, detect_cfg, gpu, proc, utils
 
 from gpuslurm.policy.detect import Detector
 from gpuslurm.samples import ScanProblem

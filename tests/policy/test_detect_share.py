@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from detect_helpers import GPUS, alloc, cycle, detect_cfg, gpu, kinds, proc, run, utils
+from tests.helpers.detect_helpers import GPUS, alloc, cycle, detect_cfg, gpu, kinds, proc, run, utils
 
 from gpuslurm.policy.detect import Detector
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from report_helpers import END, T0, make_store
-from test_compute import POLICY
+from tests.helpers.report_helpers import END, POLICY, T0, make_store
 
 from gpuslurm.report.charts import build_figure, titles, write_plot, zone
 from gpuslurm.report.compute import compute

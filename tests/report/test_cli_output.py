@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from report_helpers import CONFIG, END, T0, make_store
+from tests.helpers.report_helpers import CONFIG, END, T0, make_store
 
 WINDOW = ["--since", f"@{T0:.0f}", "--until", f"@{END:.0f}"]
 

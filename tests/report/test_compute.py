@@ -5,16 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from report_helpers import END, G0, G1, G2, T0, make_store
+from tests.helpers.report_helpers import END, G0, G1, G2, POLICY, T0, make_store
 
-from gpuslurm.config import ShareDetect
-from gpuslurm.policy.share import Quotas
-from gpuslurm.report.compute import Policy, Report, compute
+from gpuslurm.report.compute import Report, compute
 from gpuslurm.report.data import AllocationSpan, GpuSeries, ProcSeries, ReportData, bucket_start
 from gpuslurm.report.query import load_sqlite
-
-POLICY = Policy(Quotas(ShareDetect(users=(("alice", 0.2),), accounts=(("phys", 0.5),))).of,
-                {"phys": 0.5}, busy_pct=80.0, idle_pct=5.0)
 
 
 def rows(report: Report) -> dict[str, tuple[float, float, float]]:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from coverage_helpers import check_invariant, write_store
+from tests.helpers.coverage_helpers import check_invariant, write_store
 
 from gpuslurm.report.query import load_sqlite
 from gpuslurm.samples import Allocation

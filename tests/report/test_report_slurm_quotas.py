@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_helpers import END, T0, make_store
+from tests.helpers.report_helpers import END, T0, make_store
 
 WINDOW = ["--since", f"@{T0:.0f}", "--until", f"@{END:.0f}", "--format", "json"]
 # 22.05 -P format. Fractions of the cluster: alice 1/2 × 1/5 = 0.1, bob and carol 0.25; accounts 0.5.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.helpers.slurm_harness import make_devices, slurmd_parse, write_slurm_conf
 
 from gpuslurm.errors import CommandError
 from gpuslurm.gres.records import GresOptions, GresPlan, plan_gres
@@ -16,7 +17,6 @@ from gpuslurm.gres.render import render_node_conf, render_plan
 from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import load_node
 from gpuslurm.topo.cores import format_ranges
-from slurm_harness import make_devices, slurmd_parse, write_slurm_conf
 
 pytestmark = pytest.mark.slurm
 

@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.helpers.props_hostile import mutated
 
 from gpuslurm.slurm.sluid import job_of_sluid, job_of_sluid_text
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "props"))
-from props_hostile import mutated
 
 DATA = Path(__file__).resolve().parent / "show_job"
 SLUID = (DATA / "26.05-sluid").read_text().strip()

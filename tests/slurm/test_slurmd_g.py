@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from gpuslurm.errors import CommandError
-from gpuslurm.slurm.slurmd_g import expand_files, expand_ranges, parse_slurmd_g, parse_slurmd_report
-from slurm_harness import (
+from tests.helpers.slurm_harness import (
     make_devices,
     slurmd_parse,
     slurmd_report,
     write_gres_conf,
     write_slurm_conf,
 )
+
+from gpuslurm.errors import CommandError
+from gpuslurm.slurm.slurmd_g import expand_files, expand_ranges, parse_slurmd_g, parse_slurmd_report
 
 # Recorded from /usr/sbin/slurmd -G (Slurm 22.05.8) on a 2x56x2 node; stderr, as printed.
 H100_OUTPUT = """\

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from tests.helpers.slurm_harness import make_devices, slurmd_parse, write_slurm_conf
 
 from gpuslurm.errors import CommandError
 from gpuslurm.gres.records import GresOptions, plan_gres
@@ -16,7 +17,6 @@ from gpuslurm.gres.render import render_node_conf, render_plan
 from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.slurmd_g import SlurmGres, parse_slurmd_report, run_slurmd_report
-from slurm_harness import make_devices, slurmd_parse, write_slurm_conf
 
 CAPTURES = Path(__file__).parent / "slurmd_g"
 RELEASES = ("22.05", "24.11", "26.05")

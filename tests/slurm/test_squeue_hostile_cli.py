@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_squeue import HOSTILE_SQUEUE
+from tests.helpers.squeue_samples import HOSTILE_SQUEUE
 
 ISSUE_18 = ("IDX past the range parser's bound", "user_id 1e999", "5,000-deep nesting")
 NODE_LINE = "NodeName=gpu02 Arch=x86_64 Gres=gpu:h100:8(S:0-1) State=MIXED Reason=(null) Comment=(null)"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers.recording_scheduler import RecordingScheduler
 
 from gpuslurm.config import Config, PathsConfig
 from gpuslurm.errors import GpuslurmError
@@ -31,7 +32,6 @@ from gpuslurm.state.job import GpuClaim, HookJob, resolve_devices
 from gpuslurm.state.jobmap import job_map, write_map
 from gpuslurm.state.running import JobDetail
 from gpuslurm.state.scheduler import Scheduler
-from recording_scheduler import RecordingScheduler
 
 TESTS = Path(__file__).resolve().parents[1]
 SLURM_DATA = TESTS / "slurm" / "scheduler"
@@ -178,9 +178,10 @@ def cfg_at(root: Path) -> Config:
 # --- the shape -------------------------------------------------------------------------------------
 
 def test_slurm_recordings_are_there_for_every_release_of_the_suite() -> None:
-    """One recording per release the cluster tests run (tests/slurm_roots.py's, and the host's 22.05)."""
-    from slurm_roots import HOST_RELEASE
-    from slurm_roots import RELEASES as ROOT_RELEASES
+    """One recording per release the cluster tests run (tests/helpers/slurm_roots.py's, and the
+    host's 22.05)."""
+    from tests.helpers.slurm_roots import HOST_RELEASE
+    from tests.helpers.slurm_roots import RELEASES as ROOT_RELEASES
 
     missing = {HOST_RELEASE, *ROOT_RELEASES} - set(RELEASES)
     assert not missing, f"no Slurm recording in {SLURM_DATA} for {sorted(missing)}: run " \

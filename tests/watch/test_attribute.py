@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from watch_helpers import V1_ROOT, V2_ROOT, cgroup_unavailable, in_cgroup, sleeper, stop
+from tests.helpers.watch_helpers import V1_ROOT, V2_ROOT, cgroup_unavailable, in_cgroup, sleeper, stop
 
 from gpuslurm.errors import CommandError
 from gpuslurm.samples import Allocation, ProcessReading

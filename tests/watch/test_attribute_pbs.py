@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from watch_helpers import V1_ROOT, V2_ROOT, cgroup_unavailable, in_cgroup, sleeper, stop
+from tests.helpers.watch_helpers import V1_ROOT, V2_ROOT, cgroup_unavailable, in_cgroup, sleeper, stop
 
 from gpuslurm.samples import Allocation, ProcessReading
 from gpuslurm.state.cgroup import CgroupJob, parse_cgroup, parse_cgroup_path

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from watch_helpers import V2_ROOT, cgroup_unavailable, in_cgroup, stop
+from tests.helpers.watch_helpers import V2_ROOT, cgroup_unavailable, in_cgroup, stop
 
 from gpuslurm.errors import CommandError
 from gpuslurm.policy.rogue import why_rogue

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from watch_helpers import sleeper, stop
+from tests.helpers.watch_helpers import sleeper, stop
 
 from gpuslurm.errors import InputError
 from gpuslurm.hw.replay.scenario import ScenarioSampler

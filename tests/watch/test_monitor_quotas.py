@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from watch_helpers import sleeper, stop
+from tests.helpers.watch_helpers import sleeper, stop
 
 from gpuslurm.config import parse_config
 from gpuslurm.errors import CommandError

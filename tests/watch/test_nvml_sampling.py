@@ -1,6 +1,6 @@
 """NvmlSampler against a stand-in pynvml that also answers the live-sampling calls.
 
-What the replay library serves through the real pynvml is tested there (tests/nvml:
+What the replay library serves through the real pynvml is tested there (tests/hw/nvml:
 test_scenario.py reads GPUs, MIG devices, processes and a lost GPU live vs replayed,
 test_processes.py every process-list layout, test_calls.py the timestamps the sampler asks for
 and that a query the driver lacks is asked once). What stays here only a stand-in can express:
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fakes import fake_pynvml as fp
-from fakes.fake_pynvml import SamplingNvml
+from tests.helpers.fakes import fake_pynvml as fp
+from tests.helpers.fakes.fake_pynvml import SamplingNvml
+
 from gpuslurm.hw.live.nvml_sampler import NvmlSampler
 from gpuslurm.samples import GpuSample, ProcessReading
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from watch_helpers import sleeper, stop
+from tests.helpers.watch_helpers import sleeper, stop
 
 from gpuslurm.hw.live import procfs
 from gpuslurm.hw.live.procfs import ProcessFacts, ProcessProblem, parse_stat, read_identity, read_process

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from tests.helpers.recording_scheduler import RecordingScheduler
 
 from gpuslurm.config import Config, EpilogConfig, MonitorConfig, PathsConfig
 from gpuslurm.hw.source import hardware_source, load_node
 from gpuslurm.samples import Cycle, Violation
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.watch.run import MonitorParts, run_monitor
-from recording_scheduler import RecordingScheduler
 
 DGX = hardware_source("dgx-h100")
 

@@ -4,7 +4,7 @@
 # lines added that Slurm warns about. Run as root from the checkout:
 #
 #   tests/slurm/slurmd_g/capture.sh ROOT NAME    # ROOT: / for the host's Slurm, or a root that
-#                                                # tests/slurm_roots.py made; writes NAME-clean.txt
+#                                                # tests/helpers/slurm_roots.py made; writes NAME-clean.txt
 #                                                # NAME-warnings.txt and NAME-nomunge.txt
 #                                                # (clean, munged stopped) beside this script
 #

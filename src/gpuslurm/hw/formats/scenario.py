@@ -47,7 +47,7 @@ from gpuslurm.hw.model.node import Node
 from gpuslurm.samples import GpuSample, ProcessReading
 
 _GPU_KEYS = {"util": "util_pct", "mem_mib": "mem_used_mib", "power_w": "power_w", "temp_c": "temp_c"}
-# upper bounds, as the replay NVML library checks them (tests/nvml/libnvml_replay.c)
+# upper bounds, as the replay NVML library checks them (tests/hw/nvml/libnvml_replay.c)
 _LIMITS = {"util": 100.0, "mem_mib": float(1 << 24), "power_w": 1e5, "temp_c": 1000.0, "sm": 100.0}
 _PROC_KEYS = frozenset({"pid", "gpu", "mem_mib", "sm"})
 MAX_STEPS = 4096

@@ -1,4 +1,4 @@
-"""Writes the nvml.json that the test NVML library (tests/nvml/libnvml_replay.c) serves.
+"""Writes the nvml.json that the test NVML library (tests/hw/nvml/libnvml_replay.c) serves.
 
 It is :func:`gpuslurm.hw.formats.nvml_json.node_to_dict` plus what the C library needs to answer NVML's
 own questions without parsing topology text or scenarios: per GPU, the NVLinks (remote bus id, or
