@@ -288,6 +288,15 @@ class ActConfig(NamedTuple):
     share: ActShare = ActShare()
 
 
+class JobstatsConfig(NamedTuple):
+    """``gpuslurm jobstats`` (docs/jobstats.md): who sees every job, and the site's words."""
+
+    admin_groups: tuple[str, ...] = ()  # members see every job; root always does
+    offers: tuple[tuple[str, float], ...] = ()  # smaller GPUs / MIG profiles here: name -> GiB
+    notes: tuple[tuple[str, str], ...] = ()  # note kind (idle, busy-then-idle, smaller, all) -> text
+    links: tuple[str, ...] = ()
+
+
 SCHEDULER_KINDS = ("auto", "slurm", "pbs")
 
 
@@ -309,6 +318,7 @@ class Config(NamedTuple):
     detect: DetectConfig = DetectConfig()
     throttle: ThrottleConfig = ThrottleConfig()
     act: ActConfig = ActConfig()
+    jobstats: JobstatsConfig = JobstatsConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     source: str | None = None  # the file read; None when all defaults
 
@@ -373,6 +383,10 @@ RULES: dict[str, Rule] = {
     "detect.share.slurm_refresh_s": Rule(lo=10, hi=86400),
     "detect.share.default_quota": Rule(lo=0, hi=1),
     **{f"detect.share.{k}": Rule(item=float, lo=0, hi=1, mapping=True) for k in ("users", "accounts")},
+    "jobstats.admin_groups": Rule(item=str),
+    "jobstats.offers": Rule(item=float, lo=0.1, hi=1 << 20, mapping=True),
+    "jobstats.notes": Rule(item=str, mapping=True),
+    "jobstats.links": Rule(item=str),
     "detect.defensive.fraction": Rule(lo=0, hi=1),
     "detect.defensive.window_s": Rule(lo=1, hi=7 * 86400),
     "detect.defensive.lookback_s": Rule(lo=1, hi=30 * 86400),

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, Violation
 from gpuslurm.state import store_file
+from gpuslurm.state.store_job import JobRecord, read_job
 from gpuslurm.state.store_values import Checked, StoreError
 from gpuslurm.times import TIME_MAX
 
@@ -329,6 +330,11 @@ class Store:
                 power_max_w=_max(c.opt_number(raw[12], "gpu_sample.power_w", 0.0),
                                  c.opt_number(agg[8], "gpu_minute.power_max", 0.0)))
         return out
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """The job's allocation, its devices' samples over its lifetime and its processes
+        (:mod:`gpuslurm.state.store_job`); None when this store never saw the job."""
+        return read_job(self._read, self.checked, job_id)
 
     def violations(self, since: float, until: float, kind: str | None = None,
                    user: str | None = None, job_id: str | None = None) -> list[Violation]:

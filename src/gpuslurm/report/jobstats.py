@@ -1,0 +1,270 @@
+"""One job's GPU efficiency, for its user (pure): per GPU utilisation, memory, power, energy and
+time idle over the job's lifetime, the processes seen, and a verdict with notes.
+
+Input is the job's record from the node's store (:class:`gpuslurm.state.store_job.JobRecord`);
+nothing here reads a file or the clock. docs/jobstats.md says what each figure means.
+
+- Durations: a raw sample stands for the time to the next one, at most ``max_gap_s`` (a longer
+  gap is time the monitor did not see); the last sample stands for nothing. A minute row stands
+  for its minute.
+- Energy: power integrated over the same durations (the trapezoid between two raw samples, the
+  minute's mean power for a minute row), per whole GPU. A MIG device has no power reading of its
+  own, so it has no energy; a GPU other jobs were given at the same time (shards, MPS) is marked
+  ``shared_with`` and its energy is the whole GPU's, not split.
+- Idle: a span whose utilisation is below ``idle_pct``, whatever memory the job holds then
+  (memory held at ~0 % is idle memory, not use).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from gpuslurm.errors import InputError
+from gpuslurm.state.store_job import DeviceSeries, JobRecord, SeriesPoint
+
+NOTE_KINDS = ("idle", "busy-then-idle", "smaller", "all")
+HEADROOM = 1.1  # a smaller GPU must hold the peak plus this margin
+MIB_PER_GIB = 1024.0
+J_PER_KWH = 3.6e6
+
+
+class Settings(NamedTuple):
+    """The thresholds and the site's words (from ``[detect.idle]`` and ``[jobstats]``)."""
+
+    idle_pct: float = 5.0
+    tail_idle_s: float = 1800.0  # idle this long at the end of a busy job: "busy then idle"
+    max_gap_s: float = 180.0
+    offers: tuple[tuple[str, float], ...] = ()  # smaller GPUs / MIG profiles here: name -> GiB
+    site_notes: tuple[tuple[str, str], ...] = ()  # note kind -> the site's text for it
+    links: tuple[str, ...] = ()
+
+
+class GpuFigures(NamedTuple):
+    uuid: str
+    gpu_uuid: str | None
+    samples: int
+    util_min_pct: float | None  # None once some samples are only in minute rows
+    util_mean_pct: float | None
+    util_max_pct: float | None
+    mem_peak_mib: float | None
+    mem_mean_mib: float | None  # raw samples only
+    mem_total_mib: float | None
+    power_mean_w: float | None
+    energy_j: float | None
+    energy_covered_s: float  # the time the energy integral spans
+    observed_s: float  # the time the samples stand for
+    idle_s: float
+    idle_tail_s: float  # idle at the end of the job
+    shared_with: tuple[str, ...]
+
+
+class Note(NamedTuple):
+    kind: str
+    text: str
+    site_text: str | None = None
+
+
+class JobStats(NamedTuple):
+    job: JobRecord
+    running: bool
+    gpus: tuple[GpuFigures, ...]
+    energy_j: float | None
+    verdict: str
+    notes: tuple[Note, ...]
+    links: tuple[str, ...]
+
+
+def may_see(caller_uid: int, caller_gids: Sequence[int], admin_gids: Sequence[int],
+             owner_uid: int) -> bool:
+    """Whether the caller may see a job of ``owner_uid``: its owner, root, or a member of an
+    admin group; decided by the caller's real uid and groups, never by a name they give."""
+    return caller_uid in (0, owner_uid) or any(g in admin_gids for g in caller_gids)
+
+
+def check_site_notes(notes: Sequence[tuple[str, str]]) -> None:
+    for kind, _ in notes:
+        if kind not in NOTE_KINDS:
+            raise InputError(f"unknown note kind {kind!r} in [jobstats] notes: use one of "
+                             f"{', '.join(NOTE_KINDS)}", source="[jobstats] notes")
+
+
+def gpu_figures(series: DeviceSeries, s: Settings) -> GpuFigures:
+    """One device's figures over the job (see the module docstring for durations and energy)."""
+    pts = series.points
+    max_gap = _max_gap(pts, s.max_gap_s)
+    util_w = util_sum = observed = idle = 0.0
+    energy = covered = 0.0
+    powered = False
+    idle_tail = 0.0
+    for i, p in enumerate(pts):
+        if p.span_s:
+            span = p.span_s
+        elif i + 1 < len(pts) and pts[i + 1].ts - p.ts <= max_gap:
+            span = pts[i + 1].ts - p.ts
+        else:
+            span = 0.0
+        observed += span
+        if p.util_pct is not None:
+            util_w += p.samples
+            util_sum += p.util_pct * p.samples
+            if p.util_pct < s.idle_pct:
+                idle += span
+                idle_tail += span
+            else:
+                idle_tail = 0.0
+        if p.span_s and p.power_w is not None:
+            energy += p.power_w * p.span_s
+            covered += p.span_s
+            powered = True
+        elif span and p.power_w is not None and not pts[i + 1].span_s:
+            after = pts[i + 1].power_w
+            if after is not None:
+                energy += (p.power_w + after) / 2 * span
+                covered += span
+                powered = True
+    raw = [p for p in pts if not p.span_s]
+    rolled = len(raw) < len(pts)
+    utils = [p.util_pct for p in raw if p.util_pct is not None]
+    mems = [p.mem_mib for p in raw if p.mem_mib is not None]
+    powers = [(p.power_w, p.samples) for p in pts if p.power_w is not None]
+    return GpuFigures(
+        series.uuid, series.gpu_uuid, sum(p.samples for p in pts),
+        None if rolled or not utils else min(utils),
+        util_sum / util_w if util_w else None,
+        _max(p.util_max_pct for p in pts), _max(p.mem_mib for p in pts),
+        sum(mems) / len(mems) if mems and not rolled else None,
+        _max(p.mem_total_mib for p in pts),
+        sum(w * n for w, n in powers) / sum(n for _, n in powers) if powers else None,
+        energy if powered else None, covered, observed, idle, idle_tail, series.shared_with)
+
+
+def _max_gap(pts: Sequence[SeriesPoint], floor_s: float) -> float:
+    """The longest gap between raw samples still counted as seen: three times the store's usual
+    interval (its median gap), and at least ``floor_s`` (three of the configured intervals)."""
+    gaps = sorted(b.ts - a.ts for a, b in itertools.pairwise(pts) if not a.span_s and not b.span_s)
+    return max(floor_s, 3 * gaps[len(gaps) // 2]) if gaps else floor_s
+
+
+def compute(job: JobRecord, s: Settings, *, running: bool) -> JobStats:
+    """The job's figures, verdict and notes."""
+    check_site_notes(s.site_notes)
+    gpus = tuple(gpu_figures(d, s) for d in job.devices)
+    site = dict(s.site_notes)
+    notes: list[Note] = []
+    idle = [g for g in gpus if g.util_mean_pct is not None and g.util_mean_pct < s.idle_pct]
+    if idle:
+        held = _max(g.mem_peak_mib for g in idle)
+        holding = f", holding up to {_gib(held)} of memory" if held else ""
+        notes.append(Note("idle", f"{len(idle)} of {len(gpus)} GPU(s) were idle (mean utilisation "
+                          f"below {s.idle_pct:g} %){holding}: {', '.join(g.uuid for g in idle)}. "
+                          "Request only the GPUs your code uses.", site.get("idle")))
+    tail = [g for g in gpus if g not in idle and g.idle_tail_s >= s.tail_idle_s]
+    if tail:
+        longest = max(g.idle_tail_s for g in tail)
+        notes.append(Note("busy-then-idle", f"{len(tail)} GPU(s) were busy, then idle for the last "
+                          f"{_duration(longest)} of the job: end the job (or release the GPUs) when "
+                          "the GPU work is done.", site.get("busy-then-idle")))
+    smaller = _smaller(gpus, s.offers)
+    if smaller is not None:
+        notes.append(Note("smaller", smaller, site.get("smaller")))
+    if "all" in site:
+        notes.append(Note("all", "", site["all"]))
+    energies = [g.energy_j for g in gpus if g.energy_j is not None]
+    verdict = "idle GPUs" if idle else "room to improve" if tail or smaller else "good"
+    if not any(g.samples for g in gpus):
+        verdict = "no samples"
+    return JobStats(job, running, gpus, sum(energies) if energies else None, verdict, tuple(notes),
+                    s.links)
+
+
+def _smaller(gpus: Sequence[GpuFigures], offers: Sequence[tuple[str, float]]) -> str | None:
+    """The smallest GPU or MIG profile here that would hold every GPU's peak, when smaller."""
+    peaks = [g.mem_peak_mib for g in gpus]
+    totals = [g.mem_total_mib for g in gpus]
+    if not gpus or not offers or any(p is None for p in peaks) or any(t is None for t in totals):
+        return None
+    peak = max(p for p in peaks if p is not None)
+    total = min(t for t in totals if t is not None)
+    fits = sorted((gib, name) for name, gib in offers
+                  if gib * MIB_PER_GIB >= peak * HEADROOM and gib * MIB_PER_GIB < total)
+    if not fits:
+        return None
+    gib, name = fits[0]
+    return (f"Peak GPU memory was {_gib(peak)} of {_gib(total)}: a {name} ({gib:g} GiB) would hold it; "
+            "asking for one leaves the larger GPUs to jobs that need them.")
+
+
+def _max(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _gib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / MIB_PER_GIB:.1f} GiB"
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+def to_json(st: JobStats) -> dict[str, Any]:
+    """The ``jobstats`` JSON body (schemas/jobstats.json)."""
+    j = st.job
+    return {
+        "job": {"id": j.job_id, "user": j.user, "uid": j.uid, "account": j.account, "start": j.start,
+                "last_seen": j.last_seen, "duration_s": j.last_seen - j.start, "running": st.running,
+                "source": j.source},
+        "gpus": [{**g._asdict(), "shared_with": list(g.shared_with)} for g in st.gpus],
+        "processes": [p._asdict() for p in j.processes],
+        "energy_j": st.energy_j,
+        "energy_kwh": None if st.energy_j is None else st.energy_j / J_PER_KWH,
+        "verdict": st.verdict,
+        "notes": [n._asdict() for n in st.notes],
+        "links": list(st.links),
+    }
+
+
+def table(st: JobStats) -> list[str]:
+    """The ``jobstats`` text: the job, a row per GPU, the processes, the verdict and notes."""
+    j = st.job
+    state = "running" if st.running else "ended"
+    lines = [f"Job {j.job_id} on {j.node}: user {j.user} (uid {j.uid}), account {j.account or '-'}, "
+             f"{_duration(j.last_seen - j.start)}, {state}"]
+    lines.append(f"{'GPU':<22} {'UTIL% min/mean/max':>18} {'MEM GiB peak/mean':>17} {'POWER W':>8} "
+                 f"{'ENERGY kWh':>10} {'IDLE':>10}")
+    for g in st.gpus:
+        mem = f"{_num(g.mem_peak_mib, MIB_PER_GIB)}/{_num(g.mem_mean_mib, MIB_PER_GIB)}"
+        lines.append(f"{_short(g.uuid):<22} {_pct3(g):>18} {mem:>17} "
+                     f"{_num(g.power_mean_w, 1, 0):>8} {_num(g.energy_j, J_PER_KWH, 3):>10} "
+                     f"{_duration(g.idle_s):>10}" + (f"  shared with {', '.join(g.shared_with)}"
+                                                      if g.shared_with else ""))
+    if st.energy_j is not None:
+        lines.append(f"Energy (whole GPUs): {st.energy_j / J_PER_KWH:.3f} kWh")
+    if j.processes:
+        lines.append("Processes seen:")
+        for p in j.processes:
+            lines.append(f"  {p.pid:>8} {p.name or '?':<16} on {_short(p.device)}, "
+                         f"peak {_num(p.mem_max_mib, MIB_PER_GIB)} GiB")
+    lines.append(f"Verdict: {st.verdict}")
+    for n in st.notes:
+        for text in (n.text, n.site_text):
+            if text:
+                lines.append(f"  * {text}")
+    for link in st.links:
+        lines.append(f"  See {link}")
+    return lines
+
+
+def _short(uuid: str) -> str:
+    return uuid if len(uuid) <= 22 else uuid[:21] + "…"
+
+
+def _pct3(g: GpuFigures) -> str:
+    return f"{_num(g.util_min_pct, 1, 0)}/{_num(g.util_mean_pct, 1, 0)}/{_num(g.util_max_pct, 1, 0)}"
+
+
+def _num(value: float | None, unit: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value / unit:.{digits}f}"
