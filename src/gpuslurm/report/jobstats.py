@@ -7,8 +7,10 @@ nothing here reads a file or the clock. docs/jobstats.md says what each figure m
 - Durations: a raw sample stands for the time to the next one, at most ``max_gap_s`` (a longer
   gap is time the monitor did not see); the last sample stands for nothing. A minute row stands
   for its minute.
-- Energy: power integrated over the same durations (the trapezoid between two raw samples, the
-  minute's mean power for a minute row), per whole GPU. A MIG device has no power reading of its
+- Energy: the rises of NVML's total energy counter where the GPU has one; else power integrated
+  over the same durations (the trapezoid between two raw samples, the minute's mean power for a
+  minute row). Where the counter falls (a driver reload or GPU reset restarted it), the power
+  between those two samples stands in. Per whole GPU. A MIG device has no power reading of its
   own, so it has no energy; a GPU other jobs were given at the same time (shards, MPS) is marked
   ``shared_with`` and its energy is the whole GPU's, not split.
 - Idle: a span whose utilisation is below ``idle_pct``, whatever memory the job holds then
@@ -58,6 +60,8 @@ class GpuFigures(NamedTuple):
     idle_s: float
     idle_tail_s: float  # idle at the end of the job
     shared_with: tuple[str, ...]
+    energy_source: str | None = None  # "counter", "power", "counter+power"
+    counter_resets: int = 0
 
 
 class Note(NamedTuple):
@@ -94,10 +98,7 @@ def gpu_figures(series: DeviceSeries, s: Settings) -> GpuFigures:
     """One device's figures over the job (see the module docstring for durations and energy)."""
     pts = series.points
     max_gap = _max_gap(pts, s.max_gap_s)
-    util_w = util_sum = observed = idle = 0.0
-    energy = covered = 0.0
-    powered = False
-    idle_tail = 0.0
+    util_w = util_sum = observed = idle = idle_tail = 0.0
     for i, p in enumerate(pts):
         if p.span_s:
             span = p.span_s
@@ -114,16 +115,7 @@ def gpu_figures(series: DeviceSeries, s: Settings) -> GpuFigures:
                 idle_tail += span
             else:
                 idle_tail = 0.0
-        if p.span_s and p.power_w is not None:
-            energy += p.power_w * p.span_s
-            covered += p.span_s
-            powered = True
-        elif span and p.power_w is not None and not pts[i + 1].span_s:
-            after = pts[i + 1].power_w
-            if after is not None:
-                energy += (p.power_w + after) / 2 * span
-                covered += span
-                powered = True
+    energy = _energy(pts, max_gap)
     raw = [p for p in pts if not p.span_s]
     rolled = len(raw) < len(pts)
     utils = [p.util_pct for p in raw if p.util_pct is not None]
@@ -137,7 +129,54 @@ def gpu_figures(series: DeviceSeries, s: Settings) -> GpuFigures:
         sum(mems) / len(mems) if mems and not rolled else None,
         _max(p.mem_total_mib for p in pts),
         sum(w * n for w, n in powers) / sum(n for _, n in powers) if powers else None,
-        energy if powered else None, covered, observed, idle, idle_tail, series.shared_with)
+        energy.joules, energy.covered_s, observed, idle, idle_tail, series.shared_with,
+        energy.source, energy.resets)
+
+
+class Energy(NamedTuple):
+    joules: float | None
+    covered_s: float
+    source: str | None  # "counter", "power", "counter+power" (across a reset, or mixed), None
+    resets: int  # times the counter fell (a driver reload, a GPU reset)
+
+
+def _energy(pts: Sequence[SeriesPoint], max_gap: float) -> Energy:
+    """NVML's energy counter's rises where it has one; else power integrated (the trapezoid
+    between raw samples, a minute row's mean power over its minute). Across a fall of the
+    counter, the power between the two samples stands in."""
+    joules = covered = 0.0
+    used: set[str] = set()
+    resets = 0
+    for i, p in enumerate(pts):
+        if p.span_s:  # a minute row: what lies between its samples
+            if p.energy_inside_mj is not None:
+                joules += p.energy_inside_mj / 1000
+                used.add("counter")
+            elif p.power_w is not None:
+                joules += p.power_w * p.span_s
+                used.add("power")
+            else:
+                continue
+            covered += p.span_s
+        if i + 1 == len(pts):
+            break
+        q = pts[i + 1]
+        if q.ts - p.ts > max_gap + p.span_s or (p.span_s and p.energy_last_mj is None):
+            continue  # a gap the monitor did not see, or a minute counted whole by its power
+        a, b = p.energy_last_mj, q.energy_first_mj
+        gap = 0.0 if p.span_s else q.ts - p.ts
+        if a is not None and b is not None and b >= a:
+            joules += (b - a) / 1000
+            used.add("counter")
+            covered += gap
+            continue
+        resets += a is not None and b is not None
+        if gap and p.power_w is not None and q.power_w is not None and not q.span_s:
+            joules += (p.power_w + q.power_w) / 2 * gap
+            used.add("power")
+            covered += gap
+    source = "+".join(sorted(used)) if used else None
+    return Energy(joules if used else None, covered, source, resets)
 
 
 def _max_gap(pts: Sequence[SeriesPoint], floor_s: float) -> float:

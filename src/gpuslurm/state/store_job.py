@@ -28,6 +28,11 @@ class SeriesPoint(NamedTuple):
     mem_mib: float | None  # raw: the sample; minute: the largest
     mem_total_mib: float | None
     power_w: float | None  # raw: the sample; minute: the mean
+    # NVML's energy counter (mJ): raw, the sample's (first and last alike, nothing inside); minute,
+    # at its first and last sample and the rises between its samples
+    energy_first_mj: float | None = None
+    energy_last_mj: float | None = None
+    energy_inside_mj: float | None = None
 
 
 class JobProcess(NamedTuple):
@@ -66,8 +71,9 @@ class JobRecord(NamedTuple):
 Read = Callable[[str, tuple[Any, ...]], list[Any]]
 
 
-def read_job(read: Read, c: Checked, job_id: str) -> JobRecord | None:
-    """The job's record, or None when the store has never seen it allocated."""
+def read_job(read: Read, c: Checked, job_id: str, energy: bool = True) -> JobRecord | None:
+    """The job's record, or None when the store has never seen it allocated (``energy``: the
+    store has the energy columns, schema 2)."""
     rows = read("SELECT user, uid, account, start, last_seen, source FROM allocation WHERE job_id = ?",
                 (job_id,))
     if not rows:
@@ -87,7 +93,7 @@ def read_job(read: Read, c: Checked, job_id: str) -> JobRecord | None:
             "WHERE ad.device = ? AND a.job_id != ? AND a.start <= ? AND a.last_seen >= ? "
             "ORDER BY a.job_id LIMIT 100", (device, job_id, last, start)))
         devices.append(DeviceSeries(c.text(uuid, "device.uuid"), c.opt_text(parent, "device.gpu_uuid"),
-                                    _points(read, c, device, start, last), others))
+                                    _points(read, c, device, start, last, energy), others))
     procs = []
     for dev, pid, name, puid, puser, first, seen, mem in read(
             "SELECT d.uuid, p.pid, p.name, p.uid, p.user, p.first_seen, p.last_seen, "
@@ -105,11 +111,13 @@ def read_job(read: Read, c: Checked, job_id: str) -> JobRecord | None:
                      c.text(source, "allocation.source"), tuple(devices), tuple(procs))
 
 
-def _points(read: Read, c: Checked, device: int, start: float, last: float) -> tuple[SeriesPoint, ...]:
+def _points(read: Read, c: Checked, device: int, start: float, last: float,
+            energy: bool) -> tuple[SeriesPoint, ...]:
     out = []
-    for minute, n, util_n, util_sum, util_max, mem, total, power_n, power_sum in read(
-            "SELECT minute, n, util_n, util_sum, util_max, mem_max, mem_total, power_n, power_sum "
-            "FROM gpu_minute WHERE device = ? AND minute + 60 > ? AND minute <= ? ORDER BY minute "
+    cols = "energy_first_mj, energy_last_mj, energy_inside_mj" if energy else "NULL, NULL, NULL"
+    for minute, n, util_n, util_sum, util_max, mem, total, power_n, power_sum, e0, e1, inside in read(
+            "SELECT minute, n, util_n, util_sum, util_max, mem_max, mem_total, power_n, power_sum, "  # noqa: S608
+            f"{cols} FROM gpu_minute WHERE device = ? AND minute + 60 > ? AND minute <= ? ORDER BY minute "
             "LIMIT ?", (device, start, last, MAX_POINTS)):
         util_n = c.whole(util_n, "gpu_minute.util_n")
         power_n = c.whole(power_n, "gpu_minute.power_n")
@@ -119,15 +127,21 @@ def _points(read: Read, c: Checked, device: int, start: float, last: float) -> t
             if util_n else None,
             c.opt_pct(util_max, "gpu_minute.util_max"), c.opt_number(mem, "gpu_minute.mem_max", 0.0),
             c.opt_number(total, "gpu_minute.mem_total", 0.0),
-            c.number(power_sum, "gpu_minute.power_sum", 0.0) / power_n if power_n else None))
-    for ts, util, mem, total, power in read(
-            "SELECT ts, util_pct, mem_used_mib, mem_total_mib, power_w FROM gpu_sample "
+            c.number(power_sum, "gpu_minute.power_sum", 0.0) / power_n if power_n else None,
+            c.opt_number(e0, "gpu_minute.energy_first_mj", 0.0),
+            c.opt_number(e1, "gpu_minute.energy_last_mj", 0.0),
+            c.opt_number(inside, "gpu_minute.energy_inside_mj", 0.0)))
+    for ts, util, mem, total, power, counter in read(
+            f"SELECT ts, util_pct, mem_used_mib, mem_total_mib, power_w, {'energy_mj' if energy else 'NULL'} "  # noqa: S608
+            "FROM gpu_sample "
             "WHERE device = ? AND ts BETWEEN ? AND ? ORDER BY ts LIMIT ?",
             (device, start, last, MAX_POINTS)):
         u = c.opt_pct(util, "gpu_sample.util_pct")
+        e = c.opt_number(counter, "gpu_sample.energy_mj", 0.0)
         out.append(SeriesPoint(c.time(ts, "gpu_sample.ts"), 0.0, 1, u, u,
                                c.opt_number(mem, "gpu_sample.mem_used_mib", 0.0),
                                c.opt_number(total, "gpu_sample.mem_total_mib", 0.0),
-                               c.opt_number(power, "gpu_sample.power_w", 0.0)))
+                               c.opt_number(power, "gpu_sample.power_w", 0.0), e, e,
+                               None if e is None else 0.0))
     out.sort(key=lambda p: p.ts)
     return tuple(out)
