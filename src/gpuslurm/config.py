@@ -292,6 +292,9 @@ class JobstatsConfig(NamedTuple):
     """``gpuslurm jobstats`` (docs/jobstats.md): who sees every job, and the site's words."""
 
     admin_groups: tuple[str, ...] = ()  # members see every job; root always does
+    # where the monitor leaves each job's figures for its owner: "": <paths.state_dir>/jobstats
+    dir: str = ""
+    write_interval_s: float = 300.0  # a running job's file is refreshed this often
     offers: tuple[tuple[str, float], ...] = ()  # smaller GPUs / MIG profiles here: name -> GiB
     notes: tuple[tuple[str, str], ...] = ()  # note kind (idle, busy-then-idle, smaller, all) -> text
     links: tuple[str, ...] = ()
@@ -384,6 +387,8 @@ RULES: dict[str, Rule] = {
     "detect.share.default_quota": Rule(lo=0, hi=1),
     **{f"detect.share.{k}": Rule(item=float, lo=0, hi=1, mapping=True) for k in ("users", "accounts")},
     "jobstats.admin_groups": Rule(item=str),
+    "jobstats.dir": Rule(abspath=True, empty_ok=True),
+    "jobstats.write_interval_s": Rule(lo=10, hi=86400),
     "jobstats.offers": Rule(item=float, lo=0.1, hi=1 << 20, mapping=True),
     "jobstats.notes": Rule(item=str, mapping=True),
     "jobstats.links": Rule(item=str),

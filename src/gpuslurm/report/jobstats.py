@@ -20,10 +20,11 @@ nothing here reads a file or the clock. docs/jobstats.md says what each figure m
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gpuslurm.errors import InputError
+from gpuslurm.jsondoc import document
 from gpuslurm.state.store_job import DeviceSeries, JobRecord, SeriesPoint
 
 NOTE_KINDS = ("idle", "busy-then-idle", "smaller", "all")
@@ -250,9 +251,9 @@ def _duration(seconds: float) -> str:
 
 
 def to_json(st: JobStats) -> dict[str, Any]:
-    """The ``jobstats`` JSON body (schemas/jobstats.json)."""
+    """The ``jobstats`` JSON document (schemas/jobstats.json)."""
     j = st.job
-    return {
+    return document("jobstats", {
         "job": {"id": j.job_id, "user": j.user, "uid": j.uid, "account": j.account, "start": j.start,
                 "last_seen": j.last_seen, "duration_s": j.last_seen - j.start, "running": st.running,
                 "source": j.source},
@@ -263,46 +264,43 @@ def to_json(st: JobStats) -> dict[str, Any]:
         "verdict": st.verdict,
         "notes": [n._asdict() for n in st.notes],
         "links": list(st.links),
-    }
+    }, node=j.node)
 
 
-def table(st: JobStats) -> list[str]:
-    """The ``jobstats`` text: the job, a row per GPU, the processes, the verdict and notes."""
-    j = st.job
-    state = "running" if st.running else "ended"
-    lines = [f"Job {j.job_id} on {j.node}: user {j.user} (uid {j.uid}), account {j.account or '-'}, "
-             f"{_duration(j.last_seen - j.start)}, {state}"]
+def table(doc: Mapping[str, Any]) -> list[str]:
+    """The ``jobstats`` text from its JSON document (:func:`to_json`, or the job's file): the job,
+    a row per GPU, the processes, the verdict and notes."""
+    j = doc["job"]
+    state = "running" if j["running"] else "ended"
+    lines = [f"Job {j['id']} on {doc.get('node', '?')}: user {j['user']} (uid {j['uid']}), account "
+             f"{j['account'] or '-'}, {_duration(j['duration_s'])}, {state}"]
     lines.append(f"{'GPU':<22} {'UTIL% min/mean/max':>18} {'MEM GiB peak/mean':>17} {'POWER W':>8} "
                  f"{'ENERGY kWh':>10} {'IDLE':>10}")
-    for g in st.gpus:
-        mem = f"{_num(g.mem_peak_mib, MIB_PER_GIB)}/{_num(g.mem_mean_mib, MIB_PER_GIB)}"
-        lines.append(f"{_short(g.uuid):<22} {_pct3(g):>18} {mem:>17} "
-                     f"{_num(g.power_mean_w, 1, 0):>8} {_num(g.energy_j, J_PER_KWH, 3):>10} "
-                     f"{_duration(g.idle_s):>10}" + (f"  shared with {', '.join(g.shared_with)}"
-                                                      if g.shared_with else ""))
-    if st.energy_j is not None:
-        lines.append(f"Energy (whole GPUs): {st.energy_j / J_PER_KWH:.3f} kWh")
-    if j.processes:
+    for g in doc["gpus"]:
+        util = "/".join(_num(g[k], 1, 0) for k in ("util_min_pct", "util_mean_pct", "util_max_pct"))
+        mem = f"{_num(g['mem_peak_mib'], MIB_PER_GIB)}/{_num(g['mem_mean_mib'], MIB_PER_GIB)}"
+        lines.append(f"{_short(g['uuid']):<22} {util:>18} {mem:>17} {_num(g['power_mean_w'], 1, 0):>8} "
+                     f"{_num(g['energy_j'], J_PER_KWH, 3):>10} {_duration(g['idle_s']):>10}"
+                     + (f"  shared with {', '.join(g['shared_with'])}" if g["shared_with"] else ""))
+    if doc["energy_j"] is not None:
+        lines.append(f"Energy (whole GPUs): {doc['energy_j'] / J_PER_KWH:.3f} kWh")
+    if doc["processes"]:
         lines.append("Processes seen:")
-        for p in j.processes:
-            lines.append(f"  {p.pid:>8} {p.name or '?':<16} on {_short(p.device)}, "
-                         f"peak {_num(p.mem_max_mib, MIB_PER_GIB)} GiB")
-    lines.append(f"Verdict: {st.verdict}")
-    for n in st.notes:
-        for text in (n.text, n.site_text):
+        for p in doc["processes"]:
+            lines.append(f"  {p['pid']:>8} {p['name'] or '?':<16} on {_short(p['device'])}, "
+                         f"peak {_num(p['mem_max_mib'], MIB_PER_GIB)} GiB")
+    lines.append(f"Verdict: {doc['verdict']}")
+    for n in doc["notes"]:
+        for text in (n["text"], n["site_text"]):
             if text:
                 lines.append(f"  * {text}")
-    for link in st.links:
+    for link in doc["links"]:
         lines.append(f"  See {link}")
     return lines
 
 
 def _short(uuid: str) -> str:
     return uuid if len(uuid) <= 22 else uuid[:21] + "…"
-
-
-def _pct3(g: GpuFigures) -> str:
-    return f"{_num(g.util_min_pct, 1, 0)}/{_num(g.util_mean_pct, 1, 0)}/{_num(g.util_max_pct, 1, 0)}"
 
 
 def _num(value: float | None, unit: float = 1.0, digits: int = 1) -> str:
