@@ -179,9 +179,16 @@ class RogueDetect(NamedTuple):
     exempt_users: tuple[str, ...] = ()  # e.g. a monitoring agent's account
 
 
+HELD_MEMORY = ("idle", "busy")
+
+
 class IdleDetect(NamedTuple):
     enabled: bool = True
     threshold_pct: float = 5.0
+    # GPU memory a job holds at low utilisation: "idle" counts it idle (held, not used), "busy"
+    # calls a GPU holding at least held_min_mib not idle (Princeton jobstats' reading)
+    held_memory: str = "idle"
+    held_min_mib: float = 1024.0
     window_s: float = 1800.0
     grace_s: float = 600.0
     min_samples: int = 3
@@ -379,6 +386,8 @@ RULES: dict[str, Rule] = {
     **{f"detect.{s}.min_samples": Rule(lo=1, hi=100000) for s in ("idle", "share")},
     **{f"detect.{s}.min_coverage": Rule(lo=0, hi=1) for s in ("idle", "share")},
     "detect.idle.window_s": Rule(lo=1, hi=7 * 86400),
+    "detect.idle.held_memory": Rule(choices=HELD_MEMORY),
+    "detect.idle.held_min_mib": Rule(lo=0, hi=1 << 24),
     "detect.idle.grace_s": Rule(lo=0, hi=7 * 86400),
     "detect.share.duration_s": Rule(lo=1, hi=7 * 86400),
     "detect.share.quota_source": Rule(choices=QUOTA_SOURCES),

@@ -117,6 +117,14 @@ def test_the_verdict_names_the_idle_gpu_the_idle_tail_and_a_smaller_gpu(stores: 
     assert stats(stores[False], "8", config="").verdict == "good"
 
 
+def test_held_memory_busy_counts_a_gpu_holding_memory_as_not_idle(stores: dict[bool, Path]) -> None:
+    busy = '[detect.idle]\nheld_memory = "busy"\nheld_min_mib = 1024\n'
+    g0, g1 = stats(stores[False], config=busy).gpus
+    assert g0.idle_s == 0 and g1.idle_s == pytest.approx(7200)  # G0 holds 2 GiB throughout; G1 none
+    s = stats(stores[False], config=busy)
+    assert [n.kind for n in s.notes] == ["idle"] and G0 not in s.notes[0].text
+
+
 def test_a_user_sees_only_their_own_job_root_and_admins_all(stores: dict[bool, Path]) -> None:
     db = stores[False]
     assert stats(db, "7", uid=1001).job.user == "alice"

@@ -13,8 +13,9 @@ nothing here reads a file or the clock. docs/jobstats.md says what each figure m
   between those two samples stands in. Per whole GPU. A MIG device has no power reading of its
   own, so it has no energy; a GPU other jobs were given at the same time (shards, MPS) is marked
   ``shared_with`` and its energy is the whole GPU's, not split.
-- Idle: a span whose utilisation is below ``idle_pct``, whatever memory the job holds then
-  (memory held at ~0 % is idle memory, not use).
+- Idle: a span whose utilisation is at or below ``idle_pct``, whatever memory the job holds then
+  (memory held at ~0 % is idle memory, not use); with ``held_busy_mib`` (``[detect.idle]
+  held_memory = "busy"``), a span holding at least that much is not idle.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Settings(NamedTuple):
     idle_pct: float = 5.0
     tail_idle_s: float = 1800.0  # idle this long at the end of a busy job: "busy then idle"
     max_gap_s: float = 180.0
+    held_busy_mib: float | None = None  # [detect.idle] held_memory = "busy": holding this is not idle
     offers: tuple[tuple[str, float], ...] = ()  # smaller GPUs / MIG profiles here: name -> GiB
     site_notes: tuple[tuple[str, str], ...] = ()  # note kind -> the site's text for it
     links: tuple[str, ...] = ()
@@ -111,7 +113,7 @@ def gpu_figures(series: DeviceSeries, s: Settings) -> GpuFigures:
         if p.util_pct is not None:
             util_w += p.samples
             util_sum += p.util_pct * p.samples
-            if p.util_pct < s.idle_pct:
+            if p.util_pct <= s.idle_pct and not _holds(p.mem_mib, s.held_busy_mib):
                 idle += span
                 idle_tail += span
             else:
@@ -193,12 +195,13 @@ def compute(job: JobRecord, s: Settings, *, running: bool) -> JobStats:
     gpus = tuple(gpu_figures(d, s) for d in job.devices)
     site = dict(s.site_notes)
     notes: list[Note] = []
-    idle = [g for g in gpus if g.util_mean_pct is not None and g.util_mean_pct < s.idle_pct]
+    idle = [g for g in gpus if g.util_mean_pct is not None and g.util_mean_pct <= s.idle_pct
+            and not _holds(g.mem_peak_mib, s.held_busy_mib)]
     if idle:
         held = _max(g.mem_peak_mib for g in idle)
         holding = f", holding up to {_gib(held)} of memory" if held else ""
         notes.append(Note("idle", f"{len(idle)} of {len(gpus)} GPU(s) were idle (mean utilisation "
-                          f"below {s.idle_pct:g} %){holding}: {', '.join(g.uuid for g in idle)}. "
+                          f"at or below {s.idle_pct:g} %){holding}: {', '.join(g.uuid for g in idle)}. "
                           "Request only the GPUs your code uses.", site.get("idle")))
     tail = [g for g in gpus if g not in idle and g.idle_tail_s >= s.tail_idle_s]
     if tail:
@@ -234,6 +237,10 @@ def _smaller(gpus: Sequence[GpuFigures], offers: Sequence[tuple[str, float]]) ->
     gib, name = fits[0]
     return (f"Peak GPU memory was {_gib(peak)} of {_gib(total)}: a {name} ({gib:g} GiB) would hold it; "
             "asking for one leaves the larger GPUs to jobs that need them.")
+
+
+def _holds(mem_mib: float | None, busy_mib: float | None) -> bool:
+    return busy_mib is not None and mem_mib is not None and mem_mib >= busy_mib
 
 
 def _max(values: Any) -> float | None:

@@ -30,7 +30,9 @@ MAX_FILE_BYTES = 4 << 20  # a job's figures are a few KiB; a thousand processes 
 
 def settings(cfg: Config) -> Settings:
     js = cfg.jobstats
-    return Settings(idle_pct=cfg.detect.idle.threshold_pct, tail_idle_s=cfg.detect.idle.window_s,
+    idle = cfg.detect.idle
+    return Settings(idle_pct=idle.threshold_pct, tail_idle_s=idle.window_s,
+                    held_busy_mib=idle.held_min_mib if idle.held_memory == "busy" else None,
                     max_gap_s=max(3 * cfg.monitor.interval_s, 5.0), offers=js.offers,
                     site_notes=js.notes, links=js.links)
 
