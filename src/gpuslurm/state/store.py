@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, Violation
 from gpuslurm.state import store_file
-from gpuslurm.state.store_job import JobRecord, read_job
+from gpuslurm.state.store_job import DeviceSeries, JobRecord, read_job, read_series
 from gpuslurm.state.store_values import Checked, StoreError
 from gpuslurm.times import TIME_MAX
 
@@ -355,6 +355,11 @@ class Store:
         """The job's allocation, its devices' samples over its lifetime and its processes
         (:mod:`gpuslurm.state.store_job`); None when this store never saw the job."""
         return read_job(self._read, self.checked, job_id, energy=self.schema_version() >= 2)
+
+    def device_series(self, uuids: list[str], since: float, until: float) -> dict[str, DeviceSeries]:
+        """Each device's samples in ``[since, until]`` as jobstats reads them (raw and minute rows)."""
+        return read_series(self._read, self.checked, uuids, since, until,
+                           energy=self.schema_version() >= 2)
 
     def violations(self, since: float, until: float, kind: str | None = None,
                    user: str | None = None, job_id: str | None = None) -> list[Violation]:

@@ -111,6 +111,20 @@ def read_job(read: Read, c: Checked, job_id: str, energy: bool = True) -> JobRec
                      c.text(source, "allocation.source"), tuple(devices), tuple(procs))
 
 
+def read_series(read: Read, c: Checked, uuids: list[str], start: float, end: float,
+                energy: bool = True) -> dict[str, DeviceSeries]:
+    """Each device's points in ``[start, end]`` (whatever job held it), by UUID; devices the store
+    never saw are left out."""
+    out = {}
+    for uuid in dict.fromkeys(uuids):
+        row = read("SELECT id, gpu_uuid FROM device WHERE uuid = ?", (uuid,))
+        if row:
+            ident = c.whole(row[0][0], "device.id")
+            out[uuid] = DeviceSeries(uuid, c.opt_text(row[0][1], "device.gpu_uuid"),
+                                     _points(read, c, ident, start, end, energy), ())
+    return out
+
+
 def _points(read: Read, c: Checked, device: int, start: float, last: float,
             energy: bool) -> tuple[SeriesPoint, ...]:
     out = []
