@@ -5,11 +5,13 @@ upgraded without losing a row; the replay NVML library serving the counter to th
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from gpuslurm.cli.main import main
 from gpuslurm.config import parse_config
 from gpuslurm.report.jobstats_load import job_stats
 from gpuslurm.samples import Allocation, Cycle, GpuSample
@@ -110,3 +112,25 @@ def test_a_schema_1_store_is_upgraded_without_losing_a_row(tmp_path: Path) -> No
 
 def _columns(path: Path, table: str) -> set[str]:
     return {r[1] for r in sqlite3.connect(path).execute(f"PRAGMA table_info({table})")}
+
+
+@pytest.mark.parametrize("rolled", [False, True])
+def test_the_fair_share_report_gives_the_job_s_user_its_energy(
+        tmp_path: Path, rolled: bool, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSLURM_CONFIG", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    db = write(tmp_path / "m.db", rolled=rolled)
+    expected = figures(db).energy_j / 3.6e6
+    window = ["--since", f"@{int(T0)}", "--until", f"@{int(T0 + 7200)}"]
+    capsys.readouterr()
+    assert main(["fairshare-report", "--db", str(db), *window, "--by", "user", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["totals"]["energy_kwh"] == pytest.approx(expected, abs=1e-4)
+    [alice] = doc["rows"]
+    assert alice["key"] == "alice" and alice["energy_kwh"] == pytest.approx(expected, abs=1e-4)
+    assert main(["fairshare-report", "--db", str(db), *window]) == 0
+    table = capsys.readouterr().out
+    head = next(line for line in table.splitlines() if "VIOLATIONS" in line)
+    row = next(line for line in table.splitlines() if line.startswith("alice"))
+    assert f"Energy {expected:.2f} kWh" in table and head.endswith("kWh") and row.endswith(f"{expected:.2f}")

@@ -143,24 +143,27 @@ class Energy(NamedTuple):
     resets: int  # times the counter fell (a driver reload, a GPU reset)
 
 
-def _energy(pts: Sequence[SeriesPoint], max_gap: float) -> Energy:
-    """NVML's energy counter's rises where it has one; else power integrated (the trapezoid
-    between raw samples, a minute row's mean power over its minute). Across a fall of the
-    counter, the power between the two samples stands in."""
-    joules = covered = 0.0
-    used: set[str] = set()
+class EnergyPart(NamedTuple):
+    ts: float  # where the span it counts begins
+    joules: float
+    span_s: float  # the time it covers (0: a counter's step out of a minute row)
+    source: str  # "counter" or "power"
+
+
+def energy_parts(pts: Sequence[SeriesPoint], max_gap: float) -> tuple[list[EnergyPart], int]:
+    """Each span's energy, and how often the counter fell: NVML's energy counter's rises where it
+    has one; else power integrated (the trapezoid between raw samples, a minute row's mean power
+    over its minute). Across a fall of the counter, the power between the two samples stands in."""
+    parts: list[EnergyPart] = []
     resets = 0
     for i, p in enumerate(pts):
         if p.span_s:  # a minute row: what lies between its samples
             if p.energy_inside_mj is not None:
-                joules += p.energy_inside_mj / 1000
-                used.add("counter")
+                parts.append(EnergyPart(p.ts, p.energy_inside_mj / 1000, p.span_s, "counter"))
             elif p.power_w is not None:
-                joules += p.power_w * p.span_s
-                used.add("power")
+                parts.append(EnergyPart(p.ts, p.power_w * p.span_s, p.span_s, "power"))
             else:
                 continue
-            covered += p.span_s
         if i + 1 == len(pts):
             break
         q = pts[i + 1]
@@ -169,17 +172,24 @@ def _energy(pts: Sequence[SeriesPoint], max_gap: float) -> Energy:
         a, b = p.energy_last_mj, q.energy_first_mj
         gap = 0.0 if p.span_s else q.ts - p.ts
         if a is not None and b is not None and b >= a:
-            joules += (b - a) / 1000
-            used.add("counter")
-            covered += gap
+            parts.append(EnergyPart(p.ts + p.span_s, (b - a) / 1000, gap, "counter"))
             continue
         resets += a is not None and b is not None
         if gap and p.power_w is not None and q.power_w is not None and not q.span_s:
-            joules += (p.power_w + q.power_w) / 2 * gap
-            used.add("power")
-            covered += gap
-    source = "+".join(sorted(used)) if used else None
-    return Energy(joules if used else None, covered, source, resets)
+            parts.append(EnergyPart(p.ts, (p.power_w + q.power_w) / 2 * gap, gap, "power"))
+    return parts, resets
+
+
+def _energy(pts: Sequence[SeriesPoint], max_gap: float) -> Energy:
+    parts, resets = energy_parts(pts, max_gap)
+    if not parts:
+        return Energy(None, 0.0, None, resets)
+    return Energy(sum(e.joules for e in parts), sum(e.span_s for e in parts),
+                  "+".join(sorted({e.source for e in parts})), resets)
+
+
+def max_gap(pts: Sequence[SeriesPoint], floor_s: float) -> float:
+    return _max_gap(pts, floor_s)
 
 
 def _max_gap(pts: Sequence[SeriesPoint], floor_s: float) -> float:

@@ -34,6 +34,7 @@ from gpuslurm.report.data import (
     bucket_count,
     bucket_start,
 )
+from gpuslurm.report.jobstats import energy_parts, max_gap
 from gpuslurm.state.store import Store, StoreError
 from gpuslurm.state.store_values import Checked
 
@@ -148,10 +149,12 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
     interval = sampling_interval(store)
     durations = [min(start + (b + 1) * step_s, until) - max(start + b * step_s, since) for b in range(n)]
     labels = _index_labels(devices)
+    shown = [(dev, uuid, parent) for dev, (uuid, parent) in sorted(devices.items())
+             if any((dev, b) in gpu for b in range(n))]
+    energy = _energy(store, [u for _, u, _ in shown], since, until, start, step_s, n, interval)
     gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n), _cover(gpu, dev, durations, interval),
-                           labels[dev])
-                 for dev, (uuid, parent) in sorted(devices.items())
-                 if any((dev, b) in gpu for b in range(n)))
+                           labels[dev], energy.get(uuid, ()))
+                 for dev, uuid, parent in shown)
 
     proc: _Acc = {}
     _accumulate(c, "proc_sample", proc, conn.execute(_PROC_RAW, (start, step_s, since, until)), n)
@@ -189,6 +192,23 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
     violations = tuple(store.violations(since, until))
     return ReportData(f"sqlite:{path}", since, until, start, step_s, gpus, tuple(procs), allocations,
                       violations)
+
+
+def _energy(store: Store, uuids: list[str], since: float, until: float, start: float, step_s: float,
+            n: int, interval: float | None) -> dict[str, tuple[float | None, ...]]:
+    """Each device's energy per bucket, counted as jobstats counts it (a span's energy in the
+    bucket it begins in); devices without power readings or an energy counter are left out."""
+    out: dict[str, tuple[float | None, ...]] = {}
+    for uuid, series in store.device_series(uuids, since, until).items():
+        parts, _ = energy_parts(series.points, max_gap(series.points, 3 * (interval or 1.0)))
+        if not parts:
+            continue
+        buckets: list[float | None] = [None] * n
+        for e in parts:
+            b = min(max(int((e.ts - start) // step_s), 0), n - 1)
+            buckets[b] = (buckets[b] or 0.0) + e.joules
+        out[uuid] = tuple(buckets)
+    return out
 
 
 def _accumulate(c: Checked, table: str, acc: _Acc, rows: Any, n: int) -> None:
