@@ -32,7 +32,7 @@ class GpuSeries(NamedTuple):
     cover: tuple[float, ...] = ()
     # how users know it: its index ("3"; a MIG device "3.1"); "" when the source cannot say
     label: str = ""
-    # the whole GPU's energy (J) per bucket, as jobstats counts it; None (or ()) where unknown
+    # the whole GPU's energy (J) per bucket (its power sampled × the interval); None (or ()): unknown
     energy_j: tuple[float | None, ...] = ()
 
 

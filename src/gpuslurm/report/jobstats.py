@@ -188,10 +188,6 @@ def _energy(pts: Sequence[SeriesPoint], max_gap: float) -> Energy:
                   "+".join(sorted({e.source for e in parts})), resets)
 
 
-def max_gap(pts: Sequence[SeriesPoint], floor_s: float) -> float:
-    return _max_gap(pts, floor_s)
-
-
 def _max_gap(pts: Sequence[SeriesPoint], floor_s: float) -> float:
     """The longest gap between raw samples still counted as seen: three times the store's usual
     interval (its median gap), and at least ``floor_s`` (three of the configured intervals)."""

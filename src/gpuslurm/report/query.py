@@ -34,13 +34,15 @@ from gpuslurm.report.data import (
     bucket_count,
     bucket_start,
 )
-from gpuslurm.report.jobstats import energy_parts, max_gap
 from gpuslurm.state.store import Store, StoreError
 from gpuslurm.state.store_values import Checked
 
-_GPU_RAW = """SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct)
+# the last two columns: the power readings, for the energy (_energy)
+_GPU_RAW = """SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct),
+count(power_w), total(power_w)
 FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts >= ? AND ts < ? GROUP BY device, b"""
-_GPU_MIN = """SELECT device, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum)
+_GPU_MIN = """SELECT device, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum),
+sum(power_n), total(power_sum)
 FROM gpu_minute WHERE device IN (SELECT id FROM device) AND minute >= ? AND minute < ? GROUP BY device, b"""
 _PROCS = """SELECT id, device, pid, name, user, uid, job_id FROM process
 WHERE last_seen >= ? AND first_seen < ?"""
@@ -137,8 +139,12 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
         devices[c.whole(i, "device.id")] = (uuid, c.opt_text(g, "device.gpu_uuid") or uuid)
 
     gpu: _Acc = {}
-    _accumulate(c, "gpu_sample", gpu, conn.execute(_GPU_RAW, (start, step_s, since, until)), n)
-    _accumulate(c, "gpu_minute", gpu, conn.execute(_GPU_MIN, (start, step_s, minute_lo, until)), n)
+    power: _Acc = {}
+    for table, sql, args in (("gpu_sample", _GPU_RAW, (start, step_s, since, until)),
+                             ("gpu_minute", _GPU_MIN, (start, step_s, minute_lo, until))):
+        rows = conn.execute(sql, args).fetchall()
+        _accumulate(c, table, gpu, [r[:5] for r in rows], n)
+        _power(c, table, power, rows, n)
     if not gpu:
         period = stored_period(store)
         if period is None:
@@ -151,7 +157,7 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
     labels = _index_labels(devices)
     shown = [(dev, uuid, parent) for dev, (uuid, parent) in sorted(devices.items())
              if any((dev, b) in gpu for b in range(n))]
-    energy = _energy(store, [u for _, u, _ in shown], since, until, start, step_s, n, interval)
+    energy = _energy(power, shown, n, interval)
     gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n), _cover(gpu, dev, durations, interval),
                            labels[dev], energy.get(uuid, ()))
                  for dev, uuid, parent in shown)
@@ -194,20 +200,32 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
                       violations)
 
 
-def _energy(store: Store, uuids: list[str], since: float, until: float, start: float, step_s: float,
-            n: int, interval: float | None) -> dict[str, tuple[float | None, ...]]:
-    """Each device's energy per bucket, counted as jobstats counts it (a span's energy in the
-    bucket it begins in); devices without power readings or an energy counter are left out."""
-    out: dict[str, tuple[float | None, ...]] = {}
-    for uuid, series in store.device_series(uuids, since, until).items():
-        parts, _ = energy_parts(series.points, max_gap(series.points, 3 * (interval or 1.0)))
-        if not parts:
+def _power(c: Checked, table: str, acc: _Acc, rows: Any, n: int) -> None:
+    """Add the power readings of bucketed rows (``_GPU_RAW``/``_GPU_MIN``'s last two columns)."""
+    for ident, b, *_, count, watts in rows:
+        if not count:
             continue
-        buckets: list[float | None] = [None] * n
-        for e in parts:
-            b = min(max(int((e.ts - start) // step_s), 0), n - 1)
-            buckets[b] = (buckets[b] or 0.0) + e.joules
-        out[uuid] = tuple(buckets)
+        b = min(max(c.whole(b, f"{table} time", -2**63, 2**63), 0), n - 1)
+        cell = acc.setdefault((c.whole(ident, f"{table} device"), b), [0.0, 0.0])
+        cell[0] += c.whole(count, f"{table} power count")
+        cell[1] += c.number(watts, f"{table} power", 0.0)
+
+
+def _energy(power: _Acc, shown: list[tuple[int, str, str]], n: int,
+            interval: float | None) -> dict[str, tuple[float | None, ...]]:
+    """Each device's energy (J) per bucket: the power sampled times the sampling interval, as the
+    GPU-hours are the utilisation sampled times the interval (a bucket the monitor saw in part
+    counts that part). jobstats counts one job's energy from NVML's energy counter where there is
+    one, a per-sample step the report's month of samples cannot afford
+    (benchmarks/bench_report.py); on a GPU that has a counter the two agree to the power
+    readings' accuracy. Devices without power readings are left out."""
+    out: dict[str, tuple[float | None, ...]] = {}
+    if interval is None:
+        return out
+    for dev, uuid, _ in shown:
+        cells = [power.get((dev, b)) for b in range(n)]
+        if any(cells):
+            out[uuid] = tuple(None if x is None else x[1] * interval for x in cells)
     return out
 
 

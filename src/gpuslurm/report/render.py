@@ -89,18 +89,18 @@ def write_table(report: Report, fp: TextIO) -> None:
              f"{tenths(t.outside_gpu_hours)} outside any job), "
              f"idle {tenths(t.idle_gpu_hours)} GPU-h, unmeasured {tenths(t.unmeasured_gpu_hours)} GPU-h, "
              f"{t.violations} violation(s)\n")
-    if t.energy_kwh is not None:  # NVML's energy counter, else integrated power (docs/jobstats.md)
+    if t.energy_kwh is not None:  # the power sampled times the interval (docs/report.md)
         fp.write(f"Energy {t.energy_kwh:.2f} kWh (whole GPUs; a job's share by the time it held them)\n")
     fp.write("\n")
     energy = t.energy_kwh is not None
-    head = (report.by.upper(), "ALLOC GPU-h", "USED GPU-h", "NO-JOB USE", "IDLE GPU-h", "SHARE", "QUOTA",
-            "JOBS", "IDLE JOBS", "VIOLATIONS") + (("kWh",) if energy else ())
+    kwh: tuple[str, ...] = ("kWh",) if energy else ()
+    head = (report.by.upper(), "ALLOC GPU-h", "USED GPU-h", "NO-JOB USE", "IDLE GPU-h", *kwh, "SHARE",
+            "QUOTA", "JOBS", "IDLE JOBS", "VIOLATIONS")
     lines = [head] + [(r.key + (" !" if r.over_quota else ""), tenths(r.allocated_gpu_hours),
                        tenths(r.used_gpu_hours), tenths(r.outside_gpu_hours), tenths(r.idle_gpu_hours),
+                       *((("-" if r.energy_kwh is None else f"{r.energy_kwh:.2f}"),) if energy else ()),
                        pct(r.share_pct), "-" if r.quota_pct is None else pct(r.quota_pct), str(r.jobs),
-                       str(r.idle_jobs), str(r.violations))
-                      + ((("-" if r.energy_kwh is None else f"{r.energy_kwh:.2f}"),) if energy else ())
-                      for r in report.rows]
+                       str(r.idle_jobs), str(r.violations)) for r in report.rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     for line in lines:
         cells = [line[0].ljust(widths[0])] + [c.rjust(wd) for c, wd in zip(line[1:], widths[1:], strict=True)]
