@@ -99,7 +99,8 @@ def generate(path: str, days: int, end: float) -> tuple[int, int, float]:
                         proc_rows.append((float(t), cur[2], 900.0, None))
                 ts = stop
         conn.execute("BEGIN")
-        conn.executemany("INSERT INTO gpu_sample VALUES (?, ?, ?, ?, ?, ?, ?)", gpu_rows)
+        conn.executemany("INSERT INTO gpu_sample (device, ts, util_pct, mem_used_mib, mem_total_mib, "
+                         "power_w, temp_c) VALUES (?, ?, ?, ?, ?, ?, ?)", gpu_rows)
         conn.executemany("INSERT INTO proc_sample VALUES (?, ?, ?, ?)", proc_rows)
         conn.execute("COMMIT")
         n_gpu += len(gpu_rows)

@@ -179,9 +179,16 @@ class RogueDetect(NamedTuple):
     exempt_users: tuple[str, ...] = ()  # e.g. a monitoring agent's account
 
 
+HELD_MEMORY = ("idle", "busy")
+
+
 class IdleDetect(NamedTuple):
     enabled: bool = True
     threshold_pct: float = 5.0
+    # GPU memory a job holds at low utilisation: "idle" counts it idle (held, not used), "busy"
+    # calls a GPU holding at least held_min_mib not idle (Princeton jobstats' reading)
+    held_memory: str = "idle"
+    held_min_mib: float = 1024.0
     window_s: float = 1800.0
     grace_s: float = 600.0
     min_samples: int = 3
@@ -288,6 +295,18 @@ class ActConfig(NamedTuple):
     share: ActShare = ActShare()
 
 
+class JobstatsConfig(NamedTuple):
+    """``gpuslurm jobstats`` (docs/jobstats.md): who sees every job, and the site's words."""
+
+    admin_groups: tuple[str, ...] = ()  # members see every job; root always does
+    # where the monitor leaves each job's figures for its owner: "": <paths.state_dir>/jobstats
+    dir: str = ""
+    write_interval_s: float = 300.0  # a running job's file is refreshed this often
+    offers: tuple[tuple[str, float], ...] = ()  # smaller GPUs / MIG profiles here: name -> GiB
+    notes: tuple[tuple[str, str], ...] = ()  # note kind (idle, busy-then-idle, smaller, all) -> text
+    links: tuple[str, ...] = ()
+
+
 SCHEDULER_KINDS = ("auto", "slurm", "pbs")
 
 
@@ -309,6 +328,7 @@ class Config(NamedTuple):
     detect: DetectConfig = DetectConfig()
     throttle: ThrottleConfig = ThrottleConfig()
     act: ActConfig = ActConfig()
+    jobstats: JobstatsConfig = JobstatsConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     source: str | None = None  # the file read; None when all defaults
 
@@ -366,6 +386,8 @@ RULES: dict[str, Rule] = {
     **{f"detect.{s}.min_samples": Rule(lo=1, hi=100000) for s in ("idle", "share")},
     **{f"detect.{s}.min_coverage": Rule(lo=0, hi=1) for s in ("idle", "share")},
     "detect.idle.window_s": Rule(lo=1, hi=7 * 86400),
+    "detect.idle.held_memory": Rule(choices=HELD_MEMORY),
+    "detect.idle.held_min_mib": Rule(lo=0, hi=1 << 24),
     "detect.idle.grace_s": Rule(lo=0, hi=7 * 86400),
     "detect.share.duration_s": Rule(lo=1, hi=7 * 86400),
     "detect.share.quota_source": Rule(choices=QUOTA_SOURCES),
@@ -373,6 +395,12 @@ RULES: dict[str, Rule] = {
     "detect.share.slurm_refresh_s": Rule(lo=10, hi=86400),
     "detect.share.default_quota": Rule(lo=0, hi=1),
     **{f"detect.share.{k}": Rule(item=float, lo=0, hi=1, mapping=True) for k in ("users", "accounts")},
+    "jobstats.admin_groups": Rule(item=str),
+    "jobstats.dir": Rule(abspath=True, empty_ok=True),
+    "jobstats.write_interval_s": Rule(lo=10, hi=86400),
+    "jobstats.offers": Rule(item=float, lo=0.1, hi=1 << 20, mapping=True),
+    "jobstats.notes": Rule(item=str, mapping=True),
+    "jobstats.links": Rule(item=str),
     "detect.defensive.fraction": Rule(lo=0, hi=1),
     "detect.defensive.window_s": Rule(lo=1, hi=7 * 86400),
     "detect.defensive.lookback_s": Rule(lo=1, hi=30 * 86400),

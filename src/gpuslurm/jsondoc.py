@@ -30,6 +30,7 @@ VERSIONS = {
     "hogs": 1,  # gpuslurm hogs --json
     "throttle-list": 1,  # gpuslurm throttle list --json
     "fairshare-report": 1,  # gpuslurm fairshare-report --format json
+    "jobstats": 1,  # gpuslurm jobstats JOBID --json
 }
 
 

@@ -119,8 +119,10 @@ def _check(st: os.stat_result, here: str, *, final: bool, private: bool,
 
 
 def replace_at(dfd: int, name: str, payload: bytes, mode: int, *,
-               error: type[InputError] = UnsafePathError, source: str | None = None) -> None:
-    """Replace ``name`` in the directory ``dfd`` with ``payload``, atomically, with exactly ``mode``.
+               error: type[InputError] = UnsafePathError, source: str | None = None,
+               owner: int | None = None) -> None:
+    """Replace ``name`` in the directory ``dfd`` with ``payload``, atomically, with exactly ``mode``
+    (and, as root, owned by the uid ``owner``: given to it only once written).
 
     The data goes to a temporary name created exclusively without following symlinks, is synced,
     and is renamed over ``name`` (a rename replaces a symlink at ``name``, never writes through it),
@@ -147,6 +149,8 @@ def replace_at(dfd: int, name: str, payload: bytes, mode: int, *,
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
+            if owner is not None:
+                os.fchown(fh.fileno(), owner, -1)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         try:

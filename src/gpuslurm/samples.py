@@ -27,6 +27,9 @@ class GpuSample(NamedTuple):
     mem_total_mib: float | None = None
     power_w: float | None = None
     temp_c: float | None = None
+    # NVML's total energy counter (mJ since the driver loaded; it restarts with a driver reload or
+    # GPU reset); None where the GPU has none (before Volta, MIG devices)
+    energy_mj: float | None = None
 
 
 class ProcessReading(NamedTuple):

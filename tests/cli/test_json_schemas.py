@@ -35,6 +35,7 @@ JSON_COMMANDS = {
     ("gpu", "list"): "gpu-list", ("health",): "health", ("status",): "status",
     ("monitor",): "monitor-cycle", ("placement",): "placement", ("hogs",): "hogs",
     ("throttle", "list"): "throttle-list", ("fairshare-report",): "fairshare-report",
+    ("jobstats",): "jobstats",
 }
 
 
@@ -170,6 +171,13 @@ def test_fairshare_report_json_matches(site: Path, capsys: pytest.CaptureFixture
         doc = check("fairshare-report", run(capsys, "fairshare-report", "--db", str(db), *window, "--by", by,
                                             "--format", "json"))
         assert doc["rows"]
+
+
+def test_jobstats_json_matches(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(make_store(site / "monitor.db", rolled=True))
+    for job in ("1", "2", "3"):
+        doc = check("jobstats", run(capsys, "jobstats", job, "--db", db, "--json"))
+        assert doc["job"]["id"] == job and doc["node"] == "n1"
 
 
 def _json_commands(group: click.Group, ctx: click.Context,

@@ -214,7 +214,8 @@ BAD_COMMANDS: tuple[tuple[str, ...], ...] = (
 COMMANDS: tuple[tuple[str, ...], ...] = (
     (), ("capture",), ("demo",), ("discover",), ("epilog",), ("fairshare-report",), ("gpu",),
     ("gpu", "list"), ("gpu", "offline"), ("gpu", "online"), ("gres-conf",), ("health",), ("hogs",),
-    ("install",), ("man-pages",), ("mig",), ("mig", "apply"), ("mig", "assert"), ("mig", "show"),
+    ("install",), ("jobstats",), ("man-pages",), ("mig",), ("mig", "apply"), ("mig", "assert"),
+    ("mig", "show"),
     ("monitor",), ("node-conf",), ("pbs-conf",), ("pick",), ("placement",), ("prolog",), ("status",),
     ("task-prolog",), ("throttle",), ("throttle", "add"), ("throttle", "auto"), ("throttle", "list"),
     ("throttle", "remove"), ("throttle", "sync"), ("topo",), ("watch",),

@@ -391,6 +391,8 @@ def test_summary_has_min_mean_temperature_power_and_the_gpus_taken_out(site: Hoo
         (10.0, 19.0, 100.0, 109.0)
     assert (g["temp_mean_c"], g["temp_max_c"], g["power_mean_w"], g["power_max_w"]) == \
         (54.5, 59.0, 245.0, 290.0)
+    # energy: the power's trapezoid over the nine 1 s steps, (200+210)/2 + ... + (280+290)/2 J
+    assert g["energy_j"] == sum((200 + 10 * i + 210 + 10 * i) / 2 for i in range(9)) == 2205.0
     [out] = s["gpus_out_of_service"]  # type: ignore[misc]
     assert out["uuid"] == site.uuids[4] and out["reason"].startswith("Xid 79")
 

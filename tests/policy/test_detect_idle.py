@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from tests.helpers.detect_helpers import GPUS, alloc, cycle, detect_cfg, gpu, kinds, proc, run, utils
 
+from gpuslurm.errors import InputError
 from gpuslurm.policy.detect import Detector
-from gpuslurm.samples import ScanProblem
+from gpuslurm.samples import Cycle, GpuSample, ScanProblem
 
 G0, G1, G2 = GPUS[0], GPUS[1], GPUS[2]
 IDLE = {"window_s": "60", "grace_s": "0", "threshold_pct": "5", "min_samples": "3"}
@@ -170,3 +173,26 @@ def test_a_gpu_listed_twice_in_an_allocation_is_one_gpu() -> None:
     job = alloc("812", "alice", G0, G0)
     found = run(det, TIMES[:7], lambda t: cycle(t, utils(0.0), [], [job]))
     assert found[5] == () and kinds(found[6]) == [("idle", "812", G0)]
+
+
+def _holding(mib: float) -> Callable[[float], Cycle]:
+    job = alloc("812", "alice", G0)
+
+    def make(t: float) -> Cycle:
+        return cycle(t, [GpuSample(t, G0, None, 0.0, mib, 80000.0, 60.0, 35.0)], [], [job])
+    return make
+
+
+def test_memory_held_at_zero_utilisation_is_idle_and_the_evidence_says_how_much() -> None:
+    (v,) = run(_det(), TIMES[:7], _holding(30 * 1024))[-1]
+    assert v.evidence.startswith("job 812 of alice holds GPU-0000 at 0 % on average over the last 60 s, "
+                                 "holding 30.0 GiB of its memory (idle at or below 5 %)")
+
+
+def test_held_memory_busy_does_not_call_a_gpu_holding_memory_idle() -> None:
+    assert run(_det(held_memory='"busy"'), TIMES[:7], _holding(30 * 1024))[-1] == ()
+    # below held_min_mib it holds nothing that counts: idle as before
+    (v,) = run(_det(held_memory='"busy"', held_min_mib="40960"), TIMES[:7], _holding(30 * 1024))[-1]
+    assert "holding" not in v.evidence
+    with pytest.raises(InputError, match="held_memory"):
+        _det(held_memory='"maybe"')

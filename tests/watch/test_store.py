@@ -287,8 +287,9 @@ def test_report_queries_use_the_indexes_and_stay_fast(db: Path) -> None:
     # 30 days of minute rows for 8 GPUs, plus the last 2 hours raw at 1 Hz
     conn = store._conn
     conn.execute("BEGIN")
-    conn.executemany("INSERT INTO gpu_minute VALUES (?, ?, 60, 60, ?, 90.0, 1000.0, 80000.0, 0, 0, "
-                     "NULL, NULL)",
+    conn.executemany("INSERT INTO gpu_minute (device, minute, n, util_n, util_sum, util_max, mem_max, "
+                     "mem_total, power_n, power_sum, power_max, temp_max) "
+                     "VALUES (?, ?, 60, 60, ?, 90.0, 1000.0, 80000.0, 0, 0, NULL, NULL)",
                      ((d + 1, int(T0) + m * 60, 60.0 * (m % 100)) for d in range(8)
                       for m in range(days * 1440 - 120)))
     conn.executemany("INSERT OR REPLACE INTO gpu_sample (device, ts, util_pct, mem_used_mib) "

@@ -69,6 +69,7 @@ def _load(source: str | None) -> Node:
 LAZY_COMMANDS = {
     "install": "gpuslurm.cli.install_cmd:install",
     "hogs": "gpuslurm.cli.hogs_cmd:hogs",
+    "jobstats": "gpuslurm.cli.jobstats_cmd:jobstats",
     "prolog": "gpuslurm.cli.hook_cmds:prolog",
     "epilog": "gpuslurm.cli.hook_cmds:epilog",
     "task-prolog": "gpuslurm.cli.hook_cmds:task_prolog",
@@ -92,6 +93,8 @@ LAZY_SHORT_HELP = {
     "install": "Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they "
                "need (--pbs: import gpuslurm's PBS hooks with qmgr instead).",
     "hogs": "List the current violations: rogue processes, idle allocations, users over their share.",
+    "jobstats": "How one job used its GPUs: utilisation, memory, power, energy, idle time, a verdict "
+                "and notes.",
     "prolog": "Slurm Prolog (root): check the job's GPUs' health, drain on faults, write the job map.",
     "epilog": "Slurm Epilog (root): check the GPUs were released, remove the job map, write a summary.",
     "task-prolog": "Slurm TaskProlog (the job's user): print CUDA_VISIBLE_DEVICES and NUMA hints as "

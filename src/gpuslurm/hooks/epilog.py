@@ -124,8 +124,10 @@ def _bookkeeping(job: HookJob, scheduler: Scheduler, start: float | None, now: f
     job_id = job.job_id
     if start is None:  # no map: the scheduler may still say when the job started
         start = job.start
-    stats = _monitor_stats([g["uuid"] for g in gpus], start, now, cfg, log)
+    stats, energy = _monitor_stats([g["uuid"] for g in gpus], start, now, cfg, log)
     for g in gpus:
+        if g["uuid"] in energy:
+            g["energy_j"] = _round(energy[g["uuid"]])
         if (s := stats.get(g["uuid"])) is not None:
             g.update(samples=s.samples, util_mean_pct=_round(s.util_mean_pct),
                      util_max_pct=_round(s.util_max_pct), mem_peak_mib=_round(s.mem_peak_mib),
@@ -172,19 +174,25 @@ def _out_during(uuids: list[str], start: float | None, cfg: Config,
 
 
 def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Config,
-                   log: HookLog) -> dict[str, GpuStats]:
-    """Per-device figures from the monitor's store; empty when there is no store or no data."""
+                   log: HookLog) -> tuple[dict[str, GpuStats], dict[str, float]]:
+    """Per-device figures from the monitor's store, and each device's energy (J) as jobstats
+    counts it (docs/jobstats.md); empty when there is no store or no data."""
     path = os.path.join(cfg.paths.state_dir, "monitor.db")
     if not uuids or start is None or not os.path.isfile(path):
-        return {}
+        return {}, {}
+    from gpuslurm.report.jobstats import Settings, gpu_figures  # only now, as the store
     from gpuslurm.state.store import Store  # only now: it imports sqlite3
 
     try:
         with Store.open(path, readonly=True, timeout_s=min(2.0, cfg.hooks.command_timeout_s)) as store:
-            return dict(store.gpu_stats(uuids, start, now))
+            stats = dict(store.gpu_stats(uuids, start, now))
+            series = store.device_series(uuids, start, now)
     except GpuslurmError as exc:
         log.warning(f"cannot read the monitor store: {exc}")
-        return {}
+        return {}, {}
+    settings = Settings(max_gap_s=max(3 * cfg.monitor.interval_s, 5.0))
+    figures = {u: gpu_figures(s, settings).energy_j for u, s in series.items()}
+    return stats, {u: e for u, e in figures.items() if e is not None}
 
 
 def admin_comment(n_gpus: int, stats: Sequence[GpuStats], killed: int = 0) -> str:

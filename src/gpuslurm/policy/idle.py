@@ -29,6 +29,7 @@ class IdleTracker:
     def update(self, cycle: Cycle, v: CycleView, threshold: float, window: float,
                note: str) -> list[Violation]:
         ts, cfg = cycle.ts, self._cfg
+        held = {g.mig_uuid or g.gpu_uuid: g.mem_used_mib for g in cycle.gpus}
         found: list[Violation] = []
         state: dict[tuple[str, str], _Entry] = {}
         for alloc in cycle.allocations:
@@ -46,12 +47,15 @@ class IdleTracker:
                 mean = None
                 if ts - alloc.start >= cfg.grace_s - EPS:
                     mean = judged(entry.series, ts, window, cfg.min_samples, cfg.min_coverage)
-                if mean is None or mean > threshold + EPS:
+                mem = held.get(dev)
+                holds = mem is not None and mem >= cfg.held_min_mib
+                if mean is None or mean > threshold + EPS or (holds and cfg.held_memory == "busy"):
                     entry.start = None
                     continue
                 if entry.start is None:
                     entry.start = max(ts - window, alloc.start)
-                found.append(_violation(cycle, alloc, dev, mine, entry, mean, threshold, window, note))
+                found.append(_violation(cycle, alloc, dev, mine, entry, mean, threshold, window, note,
+                                        mem if holds else None))
         self._state = state  # ended jobs are forgotten
         return found
 
@@ -70,7 +74,8 @@ def _job_proc(job_id: str, procs: list[ProcSample] | None) -> ProcSample | None:
 
 
 def _violation(cycle: Cycle, alloc: Allocation, dev: str, proc: ProcSample | None, entry: _Entry,
-               mean: float, threshold: float, window: float, note: str) -> Violation:
+               mean: float, threshold: float, window: float, note: str,
+               held_mib: float | None = None) -> Violation:
     assert entry.start is not None
     duration = cycle.ts - entry.start
     if proc is not None:
@@ -79,7 +84,8 @@ def _violation(cycle: Cycle, alloc: Allocation, dev: str, proc: ProcSample | Non
         who = "; no process of the job ran on it in that time"
     else:
         who = ""
+    memory = "" if held_mib is None else f", holding {held_mib / 1024:.1f} GiB of its memory"
     evidence = (f"job {alloc.job_id} of {alloc.user} holds {dev} at {pct(mean)} on average over the "
-                f"last {span(window)} (idle at or below {pct(threshold)}{note}){who}")
+                f"last {span(window)}{memory} (idle at or below {pct(threshold)}{note}){who}")
     return Violation("idle", cycle.node, alloc.user, alloc.job_id, proc.pid if proc else None,
                      proc.name if proc else None, dev, entry.start, duration, evidence)

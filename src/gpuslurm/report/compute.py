@@ -43,6 +43,9 @@ NO_ACCOUNT = "(no account)"
 NO_JOB = "(no job)"
 
 
+J_PER_KWH = 3.6e6
+
+
 class Policy(NamedTuple):
     """Quotas and thresholds the report judges by (built from the config by the CLI)."""
 
@@ -73,6 +76,9 @@ class Row(NamedTuple):
     rogue_processes: int  # distinct processes found running outside any job
     evidence: tuple[str, ...]
     outside_gpu_hours: float = 0.0  # of used: by processes in no job, or by nobody
+    # the energy of the GPUs the row's jobs held, shared by the time each job held them (whole
+    # GPUs; None: no energy known, and for process rows)
+    energy_kwh: float | None = None
 
 
 class Totals(NamedTuple):
@@ -87,6 +93,7 @@ class Totals(NamedTuple):
     allocated_pct: float  # allocated / capacity
     violations: int
     outside_gpu_hours: float = 0.0  # of used: outside any job
+    energy_kwh: float | None = None  # every GPU's, allocated or not; None: unknown
 
 
 class Report(NamedTuple):
@@ -115,11 +122,13 @@ class Who(NamedTuple):
 
 
 class _Acc:
-    __slots__ = ("allocated", "busy_h", "idle", "jobs", "outside", "unmeasured", "used", "violations", "who")
+    __slots__ = ("allocated", "busy_h", "energy_j", "idle", "jobs", "outside", "unmeasured", "used",
+                 "violations", "who")
 
     def __init__(self, who: Who) -> None:
         self.who = who
         self.allocated = self.used = self.idle = self.unmeasured = self.outside = 0.0
+        self.energy_j: float | None = None
         self.jobs: dict[tuple[str, str], bool] = {}  # (node, job id) → idle?
         self.busy_h: dict[str, float] = {}  # process label → hours above busy_pct
         self.violations: list[Violation] = []
@@ -217,6 +226,9 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
             if util is None and g.uuid != g.gpu_uuid:
                 util = _mig_util(present, b)
             cover = g.cover[b] if g.cover else 1.0
+            energy = g.energy_j[b] if g.energy_j else None
+            if energy is not None:
+                total.energy_j = (total.energy_j or 0.0) + energy
             busy = None if util is None else util / 100.0 * cover * dur_h[b] * w
             overlaps: list[tuple[AllocationSpan, float]] = []
             for a in held:
@@ -230,6 +242,8 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                 # a process row holds what its process held (below); a job none of whose processes
                 # is there keeps its row "(no process, job …)", whoever else is on the device
                 own = by == "process" and any(whos[id(p)].job == a.job_id for p in present)
+                if energy is not None and by != "process":
+                    acc.energy_j = (acc.energy_j or 0.0) + energy * f
                 for into in (total,) if own else (total, acc):
                     into.allocated += gh
                     if util is None:
@@ -279,7 +293,7 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
     totals = Totals(hours, physical, capacity, total.allocated, total.used, total.idle, total.unmeasured,
                     100.0 * total.used / capacity if capacity else 0.0,
                     100.0 * total.allocated / capacity if capacity else 0.0, len(data.violations),
-                    total.outside)
+                    total.outside, None if total.energy_j is None else total.energy_j / J_PER_KWH)
     return Report(data.source, data.since, data.until, data.step_s, by, totals, rows,
                   _recommendations(rows), tuple((lo + hi) / 2 for lo, hi in spans),
                   tuple((u, tuple(s)) for u, s in sorted(user_series.items())))
@@ -415,7 +429,8 @@ def _row(key: str, acc: _Acc, by: str, capacity: float, policy: Policy, data: Re
     rogue = len({(v.node, v.pid) for v in merged if v.kind == "rogue"})
     return Row(key, w.user, w.account, w.job, w.pid, w.node, acc.allocated, acc.used, acc.idle,
                acc.unmeasured, share, quota, over, len(acc.jobs), sum(acc.jobs.values()),
-               len(merged), rogue, tuple(evidence), acc.outside)
+               len(merged), rogue, tuple(evidence), acc.outside,
+               None if acc.energy_j is None else acc.energy_j / J_PER_KWH)
 
 
 def _merged(vs: list[Violation], data: ReportData) -> list[Violation]:

@@ -32,6 +32,8 @@ class GpuSeries(NamedTuple):
     cover: tuple[float, ...] = ()
     # how users know it: its index ("3"; a MIG device "3.1"); "" when the source cannot say
     label: str = ""
+    # the whole GPU's energy (J) per bucket (its power sampled × the interval); None (or ()): unknown
+    energy_j: tuple[float | None, ...] = ()
 
 
 class ProcSeries(NamedTuple):

@@ -37,9 +37,12 @@ from gpuslurm.report.data import (
 from gpuslurm.state.store import Store, StoreError
 from gpuslurm.state.store_values import Checked
 
-_GPU_RAW = """SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct)
+# the last two columns: the power readings, for the energy (_energy)
+_GPU_RAW = """SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct),
+count(power_w), total(power_w)
 FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts >= ? AND ts < ? GROUP BY device, b"""
-_GPU_MIN = """SELECT device, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum)
+_GPU_MIN = """SELECT device, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum),
+sum(power_n), total(power_sum)
 FROM gpu_minute WHERE device IN (SELECT id FROM device) AND minute >= ? AND minute < ? GROUP BY device, b"""
 _PROCS = """SELECT id, device, pid, name, user, uid, job_id FROM process
 WHERE last_seen >= ? AND first_seen < ?"""
@@ -136,8 +139,12 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
         devices[c.whole(i, "device.id")] = (uuid, c.opt_text(g, "device.gpu_uuid") or uuid)
 
     gpu: _Acc = {}
-    _accumulate(c, "gpu_sample", gpu, conn.execute(_GPU_RAW, (start, step_s, since, until)), n)
-    _accumulate(c, "gpu_minute", gpu, conn.execute(_GPU_MIN, (start, step_s, minute_lo, until)), n)
+    power: _Acc = {}
+    for table, sql, args in (("gpu_sample", _GPU_RAW, (start, step_s, since, until)),
+                             ("gpu_minute", _GPU_MIN, (start, step_s, minute_lo, until))):
+        rows = conn.execute(sql, args).fetchall()
+        _accumulate(c, table, gpu, [r[:5] for r in rows], n)
+        _power(c, table, power, rows, n)
     if not gpu:
         period = stored_period(store)
         if period is None:
@@ -148,10 +155,12 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
     interval = sampling_interval(store)
     durations = [min(start + (b + 1) * step_s, until) - max(start + b * step_s, since) for b in range(n)]
     labels = _index_labels(devices)
+    shown = [(dev, uuid, parent) for dev, (uuid, parent) in sorted(devices.items())
+             if any((dev, b) in gpu for b in range(n))]
+    energy = _energy(power, shown, n, interval)
     gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n), _cover(gpu, dev, durations, interval),
-                           labels[dev])
-                 for dev, (uuid, parent) in sorted(devices.items())
-                 if any((dev, b) in gpu for b in range(n)))
+                           labels[dev], energy.get(uuid, ()))
+                 for dev, uuid, parent in shown)
 
     proc: _Acc = {}
     _accumulate(c, "proc_sample", proc, conn.execute(_PROC_RAW, (start, step_s, since, until)), n)
@@ -189,6 +198,35 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
     violations = tuple(store.violations(since, until))
     return ReportData(f"sqlite:{path}", since, until, start, step_s, gpus, tuple(procs), allocations,
                       violations)
+
+
+def _power(c: Checked, table: str, acc: _Acc, rows: Any, n: int) -> None:
+    """Add the power readings of bucketed rows (``_GPU_RAW``/``_GPU_MIN``'s last two columns)."""
+    for ident, b, *_, count, watts in rows:
+        if not count:
+            continue
+        b = min(max(c.whole(b, f"{table} time", -2**63, 2**63), 0), n - 1)
+        cell = acc.setdefault((c.whole(ident, f"{table} device"), b), [0.0, 0.0])
+        cell[0] += c.whole(count, f"{table} power count")
+        cell[1] += c.number(watts, f"{table} power", 0.0)
+
+
+def _energy(power: _Acc, shown: list[tuple[int, str, str]], n: int,
+            interval: float | None) -> dict[str, tuple[float | None, ...]]:
+    """Each device's energy (J) per bucket: the power sampled times the sampling interval, as the
+    GPU-hours are the utilisation sampled times the interval (a bucket the monitor saw in part
+    counts that part). jobstats counts one job's energy from NVML's energy counter where there is
+    one, a per-sample step the report's month of samples cannot afford
+    (benchmarks/bench_report.py); on a GPU that has a counter the two agree to the power
+    readings' accuracy. Devices without power readings are left out."""
+    out: dict[str, tuple[float | None, ...]] = {}
+    if interval is None:
+        return out
+    for dev, uuid, _ in shown:
+        cells = [power.get((dev, b)) for b in range(n)]
+        if any(cells):
+            out[uuid] = tuple(None if x is None else x[1] * interval for x in cells)
+    return out
 
 
 def _accumulate(c: Checked, table: str, acc: _Acc, rows: Any, n: int) -> None:

@@ -14,7 +14,8 @@ from gpuslurm.report.compute import Report, Row
 FORMATS = ("table", "json", "csv")
 CSV_FIELDS = ("key", "user", "account", "job_id", "pid", "node", "allocated_gpu_hours", "used_gpu_hours",
               "idle_gpu_hours", "unmeasured_gpu_hours", "share_pct", "quota_pct", "over_quota", "jobs",
-              "idle_jobs", "violations", "rogue_processes", "evidence", "outside_jobs_gpu_hours")
+              "idle_jobs", "violations", "rogue_processes", "evidence", "outside_jobs_gpu_hours",
+              "energy_kwh")
 
 
 def write_report(report: Report, fmt: str, fp: TextIO) -> None:
@@ -43,7 +44,8 @@ def _row_dict(r: Row) -> dict[str, Any]:
             "quota_pct": None if r.quota_pct is None else _r(r.quota_pct), "over_quota": r.over_quota,
             "jobs": r.jobs, "idle_jobs": r.idle_jobs, "violations": r.violations,
             "rogue_processes": r.rogue_processes, "evidence": list(r.evidence),
-            "outside_jobs_gpu_hours": _r(r.outside_gpu_hours)}
+            "outside_jobs_gpu_hours": _r(r.outside_gpu_hours),
+            "energy_kwh": None if r.energy_kwh is None else _r(r.energy_kwh)}
 
 
 def as_json(report: Report) -> dict[str, Any]:
@@ -58,7 +60,8 @@ def as_json(report: Report) -> dict[str, Any]:
                    "allocated_gpu_hours": _r(t.allocated_gpu_hours), "used_gpu_hours": _r(t.used_gpu_hours),
                    "idle_gpu_hours": _r(t.idle_gpu_hours), "unmeasured_gpu_hours": _r(t.unmeasured_gpu_hours),
                    "utilisation_pct": _r(t.utilisation_pct), "allocated_pct": _r(t.allocated_pct),
-                   "violations": t.violations, "outside_jobs_gpu_hours": _r(t.outside_gpu_hours)},
+                   "violations": t.violations, "outside_jobs_gpu_hours": _r(t.outside_gpu_hours),
+                   "energy_kwh": None if t.energy_kwh is None else _r(t.energy_kwh)},
         "rows": [_row_dict(r) for r in report.rows],
         "recommendations": list(report.recommendations),
     })
@@ -85,11 +88,17 @@ def write_table(report: Report, fp: TextIO) -> None:
              f"used {tenths(t.used_gpu_hours)} GPU-h ({pct(t.utilisation_pct)}; "
              f"{tenths(t.outside_gpu_hours)} outside any job), "
              f"idle {tenths(t.idle_gpu_hours)} GPU-h, unmeasured {tenths(t.unmeasured_gpu_hours)} GPU-h, "
-             f"{t.violations} violation(s)\n\n")
-    head = (report.by.upper(), "ALLOC GPU-h", "USED GPU-h", "NO-JOB USE", "IDLE GPU-h", "SHARE", "QUOTA",
-            "JOBS", "IDLE JOBS", "VIOLATIONS")
+             f"{t.violations} violation(s)\n")
+    if t.energy_kwh is not None:  # the power sampled times the interval (docs/report.md)
+        fp.write(f"Energy {t.energy_kwh:.2f} kWh (whole GPUs; a job's share by the time it held them)\n")
+    fp.write("\n")
+    energy = t.energy_kwh is not None
+    kwh: tuple[str, ...] = ("kWh",) if energy else ()
+    head = (report.by.upper(), "ALLOC GPU-h", "USED GPU-h", "NO-JOB USE", "IDLE GPU-h", *kwh, "SHARE",
+            "QUOTA", "JOBS", "IDLE JOBS", "VIOLATIONS")
     lines = [head] + [(r.key + (" !" if r.over_quota else ""), tenths(r.allocated_gpu_hours),
                        tenths(r.used_gpu_hours), tenths(r.outside_gpu_hours), tenths(r.idle_gpu_hours),
+                       *((("-" if r.energy_kwh is None else f"{r.energy_kwh:.2f}"),) if energy else ()),
                        pct(r.share_pct), "-" if r.quota_pct is None else pct(r.quota_pct), str(r.jobs),
                        str(r.idle_jobs), str(r.violations)) for r in report.rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]

@@ -1,13 +1,15 @@
 """The monitor's sample store: one SQLite file per node, ``<state_dir>/monitor.db`` by default.
 
-Layout (schema version 1). Devices (GPUs and MIG devices) and processes are interned, so the
-per-second rows hold numbers only:
+Layout (schema version 2; store_file.MIGRATIONS upgrades an older store in place, adding columns
+only, when the monitor opens it for writing; readers read a version-1 store as it is). Devices
+(GPUs and MIG devices) and processes are interned, so the per-second rows hold numbers only:
 
 - ``device``: UUID → small id; ``process``: one row per (device, pid, start time, job), with
   its owner, name and first/last seen.
 - ``gpu_sample`` / ``proc_sample``: raw samples, kept for the raw window.
 - ``gpu_minute`` / ``proc_minute``: per-minute rollups of older samples. They keep sample counts,
-  sums and maxima (utilisation, memory, power), so a mean over raw and rolled-up data is exact.
+  sums and maxima (utilisation, memory, power), so a mean over raw and rolled-up data is exact;
+  and NVML's energy counter at the minute's first and last sample with its rises in between.
 - ``allocation`` (+ ``allocation_device``): jobs and their devices, first and last seen.
 - ``violation``: detector findings, one row per finding (updated while it lasts);
   ``problem``: what a cycle could not read.
@@ -36,6 +38,7 @@ from typing import Any, NamedTuple
 
 from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, Violation
 from gpuslurm.state import store_file
+from gpuslurm.state.store_job import DeviceSeries, JobRecord, read_job, read_series
 from gpuslurm.state.store_values import Checked, StoreError
 from gpuslurm.times import TIME_MAX
 
@@ -70,6 +73,23 @@ ON CONFLICT (process, minute) DO UPDATE SET
   n = n + excluded.n, util_n = util_n + excluded.util_n, util_sum = util_sum + excluded.util_sum,
   {_max2("util_max")}, {_max2("mem_max")}
 """  # noqa: S608 - built from constants only
+
+
+# A minute row's energy (schema 2): the counter at its first and last sample, and the rises between
+# its samples; a fall (the counter restarted) counts nothing. Run before the samples are deleted.
+_GPU_ENERGY_ROLLUP = """
+WITH s AS (
+  SELECT device, ts, CAST(ts / 60 AS INTEGER) * 60 AS m, energy_mj - lag(energy_mj) OVER w AS rise,
+         CAST(lag(ts) OVER w / 60 AS INTEGER) * 60 AS before
+  FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts < ? AND energy_mj IS NOT NULL
+  WINDOW w AS (PARTITION BY device ORDER BY ts)),
+e AS (SELECT device, m, min(ts) AS t0, max(ts) AS t1,
+             total(CASE WHEN before = m AND rise >= 0 THEN rise END) AS inside FROM s GROUP BY device, m)
+UPDATE gpu_minute SET energy_inside_mj = e.inside,
+  energy_first_mj = (SELECT energy_mj FROM gpu_sample g WHERE g.device = e.device AND g.ts = e.t0),
+  energy_last_mj = (SELECT energy_mj FROM gpu_sample g WHERE g.device = e.device AND g.ts = e.t1)
+FROM e WHERE gpu_minute.device = e.device AND gpu_minute.minute = e.m
+"""
 
 
 class GpuStats(NamedTuple):
@@ -199,9 +219,9 @@ class Store:
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('node', ?)", (cycle.node,))
             self._node = cycle.node
         conn.executemany(
-            "INSERT OR REPLACE INTO gpu_sample VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO gpu_sample VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [(self._device(conn, g.mig_uuid or g.gpu_uuid, g.gpu_uuid), g.ts, g.util_pct,
-              g.mem_used_mib, g.mem_total_mib, g.power_w, g.temp_c) for g in cycle.gpus])
+              g.mem_used_mib, g.mem_total_mib, g.power_w, g.temp_c, g.energy_mj) for g in cycle.gpus])
         ids = [self._process(conn, p) for p in cycle.procs]
         conn.executemany("INSERT OR REPLACE INTO proc_sample VALUES (?, ?, ?, ?)",
                          [(p.ts, i, p.mem_mib, p.sm_util_pct) for p, i in zip(cycle.procs, ids, strict=True)])
@@ -260,6 +280,7 @@ class Store:
 
     def _rollup_rows(self, conn: sqlite3.Connection, cutoff: float, forget_before: float | None) -> None:
         conn.execute(_GPU_ROLLUP, (cutoff,))
+        conn.execute(_GPU_ENERGY_ROLLUP, (cutoff,))
         conn.execute("DELETE FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts < ?", (cutoff,))
         conn.execute(_PROC_ROLLUP, (cutoff,))
         conn.execute("DELETE FROM proc_sample WHERE ts < ?", (cutoff,))
@@ -329,6 +350,16 @@ class Store:
                 power_max_w=_max(c.opt_number(raw[12], "gpu_sample.power_w", 0.0),
                                  c.opt_number(agg[8], "gpu_minute.power_max", 0.0)))
         return out
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """The job's allocation, its devices' samples over its lifetime and its processes
+        (:mod:`gpuslurm.state.store_job`); None when this store never saw the job."""
+        return read_job(self._read, self.checked, job_id, energy=self.schema_version() >= 2)
+
+    def device_series(self, uuids: list[str], since: float, until: float) -> dict[str, DeviceSeries]:
+        """Each device's samples in ``[since, until]`` as jobstats reads them (raw and minute rows)."""
+        return read_series(self._read, self.checked, uuids, since, until,
+                           energy=self.schema_version() >= 2)
 
     def violations(self, since: float, until: float, kind: str | None = None,
                    user: str | None = None, job_id: str | None = None) -> list[Violation]:

@@ -18,7 +18,16 @@ from pathlib import Path
 
 from gpuslurm.state.store_values import StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# What each later version adds to the one before: columns only, so an upgrade keeps every row.
+MIGRATIONS = {
+    # 2: NVML's total energy counter per sample; per minute row, the counter at its first and
+    # last sample and the rises between its samples (a fall, a counter reset, counts nothing)
+    2: ("ALTER TABLE gpu_sample ADD COLUMN energy_mj REAL",
+        "ALTER TABLE gpu_minute ADD COLUMN energy_first_mj REAL",
+        "ALTER TABLE gpu_minute ADD COLUMN energy_last_mj REAL",
+        "ALTER TABLE gpu_minute ADD COLUMN energy_inside_mj REAL"),
+}
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # The store names every user's processes, jobs and findings: root's alone unless a group is named
 # ([monitor] db_group). SQLite gives the -wal and -shm it creates the main file's mode and owner.
@@ -31,11 +40,12 @@ CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE device (id INTEGER PRIMARY KEY, uuid TEXT NOT NULL UNIQUE, gpu_uuid TEXT);
 CREATE TABLE gpu_sample (
   device INTEGER NOT NULL, ts REAL NOT NULL, util_pct REAL, mem_used_mib REAL, mem_total_mib REAL,
-  power_w REAL, temp_c REAL, PRIMARY KEY (device, ts)) WITHOUT ROWID;
+  power_w REAL, temp_c REAL, energy_mj REAL, PRIMARY KEY (device, ts)) WITHOUT ROWID;
 CREATE TABLE gpu_minute (
   device INTEGER NOT NULL, minute INTEGER NOT NULL, n INTEGER NOT NULL,
   util_n INTEGER NOT NULL, util_sum REAL NOT NULL, util_max REAL, mem_max REAL, mem_total REAL,
   power_n INTEGER NOT NULL, power_sum REAL NOT NULL, power_max REAL, temp_max REAL,
+  energy_first_mj REAL, energy_last_mj REAL, energy_inside_mj REAL,
   PRIMARY KEY (device, minute)) WITHOUT ROWID;
 CREATE TABLE process (
   id INTEGER PRIMARY KEY, device INTEGER NOT NULL, pid INTEGER NOT NULL, started REAL,
@@ -187,6 +197,21 @@ def move_aside(p: Path) -> str:
     return str(aside)
 
 
+def upgrade(conn: sqlite3.Connection) -> None:
+    """Bring an older store to SCHEMA_VERSION in one transaction (columns added, no row lost)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = int(conn.execute("SELECT max(version) FROM schema_version").fetchone()[0])
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[step]:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version VALUES (?, ?)", (step, time.time()))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 def prepare_writer(conn: sqlite3.Connection, path: str) -> None:
     try:
         conn.execute("PRAGMA journal_mode = WAL")
@@ -201,6 +226,8 @@ def prepare_writer(conn: sqlite3.Connection, path: str) -> None:
                     conn.execute(statement)
             conn.execute("INSERT INTO schema_version VALUES (?, ?)", (SCHEMA_VERSION, time.time()))
             conn.execute("COMMIT")
+        else:
+            upgrade(conn)
     except sqlite3.Error as exc:
         conn.close()
         raise StoreError(one_line(exc), source=path) from None

@@ -78,6 +78,7 @@ class Monitor:
                  act: Callable[[Cycle, Sequence[Violation]], Sequence[ScanProblem]] | None = None,
                  quotas: QuotaFeed | None = None,
                  health: Callable[[float], Sequence[ScanProblem]] | None = None,
+                 jobfiles: Callable[[Cycle], None] | None = None,
                  warn: Callable[[str], None] = lambda message: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.sampler = sampler
@@ -92,6 +93,7 @@ class Monitor:
         self.act = act  # the configured actions (watch.act.Actor.act)
         self.quotas = quotas  # Slurm's shares for the detector ([detect.share] quota_source = "slurm")
         self.health = health  # live faults through the health policy (watch.health.HealthWatch.check)
+        self.jobfiles = jobfiles  # each job's figures for its owner (watch.jobfiles.JobFiles)
         self._carried: tuple[ScanProblem, ...] = ()  # problems met after the last cycle was stored
         self.warn = warn
         self.clock = clock
@@ -126,6 +128,7 @@ class Monitor:
             except Exception as exc:  # the exporter is a view: it never stops the monitor
                 self.warn(f"exporter failed this cycle: {type(exc).__name__}: {exc}")
         self._rollup(now)
+        self._jobfiles(cycle)
         self._comment(now, allocations)
         self._act(cycle, violations)
         self._health(now)
@@ -221,6 +224,14 @@ class Monitor:
                 self.warn(f"cannot store the cycle ({len(self.pending)} waiting): {exc}")
                 return
             self.pending.pop(0)
+
+    def _jobfiles(self, cycle: Cycle) -> None:
+        if self.jobfiles is None or self.pending:  # a cycle not stored yet: its figures would lag
+            return
+        try:
+            self.jobfiles(cycle)
+        except Exception as exc:  # the users' view of their jobs never stops the monitor
+            self.warn(f"cannot write the jobs' figures: {type(exc).__name__}: {exc}")
 
     def _rollup(self, now: float) -> None:
         if self._rolled_at is not None and now - self._rolled_at < ROLLUP_EVERY_S:

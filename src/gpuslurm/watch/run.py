@@ -21,6 +21,8 @@ from gpuslurm.hw.health import read_health
 from gpuslurm.hw.live.kmsg import KmsgReader
 from gpuslurm.hw.live.nvml_health import NvmlHealthReader
 from gpuslurm.policy.detect import Detector
+from gpuslurm.report.jobstats_load import files_dir
+from gpuslurm.report.jobstats_load import settings as jobstats_settings
 from gpuslurm.state.out_of_service import OutOfServiceStore
 from gpuslurm.state.store import Store, default_path
 from gpuslurm.watch import monitor as mon
@@ -28,6 +30,7 @@ from gpuslurm.watch.act import Actor
 from gpuslurm.watch.build import build_monitor
 from gpuslurm.watch.comments import CommentUpdater, TextFn
 from gpuslurm.watch.health import HealthReader, HealthWatch
+from gpuslurm.watch.jobfiles import JobFiles
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
@@ -90,7 +93,9 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
                             scheduler=_listing(cfg, parts, warn), squeue_interval_s=mc.squeue_interval_s,
                             raw_window_s=mc.raw_window_s, warn=warn, detector=detector,
                             **_parts(cfg, parts, node, node_name, source, store, warn),
-                            observe=exporter.state.update if exporter else None)
+                            observe=exporter.state.update if exporter else None,
+                            jobfiles=JobFiles(files_dir(cfg), store, jobstats_settings(cfg),
+                                              interval_s=cfg.jobstats.write_interval_s, warn=warn))
     stop = threading.Event()
     restore = mon.stop_on_signals(stop)
     try:

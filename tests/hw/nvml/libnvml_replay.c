@@ -67,7 +67,7 @@ static int cuda_version, driver_major, driver_minor, privileged;
  * nvml_replay.py), the one in force chosen by the clock plus GPUSLURM_NVML_REPLAY_CLOCK seconds. */
 #define MAX_STEPS 4096
 #define SLOTS (1 + MAX_MIG) /* per GPU: the GPU itself, then its MIG devices */
-struct dev_now { double util, used_mib, power_w, temp_c, ecc; int lost; }; /* < 0: not known */
+struct dev_now { double util, used_mib, power_w, temp_c, ecc, energy_mj; int lost; }; /* < 0: not known */
 struct proc_now { int gpu, mig; unsigned int pid; double used_mib; int sm; }; /* mig -1: none */
 struct state { double at; struct dev_now *dev; int nprocs; struct proc_now *procs; };
 static struct state base, *steps;
@@ -254,7 +254,8 @@ static int load_steps(const cJSON *list) {
         st->dev = calloc((size_t)(gpu_count ? gpu_count : 1) * SLOTS, sizeof *st->dev);
         NEED(st->dev, "out of memory");
         for (int i = 0; i < gpu_count * SLOTS; i++)
-            st->dev[i].util = st->dev[i].used_mib = st->dev[i].power_w = st->dev[i].temp_c = st->dev[i].ecc = -1;
+            st->dev[i].util = st->dev[i].used_mib = st->dev[i].power_w = st->dev[i].temp_c = st->dev[i].ecc =
+                st->dev[i].energy_mj = -1;
         cJSON_ArrayForEach(v, cJSON_GetObjectItem(s, "devices")) {
             int gpu, mig, lost;
             NEED(cJSON_IsObject(v) && get_int(cJSON_GetObjectItem(v, "gpu"), 0, gpu_count - 1, &gpu) == 0 &&
@@ -263,8 +264,10 @@ static int load_steps(const cJSON *list) {
             struct dev_now *d = &st->dev[gpu * SLOTS + mig + 1];
             NEED(opt_num(v, "util", 100, &d->util) == 0 && opt_num(v, "mem_used_mib", 1 << 24, &d->used_mib) == 0 &&
                  opt_num(v, "power_w", 1e5, &d->power_w) == 0 && opt_num(v, "temp_c", 1000, &d->temp_c) == 0 &&
-                 opt_bool(v, "lost", &lost) == 0 && opt_num(v, "ecc_uncorrectable", 1e9, &d->ecc) == 0,
-                 "%s: GPU %d: util, mem_used_mib, power_w, temp_c, lost or ecc_uncorrectable out of range", where, gpu);
+                 opt_bool(v, "lost", &lost) == 0 && opt_num(v, "ecc_uncorrectable", 1e9, &d->ecc) == 0 &&
+                 opt_num(v, "energy_mj", 1e18, &d->energy_mj) == 0,
+                 "%s: GPU %d: util, mem_used_mib, power_w, temp_c, lost, ecc_uncorrectable or energy_mj out of range",
+                 where, gpu);
             d->lost = lost > 0;
             NEED(d->ecc < 0 || mig < 0, "%s: GPU %d: ecc_uncorrectable on a MIG device", where, gpu);
             if (d->ecc >= 0 && gpus[gpu].ecc_unc < 0) gpus[gpu].ecc_unc = 0; /* ECC on: 0 until the step */
@@ -283,7 +286,7 @@ static int load_base(const cJSON *procs) {
     for (int i = 0; i < gpu_count * SLOTS; i++) {
         struct dev_now *d = &base.dev[i];
         d->util = 0;
-        d->used_mib = d->power_w = d->temp_c = d->ecc = -1;
+        d->used_mib = d->power_w = d->temp_c = d->ecc = d->energy_mj = -1;
     }
     for (int g = 0; g < gpu_count; g++) {
         base.dev[g * SLOTS].used_mib = (double)gpus[g].used_mib;
@@ -969,6 +972,16 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) {
     double w = d->is_mig ? -1 : dev_now(now_state(), d)->power_w;
     if (w < 0) return NVML_ERROR_NOT_SUPPORTED;
     *mw = (unsigned)lround(w * 1000);
+    return NVML_SUCCESS;
+}
+/* The total energy counter (mJ since the driver loaded): the step's energy_mj; a step may make it
+ * fall, as a driver reload or GPU reset does. Not supported where the steps do not give it. */
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long *mj) {
+    DEV(d);
+    if (!mj) return NVML_ERROR_INVALID_ARGUMENT;
+    double e = d->is_mig ? -1 : dev_now(now_state(), d)->energy_mj;
+    if (e < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *mj = (unsigned long long)llround(e);
     return NVML_SUCCESS;
 }
 static nvmlReturn_t temperature(nvmlDevice_t d, nvmlTemperatureSensors_t s, unsigned int *t) {

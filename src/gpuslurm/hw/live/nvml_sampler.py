@@ -120,10 +120,12 @@ class NvmlSampler:
         mem = self._memory(dev, h)
         power = self._opt("nvmlDeviceGetPowerUsage", dev, h)
         temp = self._opt("nvmlDeviceGetTemperature", dev, h, NVML_TEMPERATURE_GPU)
+        energy = self._opt("nvmlDeviceGetTotalEnergyConsumption", dev, h)
         out = [GpuSample(
             now, dev.uuid, None, None if util is None else float(util.gpu),
             None if mem is None else int(mem.used) / MIB, None if mem is None else int(mem.total) / MIB,
-            None if power is None else int(power) / 1000.0, None if temp is None else float(temp))]
+            None if power is None else int(power) / 1000.0, None if temp is None else float(temp),
+            None if energy is None else float(energy))]
         procs: list[ProcessReading] = []
         if dev.migs:
             for mig_uuid, mh in dev.migs:

@@ -1,0 +1,139 @@
+"""``gpuslurm jobstats``'s use case: one job's figures for a caller allowed to see them (the job's
+owner by uid, root, or a member of ``[jobstats] admin_groups``).
+
+Where they come from: the node's monitor store where the caller can read it (root; the
+``[monitor] db_group``); else the job's own file, which the monitor leaves for the job's owner
+alone (``<[jobstats] dir>/<job>.json``, owned by the job's uid, mode 0400, in a directory only
+root writes: watch/jobfiles.py). docs/jobstats.md says the same for admins.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import json
+import os
+import stat
+from collections.abc import Sequence
+from typing import Any
+
+from gpuslurm.config import Config
+from gpuslurm.errors import InputError
+from gpuslurm.jobid import valid_job_id
+from gpuslurm.jsondoc import schema_id
+from gpuslurm.report.jobstats import JobStats, Settings, compute, may_see, table, to_json
+from gpuslurm.state.store import Store, default_path
+
+DIR_NAME = "jobstats"
+MAX_FILE_BYTES = 4 << 20  # a job's figures are a few KiB; a thousand processes stay far below
+
+
+def settings(cfg: Config) -> Settings:
+    js = cfg.jobstats
+    idle = cfg.detect.idle
+    return Settings(idle_pct=idle.threshold_pct, tail_idle_s=idle.window_s,
+                    held_busy_mib=idle.held_min_mib if idle.held_memory == "busy" else None,
+                    max_gap_s=max(3 * cfg.monitor.interval_s, 5.0), offers=js.offers,
+                    site_notes=js.notes, links=js.links)
+
+
+def files_dir(cfg: Config) -> str:
+    """Where the monitor leaves each job's figures for its owner."""
+    return cfg.jobstats.dir or os.path.join(cfg.paths.state_dir, DIR_NAME)
+
+
+def admin_gids(names: Sequence[str]) -> list[int]:
+    """The gids of the configured admin groups; a group this host does not know admits nobody."""
+    gids = []
+    for name in names:
+        try:
+            gids.append(grp.getgrnam(name).gr_gid)
+        except KeyError:
+            continue
+    return gids
+
+
+def _not_found(job_id: str) -> InputError:
+    # one message for a job the store never saw and another user's: the jobs are not told apart
+    return InputError(f"job {job_id}: not in this node's monitor store, or not yours")
+
+
+def _check_id(job_id: str) -> None:
+    if not valid_job_id(job_id):
+        raise InputError(f"not a job id: {job_id[:40]!r}", source="JOBID")
+
+
+def job_stats(cfg: Config, job_id: str, *, now: float, db: str | None = None,
+              caller_uid: int | None = None, caller_gids: Sequence[int] | None = None) -> JobStats:
+    """The job's figures from the store; InputError (exit 2) for a bad id, no store, or a job
+    that is not in the store or not the caller's."""
+    _check_id(job_id)
+    uid = os.getuid() if caller_uid is None else caller_uid
+    gids = [*os.getgroups(), os.getgid()] if caller_gids is None else list(caller_gids)
+    path = db or cfg.monitor.db or default_path(cfg.paths.state_dir)
+    if not os.path.lexists(path):
+        raise InputError("no monitor store here: is `gpuslurm monitor` running on this node?", source=path)
+    with Store.open(path, readonly=True) as store:
+        record = store.job(job_id)
+    if record is None or not may_see(uid, gids, admin_gids(cfg.jobstats.admin_groups), record.uid):
+        raise _not_found(job_id)
+    running = now - record.last_seen <= 3 * cfg.monitor.interval_s + 5
+    return compute(record, settings(cfg), running=running)
+
+
+def jobstats_document(cfg: Config, job_id: str, *, now: float, db: str | None = None) -> dict[str, Any]:
+    """``gpuslurm jobstats``: the job's JSON document, from the store where this caller can read
+    it, else from the job's file the monitor left for its owner."""
+    _check_id(job_id)
+    path = db or cfg.monitor.db or default_path(cfg.paths.state_dir)
+    if db is not None or os.getuid() == 0 or os.access(path, os.R_OK):
+        return to_json(job_stats(cfg, job_id, now=now, db=path))
+    return read_job_file(files_dir(cfg), job_id, os.getuid())
+
+
+def read_job_file(directory: str, job_id: str, uid: int) -> dict[str, Any]:
+    """The job's file as its owner ``uid`` reads it: a regular file of that uid, in a directory
+    only root writes, holding a jobstats document of a job of that uid; else the unknown job's
+    error (a missing file, or one not theirs, reads as a job not theirs)."""
+    _check_id(job_id)
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise InputError("no job files here: is `gpuslurm monitor` running on this node?",
+                         source=directory) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", source=directory) from None
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            raise InputError("refusing to read: not root's alone (owner or mode)", source=directory)
+        try:
+            fd = os.open(f"{job_id}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.EACCES, errno.ELOOP, errno.EPERM):
+                raise _not_found(job_id) from None
+            raise InputError(f"cannot read: {exc.strerror}", source=directory) from None
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "rb") as fh:
+        fst = os.fstat(fh.fileno())
+        if not stat.S_ISREG(fst.st_mode) or fst.st_uid != uid:
+            raise _not_found(job_id)
+        data = fh.read(MAX_FILE_BYTES + 1)
+    source = os.path.join(directory, f"{job_id}.json")
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"larger than {MAX_FILE_BYTES} bytes", source=source)
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"not a jobstats file: {exc}", source=source) from None
+    if (not isinstance(doc, dict) or doc.get("schema") != schema_id("jobstats")
+            or not isinstance(doc.get("job"), dict) or doc["job"].get("uid") != uid
+            or doc["job"].get("id") != job_id):
+        raise _not_found(job_id)
+    try:  # the owner may have rewritten their file: a shape table() cannot read is bad input
+        table(doc)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise InputError(f"not a jobstats file: {type(exc).__name__} {exc}", source=source) from None
+    return doc

@@ -1,0 +1,161 @@
+"""Who sees which job's figures: the monitor (root) leaves each job's ``jobstats`` figures for its
+owner alone, and an ordinary user (the real user ``nobody``, real processes) reads their own job's
+through ``gpuslurm jobstats``'s use case without reading the root-only store, and nobody else's.
+
+The attacks, as ``nobody``: read the store; read another user's job (by id, and its file by path);
+rewrite their own file to claim another job or uid, or with garbage; plant a file in the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_fixture import users_site
+
+from gpuslurm.errors import EXIT_BAD_INPUT
+from gpuslurm.report.jobstats import Settings
+from gpuslurm.samples import Allocation, Cycle, GpuSample
+from gpuslurm.state.store import Store
+from gpuslurm.watch.jobfiles import JobFiles
+
+NOBODY = 65534
+OTHER = 1002
+T0 = 1_700_000_000.0
+G0, G1 = "GPU-00000000-aaaa", "GPU-11111111-bbbb"
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays root and nobody; the store is root's")
+
+# The use case as the CLI calls it, run by nobody's own interpreter (stdlib + this checkout): its
+# exit code and one line as the CLI's entry policy gives them.
+READ = """
+import json, sys, time
+from gpuslurm.config import load_config
+from gpuslurm.errors import describe
+from gpuslurm.report.jobstats_load import jobstats_document
+try:
+    doc = jobstats_document(load_config(), sys.argv[1], now=time.time())
+except Exception as exc:
+    code, message = describe(exc)
+    print(message, file=sys.stderr)
+    sys.exit(code)
+print(json.dumps(doc))
+"""
+
+
+def alloc(job: str, uid: int, gpu: str) -> Allocation:
+    return Allocation(job, "nobody" if uid == NOBODY else "bob", uid, (gpu,), T0)
+
+
+def cycle(ts: float, *allocations: Allocation) -> Cycle:
+    gpus = (GpuSample(ts, G0, util_pct=0.0, mem_used_mib=500.0, mem_total_mib=81559.0, power_w=70.0),
+            GpuSample(ts, G1, util_pct=90.0, mem_used_mib=9000.0, mem_total_mib=81559.0, power_w=400.0))
+    return Cycle(ts, "n1", gpus, (), allocations)
+
+
+@pytest.fixture
+def site() -> Iterator[Path]:
+    with users_site("gpuslurm-jobfiles-") as base:
+        state = base / "state"
+        state.mkdir(mode=0o755)
+        config = base / "gpuslurm.toml"
+        config.write_text(f'[paths]\nstate_dir = "{state}"\n')
+        config.chmod(0o644)
+        store = Store.open(str(state / "monitor.db"))
+        files = JobFiles(str(state / "jobstats"), store, Settings(), interval_s=60)
+        both = (alloc("7", NOBODY, G0), alloc("8", OTHER, G1))
+        for i in range(11):
+            c = cycle(T0 + 10 * i, *both)
+            store.write_cycle(c)
+            files(c)
+        end = cycle(T0 + 110)  # both jobs ended: their last files are written
+        store.write_cycle(end)
+        files(end)
+        store.close()
+        yield base
+
+
+def as_nobody(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(base / "users-venv" / "bin" / "python"), *args], user=NOBODY, group=NOBODY,
+                          extra_groups=[], timeout=60, cwd="/", capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/bin:/bin", "GPUSLURM_CONFIG": str(base / "gpuslurm.toml")})
+
+
+def jobstats(base: Path, job: str) -> subprocess.CompletedProcess[str]:
+    return as_nobody(base, "-c", READ, job)
+
+
+def test_each_job_s_file_is_its_owner_s_alone_in_a_directory_root_alone_writes(site: Path) -> None:
+    d = site / "state" / "jobstats"
+    st = d.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+    for job, uid in (("7", NOBODY), ("8", OTHER)):
+        f = (d / f"{job}.json").stat()
+        assert (f.st_uid, stat.S_IMODE(f.st_mode)) == (uid, 0o400)
+        assert json.loads((d / f"{job}.json").read_text())["job"]["running"] is False
+    assert stat.S_IMODE((site / "state" / "monitor.db").stat().st_mode) == 0o600
+
+
+def test_nobody_reads_their_own_job_without_the_store(site: Path) -> None:
+    store = as_nobody(site, "-c", f"open({str(site / 'state' / 'monitor.db')!r}).read()")
+    assert store.returncode != 0 and "PermissionError" in store.stderr
+    mine = jobstats(site, "7")
+    assert mine.returncode == 0, mine.stderr
+    doc = json.loads(mine.stdout)
+    assert (doc["job"]["id"], doc["job"]["uid"], doc["verdict"]) == ("7", NOBODY, "idle GPUs")
+    assert [g["uuid"] for g in doc["gpus"]] == [G0]
+
+
+def test_nobody_cannot_see_another_user_s_job(site: Path) -> None:
+    theirs = jobstats(site, "8")
+    never = jobstats(site, "9")
+    assert theirs.returncode == never.returncode == EXIT_BAD_INPUT
+    assert theirs.stderr == "job 8: not in this node's monitor store, or not yours\n"
+    assert never.stderr.replace("9", "8") == theirs.stderr  # nothing tells the two apart
+    path = site / "state" / "jobstats" / "8.json"
+    direct = as_nobody(site, "-c", f"open({str(path)!r}).read()")
+    assert direct.returncode != 0 and "PermissionError" in direct.stderr
+    planted = as_nobody(site, "-c", f"open({str(path.parent / 'x.json')!r}, 'w')")
+    assert planted.returncode != 0 and "PermissionError" in planted.stderr
+
+
+def test_a_rewritten_own_file_is_bad_input_and_root_s_next_write_replaces_it(site: Path) -> None:
+    path = site / "state" / "jobstats" / "7.json"
+    doc = json.loads(path.read_text())
+    forged = {**doc, "job": {**doc["job"], "id": "8", "uid": OTHER}}
+    for payload, says in ((json.dumps(forged), "job 7: not in this node's monitor store, or not yours"),
+                          ('{"schema": "gpuslurm.jobstats.v1", "job": {"id": "7", "uid": 65534}}',
+                           "not a jobstats file"),
+                          ("\u2028garbage", "not a jobstats file")):
+        wrote = as_nobody(site, "-c", f"import os; p = {str(path)!r}; os.chmod(p, 0o600); "
+                                      f"open(p, 'w').write({payload!r}); os.chmod(p, 0o400)")
+        assert wrote.returncode == 0, wrote.stderr
+        got = jobstats(site, "7")
+        assert got.returncode == EXIT_BAD_INPUT and says in got.stderr, got.stderr
+        assert got.stderr.count("\n") == 1
+    with Store.open(str(site / "state" / "monitor.db")) as store:  # the monitor writes it again
+        JobFiles(str(path.parent), store, Settings())(cycle(T0 + 120, alloc("7", NOBODY, G0)))
+    f = path.stat()
+    assert (f.st_uid, stat.S_IMODE(f.st_mode)) == (NOBODY, 0o400)
+    assert jobstats(site, "7").returncode == 0
+
+
+def test_on_a_host_without_the_node_s_files_a_user_gets_one_line(site: Path) -> None:
+    (site / "gpuslurm.toml").write_text(f'[paths]\nstate_dir = "{site / "elsewhere"}"\n')
+    got = jobstats(site, "7")
+    assert got.returncode == EXIT_BAD_INPUT
+    assert got.stderr.endswith("no job files here: is `gpuslurm monitor` running on this node?\n")
+
+
+def test_root_will_not_write_into_a_directory_others_can_write(site: Path) -> None:
+    d = site / "state" / "jobstats"
+    d.chmod(0o777)
+    warned: list[str] = []
+    with Store.open(str(site / "state" / "monitor.db")) as store:
+        files = JobFiles(str(d), store, Settings(), warn=warned.append)
+        with pytest.raises(Exception, match="writable by group or others"):
+            files(cycle(T0 + 120, alloc("7", NOBODY, G0)))
