@@ -86,7 +86,8 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
         warn(f"serving metrics on http://{prometheus.addr}:{prometheus.port}/metrics (at most "
              f"{exporter.max_connections} connections, each closed after {exporter.timeout_s:g} s)")
     monitor = build_monitor(sampler, store, node_name, jobs_dir=cfg.paths.jobs_dir, node=node,
-                            scheduler=_listing(cfg, parts, warn), squeue_interval_s=mc.squeue_interval_s,
+                            scheduler=parts.scheduler_for(mc.command_timeout_s),
+                            squeue_interval_s=mc.squeue_interval_s,
                             raw_window_s=mc.raw_window_s, warn=warn, detector=detector,
                             **_parts(cfg, parts, node, node_name, source, store, warn),
                             observe=exporter.state.update if exporter else None)
@@ -112,17 +113,6 @@ def _db_group(name: str) -> int | None:
         return grp.getgrnam(name).gr_gid
     except KeyError:
         raise InputError(f"no such group: {name!r}", source="monitor.db_group") from None
-
-
-def _listing(cfg: Config, parts: MonitorParts, warn: Warn) -> Scheduler | None:
-    """The adapter that lists the node's jobs, or None when its command is missing (the monitor
-    then attributes from the job maps alone)."""
-    sched = parts.scheduler_for(cfg.monitor.command_timeout_s)
-    if sched.can_list_jobs():
-        return sched
-    command = cfg.paths.qstat if sched.name == "pbs" else cfg.paths.squeue
-    warn(f"{command} is missing: jobs without a job map stay unattributed to GPUs")
-    return None
 
 
 def _parts(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source: HardwareSource,
@@ -183,7 +173,7 @@ def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source
     scheduler: Scheduler | None = adapter
     if (cannot := parts.can_act()) is not None:
         warn(f"{cannot}: faults are logged, GPUs recorded out of service, "
-             f"but {'PBS' if adapter.name == 'pbs' else 'Slurm'} is not told")
+             f"but {adapter.title} is not told")
         scheduler = None
 
     events = None
