@@ -105,3 +105,26 @@ def test_the_schedulers_cgroup_layout_names_jobs_even_when_it_lists_none(tmp_pat
     finally:
         store.close()
         sampler.close()
+
+
+@pytest.mark.parametrize("source", ["config", "slurm"])
+def test_the_quota_feed_is_the_one_the_configured_source_names(tmp_path: Path, source: str) -> None:
+    """watch/ names no scheduler: ``[detect.share] quota_source`` picks among the feeds the entry
+    point hands in (Slurm's shares for "slurm"); "config" needs none."""
+    from gpuslurm.config import DetectConfig, ShareDetect
+
+    cfg = config(tmp_path, admin_comment=False)
+    cfg = cfg._replace(detect=DetectConfig(share=ShareDetect(quota_source=source)))
+    asked: list[tuple[str, int]] = []
+
+    class Feed:
+        def poll(self, now: float) -> tuple[None, None]:
+            return None, None
+
+    def slurm_feed(given: Config, gpus: int) -> Feed:
+        asked.append((given.detect.share.quota_source, gpus))
+        return Feed()
+
+    run_monitor(cfg, DGX, parts(RecordingScheduler(), [])._replace(quota_feeds={"slurm": slurm_feed}),
+                db=str(tmp_path / "state" / "m.db"), once=True)
+    assert asked == ([("slurm", len(U))] if source == "slurm" else [])

@@ -65,7 +65,7 @@ def monitor_parts(cfg: Config) -> MonitorParts:
 
     return MonitorParts(scheduler_for=lambda timeout: scheduler_for(cfg, timeout), can_act=can_act,
                         publish=append_violations, comment_text=admin_comment,
-                        slurm_quotas=node_quota_cache)
+                        quota_feeds={"slurm": node_quota_cache})
 
 
 def _print_json(cycle: Cycle) -> None:

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
@@ -46,7 +47,8 @@ class MonitorParts(NamedTuple):
     can_act: Callable[[], str | None]  # None when the adapter's node actions can run, else why not
     publish: Callable[[str, str, Sequence[Violation]], object]  # (dir, node, violations): throttle's file
     comment_text: TextFn  # (GPU count, figures) → a running job's comment line
-    slurm_quotas: Callable[[Config, int], QuotaFeed] | None = None  # quota_source = "slurm"
+    # [detect.share] quota_source → its feed (Slurm's shares for "slurm"); "config" needs none
+    quota_feeds: Mapping[str, Callable[[Config, int], QuotaFeed]] = MappingProxyType({})
 
 
 class Exporting(NamedTuple):
@@ -122,8 +124,8 @@ def _parts(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source:
         parts.publish(cfg.paths.violations_dir, node_name, violations)
 
     quotas = None
-    if cfg.detect.share.quota_source == "slurm" and parts.slurm_quotas is not None:
-        quotas = parts.slurm_quotas(cfg, sum(1 for _ in node.gpus))
+    if (feed := parts.quota_feeds.get(cfg.detect.share.quota_source)) is not None:
+        quotas = feed(cfg, sum(1 for _ in node.gpus))
     return {"publish": publish,
             "comments": _comments(cfg, parts, store, warn), "act": _actions(cfg, parts, node_name, warn),
             "quotas": quotas, "health": _health(cfg, parts, node, node_name, source, warn)}
