@@ -57,13 +57,20 @@ def test_cgroup_paths(path: str, job: CgroupJob | None) -> None:
     assert parse_cgroup_path(path) == job
 
 
+@pytest.mark.parametrize("adapter", ["slurm", "pbs"])
 @pytest.mark.parametrize("job_id", ["5", "4294967294", "41.pbshost", "123[4].server"])
-def test_every_cgroup_gpuslurm_makes_for_a_job_names_that_job(job_id: str) -> None:
+def test_every_cgroup_gpuslurm_makes_for_a_job_names_that_job(job_id: str, adapter: str) -> None:
     """The class, not the example: each cgroup gpuslurm.isolate.cgroup_v1/cgroup_v2 make for a job
-    (its tasks', and its MPS daemon's, v1 and v2) is that job's, so PBS's execjob_attach refuses to move a
-    process out of it into another job and the monitor and the end count it as the job's."""
+    (its tasks', and its MPS daemon's, v1 and v2) is that job's, in every adapter's layout, so PBS's
+    execjob_attach refuses to move a process out of it into another job and the monitor and the end
+    count it as the job's."""
+    import importlib
+
     from gpuslurm.isolate.cgroup_v1 import v1_job_dir
     from gpuslurm.isolate.cgroup_v2 import v2_mps_dir, v2_pbs_dir
+
+    layout = importlib.import_module(f"gpuslurm.{adapter}.cgroup_paths")
+    parse_cgroup_path, parse_cgroup = layout.parse_cgroup_path, layout.parse_cgroup
 
     root = "/sys/fs/cgroup"
     made = [v1_job_dir(root, job_id), v1_job_dir(root, job_id, "mps"), v2_mps_dir(root, job_id)]
