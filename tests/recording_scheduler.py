@@ -28,7 +28,8 @@ class RecordingScheduler:
 
     def __init__(self, *, fail: tuple[str, ...] = (), constrains: bool = True,
                  allocations: tuple[Allocation, ...] = (), cgroup_v2: tuple[str, ...] | None = None,
-                 sluids: Mapping[str, str] | None = None, listing: str | None = None) -> None:
+                 sluids: Mapping[str, str] | None = None, listing: str | None = None,
+                 no_actions: str | None = None) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.fail = fail
         self.constrains = constrains
@@ -36,6 +37,7 @@ class RecordingScheduler:
         self.cgroup_v2 = cgroup_v2
         self.sluids = dict(sluids or {})
         self.listing = listing  # why it lists no jobs (None: it lists them)
+        self.no_actions = no_actions  # why its node actions cannot run (None: they can)
 
     def _record(self, method: str, *args: Any) -> None:
         self.calls.append((method, args))
@@ -92,6 +94,9 @@ class RecordingScheduler:
 
     def devices_cgroup_v1_dirs(self, job: HookJob) -> tuple[str, ...]:
         return ()
+
+    def why_no_node_actions(self) -> str | None:
+        return self.no_actions
 
     def drain_node(self, node_name: str, reason: str) -> None:
         self._record("drain_node", node_name, reason)

@@ -345,6 +345,19 @@ def test_set_running_comment_on_a_finished_slurm_job_is_not_a_failure(
 
 # --- actions ---------------------------------------------------------------------------------------
 
+def test_why_no_node_actions(case: Case, tmp_path: Path) -> None:
+    """None where the stand-ins are there; one line naming the missing command where they are not
+    (the monitor logs faults then, and says the scheduler is not told)."""
+    assert case.sched.why_no_node_actions() is None
+    gone = {"scontrol": str(tmp_path / "no-scontrol"), "qmgr": str(tmp_path / "no-qmgr")}
+    for attr, path in gone.items():
+        if hasattr(case.sched, attr):
+            setattr(case.sched, attr, path)
+            why = case.sched.why_no_node_actions()
+            assert why is not None and why.startswith(f"{path} is missing") and "\n" not in why
+
+
+
 ACTIONS: dict[str, Callable[[Case], object]] = {
     "drain_node": lambda c: c.sched.drain_node(c.node_name, "gpuslurm: a test reason"),
     "resume_node": lambda c: c.sched.resume_node(c.node_name),

@@ -30,7 +30,7 @@ def config(tmp_path: Path, *, admin_comment: bool) -> Config:
 
 
 def parts(sched: RecordingScheduler, published: list[Sequence[Violation]]) -> MonitorParts:
-    return MonitorParts(scheduler_for=lambda timeout: sched, can_act=lambda: None,
+    return MonitorParts(scheduler_for=lambda timeout: sched,
                         publish=lambda directory, node, found: published.append(found),
                         comment_text=lambda n, figures: f"gpuslurm: {n} GPU")
 
@@ -69,9 +69,10 @@ def test_a_scheduler_that_lists_no_jobs_is_said_once_in_its_own_words_and_never_
     """The adapter says why it lists no jobs, and names itself when its node actions cannot run:
     the monitor repeats its words, with no scheduler's name of its own."""
     cfg = config(tmp_path, admin_comment=False)
-    sched = RecordingScheduler(listing="/nowhere/squeue is missing: jobs without a job map stay unattributed")
+    sched = RecordingScheduler(listing="/nowhere/squeue is missing: jobs without a job map stay unattributed",
+                               no_actions="/nowhere/scontrol is missing")
     warnings: list[str] = []
-    run_monitor(cfg, DGX, parts(sched, [])._replace(can_act=lambda: "/nowhere/scontrol is missing"),
+    run_monitor(cfg, DGX, parts(sched, []),
                 db=str(tmp_path / "state" / "m.db"), once=True, warn=warnings.append)
     assert warnings.count(sched.listing) == 1
     assert sched.called("node_allocations") == []

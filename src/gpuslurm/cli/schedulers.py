@@ -40,11 +40,6 @@ def scheduler_for(cfg: Config, timeout: float) -> Scheduler:
                           scancel=cfg.paths.scancel, gpu_out=cfg.gpu_out)
 
 
-def action_command(cfg: Config) -> str:
-    """The program the scheduler's node actions need (scontrol, or qmgr for PBS)."""
-    return str(cfg.paths.qmgr if scheduler_kind(cfg) == "pbs" else cfg.paths.scontrol)
-
-
 # Every adapter with the variable its jobs' environment always holds, in the order they are asked
 # (Slurm first: a Slurm job on a node with PBS's client keeps SLURM_JOB_ID). An adapter is imported
 # only when its variable is set: pick runs inside every job and outside any.

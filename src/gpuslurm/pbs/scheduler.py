@@ -108,6 +108,10 @@ class PbsScheduler(PbsJobFacts):
             return None
         return f"{self.qstat} is missing: jobs without a job map stay unattributed to GPUs"
 
+    def why_no_node_actions(self) -> str | None:
+        """None where qmgr (GPUs out, the node's state) is there to run."""
+        return None if os.access(self.qmgr, os.X_OK) else f"{self.qmgr} is missing"
+
     def sessions(self) -> Mapping[int, str]:
         """Session id → job id of the jobs the last :meth:`node_allocations` found with their
         first host here: a PBS job's processes are its shell's session (no cgroup of PBS's)."""

@@ -181,6 +181,10 @@ class SlurmScheduler:
 
         set_own_admin_comment(job_id, text, squeue=self.squeue, scontrol=self.scontrol, timeout=self.timeout)
 
+    def why_no_node_actions(self) -> str | None:
+        """None where scontrol is there to run."""
+        return None if os.access(self.scontrol, os.X_OK) else f"{self.scontrol} is missing"
+
     def why_no_running_comments(self) -> str | None:
         """None where scontrol is there to run."""
         if os.access(self.scontrol, os.X_OK):

@@ -97,6 +97,11 @@ class Scheduler(Protocol):
 
     # --- actions ---------------------------------------------------------------------------------
 
+    def why_no_node_actions(self) -> str | None:
+        """None when the node actions (drain, resume, GPUs out) can reach the scheduler; else why
+        not (its command is missing), one line: the monitor then logs faults without telling it."""
+        ...
+
     def drain_node(self, node_name: str, reason: str) -> None:
         """Take ``node_name`` out of service with ``reason`` (drain / offline)."""
         ...

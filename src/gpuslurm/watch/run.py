@@ -44,7 +44,6 @@ class MonitorParts(NamedTuple):
     """What the monitor takes from the layers above watch/, built by the entry point."""
 
     scheduler_for: Callable[[float], Scheduler]  # the node's adapter, its commands bounded so
-    can_act: Callable[[], str | None]  # None when the adapter's node actions can run, else why not
     publish: Callable[[str, str, Sequence[Violation]], object]  # (dir, node, violations): throttle's file
     comment_text: TextFn  # (GPU count, figures) → a running job's comment line
     # [detect.share] quota_source → its feed (Slurm's shares for "slurm"); "config" needs none
@@ -173,7 +172,7 @@ def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source
             warn(f"cannot read the kernel log {path} ({exc.strerror}): Xids are not seen")
     adapter = parts.scheduler_for(cfg.monitor.command_timeout_s)
     scheduler: Scheduler | None = adapter
-    if (cannot := parts.can_act()) is not None:
+    if (cannot := adapter.why_no_node_actions()) is not None:
         warn(f"{cannot}: faults are logged, GPUs recorded out of service, "
              f"but {adapter.title} is not told")
         scheduler = None
