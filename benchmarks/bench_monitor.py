@@ -29,6 +29,7 @@ from gpuslurm.config import DetectConfig
 from gpuslurm.hw.replay.scenario import ScenarioSampler
 from gpuslurm.hw.source import load_node
 from gpuslurm.policy.detect import Detector
+from gpuslurm.slurm.adapter import SlurmScheduler
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.state.store import Store
 from gpuslurm.watch.attribute import Attributor
@@ -83,7 +84,7 @@ def main() -> int:
                       for i, p in enumerate(procs)]
             scenario.write_text(json.dumps({"gpus": gpus, "procs": placed}))
             sampler = ScenarioSampler(node, scenario)
-            att = Attributor(jobs_dir=str(jobs))
+            att = Attributor(jobs_dir=str(jobs), job_of_cgroup=SlurmScheduler().job_of_cgroup)
             base = _per_cycle(Monitor(sampler, att, NoStore(), "bench"), args.cycles)
             cycle = Monitor(sampler, att, NoStore(), "bench").cycle()
             attributed = sum(1 for p in cycle.procs if p.job_id is not None)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslurm.cli.schedulers import build_scheduler, scheduler_kind
-from gpuslurm.config import parse_config
+from gpuslurm.cli.schedulers import scheduler_for, scheduler_kind
+from gpuslurm.config import Config, parse_config
 from gpuslurm.errors import InputError
 
 
@@ -18,7 +18,7 @@ def _tool(tmp_path: Path, name: str) -> str:
     return str(path)
 
 
-def _cfg(tmp_path: Path, kind: str, *, qstat: bool, squeue: bool) -> object:
+def _cfg(tmp_path: Path, kind: str, *, qstat: bool, squeue: bool) -> Config:
     q = _tool(tmp_path, "qstat") if qstat else str(tmp_path / "no-qstat")
     s = _tool(tmp_path, "squeue") if squeue else str(tmp_path / "no-squeue")
     return parse_config(f'[paths]\nqstat = "{q}"\nsqueue = "{s}"\n[scheduler]\nkind = "{kind}"\n')
@@ -35,12 +35,14 @@ def _cfg(tmp_path: Path, kind: str, *, qstat: bool, squeue: bool) -> object:
 def test_kind(tmp_path: Path, kind: str, qstat: bool, squeue: bool, chosen: str) -> None:
     cfg = _cfg(tmp_path, kind, qstat=qstat, squeue=squeue)
     assert scheduler_kind(cfg) == chosen
-    warnings: list[str] = []
-    sched = build_scheduler(cfg, warnings.append)
+    sched = scheduler_for(cfg, 10)
+    assert sched.name == chosen
+    why = sched.why_no_job_list()
     if (chosen == "pbs" and qstat) or (chosen == "slurm" and squeue):
-        assert sched is not None and sched.name == chosen and warnings == []
-    else:  # its listing command is missing: the job maps alone, and a warning naming it
-        assert sched is None and len(warnings) == 1 and "is missing" in warnings[0]
+        assert why is None
+    else:  # its listing command is missing: the job maps alone, and one line naming it
+        missing = str(tmp_path / ("no-qstat" if chosen == "pbs" else "no-squeue"))
+        assert why is not None and why.startswith(f"{missing} is missing") and "\n" not in why
 
 
 def test_an_unknown_kind_is_bad_input() -> None:

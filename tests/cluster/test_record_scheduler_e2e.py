@@ -1,6 +1,7 @@
 """What the Scheduler contract test (tests/state/test_scheduler_contract.py) replays, recorded
 from the real cluster: ``squeue --json`` of a node running a GPU job, that job's ``scontrol show -d
-job`` and the node's ``scontrol -o show node`` (and, where the release gives jobs a SLUID,
+job``, the node's ``scontrol -o show node``, the job's batch step's ``/proc/self/cgroup`` (and,
+where the release gives jobs a SLUID,
 ``scontrol show -d job <SLUID>``); then the Slurm adapter run against the same
 cluster (its job list, its job details, its cancel).
 
@@ -45,10 +46,25 @@ def _running(job: dict[str, object]) -> bool:
     return state == "RUNNING" or (isinstance(state, list) and "RUNNING" in state)
 
 
+def _printed(cluster: SlurmCluster, job: int) -> str:
+    """What ``job`` printed, once it has printed a whole line."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            text = cluster.output(job)
+        except FileNotFoundError:
+            text = ""
+        if text.endswith("\n"):
+            return text
+        assert time.monotonic() < deadline, f"job {job} printed nothing\n{cluster.log_tail()}"
+        time.sleep(0.2)
+
+
 def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: SlurmCluster,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     release = os.environ.get("GPUSLURM_SLURM_RELEASE", "22.05")
-    job = slurm_cluster.sbatch(["--gres=gpu:2", "--time=5", "--job-name=train"], "exec sleep 300")
+    job = slurm_cluster.sbatch(["--gres=gpu:2", "--time=5", "--job-name=train"],
+                               "cat /proc/self/cgroup\nexec sleep 300")
     try:
         deadline = time.monotonic() + 30
         while slurm_cluster.state(job) != "RUNNING":
@@ -59,6 +75,7 @@ def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: Slurm
         listed = _run(slurm_cluster, SQUEUE, "--json", f"--nodelist={node_name}", "--states=RUNNING")
         node_shown = _run(slurm_cluster, SCONTROL, "-o", "show", "node", node_name)
         sluid = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("SLUID=")), None)
+        cgroup = _printed(slurm_cluster, job)  # the batch step's /proc/self/cgroup
         # 22.05's squeue --json ignores --nodelist and --states (it lists every job the controller
         # remembers, other tests' ended ones too), as the adapter knows: the running ones on this
         # node are this test's job alone
@@ -71,6 +88,7 @@ def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: Slurm
             (out / "show-job.txt").write_text(shown)
             (out / "show-node.txt").write_text(node_shown)
             (out / "job").write_text(f"{job}\n{node_name}\n")
+            (out / "cgroup").write_text(cgroup)
             if sluid:  # 25.11+: the job's SLUID, and scontrol's answer by it (26.05's cgroup names)
                 (out / "sluid").write_text(f"{sluid}\n")
                 (out / "show-job-by-sluid.txt").write_text(_run(slurm_cluster, SCONTROL, "show", "-d",
@@ -84,6 +102,8 @@ def test_the_slurm_adapter_lists_and_cancels_a_real_gpu_job(slurm_cluster: Slurm
         assert [d.job_id for d in sched.running_job_details(node_name) or ()] == [str(job)]
         if sluid:
             assert sched.job_of_sluid(sluid) == str(job)
+        named = sched.job_of_cgroup(cgroup)
+        assert named is not None and named.label in (str(job), sluid), cgroup
         assert sched.cancel_job(str(job)) == "cancelled"
         assert slurm_cluster.wait(job) == "CANCELLED"
     finally:

@@ -4,7 +4,7 @@ monitor's actions and the live view are tested with it directly, as one more imp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuslurm.errors import CommandError
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from gpuslurm.config import Config
     from gpuslurm.hw.model.node import Node
     from gpuslurm.samples import Allocation
+    from gpuslurm.state.cgroup import CgroupJob
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.out_of_service import OutOfService
     from gpuslurm.state.running import JobDetail
@@ -23,16 +24,20 @@ class RecordingScheduler:
     CommandError (as a scheduler command that failed); what it answers is set on the instance."""
 
     name = "recording"
+    title = "the recording scheduler"
 
     def __init__(self, *, fail: tuple[str, ...] = (), constrains: bool = True,
                  allocations: tuple[Allocation, ...] = (), cgroup_v2: tuple[str, ...] | None = None,
-                 sluids: Mapping[str, str] | None = None) -> None:
+                 sluids: Mapping[str, str] | None = None, listing: str | None = None,
+                 no_actions: str | None = None) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.fail = fail
         self.constrains = constrains
         self.allocations = allocations
         self.cgroup_v2 = cgroup_v2
         self.sluids = dict(sluids or {})
+        self.listing = listing  # why it lists no jobs (None: it lists them)
+        self.no_actions = no_actions  # why its node actions cannot run (None: they can)
 
     def _record(self, method: str, *args: Any) -> None:
         self.calls.append((method, args))
@@ -43,8 +48,8 @@ class RecordingScheduler:
         """The arguments of each call of ``method``, in order."""
         return [args for name, args in self.calls if name == method]
 
-    def can_list_jobs(self) -> bool:
-        return True
+    def why_no_job_list(self) -> str | None:
+        return self.listing
 
     def node_allocations(self, node_name: str, node: Node) -> tuple[Allocation, ...]:
         self._record("node_allocations", node_name)
@@ -59,6 +64,17 @@ class RecordingScheduler:
     def job_of_sluid(self, sluid: str) -> str | None:
         self._record("job_of_sluid", sluid)
         return self.sluids.get(sluid)
+
+    def job_of_cgroup(self, cgroup_text: str) -> CgroupJob | None:
+        """Lines ``recording:<job id>`` name that job (gpuslurm's own job cgroups too), as a third
+        scheduler's layout would."""
+        from gpuslurm.state.cgroup import CgroupJob, job_of_file, job_of_path
+
+        def layout(parts: Sequence[str]) -> CgroupJob | None:
+            top = parts[1] if len(parts) > 1 else ""
+            return CgroupJob(top[10:]) if top.startswith("recording:") and top[10:] else None
+
+        return job_of_file(cgroup_text, lambda path: job_of_path(path, layout))
 
     def job_gpus_from_env(self, environ: Mapping[str, str], node: Node) -> tuple[str, ...] | None:
         named = environ.get("RECORDING_GPUS")
@@ -78,6 +94,9 @@ class RecordingScheduler:
 
     def devices_cgroup_v1_dirs(self, job: HookJob) -> tuple[str, ...]:
         return ()
+
+    def why_no_node_actions(self) -> str | None:
+        return self.no_actions
 
     def drain_node(self, node_name: str, reason: str) -> None:
         self._record("drain_node", node_name, reason)

@@ -28,6 +28,7 @@ from gpuslurm.hooks.leftovers import leftover_verdict, plan_kills
 from gpuslurm.hooks.log import HookLog
 from gpuslurm.hw.model.health import GpuProcess
 from gpuslurm.isolate.kill import Target, kill_processes
+from gpuslurm.slurm.cgroup_paths import parse_cgroup
 from gpuslurm.slurm.hooks import run_epilog, run_prolog
 from gpuslurm.state.jobmap import job_map, write_map
 from gpuslurm.state.store import GpuStats
@@ -263,10 +264,11 @@ def test_pid_reuse_guards(spawn: list[Leftover]) -> None:
     time.sleep(0.1)
     p = start(spawn, ["/bin/sleep", "300"])
     # listed before this process existed: the PID now names someone else
-    targets, skipped = plan_kills([(gpu, GpuProcess(p.pid, "nobody"))], "1234", 1000, {}, (), before)
+    targets, skipped = plan_kills([(gpu, GpuProcess(p.pid, "nobody"))], "1234", 1000, {}, (), before,
+                                  job_of_cgroup=parse_cgroup)
     assert targets == [] and skipped[(gpu, p.pid)][0] == "gone"
     targets, _ = plan_kills([(gpu, GpuProcess(p.pid, "nobody"))], "1234", 1000, {}, (),
-                            time.clock_gettime(time.CLOCK_BOOTTIME))
+                            time.clock_gettime(time.CLOCK_BOOTTIME), job_of_cgroup=parse_cgroup)
     assert [t.pid for t in targets] == [p.pid]
     assert targets[0].uid == pwd.getpwnam("nobody").pw_uid  # the owner seen when it was listed
     # between identification and the kill, the identity is checked again through the pidfd:

@@ -11,6 +11,7 @@ from tests.helpers.hook_helpers import HookSite, make_site
 
 from gpuslurm.errors import InputError
 from gpuslurm.hooks.log import HookLog
+from gpuslurm.slurm.adapter import SlurmScheduler
 from gpuslurm.slurm.hooks import run_prolog
 from gpuslurm.state.jobmap import JobMap, MappedDevice, list_maps, read_map, write_map
 from gpuslurm.watch.attribute import Attributor
@@ -98,7 +99,8 @@ def test_an_older_map_takes_the_account_from_squeues_last_answer(tmp_path: Path)
     answer = (Allocation("52", "bob", 1002, ("GPU-aaaa",), 6.0, "chem", source="squeue"),
               Allocation("53", "bob", 1002, ("GPU-aaaa",), 6.0, "other", source="squeue"),
               Allocation("99", "eve", 1000, ("GPU-cccc",), 8.0, "bio", source="squeue"))
-    att = Attributor(jobs_dir=str(jobs), proc_root=str(tmp_path / "proc"), squeue=lambda: answer)
+    att = Attributor(jobs_dir=str(jobs), proc_root=str(tmp_path / "proc"), squeue=lambda: answer,
+                     job_of_cgroup=SlurmScheduler().job_of_cgroup)
     _, allocs, _ = att.attribute(10.0, [ProcessReading(20, "GPU-cccc")])
     # the map's own account wins; squeue only fills in what a map lacks
     assert [(a.job_id, a.account, a.source) for a in allocs] == [

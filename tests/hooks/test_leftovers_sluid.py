@@ -13,6 +13,7 @@ from tests.helpers.watch_helpers import V2_ROOT, cgroup_unavailable, in_cgroup
 
 from gpuslurm.hooks.leftovers import plan_kills
 from gpuslurm.hw.model.health import GpuProcess
+from gpuslurm.slurm.cgroup_paths import parse_cgroup
 
 SLUID, OTHER = "s6Z5M8CB6N7P00", "sB3XM8CSC8S200"
 SCOPE = "system.slice/gpuslurmtest_slurmstepd.scope"
@@ -46,11 +47,12 @@ def test_the_jobs_sluid_directory_is_the_job_and_another_sluid_is_not() -> None:
             now = time.clock_gettime(time.CLOCK_BOOTTIME)
             # the GPU is this job's alone (no other holder known): the other SLUID's process is
             # still not killed, it is in another job's cgroup
-            targets, skipped = plan_kills(listed, "42", 65534, {GPU: []}, (), now, job_sluid=SLUID)
+            targets, skipped = plan_kills(listed, "42", 65534, {GPU: []}, (), now, job_sluid=SLUID,
+                                          job_of_cgroup=parse_cgroup)
             assert [t.pid for t in targets] == [mine]
             assert skipped[(GPU, theirs)] == ("other", f"it is in job {OTHER}'s cgroup")
             # the job's SLUID unknown (no SLURM_JOB_SLUID, no map): no SLUID process is killed
-            targets, skipped = plan_kills(listed, "42", 65534, {GPU: []}, (), now)
+            targets, skipped = plan_kills(listed, "42", 65534, {GPU: []}, (), now, job_of_cgroup=parse_cgroup)
             assert targets == [] and skipped[(GPU, mine)][0] == "other"
     finally:
         _kill(mine)

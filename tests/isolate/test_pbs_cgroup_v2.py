@@ -144,7 +144,7 @@ def test_a_pbs_job_on_cgroup_v2_opens_only_its_gpus_and_cannot_leave_its_cgroup(
 
 
 def test_the_monitor_attributes_a_process_in_it_to_the_pbs_job() -> None:
-    from gpuslurm.state.cgroup import parse_cgroup
+    from gpuslurm.pbs.cgroup_paths import parse_cgroup
 
     assert parse_cgroup(f"0::/{V2_PBS_PARENT}/job_{JOB}\n") is not None
     assert parse_cgroup(f"0::/{V2_PBS_PARENT}/job_{JOB}\n").job_id == JOB  # type: ignore[union-attr]

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tests.helpers.props_hostile import PIECES, mutated, one_line
 
 from gpuslurm.errors import InputError
+from gpuslurm.pbs.cgroup_paths import parse_cgroup_path
 from gpuslurm.pbs.qstat import (
     parse_exec_host,
     parse_exec_vnode,
@@ -18,7 +19,6 @@ from gpuslurm.pbs.qstat import (
     parse_pbsnodes_json,
     parse_qstat_json,
 )
-from gpuslurm.state.cgroup import parse_cgroup_path
 
 DATA = Path(__file__).resolve().parents[1] / "pbs" / "data"
 QSTAT = (DATA / "qstat-f-json.json").read_text()

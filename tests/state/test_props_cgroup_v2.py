@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from tests.helpers.props_hostile import mutated
 
 from gpuslurm.jobid import SLUID_DIGITS, valid_sluid
-from gpuslurm.state.cgroup import parse_cgroup, parse_cgroup_path
+from gpuslurm.slurm.cgroup_paths import parse_cgroup, parse_cgroup_path
 
 PARSER = settings(max_examples=300)
 REAL = "/system.slice/node1_slurmstepd.scope/s6Z5M8CB6N7P00/step_0/user/task_0"

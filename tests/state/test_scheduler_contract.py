@@ -38,6 +38,11 @@ SLURM_DATA = TESTS / "slurm" / "scheduler"
 SHOW_JOB = TESTS / "slurm" / "show_job"
 PBS_DATA = TESTS / "pbs" / "data"
 NODE = load_node("dgx-h100")
+# OpenPBS's cgroups hook's layout (pbs_cgroups.PY: <cgroup_prefix>.service/jobid/<id> in each v1
+# controller); the test cluster runs PBS without that hook, so this one is from its source, not recorded
+PBS_CGROUP = ("12:devices:/pbs_jobs.service/jobid/0.pbshost\n"
+              "4:memory:/pbs_jobs.service/jobid/0.pbshost\n"
+              "1:name=systemd:/system.slice/pbs.service\n0::/system.slice/pbs.service\n")
 RELEASES = sorted(p.name for p in SLURM_DATA.iterdir() if (p / "squeue-running.json").is_file()) \
     if SLURM_DATA.is_dir() else []
 
@@ -55,6 +60,9 @@ class Case:
     details: tuple[str, ...] | None  # job ids of running_job_details, None: it gives none
     in_job_env: dict[str, str]  # an environment inside one of its jobs
     sluid: tuple[str, str | None] = ("s00000000000AB", None)  # a SLUID and the job it names
+    # a /proc/PID/cgroup text of a process of ``job`` (recorded where the recording has one), and
+    # what names the job in it: its id, or (Slurm 26.05) its SLUID
+    cgroup: tuple[str, str] | None = None
     commands: Callable[[], list[list[str]]] = list  # the stand-ins' argv so far
     unsupported: frozenset[str] = frozenset()  # actions it documents as raising GpuslurmError
     extra: dict[str, Any] = field(default_factory=dict)
@@ -104,9 +112,13 @@ def slurm_case(tmp: Path, release: str) -> Case:
     sched = SlurmScheduler(squeue=squeue, scontrol=scontrol, scancel=scancel, timeout=10,
                            sacctmgr=str(bindir / "no-sacctmgr"), gpu_out=GpuOutConfig(sbatch=sbatch))
     listed = json.loads((data / "squeue-running.json").read_text())["jobs"]
+    # the job's batch step's /proc/self/cgroup, as the release's slurmd made it (26.05: by SLUID)
+    cgroup = ((data / "cgroup").read_text(), sluid if (data / "sluid").is_file() and f"/{sluid}/"
+              in (data / "cgroup").read_text() else job_id) if (data / "cgroup").is_file() else None
     return Case(sched, node_name, HookJob("slurm", job_id, 1000, "alice", node_name), "7.pbshost",
                 {str(j["job_id"]): 2 for j in listed}, None, (job_id,),
-                {"SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": "0,1"}, (sluid, sluid_job), lambda: read_log(log))
+                {"SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": "0,1"}, (sluid, sluid_job), cgroup,
+                lambda: read_log(log))
 
 
 def pbs_commands_case(tmp: Path) -> Case:
@@ -125,7 +137,7 @@ def pbs_commands_case(tmp: Path) -> Case:
                 {k: 2 if "ngpus=2" in v["exec_vnode"] else 0 for k, v in running.items()},
                 {v["session_id"]: k for k, v in running.items()}, None,
                 {"PBS_JOBID": "0.pbshost", "GPUSLURM_GPU_UUIDS": NODE.gpus[0].uuid},
-                commands=lambda: read_log(log))
+                cgroup=(PBS_CGROUP, "0.pbshost"), commands=lambda: read_log(log))
 
 
 def pbs_hook_case(tmp: Path) -> Case:
@@ -139,7 +151,7 @@ def pbs_hook_case(tmp: Path) -> Case:
 
     return Case(sched, "pbshost", HookJob("pbs", "0.pbshost", 1000, "gpuspbs1", "pbshost"), "7",
                 {}, {}, None, {"PBS_JOBID": "0.pbshost", "GPUSLURM_GPU_UUIDS": NODE.gpus[0].uuid},
-                commands=applied, extra={"answer": answer},
+                cgroup=(PBS_CGROUP, "0.pbshost"), commands=applied, extra={"answer": answer},
                 unsupported=frozenset({"resume_node", "cancel_job", "set_admin_comment", "apply_gpus_out"}))
 
 
@@ -148,6 +160,7 @@ def recording_case(tmp: Path) -> Case:
     sched = RecordingScheduler(allocations=(alloc,))
     return Case(sched, "n1", HookJob("recording", "12", 1000, "alice", "n1"), "x",
                 {"12": 1}, None, None, {"RECORDING_GPUS": NODE.gpus[0].uuid},
+                cgroup=("0::/recording:12/task\n", "12"),
                 commands=lambda: [[name, *map(str, args)] for name, args in sched.calls])
 
 
@@ -205,8 +218,10 @@ def test_this_contract_covers_every_method_of_the_interface() -> None:
 
 # --- what runs here --------------------------------------------------------------------------------
 
-def test_can_list_jobs_and_node_allocations_give_the_recorded_jobs(case: Case) -> None:
-    assert isinstance(case.sched.can_list_jobs(), bool)
+def test_why_no_job_list_and_node_allocations_give_the_recorded_jobs(case: Case) -> None:
+    why = case.sched.why_no_job_list()
+    assert why is None or (isinstance(why, str) and why and "\n" not in why)
+    assert isinstance(case.sched.title, str) and case.sched.title
     found = case.sched.node_allocations(case.node_name, NODE)
     assert all(isinstance(a, Allocation) for a in found)
     assert {a.job_id: len(a.uuids) for a in found} == dict(case.allocations)
@@ -233,6 +248,28 @@ def test_job_of_sluid(case: Case) -> None:
     sluid, job = case.sluid
     assert case.sched.job_of_sluid(sluid) == job
     assert case.sched.job_of_sluid("s00000000000AB") is None or job is not None
+
+
+def test_job_of_cgroup(case: Case) -> None:
+    """The recorded cgroup of a process of the job names that job; gpuslurm's own job cgroups name
+    theirs on every scheduler; the same paths under a user's own systemd slice, where users make
+    cgroups, and a path outside every job, name none."""
+    if case.cgroup is not None:
+        text, names = case.cgroup
+        found = case.sched.job_of_cgroup(text)
+        assert found is not None and found.label == names, text
+        assert (found.job_id is None) != (found.sluid is None)
+        user_slice = "/user.slice/user-1000.slice/user@1000.service"
+        under_user = "".join(":".join((*line.split(":", 2)[:2], user_slice + line.split(":", 2)[2])) + "\n"
+                             for line in text.splitlines())
+        assert case.sched.job_of_cgroup(under_user) is None, under_user
+    job_id = case.job.job_id
+    for own in (f"0::/gpuslurm.mps/mps_{job_id}\n", f"7:devices:/gpuslurm/job_{job_id}\n"):
+        found = case.sched.job_of_cgroup(own)
+        assert found is not None and found.job_id == job_id and found.sluid is None, own
+    for outside in ("0::/\n", "0::/system.slice/sshd.service\n", "0::/init.scope\n", "", "garbage\n",
+                    f"0::/user.slice/user-1000.slice/user@1000.service/gpuslurm.mps/mps_{job_id}\n"):
+        assert case.sched.job_of_cgroup(outside) is None, outside
 
 
 def test_job_gpus_from_env(case: Case) -> None:
@@ -308,6 +345,19 @@ def test_set_running_comment_on_a_finished_slurm_job_is_not_a_failure(
 
 
 # --- actions ---------------------------------------------------------------------------------------
+
+def test_why_no_node_actions(case: Case, tmp_path: Path) -> None:
+    """None where the stand-ins are there; one line naming the missing command where they are not
+    (the monitor logs faults then, and says the scheduler is not told)."""
+    assert case.sched.why_no_node_actions() is None
+    gone = {"scontrol": str(tmp_path / "no-scontrol"), "qmgr": str(tmp_path / "no-qmgr")}
+    for attr, path in gone.items():
+        if hasattr(case.sched, attr):
+            setattr(case.sched, attr, path)
+            why = case.sched.why_no_node_actions()
+            assert why is not None and why.startswith(f"{path} is missing") and "\n" not in why
+
+
 
 ACTIONS: dict[str, Callable[[Case], object]] = {
     "drain_node": lambda c: c.sched.drain_node(c.node_name, "gpuslurm: a test reason"),

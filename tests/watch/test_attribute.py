@@ -11,7 +11,8 @@ from tests.helpers.watch_helpers import V1_ROOT, V2_ROOT, cgroup_unavailable, in
 
 from gpuslurm.errors import CommandError
 from gpuslurm.samples import Allocation, ProcessReading
-from gpuslurm.state.cgroup import CgroupJob, parse_cgroup, parse_cgroup_path
+from gpuslurm.slurm.cgroup_paths import parse_cgroup, parse_cgroup_path
+from gpuslurm.state.cgroup import CgroupJob
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.watch.attribute import Attributor
 
@@ -56,13 +57,20 @@ def test_cgroup_paths(path: str, job: CgroupJob | None) -> None:
     assert parse_cgroup_path(path) == job
 
 
+@pytest.mark.parametrize("adapter", ["slurm", "pbs"])
 @pytest.mark.parametrize("job_id", ["5", "4294967294", "41.pbshost", "123[4].server"])
-def test_every_cgroup_gpuslurm_makes_for_a_job_names_that_job(job_id: str) -> None:
+def test_every_cgroup_gpuslurm_makes_for_a_job_names_that_job(job_id: str, adapter: str) -> None:
     """The class, not the example: each cgroup gpuslurm.isolate.cgroup_v1/cgroup_v2 make for a job
-    (its tasks', and its MPS daemon's, v1 and v2) is that job's, so PBS's execjob_attach refuses to move a
-    process out of it into another job and the monitor and the end count it as the job's."""
+    (its tasks', and its MPS daemon's, v1 and v2) is that job's, in every adapter's layout, so PBS's
+    execjob_attach refuses to move a process out of it into another job and the monitor and the end
+    count it as the job's."""
+    import importlib
+
     from gpuslurm.isolate.cgroup_v1 import v1_job_dir
     from gpuslurm.isolate.cgroup_v2 import v2_mps_dir, v2_pbs_dir
+
+    layout = importlib.import_module(f"gpuslurm.{adapter}.cgroup_paths")
+    parse_cgroup_path, parse_cgroup = layout.parse_cgroup_path, layout.parse_cgroup
 
     root = "/sys/fs/cgroup"
     made = [v1_job_dir(root, job_id), v1_job_dir(root, job_id, "mps"), v2_mps_dir(root, job_id)]
@@ -124,7 +132,7 @@ def test_real_process_in_a_slurm_cgroup_is_attributed(tmp_path: Path, root: Path
     outsider = sleeper()
     try:
         with in_cgroup(root, relative, proc.pid):
-            att = Attributor(jobs_dir=str(jobs_dir))
+            att = Attributor(job_of_cgroup=parse_cgroup, jobs_dir=str(jobs_dir))
             now = time.time()
             readings = [ProcessReading(proc.pid, GPU_A, None, 500.0, 40.0),
                         ProcessReading(outsider.pid, GPU_B, None, 100.0, None)]
@@ -156,7 +164,8 @@ def test_cached_facts_are_reused_and_a_reused_pid_is_read_again(tmp_path: Path) 
         (pid_dir / "cgroup").write_text(f"3:freezer:/slurm/uid_1000/job_{job}/step_0\n")
 
     write(500, "1")
-    att = Attributor(jobs_dir=str(tmp_path / "none"), proc_root=str(fake), refresh_s=3600)
+    att = Attributor(job_of_cgroup=parse_cgroup,
+                     jobs_dir=str(tmp_path / "none"), proc_root=str(fake), refresh_s=3600)
     reading = [ProcessReading(77, GPU_A)]
     assert att.attribute(1.0, reading)[0][0].job_id == "1"
     (pid_dir / "cgroup").write_text("3:freezer:/slurm/uid_1000/job_2/step_0\n")
@@ -172,7 +181,7 @@ def test_unreadable_and_vanished_processes_are_problems_not_crashes(tmp_path: Pa
     (fake / "10" / "cgroup").mkdir()  # reading it fails with EISDIR: unreadable, not gone
     (fake / "10" / "status").write_text("Uid:\t0\t0\t0\t0\n")
     (fake / "11").mkdir()  # stat missing: the process exited
-    att = Attributor(jobs_dir=str(tmp_path / "none"), proc_root=str(fake))
+    att = Attributor(job_of_cgroup=parse_cgroup, jobs_dir=str(tmp_path / "none"), proc_root=str(fake))
     samples, _, problems = att.attribute(5.0, [ProcessReading(10, GPU_A, None, 300.0),
                                                ProcessReading(11, GPU_A), ProcessReading(12, GPU_B)])
     kinds = {(p.kind, p.subject) for p in problems}
@@ -182,7 +191,7 @@ def test_unreadable_and_vanished_processes_are_problems_not_crashes(tmp_path: Pa
 
 
 def test_a_process_on_two_gpus_is_read_once(tmp_path: Path) -> None:
-    att = Attributor(jobs_dir=str(tmp_path / "none"))
+    att = Attributor(job_of_cgroup=parse_cgroup, jobs_dir=str(tmp_path / "none"))
     pid = os.getpid()
     samples, _, problems = att.attribute(1.0, [ProcessReading(pid, GPU_A), ProcessReading(pid, GPU_B)])
     assert [s.gpu_uuid for s in samples] == [GPU_A, GPU_B] and problems == ()
@@ -193,7 +202,7 @@ def test_a_corrupt_job_map_is_reported_and_the_others_still_count(tmp_path: Path
     _map(jobs, "5", [GPU_A])
     (jobs / "6.json").write_text("{not json")
     os.chmod(jobs / "6.json", 0o600)
-    att = Attributor(jobs_dir=str(jobs))
+    att = Attributor(job_of_cgroup=parse_cgroup, jobs_dir=str(jobs))
     _, allocs, problems = att.attribute(1.0, [])
     assert [a.job_id for a in allocs] == ["5"]
     assert [(p.kind, p.subject) for p in problems] == [("jobmap-unreadable", "6")]
@@ -222,7 +231,8 @@ def test_squeue_fills_in_for_jobs_without_a_map_rate_limited(tmp_path: Path) -> 
             raise answer
         return answer  # type: ignore[return-value]
 
-    att = Attributor(jobs_dir=str(jobs), proc_root=str(fake), squeue=squeue, squeue_interval_s=60)
+    att = Attributor(job_of_cgroup=parse_cgroup,
+                     jobs_dir=str(jobs), proc_root=str(fake), squeue=squeue, squeue_interval_s=60)
     reading = [ProcessReading(20, GPU_B)]
     _, allocs, problems = att.attribute(100.0, reading)
     assert [p.kind for p in problems] == ["squeue-error"] and [a.job_id for a in allocs] == ["5"]
@@ -235,8 +245,6 @@ def test_squeue_fills_in_for_jobs_without_a_map_rate_limited(tmp_path: Path) -> 
 
 
 def test_a_slurm_shaped_cgroup_under_a_users_own_slice_is_no_job() -> None:
-    from gpuslurm.state.cgroup import parse_cgroup_path
-
     fake = "/user.slice/user-1000.slice/user@1000.service/app.slice/slurm/uid_1000/job_5/step_0"
     assert parse_cgroup_path(fake) is None
     assert parse_cgroup_path("/slurm/uid_1000/job_5/step_0") is not None

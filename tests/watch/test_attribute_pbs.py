@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from tests.helpers.watch_helpers import V1_ROOT, V2_ROOT, cgroup_unavailable, in_cgroup, sleeper, stop
 
+from gpuslurm.pbs.cgroup_paths import parse_cgroup, parse_cgroup_path
 from gpuslurm.samples import Allocation, ProcessReading
-from gpuslurm.state.cgroup import CgroupJob, parse_cgroup, parse_cgroup_path
+from gpuslurm.state.cgroup import CgroupJob
 from gpuslurm.watch.attribute import Attributor
 
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444455556666"
@@ -57,7 +58,7 @@ def test_real_process_in_a_pbs_cgroup_is_attributed(tmp_path: Path, root: Path, 
     proc = sleeper()
     try:
         with in_cgroup(root, relative, proc.pid):
-            att = Attributor(jobs_dir=str(tmp_path / "none"))
+            att = Attributor(job_of_cgroup=parse_cgroup, jobs_dir=str(tmp_path / "none"))
             samples, _, problems = att.attribute(time.time(), [ProcessReading(proc.pid, GPU_A)])
     finally:
         stop(proc)
@@ -81,7 +82,8 @@ def test_without_cgroups_the_job_shells_session_names_the_job(tmp_path: Path) ->
         return (Allocation("12.pbshost", "someone", 4321, (GPU_A,), 1.0, source="qstat"),)
 
     try:
-        att = Attributor(jobs_dir=str(tmp_path / "none"), squeue=qstat, sessions=lambda: sessions)
+        att = Attributor(job_of_cgroup=parse_cgroup,
+                         jobs_dir=str(tmp_path / "none"), squeue=qstat, sessions=lambda: sessions)
         samples, allocs, problems = att.attribute(time.time(), [ProcessReading(job_proc.pid, GPU_A),
                                                                 ProcessReading(outsider.pid, GPU_A)])
     finally:
@@ -101,11 +103,13 @@ def test_a_process_that_left_the_session_goes_to_its_owners_one_job(tmp_path: Pa
     proc = subprocess.Popen(["/bin/sleep", "120"], start_new_session=True, user=65534, group=65534)
     try:
         mine = Allocation("13.pbshost", "nobody", 65534, (GPU_A,), 1.0, source="qstat")
-        att = Attributor(jobs_dir=str(tmp_path / "none"), squeue=lambda: (mine,), sessions=dict)
+        att = Attributor(job_of_cgroup=parse_cgroup,
+                         jobs_dir=str(tmp_path / "none"), squeue=lambda: (mine,), sessions=dict)
         samples, _, _ = att.attribute(time.time(), [ProcessReading(proc.pid, GPU_A)])
         assert samples[0].job_id == "13.pbshost"  # its owner's one job on this node
         two = (mine, mine._replace(job_id="14.pbshost"))
-        att = Attributor(jobs_dir=str(tmp_path / "none"), squeue=lambda: two, sessions=dict)
+        att = Attributor(job_of_cgroup=parse_cgroup,
+                         jobs_dir=str(tmp_path / "none"), squeue=lambda: two, sessions=dict)
         samples, _, _ = att.attribute(time.time(), [ProcessReading(proc.pid, GPU_A)])
         assert samples[0].job_id is None  # two jobs: no guess
     finally:
@@ -117,7 +121,8 @@ def test_roots_processes_are_never_guessed_into_a_job(tmp_path: Path) -> None:
     proc = _own_session()  # the test runs as root
     try:
         roots = Allocation("16.pbshost", "root", 0, (GPU_A,), 1.0, source="qstat")
-        att = Attributor(jobs_dir=str(tmp_path / "none"), squeue=lambda: (roots,), sessions=dict)
+        att = Attributor(job_of_cgroup=parse_cgroup,
+                         jobs_dir=str(tmp_path / "none"), squeue=lambda: (roots,), sessions=dict)
         samples, _, _ = att.attribute(time.time(), [ProcessReading(proc.pid, GPU_A)])
     finally:
         stop(proc)
@@ -128,7 +133,7 @@ def test_slurm_attribution_makes_no_owner_guess(tmp_path: Path) -> None:
     proc = sleeper()
     try:
         mine = Allocation("15", "root", 0, (GPU_A,), 1.0, source="squeue")
-        att = Attributor(jobs_dir=str(tmp_path / "none"), squeue=lambda: (mine,))
+        att = Attributor(job_of_cgroup=parse_cgroup, jobs_dir=str(tmp_path / "none"), squeue=lambda: (mine,))
         samples, _, _ = att.attribute(time.time(), [ProcessReading(proc.pid, GPU_A)])
     finally:
         stop(proc)

@@ -15,6 +15,7 @@ from gpuslurm.errors import CommandError
 from gpuslurm.policy.rogue import why_rogue
 from gpuslurm.policy.usage import view as cycle_view
 from gpuslurm.samples import Cycle, ProcessReading
+from gpuslurm.slurm.cgroup_paths import parse_cgroup
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.watch.attribute import Attributor
 
@@ -51,7 +52,7 @@ def test_a_sluid_process_is_its_jobs_through_the_map(tmp_path: Path) -> None:
     try:
         with in_cgroup(V2_ROOT, f"{SCOPE}/job_41/step_0/user/task_0", old.pid), \
                 in_cgroup(V2_ROOT, f"{SCOPE}/{SLUID}/step_0/user/task_0", new.pid):
-            att = Attributor(jobs_dir=str(jobs), sluid_job=ask)
+            att = Attributor(job_of_cgroup=parse_cgroup, jobs_dir=str(jobs), sluid_job=ask)
             samples, allocs, problems = att.attribute(time.time(), [
                 ProcessReading(old.pid, GPU_A, None, 10.0, None),
                 ProcessReading(new.pid, GPU_A, None, 10.0, None)])
@@ -74,7 +75,8 @@ def test_without_a_map_scontrol_names_the_job_once(tmp_path: Path) -> None:
     proc = _sleeper()
     try:
         with in_cgroup(V2_ROOT, f"{SCOPE}/{OTHER}/step_batch/user/task_0", proc.pid):
-            att = Attributor(jobs_dir=str(tmp_path / "jobs"), sluid_job=ask, refresh_s=0.0)
+            att = Attributor(job_of_cgroup=parse_cgroup,
+                             jobs_dir=str(tmp_path / "jobs"), sluid_job=ask, refresh_s=0.0)
             reading = [ProcessReading(proc.pid, GPU_A, None, 10.0, None)]
             first, _, _ = att.attribute(100.0, reading)
             again, _, _ = att.attribute(101.0, reading)
@@ -99,7 +101,8 @@ def test_a_sluid_no_one_knows_is_reported_and_never_rogue(tmp_path: Path) -> Non
     proc, outsider = _sleeper(), _sleeper()
     try:
         with in_cgroup(V2_ROOT, f"{SCOPE}/{OTHER}/step_0/user/task_0", proc.pid):
-            att = Attributor(jobs_dir=str(tmp_path / "jobs"), sluid_job=ask, squeue_interval_s=60.0)
+            att = Attributor(job_of_cgroup=parse_cgroup,
+                             jobs_dir=str(tmp_path / "jobs"), sluid_job=ask, squeue_interval_s=60.0)
             reading = [ProcessReading(proc.pid, GPU_A, None, 10.0, None),
                        ProcessReading(outsider.pid, GPU_A, None, 10.0, None)]
             samples, allocs, problems = att.attribute(100.0, reading)
@@ -125,7 +128,7 @@ def test_a_process_claiming_a_sluid_in_its_environment_is_still_in_no_job(tmp_pa
     _map(jobs, "42", SLUID)
     liar = _sleeper({"SLURM_JOB_SLUID": SLUID, "SLURM_JOB_ID": "42", "SLURM_JOBID": "42"})
     try:
-        att = Attributor(jobs_dir=str(jobs), sluid_job=lambda s: "42")
+        att = Attributor(job_of_cgroup=parse_cgroup, jobs_dir=str(jobs), sluid_job=lambda s: "42")
         samples, allocs, _ = att.attribute(time.time(), [ProcessReading(liar.pid, GPU_A, None, 10.0, None)])
     finally:
         stop(liar)

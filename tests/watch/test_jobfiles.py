@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_fixture import users_site
+from tests.helpers.cluster_fixture import users_site
 
 from gpuslurm.errors import EXIT_BAD_INPUT
 from gpuslurm.report.jobstats import Settings

@@ -13,7 +13,7 @@ from tests.helpers.recording_scheduler import RecordingScheduler
 
 from gpuslurm.config import Config, EpilogConfig, MonitorConfig, PathsConfig
 from gpuslurm.hw.source import hardware_source, load_node
-from gpuslurm.samples import Cycle, Violation
+from gpuslurm.samples import Cycle, ProcessReading, Violation
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
 from gpuslurm.watch.run import MonitorParts, run_monitor
 
@@ -30,7 +30,7 @@ def config(tmp_path: Path, *, admin_comment: bool) -> Config:
 
 
 def parts(sched: RecordingScheduler, published: list[Sequence[Violation]]) -> MonitorParts:
-    return MonitorParts(scheduler_for=lambda timeout: sched, can_act=lambda: None,
+    return MonitorParts(scheduler_for=lambda timeout: sched,
                         publish=lambda directory, node, found: published.append(found),
                         comment_text=lambda n, figures: f"gpuslurm: {n} GPU")
 
@@ -62,3 +62,70 @@ def test_a_scheduler_that_keeps_no_comments_is_said_once_and_never_asked(
                 warn=warnings.append)
     assert warnings.count("no comments here") == 1
     assert sched.called("set_running_comment") == []
+
+
+def test_a_scheduler_that_lists_no_jobs_is_said_once_in_its_own_words_and_never_asked(
+        tmp_path: Path) -> None:
+    """The adapter says why it lists no jobs, and names itself when its node actions cannot run:
+    the monitor repeats its words, with no scheduler's name of its own."""
+    cfg = config(tmp_path, admin_comment=False)
+    sched = RecordingScheduler(listing="/nowhere/squeue is missing: jobs without a job map stay unattributed",
+                               no_actions="/nowhere/scontrol is missing")
+    warnings: list[str] = []
+    run_monitor(cfg, DGX, parts(sched, []),
+                db=str(tmp_path / "state" / "m.db"), once=True, warn=warnings.append)
+    assert warnings.count(sched.listing) == 1
+    assert sched.called("node_allocations") == []
+    assert "/nowhere/scontrol is missing: faults are logged, GPUs recorded out of service, but the " \
+           "recording scheduler is not told" in warnings
+
+
+def test_the_schedulers_cgroup_layout_names_jobs_even_when_it_lists_none(tmp_path: Path) -> None:
+    """A process is attributed in the layout of the adapter handed in (here the recording one's,
+    as a third scheduler's would be), whether or not its job-listing command is there; without an
+    adapter, only gpuslurm's own job cgroups name a job."""
+    from gpuslurm.state.store import Store
+    from gpuslurm.watch.build import build_monitor
+    from gpuslurm.watch.monitor import open_sampler
+
+    fake = tmp_path / "proc"
+    (fake / "77").mkdir(parents=True)
+    (fake / "stat").write_text("cpu 1 2 3\nbtime 1000\n")
+    (fake / "77" / "stat").write_text(f"77 (py) {' '.join(['S'] + ['0'] * 18 + ['500'] + ['0'] * 20)}\n")
+    (fake / "77" / "status").write_text("Name:\tpy\nUid:\t1000\t1000\t1000\t1000\n")
+    (fake / "77" / "cgroup").write_text("0::/recording:12/task\n")
+    sampler, node = open_sampler(DGX)
+    store = Store.open(str(tmp_path / "m.db"))
+    try:
+        for sched, job in ((RecordingScheduler(), "12"), (RecordingScheduler(listing="no squeue"), "12"),
+                           (None, None)):
+            monitor = build_monitor(sampler, store, "n1", jobs_dir=str(tmp_path / "jobs"), node=node,
+                                    scheduler=sched, proc_root=str(fake), warn=lambda line: None)
+            samples, _, _ = monitor.attributor.attribute(1.0, [ProcessReading(77, U[0])])
+            assert [s.job_id for s in samples] == [job], sched
+    finally:
+        store.close()
+        sampler.close()
+
+
+@pytest.mark.parametrize("source", ["config", "slurm"])
+def test_the_quota_feed_is_the_one_the_configured_source_names(tmp_path: Path, source: str) -> None:
+    """watch/ names no scheduler: ``[detect.share] quota_source`` picks among the feeds the entry
+    point hands in (Slurm's shares for "slurm"); "config" needs none."""
+    from gpuslurm.config import DetectConfig, ShareDetect
+
+    cfg = config(tmp_path, admin_comment=False)
+    cfg = cfg._replace(detect=DetectConfig(share=ShareDetect(quota_source=source)))
+    asked: list[tuple[str, int]] = []
+
+    class Feed:
+        def poll(self, now: float) -> tuple[None, None]:
+            return None, None
+
+    def slurm_feed(given: Config, gpus: int) -> Feed:
+        asked.append((given.detect.share.quota_source, gpus))
+        return Feed()
+
+    run_monitor(cfg, DGX, parts(RecordingScheduler(), [])._replace(quota_feeds={"slurm": slurm_feed}),
+                db=str(tmp_path / "state" / "m.db"), once=True)
+    assert asked == ([("slurm", len(U))] if source == "slurm" else [])

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import TYPE_CHECKING
 
 import click
 
 from gpuslurm.cli.main import from_option
-from gpuslurm.cli.schedulers import action_command, scheduler_for
+from gpuslurm.cli.schedulers import scheduler_for
 from gpuslurm.config import Config, load_config
 from gpuslurm.hooks.epilog import admin_comment
 from gpuslurm.hw.source import hardware_source
@@ -59,13 +58,9 @@ def monitor(interval: float | None, once: bool, db: str | None, as_json: bool, s
 
 def monitor_parts(cfg: Config) -> MonitorParts:
     """What the monitor takes from the scheduler adapters (and the epilog's comment line)."""
-    def can_act() -> str | None:
-        command = action_command(cfg)
-        return None if os.access(command, os.X_OK) else f"{command} is missing"
-
-    return MonitorParts(scheduler_for=lambda timeout: scheduler_for(cfg, timeout), can_act=can_act,
+    return MonitorParts(scheduler_for=lambda timeout: scheduler_for(cfg, timeout),
                         publish=append_violations, comment_text=admin_comment,
-                        slurm_quotas=node_quota_cache)
+                        quota_feeds={"slurm": node_quota_cache})
 
 
 def _print_json(cycle: Cycle) -> None:

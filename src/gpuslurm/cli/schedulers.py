@@ -4,7 +4,7 @@ and, inside a job, whose job it is (:func:`job_gpus_from_env`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from gpuslurm.tuples import TYPE_CHECKING  # not typing's: pick imports this module (gpuslurm.tuples)
 
@@ -38,23 +38,6 @@ def scheduler_for(cfg: Config, timeout: float) -> Scheduler:
 
     return SlurmScheduler(squeue=cfg.paths.squeue, scontrol=cfg.paths.scontrol, timeout=timeout,
                           scancel=cfg.paths.scancel, gpu_out=cfg.gpu_out)
-
-
-def action_command(cfg: Config) -> str:
-    """The program the scheduler's node actions need (scontrol, or qmgr for PBS)."""
-    return str(cfg.paths.qmgr if scheduler_kind(cfg) == "pbs" else cfg.paths.scontrol)
-
-
-def build_scheduler(cfg: Config, warn: Callable[[str], None] | None = None) -> Scheduler | None:
-    """The Scheduler adapter for this node, or None when its job-listing command is missing (the
-    monitor then attributes from the job maps alone; ``warn`` says so)."""
-    sched = scheduler_for(cfg, cfg.monitor.command_timeout_s)
-    command = cfg.paths.qstat if sched.name == "pbs" else cfg.paths.squeue
-    if not sched.can_list_jobs():
-        if warn is not None:
-            warn(f"{command} is missing: jobs without a job map stay unattributed to GPUs")
-        return None
-    return sched
 
 
 # Every adapter with the variable its jobs' environment always holds, in the order they are asked

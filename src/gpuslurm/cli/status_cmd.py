@@ -21,7 +21,7 @@ from typing import IO
 import click
 
 from gpuslurm.cli.main import from_option, json_option
-from gpuslurm.cli.schedulers import build_scheduler
+from gpuslurm.cli.schedulers import scheduler_for
 from gpuslurm.config import load_config
 from gpuslurm.hw.source import hardware_source
 from gpuslurm.jsondoc import document
@@ -42,7 +42,7 @@ _db_option = click.option("--db", metavar="PATH",
 def _open(source: str | None, db: str | None) -> LiveView:
     cfg = load_config()
     hardware = hardware_source(source, nvml_library=cfg.paths.nvml_library)
-    return LiveView(cfg, hardware, db, scheduler=build_scheduler(cfg))
+    return LiveView(cfg, hardware, db, scheduler=scheduler_for(cfg, cfg.monitor.command_timeout_s))
 
 
 @click.command("status")

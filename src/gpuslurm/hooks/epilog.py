@@ -82,7 +82,7 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, sourc
     # 3. kill the job's leftovers, check the GPUs were released; drain on a fault
     # the job's SLUID: Slurm's (25.11+ Epilog), else the one the prolog recorded
     sluid = job.sluid or (jmap.sluid if jmap is not None else None)
-    release = _release(job_id, uid, gpus, cfg, source, log, sluid)
+    release = _release(job_id, uid, gpus, cfg, source, log, scheduler, sluid)
     rc = 0
     drains = [f for f in [*release.faults, *mps_faults] if f.action == "drain"]
     if drains:
@@ -248,7 +248,7 @@ NO_RELEASE = Release((), {}, ())
 
 
 def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Config, source: HardwareSource,
-             log: HookLog, sluid: str | None = None) -> Release:
+             log: HookLog, scheduler: Scheduler, sluid: str | None = None) -> Release:
     """Kill the job's leftovers on its physical GPUs, then check the GPUs were released."""
     from gpuslurm.policy.health import Fault, gpu_label, release_enabled, released_faults
 
@@ -281,7 +281,7 @@ def _release(job_id: str, uid: int, gpus: Sequence[Mapping[str, Any]], cfg: Conf
 
         targets, skipped = plan_kills(listed, job_id, uid, holders,
                                       cfg.health.leftover_processes.ignore_users, listed_at,
-                                      job_sluid=sluid)
+                                      job_of_cgroup=scheduler.job_of_cgroup, job_sluid=sluid)
         for (uuid, pid), (kind, why) in skipped.items():
             log.info(f"GPU {labels[uuid]}: pid {pid} is not killed: {why}")
             if kind != "kept":

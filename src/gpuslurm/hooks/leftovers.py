@@ -12,7 +12,7 @@ is never signalled. A listed PID that is gone (or a zombie) is not a leftover.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gpuslurm.hw.live.procfs import PROC_ROOT
 from gpuslurm.isolate.kill import Target
@@ -20,6 +20,7 @@ from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpuslurm.hw.model.health import GpuProcess
+    from gpuslurm.state.cgroup import CgroupJob
 
 
 def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: int,
@@ -44,9 +45,13 @@ def leftover_verdict(proc_uid: int, proc_job: str | None, job_id: str, job_uid: 
 
 def plan_kills(listed: Sequence[tuple[str, GpuProcess]], job_id: str, job_uid: int,
                holders: Mapping[str, Sequence[tuple[str, int]]] | None, ignore_users: Sequence[str],
-               listed_at: float, proc_root: str = PROC_ROOT, job_sluid: str | None = None,
+               listed_at: float, *, job_of_cgroup: Callable[[str], CgroupJob | None],
+               proc_root: str = PROC_ROOT, job_sluid: str | None = None,
                ) -> tuple[list[Target], dict[tuple[str, int], tuple[str, str]]]:
     """Split the processes listed on the job's GPUs into targets and skipped ones.
+
+    ``job_of_cgroup`` reads a ``/proc/PID/cgroup`` text in the scheduler's layout (its adapter's
+    :meth:`~gpuslurm.state.scheduler.Scheduler.job_of_cgroup`).
 
     ``job_sluid`` is the job's SLUID (Slurm's Epilog environment, 25.11+): a process in a cgroup
     named by that SLUID (26.05's layout) is the job's; one named by any other SLUID is another
@@ -57,7 +62,6 @@ def plan_kills(listed: Sequence[tuple[str, GpuProcess]], job_id: str, job_uid: i
     (left alive but still counted by the release check: PID 1, this hook's own tree, unreadable).
     """
     from gpuslurm.hw.live.procfs import ProcessProblem, read_process
-    from gpuslurm.state.cgroup import parse_cgroup
 
     ticks = os.sysconf("SC_CLK_TCK")
     me = os.getpid()
@@ -87,7 +91,7 @@ def plan_kills(listed: Sequence[tuple[str, GpuProcess]], job_id: str, job_uid: i
         if me in lineage:
             skipped[key] = ("kept", "a child of this hook")
             continue
-        cg = parse_cgroup(facts.cgroup)
+        cg = job_of_cgroup(facts.cgroup)
         proc_job = None if cg is None else job_id if job_sluid and cg.sluid == job_sluid else cg.label
         why = leftover_verdict(facts.uid, proc_job, job_id, job_uid,
                                None if holders is None else holders.get(uuid, []))

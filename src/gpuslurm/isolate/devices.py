@@ -35,7 +35,7 @@ def wanted(cfg: Config, scheduler_constrains: Callable[[], bool]) -> bool:
 
 
 def isolate_job(cfg: Config, job_id: str, uid: int, given: Sequence[JobDevice],
-                node: Node, scheduler: str = "slurm",
+                node: Node, *, scheduler: str,
                 v2_dir: Callable[[], Sequence[str] | None] | None = None) -> str:
     """The prolog's step: limit the job to ``given``; a line for the log. The caller has decided
     that gpuslurm isolates here (:func:`wanted` for Slurm; the PBS adapter decides for PBS).

@@ -86,8 +86,11 @@ class PbsHookActions(PbsJobFacts):
         self.vnodes = vnodes
         self.pbs_cgroups = pbs_cgroups
 
-    def can_list_jobs(self) -> bool:
-        return False  # a hook acts on one job; qstat's view is gpuslurm.pbs.scheduler's
+    def why_no_job_list(self) -> str:
+        return "a PBS hook acts on one job: it lists none (qstat's view is gpuslurm.pbs.scheduler's)"
+
+    def why_no_node_actions(self) -> None:
+        return None  # the hook's answer carries them; pbs_mom applies it
 
     def node_allocations(self, node_name: str, node: Node) -> tuple[Allocation, ...]:
         return ()  # a hook acts on one job; qstat's view is gpuslurm.pbs.scheduler's

@@ -241,7 +241,7 @@ def _join_users_process(req: PbsRequest, cfg: Config, join: Callable[[str, str, 
 def _other_job(pid: int, job_id: str, source: str) -> str | None:
     """The job other than ``job_id`` whose cgroup (the scheduler's or gpuslurm's) holds ``pid``."""
     from gpuslurm.hw.live.procfs import read_cgroup_text
-    from gpuslurm.state.cgroup import parse_cgroup_path
+    from gpuslurm.pbs.cgroup_paths import parse_cgroup_path
 
     try:
         text = read_cgroup_text(pid)

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
     from gpuslurm.config import Config
     from gpuslurm.hw.model.node import Node
+    from gpuslurm.state.cgroup import CgroupJob
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.running import JobDetail
 
@@ -22,6 +23,15 @@ class PbsJobFacts:
     def running_job_details(self, node_name: str) -> tuple[JobDetail, ...] | None:
         """None: PBS details no job's CPUs per node (placement reads Slurm's ``scontrol -d``)."""
         return None
+
+    title = "PBS"
+
+    def job_of_cgroup(self, cgroup_text: str) -> CgroupJob | None:
+        """The PBS job (its cgroups hook's, or gpuslurm's own job cgroup) ``cgroup_text`` names
+        (:mod:`gpuslurm.pbs.cgroup_paths`); None without the cgroups hook (the job's session tells)."""
+        from gpuslurm.pbs.cgroup_paths import parse_cgroup
+
+        return parse_cgroup(cgroup_text)
 
     def job_of_sluid(self, sluid: str) -> str | None:
         """None: PBS names no job by a SLUID (Slurm 26.05's)."""

@@ -102,9 +102,15 @@ class PbsScheduler(PbsJobFacts):
         self.jobs_dir = jobs_dir
         self._sessions: dict[int, str] = {}  # the last answer's session id → job id, on this node
 
-    def can_list_jobs(self) -> bool:
-        """Whether qstat is there to run (the monitor falls back to the job maps alone)."""
-        return os.access(self.qstat, os.X_OK)
+    def why_no_job_list(self) -> str | None:
+        """None when qstat is there to run; else so (the monitor falls back to the job maps alone)."""
+        if os.access(self.qstat, os.X_OK):
+            return None
+        return f"{self.qstat} is missing: jobs without a job map stay unattributed to GPUs"
+
+    def why_no_node_actions(self) -> str | None:
+        """None where qmgr (GPUs out, the node's state) is there to run."""
+        return None if os.access(self.qmgr, os.X_OK) else f"{self.qmgr} is missing"
 
     def sessions(self) -> Mapping[int, str]:
         """Session id → job id of the jobs the last :meth:`node_allocations` found with their

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the hooks build this adapter on every job: keep its imports
     from gpuslurm.config import Config, GpuOutConfig
     from gpuslurm.hw.model.node import Node
     from gpuslurm.samples import Allocation
+    from gpuslurm.state.cgroup import CgroupJob
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.out_of_service import OutOfService
     from gpuslurm.state.running import JobDetail
@@ -35,6 +36,7 @@ class SlurmScheduler:
     """Slurm's commands at ``squeue`` and ``scontrol``, each bounded by ``timeout`` seconds."""
 
     name = "slurm"
+    title = "Slurm"
 
     def __init__(self, *, squeue: str = "/usr/bin/squeue", scontrol: str = "/usr/bin/scontrol",
                  timeout: float = 10.0,
@@ -54,9 +56,11 @@ class SlurmScheduler:
         return cls(squeue=p.squeue, scontrol=p.scontrol, scancel=p.scancel, sacctmgr=p.sacctmgr,
                    timeout=cfg.hooks.command_timeout_s, gpu_out=cfg.gpu_out)
 
-    def can_list_jobs(self) -> bool:
-        """Whether squeue is there to run (the monitor falls back to the job maps alone)."""
-        return os.access(self.squeue, os.X_OK)
+    def why_no_job_list(self) -> str | None:
+        """None when squeue is there to run; else so (the monitor falls back to the job maps alone)."""
+        if os.access(self.squeue, os.X_OK):
+            return None
+        return f"{self.squeue} is missing: jobs without a job map stay unattributed to GPUs"
 
     def node_allocations(self, node_name: str, node: Node) -> tuple[Allocation, ...]:
         from gpuslurm.samples import Allocation
@@ -137,6 +141,13 @@ class SlurmScheduler:
 
         return existing_job_cgroup_dirs(cfg, job.node_name, job.job_id, job.sluid)
 
+    def job_of_cgroup(self, cgroup_text: str) -> CgroupJob | None:
+        """The Slurm job (or gpuslurm job cgroup) ``cgroup_text`` names, every release's layout
+        (:mod:`gpuslurm.slurm.cgroup_paths`); on 26.05 maybe by its SLUID alone."""
+        from gpuslurm.slurm.cgroup_paths import parse_cgroup
+
+        return parse_cgroup(cgroup_text)
+
     def job_of_sluid(self, sluid: str) -> str | None:
         """The id of the job Slurm names ``sluid`` (26.05: ``scontrol show -d job s<SLUID>``); None
         when slurmctld knows none. CommandError when scontrol fails to run."""
@@ -169,6 +180,10 @@ class SlurmScheduler:
         from gpuslurm.slurm.scontrol import set_own_admin_comment
 
         set_own_admin_comment(job_id, text, squeue=self.squeue, scontrol=self.scontrol, timeout=self.timeout)
+
+    def why_no_node_actions(self) -> str | None:
+        """None where scontrol is there to run."""
+        return None if os.access(self.scontrol, os.X_OK) else f"{self.scontrol} is missing"
 
     def why_no_running_comments(self) -> str | None:
         """None where scontrol is there to run."""

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gpuslurm.config import Config
     from gpuslurm.hw.model.node import Node
     from gpuslurm.samples import Allocation
+    from gpuslurm.state.cgroup import CgroupJob
     from gpuslurm.state.job import HookJob
     from gpuslurm.state.out_of_service import OutOfService
     from gpuslurm.state.running import JobDetail
@@ -29,11 +30,13 @@ class Scheduler(Protocol):
     """One scheduler's view of, and actions on, this node."""
 
     name: str  # "slurm", "pbs": for messages and records, never to branch on
+    title: str  # "Slurm", "PBS": the scheduler as a sentence names it
 
     # --- what runs here --------------------------------------------------------------------------
 
-    def can_list_jobs(self) -> bool:
-        """Whether :meth:`node_allocations` can ask the scheduler (its command is there to run)."""
+    def why_no_job_list(self) -> str | None:
+        """None when :meth:`node_allocations` can ask the scheduler; else why not (its command is
+        missing), one line the monitor says once before attributing from the job maps alone."""
         ...
 
     def node_allocations(self, node_name: str, node: Node) -> tuple[Allocation, ...]:
@@ -56,6 +59,12 @@ class Scheduler(Protocol):
     def job_of_sluid(self, sluid: str) -> str | None:
         """The id of the job named by ``sluid`` (Slurm 26.05's cgroup names); None when the
         scheduler knows none (and always for a scheduler without SLUIDs)."""
+        ...
+
+    def job_of_cgroup(self, cgroup_text: str) -> CgroupJob | None:
+        """The job a ``/proc/PID/cgroup`` text puts its process in, read in this scheduler's cgroup
+        layout (and gpuslurm's own job cgroups, :mod:`gpuslurm.state.cgroup`); None when none
+        does. Pure: only the text, which root alone can make name a job."""
         ...
 
     def job_gpus_from_env(self, environ: Mapping[str, str], node: Node) -> tuple[str, ...] | None:
@@ -87,6 +96,11 @@ class Scheduler(Protocol):
         ...
 
     # --- actions ---------------------------------------------------------------------------------
+
+    def why_no_node_actions(self) -> str | None:
+        """None when the node actions (drain, resume, GPUs out) can reach the scheduler; else why
+        not (its command is missing), one line: the monitor then logs faults without telling it."""
+        ...
 
     def drain_node(self, node_name: str, reason: str) -> None:
         """Take ``node_name`` out of service with ``reason`` (drain / offline)."""

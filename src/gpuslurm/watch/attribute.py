@@ -16,14 +16,16 @@ as the SLUID text, and is reported every cycle as a ``sluid-unknown`` problem: t
 a job's cgroup (only root makes those), so the rogue detector does not call it "in no job" and
 the monitor never kills it on a guess (:func:`gpuslurm.policy.rogue.why_rogue`).
 
-PBS puts a job's processes in a cgroup only with its cgroups hook (``/pbs_jobs.service/jobid/<id>``,
-read by :func:`parse_cgroup`). Without it, given ``sessions`` (the PBS adapter's session id → job
+Which job a cgroup names is the scheduler's layout: ``job_of_cgroup`` is the adapter's
+:meth:`~gpuslurm.state.scheduler.Scheduler.job_of_cgroup` (without one, only gpuslurm's own job
+cgroups name a job). PBS puts a job's processes in a cgroup only with its cgroups hook
+(``/pbs_jobs.service/jobid/<id>``). Without it, given ``sessions`` (the PBS adapter's session id → job
 map from qstat's ``session_id``), a process outside every job cgroup belongs to the job whose shell
 leads its session; failing that, to its owner's one job on this node when the owner (not root) has
 exactly one (maps and qstat together). A process that left its job's session (``setsid``) of a user with
 two jobs here stays unattributed.
 
-:func:`parse_cgroup` is pure. :class:`Attributor` keeps, per PID and start time, what it read
+:class:`Attributor` keeps, per PID and start time, what it read
 about a process, so a steady process costs one read of its stat file per cycle; the cgroup and
 owner are read again every ``refresh_s`` seconds.
 """
@@ -39,7 +41,7 @@ from gpuslurm.errors import GpuslurmError
 from gpuslurm.hw.live import procfs
 from gpuslurm.jobid import valid_sluid
 from gpuslurm.samples import Allocation, ProcessReading, ProcSample, ScanProblem
-from gpuslurm.state.cgroup import parse_cgroup
+from gpuslurm.state.cgroup import CgroupJob, own_job_of_cgroup
 from gpuslurm.state.jobmap import JobMap, list_job_ids, read_map
 
 
@@ -61,16 +63,21 @@ class _Known(NamedTuple):
 class Attributor:
     """Turns the processes a GPU reports into ProcSamples, and lists the node's allocations.
 
-    ``squeue`` is a function returning Allocations of running jobs on this node (see
-    :func:`gpuslurm.slurm.squeue.node_allocations`); None turns the fallback off.
+    ``squeue`` is a function returning Allocations of running jobs on this node (the adapter's
+    :meth:`~gpuslurm.state.scheduler.Scheduler.node_allocations`); None turns the fallback off.
+    ``job_of_cgroup`` reads a ``/proc/PID/cgroup`` text in the scheduler's layout (the adapter's
+    :meth:`~gpuslurm.state.scheduler.Scheduler.job_of_cgroup`); the default knows gpuslurm's own
+    job cgroups only.
     """
 
     def __init__(self, *, jobs_dir: str, proc_root: str = procfs.PROC_ROOT,
                  squeue: Callable[[], Sequence[Allocation]] | None = None,
                  squeue_interval_s: float = 60.0, refresh_s: float = 60.0,
                  sessions: Callable[[], Mapping[int, str]] | None = None,
-                 sluid_job: Callable[[str], str | None] | None = None) -> None:
+                 sluid_job: Callable[[str], str | None] | None = None,
+                 job_of_cgroup: Callable[[str], CgroupJob | None] = own_job_of_cgroup) -> None:
         self.jobs_dir = jobs_dir
+        self._job_of_cgroup = job_of_cgroup
         self._sluid_job = sluid_job
         self._map_sluids: dict[str, str] = {}  # SLUID -> job id, from the maps
         self._asked: dict[str, tuple[float, str | None]] = {}  # SLUID -> (when asked, job id)
@@ -183,7 +190,7 @@ class Attributor:
             problems.append(ScanProblem(now, facts.kind, str(pid), facts.detail))
             self._known.pop(pid, None)
             return facts.kind
-        job = parse_cgroup(facts.cgroup)
+        job = self._job_of_cgroup(facts.cgroup)
         job_id = job.job_id if job else None
         if job_id is None and job is None and self._sessions is not None and facts.session > 0:
             job_id = self._sessions().get(facts.session)

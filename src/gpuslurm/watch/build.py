@@ -25,7 +25,8 @@ def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_d
                   attributor_type: type[Attributor] = Attributor,
                   clock: Callable[[], float] = time.time, **parts: Any) -> Monitor:
     """A :class:`Monitor` over ``sampler``, attributing processes through the job maps in
-    ``jobs_dir`` and, when a ``scheduler`` and the ``node`` are given, its job list as the fallback.
+    ``jobs_dir`` and the ``scheduler``'s cgroup layout and, when the ``node`` is given too, its job
+    list as the fallback (unless its command is missing: ``warn``, one of ``parts``, says so).
 
     ``parts`` are the Monitor's optional parts (detector, publish, observe, comments, act,
     quotas, warn, raw_window_s). A detector given with a :class:`Store` first replays the store's
@@ -37,7 +38,10 @@ def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_d
         resume_detector(detector, store, clock())
     squeue: Callable[[], tuple[Allocation, ...]] | None = None
     sessions: Callable[[], Mapping[int, str]] | None = None
-    if scheduler is not None and node is not None:
+    why_unlisted = scheduler.why_no_job_list() if scheduler is not None and node is not None else None
+    if why_unlisted is not None and (warn := parts.get("warn")) is not None:
+        warn(why_unlisted)  # the maps alone, then: said once
+    if scheduler is not None and node is not None and why_unlisted is None:
         sched, known = scheduler, node
 
         def squeue() -> tuple[Allocation, ...]:
@@ -49,6 +53,7 @@ def build_monitor(sampler: Sampler, store: CycleStore, node_name: str, *, jobs_d
 
     extra: dict[str, Any] = {} if sessions is None else {"sessions": sessions}
     if scheduler is not None:
+        extra["job_of_cgroup"] = scheduler.job_of_cgroup  # its cgroup layout
         extra["sluid_job"] = scheduler.job_of_sluid  # Slurm 26.05: a SLUID cgroup's job without a map
     if proc_root is None:
         attributor = attributor_type(jobs_dir=jobs_dir, squeue=squeue, squeue_interval_s=squeue_interval_s,

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
@@ -47,10 +48,10 @@ class MonitorParts(NamedTuple):
     """What the monitor takes from the layers above watch/, built by the entry point."""
 
     scheduler_for: Callable[[float], Scheduler]  # the node's adapter, its commands bounded so
-    can_act: Callable[[], str | None]  # None when the adapter's node actions can run, else why not
     publish: Callable[[str, str, Sequence[Violation]], object]  # (dir, node, violations): throttle's file
     comment_text: TextFn  # (GPU count, figures) → a running job's comment line
-    slurm_quotas: Callable[[Config, int], QuotaFeed] | None = None  # quota_source = "slurm"
+    # [detect.share] quota_source → its feed (Slurm's shares for "slurm"); "config" needs none
+    quota_feeds: Mapping[str, Callable[[Config, int], QuotaFeed]] = MappingProxyType({})
 
 
 class Exporting(NamedTuple):
@@ -90,7 +91,8 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
         warn(f"serving metrics on http://{prometheus.addr}:{prometheus.port}/metrics (at most "
              f"{exporter.max_connections} connections, each closed after {exporter.timeout_s:g} s)")
     monitor = build_monitor(sampler, store, node_name, jobs_dir=cfg.paths.jobs_dir, node=node,
-                            scheduler=_listing(cfg, parts, warn), squeue_interval_s=mc.squeue_interval_s,
+                            scheduler=parts.scheduler_for(mc.command_timeout_s),
+                            squeue_interval_s=mc.squeue_interval_s,
                             raw_window_s=mc.raw_window_s, warn=warn, detector=detector,
                             **_parts(cfg, parts, node, node_name, source, store, warn),
                             observe=exporter.state.update if exporter else None,
@@ -120,17 +122,6 @@ def _db_group(name: str) -> int | None:
         raise InputError(f"no such group: {name!r}", source="monitor.db_group") from None
 
 
-def _listing(cfg: Config, parts: MonitorParts, warn: Warn) -> Scheduler | None:
-    """The adapter that lists the node's jobs, or None when its command is missing (the monitor
-    then attributes from the job maps alone)."""
-    sched = parts.scheduler_for(cfg.monitor.command_timeout_s)
-    if sched.can_list_jobs():
-        return sched
-    command = cfg.paths.qstat if sched.name == "pbs" else cfg.paths.squeue
-    warn(f"{command} is missing: jobs without a job map stay unattributed to GPUs")
-    return None
-
-
 def _parts(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source: HardwareSource,
            store: Store, warn: Warn) -> dict[str, Any]:
     """The Monitor's optional parts the configuration turns on."""
@@ -138,8 +129,8 @@ def _parts(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source:
         parts.publish(cfg.paths.violations_dir, node_name, violations)
 
     quotas = None
-    if cfg.detect.share.quota_source == "slurm" and parts.slurm_quotas is not None:
-        quotas = parts.slurm_quotas(cfg, sum(1 for _ in node.gpus))
+    if (feed := parts.quota_feeds.get(cfg.detect.share.quota_source)) is not None:
+        quotas = feed(cfg, sum(1 for _ in node.gpus))
     return {"publish": publish,
             "comments": _comments(cfg, parts, store, warn), "act": _actions(cfg, parts, node_name, warn),
             "quotas": quotas, "health": _health(cfg, parts, node, node_name, source, warn)}
@@ -187,9 +178,9 @@ def _health(cfg: Config, parts: MonitorParts, node: Node, node_name: str, source
             warn(f"cannot read the kernel log {path} ({exc.strerror}): Xids are not seen")
     adapter = parts.scheduler_for(cfg.monitor.command_timeout_s)
     scheduler: Scheduler | None = adapter
-    if (cannot := parts.can_act()) is not None:
+    if (cannot := adapter.why_no_node_actions()) is not None:
         warn(f"{cannot}: faults are logged, GPUs recorded out of service, "
-             f"but {'PBS' if adapter.name == 'pbs' else 'Slurm'} is not told")
+             f"but {adapter.title} is not told")
         scheduler = None
 
     events = None
