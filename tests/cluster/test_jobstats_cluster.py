@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-import slurm_roots
+from tests.helpers import slurm_roots
 
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
