@@ -57,7 +57,7 @@ class AllocationSpan(NamedTuple):
     account: str | None
     devices: tuple[str, ...]  # GPU or MIG UUIDs
     start: float
-    end: float  # last seen (for a running job: the newest sample)
+    end: float  # :func:`held_until` its last sighting (for a running job: the newest sample's)
 
 
 class ReportData(NamedTuple):
@@ -81,6 +81,15 @@ class ReportData(NamedTuple):
         """Bucket ``i`` as ``(lo, hi)`` seconds, clipped to the window."""
         lo = self.start + i * self.step_s
         return max(lo, self.since), min(lo + self.step_s, self.until)
+
+
+def held_until(last_seen: float, interval: float | None) -> float:
+    """A job's end, whatever the source: the end of the last monitor cycle (or scrape) that saw it.
+
+    A cycle stands for its interval, as a sample does; ending the job at its last cycle would leave
+    its processes' last interval outside the job. ``interval`` None (unknown): the cycle itself.
+    """
+    return last_seen + (interval or 0.0)
 
 
 def bucket_start(since: float, step_s: float) -> float:

@@ -32,7 +32,16 @@ from typing import Any
 
 from gpuslurm.errors import InputError
 from gpuslurm.policy.wording import span
-from gpuslurm.report.data import AllocationSpan, GpuSeries, ProcSeries, ReportData, bucket_count, bucket_start
+from gpuslurm.report.data import (
+    AllocationSpan,
+    GpuSeries,
+    ProcSeries,
+    ReportData,
+    bucket_count,
+    bucket_start,
+    held_until,
+)
+from gpuslurm.state.store_values import Checked
 from gpuslurm.samples import Violation
 
 MAX_POINTS = 10_000  # per series and query; Prometheus' own limit is 11,000
@@ -166,16 +175,18 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
     util = grid.matrix("avg_over_time(gpuslurm_gpu_utilization_ratio[{r}])")
     durations = [hi - lo for lo, hi in (grid.span(b) for b in range(n))]
     intervals = _intervals(samples, grid, prom.scrape_intervals())
+    check = Checked(f"prometheus:{prom.url}", "series")
     device_samples: dict[tuple[str, str], dict[int, float]] = {}
     gpus = []
     for key in sorted(samples, key=lambda k: (_device(k), _label(k, "node"))):
         node, device, parent = _label(key, "node"), _device(key), _label(key, "gpu_uuid")
         device_samples[(node, device)] = samples[key]
-        u, c, every = util.get(key, {}), samples[key], intervals.get(node)
+        u, c, every = _checked(check, util.get(key, {}), "gpuslurm_gpu_utilization_ratio", key), \
+            samples[key], intervals.get(node)
         cover = tuple(0.0 if b not in c or durations[b] <= 0 else 1.0 if every is None
                       else min(c[b] * every / durations[b], 1.0) for b in range(n))
         gpus.append(GpuSeries(node, device, parent or device,
-                              tuple(u[b] * 100.0 if b in u else None for b in range(n)), cover))
+                              tuple(u.get(b) for b in range(n)), cover))
 
     # a process is present in a scrape when either of its gauges is (an unknown value is absent)
     counts = grid.matrix("count_over_time(gpuslurm_process_gpu_memory_bytes[{r}]) "
@@ -188,18 +199,27 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
         seen = tuple(_seen(mine.get(b, 0.0), dev.get(b)) for b in range(n))
         if not any(seen):
             continue
-        s = sm.get(key, {})
+        s = _checked(check, sm.get(key, {}), "gpuslurm_process_sm_utilization_ratio", key)
         procs.append(ProcSeries(node, device, int(_label(key, "pid") or 0), _label(key, "process") or None,
                                 _label(key, "user") or None, None, _label(key, "job_id") or None, seen,
-                                tuple(s[b] * 100.0 if b in s else None for b in range(n))))
+                                tuple(s.get(b) for b in range(n))))
 
     violations = tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until)
     return ReportData(f"prometheus:{prom.url}", since, until, start, step_s, tuple(gpus), tuple(procs),
-                      _allocations(prom, since, until), violations)
+                      _allocations(prom, since, until, intervals), violations)
 
 
-def _allocations(prom: PrometheusClient, since: float, until: float) -> tuple[AllocationSpan, ...]:
-    """Jobs seen in the window: start, last cycle that saw them (up to HORIZON_S later), devices."""
+def _checked(check: Checked, means: dict[int, float], name: str, key: Key) -> dict[int, float]:
+    """``means`` (a series' mean utilisation ratio per bucket) in percent, refused as SQLite's store
+    refuses its rows when one is not a percentage: one validation for both sources."""
+    where = f"{name}{{{','.join(f'{k}={json.dumps(v)}' for k, v in key)}}} (a bucket's mean, in %)"
+    return {b: check.pct(v * 100.0, where[:300]) for b, v in means.items()}
+
+
+def _allocations(prom: PrometheusClient, since: float, until: float,
+                 intervals: dict[str, float]) -> tuple[AllocationSpan, ...]:
+    """Jobs seen in the window: start, the end of the last scrape that saw them (:func:`held_until`;
+    up to HORIZON_S after ``until``), devices."""
     window = f"{_ms(until - since)}ms"
     ends = prom.instant(f"max_over_time(gpuslurm_job_last_seen_timestamp_seconds"
                         f"[{_ms(until + HORIZON_S - since)}ms])", until + HORIZON_S)
@@ -218,7 +238,8 @@ def _allocations(prom: PrometheusClient, since: float, until: float) -> tuple[Al
         if begin is None or end is None or not m.get("job_id"):
             continue
         out.append(AllocationSpan(m.get("node", ""), m["job_id"], m.get("user", ""), m.get("account") or None,
-                                  tuple(sorted(devices.get((job[0], job[1]), ()))), begin, end))
+                                  tuple(sorted(devices.get((job[0], job[1]), ()))), begin,
+                                  held_until(end, intervals.get(job[0]))))
     return tuple(sorted(out, key=lambda a: (a.start, a.job_id, a.node)))
 
 

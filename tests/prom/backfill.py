@@ -1,0 +1,83 @@
+"""A real Prometheus holding given monitor cycles, backfilled with promtool (no scrapes, no clock).
+
+The cycles become the exporter's own samples (:func:`gpuslurm.watch.exporter.cycle_samples`),
+written as OpenMetrics with each cycle's time as the sample's timestamp, and
+``promtool tsdb create-blocks-from openmetrics`` turns them into blocks of a TSDB that a
+Prometheus of our own then serves on loopback. So a test can ask Prometheus and the monitor's
+SQLite store about exactly the same samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from prom_helpers import free_port
+
+from gpuslurm.samples import Cycle, Violation
+from gpuslurm.watch.exporter import FAMILIES, PREFIX, cycle_samples
+
+PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]]) -> str:
+    """The exporter's gauges of every cycle, stamped with the cycle's time, family by family."""
+    rows: dict[str, list[str]] = {name: [] for name in FAMILIES}
+    for cycle, violations in cycles:
+        for s in cycle_samples(cycle, violations):
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels)
+            rows[s.family].append(f"{PREFIX}{s.family}{{{labels}}} {s.value!r} {cycle.ts:.3f}\n")
+    out = []
+    for name, lines in rows.items():
+        if lines:
+            out.append(f"# TYPE {PREFIX}{name} gauge\n")
+            out.extend(lines)
+    out.append("# EOF\n")
+    return "".join(out)
+
+
+@contextlib.contextmanager
+def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]]) -> Iterator[str]:
+    """A Prometheus on 127.0.0.1 serving ``cycles``; yields its URL."""
+    root.mkdir(parents=True, exist_ok=True)
+    source, data = root / "cycles.om", root / "data"
+    source.write_text(openmetrics(cycles))
+    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+                   check=True, capture_output=True, timeout=300)
+    config = root / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    port = free_port()
+    log = (root / "prometheus.log").open("wb")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited {proc.returncode}: "
+                                   f"{(root / 'prometheus.log').read_text()[-2000:]}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+                if resp.status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("prometheus not ready after 60 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
