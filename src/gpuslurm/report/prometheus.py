@@ -41,8 +41,8 @@ from gpuslurm.report.data import (
     bucket_start,
     held_until,
 )
-from gpuslurm.state.store_values import Checked
 from gpuslurm.samples import Violation
+from gpuslurm.state.store_values import Checked
 
 MAX_POINTS = 10_000  # per series and query; Prometheus' own limit is 11,000
 TIMEOUT_S = 30.0
