@@ -95,7 +95,7 @@ def run(prometheus: Prom, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     config.write_text(
         f'[paths]\nrun_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\n'
         f'violations_dir = "{root / "violations"}"\nsqueue = "{root / "no-squeue"}"\n'
-        f'[monitor]\nnode_name = "{NODE_NAME}"\n')
+        f'[monitor]\nnode_name = "{NODE_NAME}"\nprometheus_per_process = true\n')
     binary = root / WEIRD
     shutil.copy("/bin/sleep", binary)
     trainer = subprocess.Popen([str(binary), "300"])
