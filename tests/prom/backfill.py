@@ -28,11 +28,11 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]]) -> str:
+def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]], per_process: bool = True) -> str:
     """The exporter's gauges of every cycle, stamped with the cycle's time, family by family."""
     rows: dict[str, list[str]] = {name: [] for name in FAMILIES}
     for cycle, violations in cycles:
-        for s in cycle_samples(cycle, violations):
+        for s in cycle_samples(cycle, violations, per_process):
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels)
             rows[s.family].append(f"{PREFIX}{s.family}{{{labels}}} {s.value!r} {cycle.ts:.3f}\n")
     out = []
@@ -45,11 +45,12 @@ def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]]) -> str:
 
 
 @contextlib.contextmanager
-def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]]) -> Iterator[str]:
-    """A Prometheus on 127.0.0.1 serving ``cycles``; yields its URL."""
+def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
+               *flags: str, per_process: bool = True) -> Iterator[str]:
+    """A Prometheus on 127.0.0.1 serving ``cycles`` (started with ``flags`` too); yields its URL."""
     root.mkdir(parents=True, exist_ok=True)
     source, data = root / "cycles.om", root / "data"
-    source.write_text(openmetrics(cycles))
+    source.write_text(openmetrics(cycles, per_process))
     subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
                    check=True, capture_output=True, timeout=300)
     config = root / "prometheus.yml"
@@ -57,7 +58,8 @@ def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]]) 
     port = free_port()
     log = (root / "prometheus.log").open("wb")
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
+                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y",
+                             *flags],
                             stdout=log, stderr=subprocess.STDOUT, cwd=root)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 from gpuslurm.policy.wording import pct, tenths
-from gpuslurm.report.data import AllocationSpan, ProcSeries, ReportData
+from gpuslurm.report.data import AllocationSpan, ProcSeries, ReportData, Sparse
 from gpuslurm.samples import Violation
 
 BY_CHOICES = ("user", "account", "job", "process")
@@ -310,6 +310,9 @@ def _bucket_range(data: ReportData, t0: float, t1: float) -> tuple[int, int]:
 
 
 def _seen_range(seen: Sequence[float]) -> tuple[int, int]:
+    if isinstance(seen, Sparse):  # only the buckets where it lives
+        hits = [seen.first + i for i, s in enumerate(seen.values) if s]
+        return (hits[0], hits[-1]) if hits else (len(seen), -1)
     hits = [i for i, s in enumerate(seen) if s]
     return (hits[0], hits[-1]) if hits else (len(seen), -1)
 
