@@ -46,13 +46,34 @@ def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]], per_process
 
 @contextlib.contextmanager
 def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
-               *flags: str, per_process: bool = True) -> Iterator[str]:
-    """A Prometheus on 127.0.0.1 serving ``cycles`` (started with ``flags`` too); yields its URL."""
+               *flags: str, per_process: bool = True, rules: Path | None = None) -> Iterator[str]:
+    """A Prometheus on 127.0.0.1 serving ``cycles`` (started with ``flags`` too); yields its URL.
+    With ``rules``: their recorded series too, evaluated every 30 s over the cycles' span by
+    ``promtool tsdb create-blocks-from rules`` (as a site backfills new rules)."""
     root.mkdir(parents=True, exist_ok=True)
     source, data = root / "cycles.om", root / "data"
-    source.write_text(openmetrics(cycles, per_process))
+    listed = list(cycles)
+    source.write_text(openmetrics(listed, per_process))
     subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
                    check=True, capture_output=True, timeout=300)
+    if rules is None:
+        with _serving(root, data, flags) as url:
+            yield url
+        return
+    with _serving(root, data, flags) as url:
+        first, last = min(c.ts for c, _ in listed), max(c.ts for c, _ in listed)
+        subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
+                        f"--start={int(first)}", f"--end={int(last) + 1}", "--eval-interval=30s",
+                        f"--output-dir={root / 'rules'}", str(rules)],
+                       check=True, capture_output=True, timeout=300)
+    for block in (root / "rules").iterdir():
+        block.rename(data / block.name)
+    with _serving(root, data, flags) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _serving(root: Path, data: Path, flags: Sequence[str]) -> Iterator[str]:
     config = root / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
     port = free_port()

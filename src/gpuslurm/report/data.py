@@ -38,14 +38,14 @@ class Sparse(Sequence[T]):
     @overload
     def __getitem__(self, i: slice) -> Sequence[T]: ...
     def __getitem__(self, i: int | slice) -> T | Sequence[T]:
+        if isinstance(i, int) and 0 <= i < self.n:  # the report's hot path: one bucket
+            j = i - self.first
+            return self.values[j] if 0 <= j < len(self.values) else self.fill
         if isinstance(i, slice):
             return tuple(self)[i]
-        if i < 0:
-            i += self.n
-        if not 0 <= i < self.n:
+        if not -self.n <= i < 0:
             raise IndexError(i)
-        j = i - self.first
-        return self.values[j] if 0 <= j < len(self.values) else self.fill
+        return self[i + self.n]
 
     def __len__(self) -> int:
         return self.n
