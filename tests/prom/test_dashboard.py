@@ -42,7 +42,8 @@ def test_the_dashboard_is_what_grafana_reads() -> None:
     assert isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
     assert d["uid"] and d["title"]
     variables = {v["name"]: v for v in d["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    source = variables["datasource"]
+    assert source["type"] == "datasource" and source["query"] == "prometheus"
     for name in ("node", "user"):
         assert variables[name]["type"] == "query" and variables[name]["datasource"]["uid"] == "${datasource}"
     ids = [p["id"] for p in d["panels"]]
@@ -59,7 +60,8 @@ def test_the_dashboard_is_what_grafana_reads() -> None:
 
 def test_the_recorded_series_the_panels_read_are_shipped_rules() -> None:
     recorded = set(re.findall(r"^\s*- record: (\S+)$", RULES.read_text(), re.M))
-    used = {name for p in _panels() for t in p["targets"] for name in re.findall(r"\b\w+:\w+:\w+\b", t["expr"])}
+    used = {name for p in _panels() for t in p["targets"]
+            for name in re.findall(r"\b\w+:\w+:\w+\b", t["expr"])}
     assert used and used <= recorded, used - recorded
 
 
