@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import shutil
@@ -59,11 +60,13 @@ print(json.dumps({"load_s": t_load, "total_s": time.perf_counter() - t,
 """
 
 
-def generate(path: Path, nodes: int, days: int, gpus: int, seed: int) -> dict[str, list[float]]:
+def generate(path: Path, nodes: int, days: int, gpus: int, seed: int,
+             window_days: float | None = None) -> dict[str, list[float]]:
     """Write the OpenMetrics file; return the truth per user: [allocated h, used h] over the
-    window ``[G0, G0 + days)``."""
+    window ``[G0, G0 + window_days)`` (default: all ``days``)."""
     rng = random.Random(seed)
     end = G0 + days * 86400
+    until = G0 + (window_days or days) * 86400
     truth = {u: [0.0, 0.0] for u in USERS}
     # per GPU: its scrape times' phase and its jobs (start time, first/last scrape index, user, mean, procs)
     layout = []
@@ -104,7 +107,7 @@ def generate(path: Path, nodes: int, days: int, gpus: int, seed: int) -> dict[st
             for k in scrapes(phase):
                 mean, user = busy.get(k, (0.0, None))
                 u = util(mean, k) if user else 0.0
-                if user:
+                if user and G0 + phase + k * EVERY < until:
                     truth[user][1] += u * EVERY / 3600
                 w(f"{head}{u} {G0 + phase + k * EVERY}\n")
         w("# TYPE gpuslurm_gpu_memory_total_bytes gauge\n")
@@ -120,8 +123,8 @@ def generate(path: Path, nodes: int, days: int, gpus: int, seed: int) -> dict[st
                 head = (f'gpuslurm_gpu_allocated{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",job_id="{job}",'
                         f'user="{user}",account="{ACCOUNT[user]}"}} 1 ')
                 w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in range(first, last + 1)))
-                ends = min(G0 + phase + last * EVERY + EVERY, end)  # held until its last scrape's end
-                truth[user][0] += (ends - max(start, G0)) / 3600
+                ends = min(G0 + phase + last * EVERY + EVERY, end, until)  # held to its last scrape's end
+                truth[user][0] += max(0.0, ends - max(start, G0)) / 3600
             head = (f'gpuslurm_gpu_allocated{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",job_id="",'
                     'user="",account=""} 0 ')
             w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in scrapes(phase) if k not in held))
@@ -157,21 +160,26 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", help="work in this directory and leave it (default: a temporary one)")
+    ap.add_argument("--data", help="serve this TSDB (a --keep run's data/) instead of generating and "
+                    "backfilling; the truth is generated again from the same seed")
+    ap.add_argument("--window-days", type=float, help="report on the first this many days only")
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
     root.mkdir(parents=True, exist_ok=True)
-    source, data = root / "series.om", root / "data"
+    source, data = root / "series.om", Path(args.data) if args.data else root / "data"
     proc = None
     try:
         t = time.perf_counter()
-        truth = generate(source, args.nodes, args.days, args.gpus, args.seed)
-        size = source.stat().st_size / 1e9
-        print(f"generated {size:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
-        t = time.perf_counter()
-        subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-                       check=True, stdout=subprocess.DEVNULL)
-        print(f"backfilled in {time.perf_counter() - t:.0f} s", flush=True)
-        source.unlink()
+        truth = generate(Path(os.devnull) if args.data else source, args.nodes, args.days, args.gpus,
+                         args.seed, args.window_days)
+        if not args.data:
+            size = source.stat().st_size / 1e9
+            print(f"generated {size:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
+            t = time.perf_counter()
+            subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+                           check=True, stdout=subprocess.DEVNULL)
+            print(f"backfilled in {time.perf_counter() - t:.0f} s", flush=True)
+            source.unlink()
         port = _free_port()
         (root / "prometheus.yml").write_text("scrape_configs: []\n")
         log = (root / "prometheus.log").open("wb")
@@ -186,12 +194,13 @@ def main() -> None:
                         break
             except OSError:
                 time.sleep(0.5)
-        since, until = float(G0), float(G0 + args.days * 86400)
+        since, until = float(G0), float(G0 + (args.window_days or args.days) * 86400)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         from gpuslurm.report.data import auto_step
 
         step = auto_step(since, until)
-        print(f"{args.nodes} nodes x {args.days} d, {args.nodes * args.gpus} GPUs, step {step:g} s",
+        print(f"{args.nodes} nodes x {(until - since) / 86400:g} d, {args.nodes * args.gpus} GPUs, "
+              f"step {step:g} s",
               flush=True)
         for run in range(args.runs):
             t = time.perf_counter()

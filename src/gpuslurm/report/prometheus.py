@@ -45,7 +45,7 @@ from gpuslurm.report.data import (
     held_until,
 )
 from gpuslurm.samples import Violation
-from gpuslurm.state.store_values import Checked
+from gpuslurm.state.store_values import MAX_PCT, Checked
 
 MAX_POINTS = 10_000  # per series and query; Prometheus' own limit is 11,000
 # One request's reach: this many nodes over a chunk of the window holding about SAMPLES_PER_QUERY
@@ -273,8 +273,11 @@ def _processes(grid: _Grid, check: Checked, device_samples: dict[tuple[str, str]
 def _checked(check: Checked, means: dict[int, float], name: str, key: Key) -> dict[int, float]:
     """``means`` (a series' mean utilisation ratio per bucket) in percent, refused as SQLite's store
     refuses its rows when one is not a percentage: one validation for both sources."""
+    out = {b: v * 100.0 for b, v in means.items()}
+    if all(0.0 <= v <= MAX_PCT for v in out.values()):  # the common case, without a call per value
+        return out
     where = f"{name}{{{','.join(f'{k}={json.dumps(v)}' for k, v in key)}}} (a bucket's mean, in %)"
-    return {b: check.pct(v * 100.0, where[:300]) for b, v in means.items()}
+    return {b: check.pct(v, where[:300]) for b, v in out.items()}
 
 
 def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSpan, ...]:
@@ -358,14 +361,16 @@ class _Grid:
         self.start, self.step_s, self.n = start, step_s, n
         self.groups = groups  # a node matcher per group ("" for every node)
         self.chunk_s = chunk_s
+        # only the first and the last bucket can be clipped by the window
+        self._clipped = {b for b in {0, n - 1} if 0 <= b < n and self.span(b) != self._full(b)}
 
     def matrix(self, template: str, *matchers: str) -> Matrix:
         """``template`` with ``{m}`` the selector's matchers and ``{r}`` the range, per series and
         bucket; buckets without data left out."""
-        whole = [b for b in range(self.n) if self.whole(b)]
+        whole = [b for b in range(self.n) if b not in self._clipped]
         per = max(1, round(self.chunk_s / self.step_s))
         runs = [whole[i:i + per] for i in range(0, len(whole), per)]
-        clipped = [b for b in range(self.n) if b not in whole and self.span(b)[1] - self.span(b)[0] >= 0.001]
+        clipped = [b for b in sorted(self._clipped) if self.span(b)[1] - self.span(b)[0] >= 0.001]
 
         def part(job: tuple[str, list[int] | int]) -> list[tuple[Key, int, float]]:
             group, which = job
@@ -424,7 +429,7 @@ class _Grid:
         return max(lo, self.since), min(hi, self.until)
 
     def whole(self, b: int) -> bool:
-        return self.span(b) == self._full(b)
+        return b not in self._clipped
 
 
 T = TypeVar("T")
