@@ -172,6 +172,9 @@ class MonitorConfig(NamedTuple):
     # (lowered to a quarter of RLIMIT_NOFILE), so no client can hold the monitor's descriptors.
     prometheus_timeout_s: float = 10.0
     prometheus_max_connections: int = 64
+    # Per-process series (pid and process labels): a series per process and device, so churn
+    # that grows with the jobs; off, the exporter gives per-job and per-user process counts.
+    prometheus_per_process: bool = False
 
 
 class RogueDetect(NamedTuple):

@@ -111,6 +111,32 @@ def test_an_ongoing_violation_is_counted_once() -> None:
     assert 'gpuslurm_violations_started_total{node="n1",kind="rogue"} 1' in text
 
 
+def test_by_default_no_series_per_process_only_counts_per_job_and_user() -> None:
+    """A job that starts a process after another (new PIDs every minute) makes no new series by
+    default: the series per device are one per job and user, whatever the PIDs."""
+    state = MetricsState()
+    assert not state.per_process
+    texts = []
+    for pid in (4242, 4243, 4244):
+        cycle, violations = _cycle(1000.0 + pid, rogue=True)
+        cycle = cycle._replace(procs=tuple(p._replace(pid=pid) if p.job_id else p for p in cycle.procs))
+        state.update(cycle, violations)
+        texts.append(normal_exposition(state.body().decode()))
+    for text in texts:
+        assert "gpuslurm_process_" not in text and "pid=" not in text and "process=" not in text
+        assert f'gpuslurm_device_processes{{node="n1",gpu_uuid="{G0}",mig_uuid="",job_id="812",' \
+            'user="alice",account="physics"} 1' in text
+        assert f'gpuslurm_device_processes{{node="n1",gpu_uuid="{G1}",mig_uuid="{M1}",job_id="",' \
+            'user="bob",account=""} 1' in text
+        assert f'gpuslurm_violation_active{{node="n1",gpu_uuid="{G1}",mig_uuid="{M1}",job_id="",user="bob",' \
+            'account="",kind="rogue",severity="critical"} 1' in text
+    names = [{x.split(" ")[0] for x in t.splitlines() if not x.startswith("#")} for t in texts]
+    assert names[0] == names[1] == names[2]  # the same series, whatever the PIDs
+    on = MetricsState(per_process=True)
+    on.update(*_cycle(1000.0, rogue=True))
+    assert 'pid="4242"' in on.body().decode() and "gpuslurm_process_gpu_memory_bytes{" in on.body().decode()
+
+
 def test_duplicate_series_are_written_once() -> None:
     cycle, _ = _cycle(1000.0)
     doubled = cycle._replace(allocations=cycle.allocations * 2)  # the same job from map and squeue

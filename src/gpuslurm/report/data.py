@@ -15,9 +15,54 @@ Devices are named by UUID: a GPU's, or a MIG device's with its parent in ``gpu_u
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple, TypeVar, overload
 
 from gpuslurm.samples import Violation
+
+T = TypeVar("T")
+
+
+class Sparse(Sequence[T]):
+    """A series' value per bucket, held only where it lives: ``values`` from bucket ``first`` on,
+    ``fill`` in the other buckets of ``n``. A process (or job) of a 12-hour life in a 30-day window
+    of 2,000 buckets holds 18 values, not 2,000. Equal to any sequence with the same items."""
+
+    __slots__ = ("fill", "first", "n", "values")
+
+    def __init__(self, n: int, first: int, values: Sequence[T], fill: T) -> None:
+        self.n, self.first, self.values, self.fill = n, first, tuple(values), fill
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[T]: ...
+    def __getitem__(self, i: int | slice) -> T | Sequence[T]:
+        if isinstance(i, int) and 0 <= i < self.n:  # the report's hot path: one bucket
+            j = i - self.first
+            return self.values[j] if 0 <= j < len(self.values) else self.fill
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        if not -self.n <= i < 0:
+            raise IndexError(i)
+        return self[i + self.n]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[T]:
+        yield from (self.fill for _ in range(self.first))
+        yield from self.values
+        yield from (self.fill for _ in range(self.n - self.first - len(self.values)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == self.n and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Sparse(n={self.n}, first={self.first}, values={self.values!r})"
 
 
 class GpuSeries(NamedTuple):
@@ -46,8 +91,8 @@ class ProcSeries(NamedTuple):
     user: str | None  # owner's name, else None (see ``uid``)
     uid: int | None
     job_id: str | None  # None: in no job
-    seen: tuple[float, ...]  # fraction (0–1) of each bucket it was seen in; 0: absent
-    util: tuple[float | None, ...]  # its own mean SM utilisation % per bucket; None: unknown/absent
+    seen: Sequence[float]  # fraction (0–1) of each bucket it was seen in; 0: absent
+    util: Sequence[float | None]  # its own mean SM utilisation % per bucket; None: unknown/absent
 
 
 class AllocationSpan(NamedTuple):
@@ -59,7 +104,7 @@ class AllocationSpan(NamedTuple):
     account: str | None
     devices: tuple[str, ...]  # GPU or MIG UUIDs
     start: float
-    end: float  # last seen (for a running job: the newest sample)
+    end: float  # :func:`held_until` its last sighting (for a running job: the newest sample's)
 
 
 class ReportData(NamedTuple):
@@ -83,6 +128,15 @@ class ReportData(NamedTuple):
         """Bucket ``i`` as ``(lo, hi)`` seconds, clipped to the window."""
         lo = self.start + i * self.step_s
         return max(lo, self.since), min(lo + self.step_s, self.until)
+
+
+def held_until(last_seen: float, interval: float | None) -> float:
+    """A job's end, whatever the source: the end of the last monitor cycle (or scrape) that saw it.
+
+    A cycle stands for its interval, as a sample does; ending the job at its last cycle would leave
+    its processes' last interval outside the job. ``interval`` None (unknown): the cycle itself.
+    """
+    return last_seen + (interval or 0.0)
 
 
 def bucket_start(since: float, step_s: float) -> float:

@@ -21,6 +21,7 @@ Every failure (unreachable, HTTP error, not Prometheus' JSON) is a one-line Inpu
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import re
@@ -28,14 +29,34 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from gpuslurm.errors import InputError
 from gpuslurm.policy.wording import span
-from gpuslurm.report.data import AllocationSpan, GpuSeries, ProcSeries, ReportData, bucket_count, bucket_start
+from gpuslurm.report.data import (
+    AllocationSpan,
+    GpuSeries,
+    ProcSeries,
+    ReportData,
+    Sparse,
+    bucket_count,
+    bucket_start,
+    held_until,
+)
 from gpuslurm.samples import Violation
+from gpuslurm.state.store_values import MAX_PCT, Checked
 
 MAX_POINTS = 10_000  # per series and query; Prometheus' own limit is 11,000
+# One request's reach: this many nodes over a chunk of the window holding about SAMPLES_PER_QUERY
+# samples of one metric (DEVICES_PER_NODE devices a node, scraped at the targets' shortest
+# interval, else DEFAULT_SCRAPE_S): a tenth of Prometheus' default --query.max-samples (50M), so
+# neither the cluster's size nor the window's length makes any one request costlier.
+NODES_PER_QUERY = 16
+DEVICES_PER_NODE = 8
+SAMPLES_PER_QUERY = 5_000_000
+DEFAULT_SCRAPE_S = 10.0
+WORKERS = 4  # requests at once: Prometheus evaluates one while the client reads another
 TIMEOUT_S = 30.0
 MAX_BYTES = 256 << 20
 # How far past ``until`` a job's last sighting and a finding's duration are read. SQLite's store
@@ -98,6 +119,13 @@ class PrometheusClient:
                                    "values": list(item.get("values") or ())}
         return list(merged.values())
 
+    def label_values(self, label: str, metric: str, first: float, last: float) -> list[str]:
+        """``/api/v1/label/LABEL/values`` of ``metric``'s series with samples in ``[first, last]``
+        (from the index: no sample is read), sorted."""
+        params = {"match[]": metric, "start": _ts(first), "end": _ts(last)}
+        data = self._data(f"label/{urllib.parse.quote(label)}/values", params, want=list)
+        return sorted(v for v in data if isinstance(v, str))
+
     def scrape_intervals(self) -> dict[str, float]:
         """``/api/v1/targets``: each active target's scrape interval in seconds, by its ``instance``
         label; {} when Prometheus does not say (an old version, a proxy that refuses the call)."""
@@ -122,103 +150,161 @@ class PrometheusClient:
                                   source=here)
         return [r for r in data["result"] if isinstance(r, dict)]
 
-    def _data(self, endpoint: str, params: dict[str, str]) -> dict[str, Any]:
+    def _data(self, endpoint: str, params: dict[str, str], want: type = dict) -> Any:
         url = f"{self.url}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
         here = f"prometheus:{self.url}"
         try:
             with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:  # noqa: S310 - scheme checked
                 raw = resp.read(MAX_BYTES + 1)
         except urllib.error.HTTPError as exc:
-            raise PrometheusError(f"HTTP {exc.code} from /api/v1/{endpoint}: {_api_error(exc)}",
+            why = _api_error(exc)
+            raise PrometheusError(_refusal(why, params) or f"HTTP {exc.code} from /api/v1/{endpoint}: {why}",
                                   source=here) from None
         except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise PrometheusError(_too_slow(self.timeout_s, params), source=here) from None
             raise PrometheusError(f"unreachable: {_reason(exc.reason)}", source=here) from None
-        except (OSError, ValueError) as exc:  # a reset connection, a timeout while reading
+        except TimeoutError:  # while reading the answer
+            raise PrometheusError(_too_slow(self.timeout_s, params), source=here) from None
+        except (OSError, ValueError) as exc:  # a reset connection
             raise PrometheusError(f"unreachable: {_reason(exc)}", source=here) from None
         if len(raw) > MAX_BYTES:
-            raise PrometheusError(f"answer larger than {MAX_BYTES >> 20} MiB; shorten the window",
-                                  source=here)
+            raise PrometheusError(f"answer larger than {MAX_BYTES >> 20} MiB to a query over "
+                                  f"{_reach(params)}; use a larger --step or a shorter window", source=here)
         try:
             doc = json.loads(raw)
         except ValueError:
             raise PrometheusError(f"/api/v1/{endpoint} did not answer JSON: is this Prometheus?",
                                   source=here) from None
         data = doc.get("data") if isinstance(doc, dict) else None
-        if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(data, dict):
-            why = doc.get("error") if isinstance(doc, dict) else None
-            raise PrometheusError(f"/api/v1/{endpoint} failed: {_one_line(str(why or 'no data'))}",
-                                  source=here)
+        if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(data, want):
+            why = _one_line(str((doc.get("error") if isinstance(doc, dict) else None) or "no data"))
+            raise PrometheusError(_refusal(why, params) or f"/api/v1/{endpoint} failed: {why}", source=here)
         return data
 
 
 def load_prometheus(url: str, since: float, until: float, step_s: float,
                     client: PrometheusClient | None = None) -> ReportData:
-    """The window ``[since, until)`` of every node Prometheus scraped, in buckets of ``step_s``."""
+    """The window ``[since, until)`` of every node Prometheus scraped, in buckets of ``step_s``.
+
+    Each request covers at most :data:`NODES_PER_QUERY` nodes over one chunk of the window (see
+    :func:`chunk_seconds`), so no request's cost grows with the cluster or the window.
+    """
     prom = client or PrometheusClient(url)
+    here = f"prometheus:{prom.url}"
     start = bucket_start(since, step_s)
     n = bucket_count(start, until, step_s)
-    grid = _Grid(prom, since, until, start, step_s, n)
+    targets = prom.scrape_intervals()
+    nodes = prom.label_values("node", "gpuslurm_gpu_memory_total_bytes", since, until)
+    if not nodes:
+        raise PrometheusError(f"no gpuslurm GPU samples between {_iso(since)} and {_iso(until)} "
+                              "(is the monitor's exporter scraped?)", source=here)
+    groups = [""] if len(nodes) <= NODES_PER_QUERY else \
+        [_node_matcher(nodes[i:i + NODES_PER_QUERY]) for i in range(0, len(nodes), NODES_PER_QUERY)]
+    grid = _Grid(prom, since, until, start, step_s, n, groups,
+                 chunk_seconds(min(targets.values(), default=DEFAULT_SCRAPE_S), step_s))
 
-    samples = grid.matrix("count_over_time(gpuslurm_gpu_memory_total_bytes[{r}])")
+    samples = grid.matrix("count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])")
     if not samples:
         raise PrometheusError(f"no gpuslurm GPU samples between {_iso(since)} and {_iso(until)} "
-                              "(is the monitor's exporter scraped?)", source=f"prometheus:{prom.url}")
-    util = grid.matrix("avg_over_time(gpuslurm_gpu_utilization_ratio[{r}])")
+                              "(is the monitor's exporter scraped?)", source=here)
+    util = grid.matrix("avg_over_time(gpuslurm_gpu_utilization_ratio{m}[{r}])")
     durations = [hi - lo for lo, hi in (grid.span(b) for b in range(n))]
-    intervals = _intervals(samples, grid, prom.scrape_intervals())
+    intervals = _intervals(samples, grid, targets)
+    check = Checked(here, "series")
     device_samples: dict[tuple[str, str], dict[int, float]] = {}
     gpus = []
     for key in sorted(samples, key=lambda k: (_device(k), _label(k, "node"))):
         node, device, parent = _label(key, "node"), _device(key), _label(key, "gpu_uuid")
         device_samples[(node, device)] = samples[key]
-        u, c, every = util.get(key, {}), samples[key], intervals.get(node)
+        u = _checked(check, util.get(key, {}), "gpuslurm_gpu_utilization_ratio", key)
+        c, every = samples[key], intervals.get(node)
         cover = tuple(0.0 if b not in c or durations[b] <= 0 else 1.0 if every is None
                       else min(c[b] * every / durations[b], 1.0) for b in range(n))
-        gpus.append(GpuSeries(node, device, parent or device,
-                              tuple(u[b] * 100.0 if b in u else None for b in range(n)), cover))
+        gpus.append(GpuSeries(node, device, parent or device, tuple(u.get(b) for b in range(n)), cover))
 
+    return ReportData(here, since, until, start, step_s, tuple(gpus), _processes(grid, check, device_samples),
+                      _allocations(grid, intervals),
+                      tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until))
+
+
+def chunk_seconds(scrape_s: float, step_s: float) -> float:
+    """How much of the window one request covers: at most :data:`SAMPLES_PER_QUERY` samples of
+    :data:`NODES_PER_QUERY` nodes of :data:`DEVICES_PER_NODE` devices scraped every ``scrape_s``,
+    in whole buckets (at least one)."""
+    most = SAMPLES_PER_QUERY * max(scrape_s, 0.001) / (NODES_PER_QUERY * DEVICES_PER_NODE)
+    return max(1.0, math.floor(most / step_s)) * step_s
+
+
+def _processes(grid: _Grid, check: Checked, device_samples: dict[tuple[str, str], dict[int, float]]
+               ) -> tuple[ProcSeries, ...]:
+    """Per-process series where the exporter gives them (``prometheus_per_process``); elsewhere one
+    series per device, job (or none) and user from ``gpuslurm_device_processes``, PID 0, named
+    after no process. Each row holds only the buckets its series lives in (:class:`Sparse`)."""
+    n = grid.n
     # a process is present in a scrape when either of its gauges is (an unknown value is absent)
-    counts = grid.matrix("count_over_time(gpuslurm_process_gpu_memory_bytes[{r}]) "
-                         "or count_over_time(gpuslurm_process_sm_utilization_ratio[{r}])")
-    sm = grid.matrix("avg_over_time(gpuslurm_process_sm_utilization_ratio[{r}])")
+    counts = grid.matrix("count_over_time(gpuslurm_process_gpu_memory_bytes{m}[{r}]) "
+                         "or count_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])")
+    sm = grid.matrix("avg_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])") if counts else {}
+    per_process = {_label(key, "node") for key in counts}
+    grouped = {key: cells for key, cells in grid.matrix("count_over_time(gpuslurm_device_processes{m}[{r}])")
+               .items() if _label(key, "node") not in per_process}
     procs = []
-    for key in sorted(counts, key=_proc_order):
+    for key in sorted({**counts, **grouped}, key=_proc_order):
         node, device = _label(key, "node"), _device(key)
-        mine, dev = counts[key], device_samples.get((node, device), {})
-        seen = tuple(_seen(mine.get(b, 0.0), dev.get(b)) for b in range(n))
+        mine, dev = counts.get(key) or grouped[key], device_samples.get((node, device), {})
+        lo, hi = min(mine), max(mine)
+        seen = [0.0] * (hi - lo + 1)
+        for b, count in mine.items():  # its own buckets only: most processes live a short while
+            seen[b - lo] = _seen(count, dev.get(b))
         if not any(seen):
             continue
-        s = sm.get(key, {})
+        s = _checked(check, sm.get(key, {}), "gpuslurm_process_sm_utilization_ratio", key)
+        util: list[float | None] = [None] * (hi - lo + 1)
+        for b, v in s.items():
+            if lo <= b <= hi:
+                util[b - lo] = v
         procs.append(ProcSeries(node, device, int(_label(key, "pid") or 0), _label(key, "process") or None,
-                                _label(key, "user") or None, None, _label(key, "job_id") or None, seen,
-                                tuple(s[b] * 100.0 if b in s else None for b in range(n))))
-
-    violations = tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until)
-    return ReportData(f"prometheus:{prom.url}", since, until, start, step_s, tuple(gpus), tuple(procs),
-                      _allocations(prom, since, until), violations)
+                                _label(key, "user") or None, None, _label(key, "job_id") or None,
+                                Sparse(n, lo, seen, 0.0), Sparse(n, lo, util, None)))
+    return tuple(procs)
 
 
-def _allocations(prom: PrometheusClient, since: float, until: float) -> tuple[AllocationSpan, ...]:
-    """Jobs seen in the window: start, last cycle that saw them (up to HORIZON_S later), devices."""
-    window = f"{_ms(until - since)}ms"
-    ends = prom.instant(f"max_over_time(gpuslurm_job_last_seen_timestamp_seconds"
-                        f"[{_ms(until + HORIZON_S - since)}ms])", until + HORIZON_S)
-    starts = {_job(r): _value(r) for r in prom.instant(
-        f"max_over_time(gpuslurm_job_start_timestamp_seconds[{window}])", until)}
+def _checked(check: Checked, means: dict[int, float], name: str, key: Key) -> dict[int, float]:
+    """``means`` (a series' mean utilisation ratio per bucket) in percent, refused as SQLite's store
+    refuses its rows when one is not a percentage: one validation for both sources."""
+    out = {b: v * 100.0 for b, v in means.items()}
+    if all(0.0 <= v <= MAX_PCT for v in out.values()):  # the common case, without a call per value
+        return out
+    where = f"{name}{{{','.join(f'{k}={json.dumps(v)}' for k, v in key)}}} (a bucket's mean, in %)"
+    return {b: check.pct(v, where[:300]) for b, v in out.items()}
+
+
+def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSpan, ...]:
+    """Jobs seen in the window: start, the end of the last scrape that saw them (:func:`held_until`;
+    up to HORIZON_S after ``until``), devices. Chunk by chunk, each job's series only where it is."""
+    ends: dict[tuple[str, str], tuple[dict[str, str], float]] = {}
+    for m, v in grid.over_chunks("max_over_time(gpuslurm_job_last_seen_timestamp_seconds{m}[{r}])",
+                                 HORIZON_S):
+        job = (m.get("node", ""), m.get("job_id", ""))
+        if job[1] and (job not in ends or v > ends[job][1]):
+            ends[job] = (m, v)
+    starts: dict[tuple[str, str], float] = {}
+    for m, v in grid.over_chunks("max_over_time(gpuslurm_job_start_timestamp_seconds{m}[{r}])"):
+        job = (m.get("node", ""), m.get("job_id", ""))
+        starts[job] = max(v, starts.get(job, v))
     devices: dict[tuple[str, str], set[str]] = {}
-    for r in prom.instant(f'max_over_time(gpuslurm_gpu_allocated{{job_id!=""}}[{window}])', until):
-        m = r.get("metric") or {}
+    for m, _ in grid.over_chunks("max_over_time(gpuslurm_gpu_allocated{m}[{r}])", 0.0, 'job_id!=""'):
         devices.setdefault((m.get("node", ""), m.get("job_id", "")), set()).add(
             m.get("mig_uuid") or m.get("gpu_uuid", ""))
     out = []
-    for r in ends:
-        m = r.get("metric") or {}
-        job = _job(r)
-        begin, end = starts.get(job), _value(r)
-        if begin is None or end is None or not m.get("job_id"):
+    for job, (m, end) in ends.items():
+        begin = starts.get(job)
+        if begin is None:
             continue
-        out.append(AllocationSpan(m.get("node", ""), m["job_id"], m.get("user", ""), m.get("account") or None,
-                                  tuple(sorted(devices.get((job[0], job[1]), ()))), begin, end))
+        out.append(AllocationSpan(job[0], job[1], m.get("user", ""), m.get("account") or None,
+                                  tuple(sorted(devices.get(job, ()))), begin,
+                                  held_until(end, intervals.get(job[0]))))
     return tuple(sorted(out, key=lambda a: (a.start, a.job_id, a.node)))
 
 
@@ -266,36 +352,73 @@ def _violation(m: dict[str, str], begin: float, duration: float) -> Violation:
 
 
 class _Grid:
-    """Bucketed ``*_over_time`` queries: whole buckets by query_range, clipped ones one by one."""
+    """Bucketed ``*_over_time`` queries, node group by node group and chunk by chunk: whole
+    buckets by query_range, clipped ones one by one; requests run :data:`WORKERS` at a time."""
 
     def __init__(self, prom: PrometheusClient, since: float, until: float, start: float,
-                 step_s: float, n: int) -> None:
+                 step_s: float, n: int, groups: list[str], chunk_s: float) -> None:
         self.prom, self.since, self.until = prom, since, until
         self.start, self.step_s, self.n = start, step_s, n
+        self.groups = groups  # a node matcher per group ("" for every node)
+        self.chunk_s = chunk_s
+        # only the first and the last bucket can be clipped by the window
+        self._clipped = {b for b in {0, n - 1} if 0 <= b < n and self.span(b) != self._full(b)}
 
-    def matrix(self, template: str) -> Matrix:
-        """``template`` with ``{r}`` the range, per series and bucket; buckets without data left out."""
-        out: Matrix = {}
-        whole = [b for b in range(self.n) if self.whole(b)]
-        if whole:
-            query = template.format(r=f"{_ms(self.step_s)}ms")
-            first, last = self._full(whole[0])[1], self._full(whole[-1])[1]
+    def matrix(self, template: str, *matchers: str) -> Matrix:
+        """``template`` with ``{m}`` the selector's matchers and ``{r}`` the range, per series and
+        bucket; buckets without data left out."""
+        whole = [b for b in range(self.n) if b not in self._clipped]
+        per = max(1, round(self.chunk_s / self.step_s))
+        runs = [whole[i:i + per] for i in range(0, len(whole), per)]
+        clipped = [b for b in sorted(self._clipped) if self.span(b)[1] - self.span(b)[0] >= 0.001]
+
+        def part(job: tuple[str, list[int] | int]) -> list[tuple[Key, int, float]]:
+            group, which = job
+            sel = _selector(*matchers, group)
+            got: list[tuple[Key, int, float]] = []
+            if isinstance(which, int):
+                lo, hi = self.span(which)
+                for r in self.prom.instant(template.format(m=sel, r=f"{_ms(hi - lo)}ms"), hi):
+                    value = _value(r)
+                    if value is not None:
+                        got.append((_key(r), which, value))
+                return got
+            query = template.format(m=sel, r=f"{_ms(self.step_s)}ms")
+            first, last = self._full(which[0])[1], self._full(which[-1])[1]
             for r in self.prom.range(query, first, last, self.step_s):
-                cells = out.setdefault(_key(r), {})
+                key = _key(r)
                 for t, v in r.get("values") or ():
                     b = round((float(t) - self.start) / self.step_s) - 1
                     value = _float(v)
                     if 0 <= b < self.n and value is not None:
-                        cells[b] = value
-        for b in (b for b in range(self.n) if b not in whole):
-            lo, hi = self.span(b)
-            if hi - lo < 0.001:
-                continue
-            for r in self.prom.instant(template.format(r=f"{_ms(hi - lo)}ms"), hi):
-                value = _value(r)
-                if value is not None:
-                    out.setdefault(_key(r), {})[b] = value
+                        got.append((key, b, value))
+            return got
+
+        parts: list[list[int] | int] = [*runs, *clipped]
+        jobs = [(g, w) for g in self.groups for w in parts]
+        out: Matrix = {}
+        for got in _parallel(part, jobs):
+            for key, b, value in got:
+                out.setdefault(key, {})[b] = value
         return out
+
+    def over_chunks(self, template: str, past_s: float = 0.0, *matchers: str
+                    ) -> Iterator[tuple[dict[str, str], float]]:
+        """``template`` evaluated once per chunk of ``[since, until + past_s]`` and node group, at the
+        chunk's end over the chunk (``{r}``): each series' labels and value, once per chunk it is in."""
+        edges = [self.since]
+        while edges[-1] < self.until + past_s:
+            edges.append(min(edges[-1] + self.chunk_s, self.until + past_s))
+
+        def part(job: tuple[str, int]) -> list[tuple[dict[str, str], float]]:
+            group, i = job
+            lo, hi = edges[i], edges[i + 1]
+            query = template.format(m=_selector(*matchers, group), r=f"{_ms(hi - lo)}ms")
+            return [(r.get("metric") or {}, v) for r in self.prom.instant(query, hi)
+                    if (v := _value(r)) is not None]
+
+        for got in _parallel(part, [(g, i) for g in self.groups for i in range(len(edges) - 1)]):
+            yield from got
 
     def _full(self, b: int) -> tuple[float, float]:
         lo = self.start + b * self.step_s
@@ -306,7 +429,30 @@ class _Grid:
         return max(lo, self.since), min(hi, self.until)
 
     def whole(self, b: int) -> bool:
-        return self.span(b) == self._full(b)
+        return b not in self._clipped
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _parallel(fn: Callable[[T], R], items: list[T]) -> Iterator[R]:
+    """``fn`` over ``items``, WORKERS at a time (Prometheus evaluates while we parse), in order."""
+    if len(items) <= 1:
+        yield from map(fn, items)
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        yield from pool.map(fn, items)
+
+
+def _selector(*matchers: str) -> str:
+    return "{" + ",".join(m for m in matchers if m) + "}"
+
+
+def _node_matcher(nodes: list[str]) -> str:
+    """``node=~"a|b"`` for these nodes (their names escaped for RE2, then for PromQL's string)."""
+    alternatives = "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", n) for n in nodes)
+    return "node=~" + json.dumps(alternatives)
 
 
 def _intervals(samples: Matrix, grid: _Grid, targets: dict[str, float]) -> dict[str, float]:
@@ -401,6 +547,32 @@ def _api_error(exc: urllib.error.HTTPError) -> str:
         return _one_line(str(doc.get("error") or exc.reason))
     except (ValueError, OSError, AttributeError):
         return _one_line(str(exc.reason))
+
+
+def _reach(params: dict[str, str]) -> str:
+    """What one request asked for, for an error: the span of the window it covers."""
+    if "start" in params and "end" in params and "step" in params:
+        seconds = float(params["end"]) - float(params["start"]) + float(params["step"])
+    else:
+        ranges = re.findall(r"\[(\d+)ms\]", params.get("query", ""))
+        seconds = max((int(r) / 1000 for r in ranges), default=0.0)
+    return span(seconds) if seconds else "an instant"
+
+
+def _refusal(why: str, params: dict[str, str]) -> str | None:
+    """Prometheus' own limits, named: a site's shared Prometheus keeps its defaults."""
+    if "too many samples" in why:
+        return (f"prometheus refused a query over {_reach(params)}: too many samples (its "
+                "--query.max-samples); use a larger --step or a shorter window")
+    if "query timed out" in why or "context deadline exceeded" in why:
+        return (f"prometheus gave up on a query over {_reach(params)} (its --query.timeout); "
+                "use a larger --step or a shorter window")
+    return None
+
+
+def _too_slow(timeout_s: float, params: dict[str, str]) -> str:
+    return (f"no answer within {timeout_s:g} s to a query over {_reach(params)}: Prometheus is "
+            "overloaded or the window too long for it; use a larger --step or a shorter window")
 
 
 def _reason(reason: object) -> str:

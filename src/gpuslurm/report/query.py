@@ -33,6 +33,7 @@ from gpuslurm.report.data import (
     ReportData,
     bucket_count,
     bucket_start,
+    held_until,
 )
 from gpuslurm.state.store import Store, StoreError
 from gpuslurm.state.store_values import Checked
@@ -190,10 +191,7 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
         spans[job] = (job, c.text(user, "allocation.user"), c.opt_text(account, "allocation.account"),
                       c.time(a_start, "allocation.start"), c.time(last, "allocation.last_seen"))
         devs.setdefault(job, []).append(c.text(uuid, "device.uuid"))
-    # a job seen in a cycle holds its GPUs until the next, as a sample stands for its interval:
-    # ending it at its last cycle would leave its processes' last interval outside the job
-    held = interval or 0.0
-    allocations = tuple(AllocationSpan(node, j, u, acc, tuple(devs[j]), s, e + held)
+    allocations = tuple(AllocationSpan(node, j, u, acc, tuple(devs[j]), s, held_until(e, interval))
                         for j, u, acc, s, e in spans.values())
     violations = tuple(store.violations(since, until))
     return ReportData(f"sqlite:{path}", since, until, start, step_s, gpus, tuple(procs), allocations,

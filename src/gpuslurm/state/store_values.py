@@ -25,15 +25,17 @@ class StoreError(InputError):
 
 
 class Checked:
-    """Checks for the values of one store (``source`` names it in the error)."""
+    """Checks for the values of one store (``source`` names it in the error; ``unit`` is what holds
+    a value there: a store's row, a Prometheus series)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, unit: str = "row") -> None:
         self.source = source
+        self.unit = unit
 
     def bad(self, where: str, value: object, wanted: str) -> NoReturn:
         shown = repr(value)
         shown = shown if len(shown) <= 40 else shown[:40] + "…"
-        raise StoreError(f"damaged row: {where} holds {type(value).__name__} {shown}, not {wanted}",
+        raise StoreError(f"damaged {self.unit}: {where} holds {type(value).__name__} {shown}, not {wanted}",
                          source=self.source)
 
     def text(self, value: object, where: str) -> str:

@@ -46,6 +46,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "job_last_seen_timestamp_seconds": ("gauge", "When a cycle last saw the job (Unix seconds)."),
     "process_gpu_memory_bytes": ("gauge", "Device memory held by one process."),
     "process_sm_utilization_ratio": ("gauge", "SM utilisation of one process, 0-1 (none on MIG devices)."),
+    "device_processes": ("gauge", "GPU processes on the device, per job (\"\": in none) and user."),
     "violation_active": ("gauge", "1 while a detector finding (rogue, idle, over-share) lasts."),
     "violation_start_timestamp_seconds": ("gauge", "When the finding's condition began (Unix seconds)."),
     "violation_duration_seconds": ("gauge", "How long the finding's condition has lasted."),
@@ -104,8 +105,9 @@ def _violation_key(v: Violation) -> tuple[object, ...]:
     return (v.kind, v.job_id, v.pid, v.gpu_uuid, v.user, v.start)
 
 
-def cycle_samples(cycle: Cycle, violations: Sequence[Violation]) -> list[Sample]:
-    """The gauges describing one cycle (pure)."""
+def cycle_samples(cycle: Cycle, violations: Sequence[Violation], per_process: bool = True) -> list[Sample]:
+    """The gauges describing one cycle (pure). ``per_process`` False: no series per process (no
+    ``gpuslurm_process_*``, no ``pid``/``process`` on violations), counts per device, job and user."""
     node = cycle.node
     out: list[Sample] = []
     parent: dict[str, str] = {}
@@ -135,20 +137,26 @@ def cycle_samples(cycle: Cycle, violations: Sequence[Violation]) -> list[Sample]
         if uuid not in held:
             free = _device_labels(node, uuid, parent) + _job_labels(None, None, None)
             out.append(Sample("gpu_allocated", free, 0.0))
+    counts: dict[Labels, int] = {}
     for p in cycle.procs:
         alloc = jobs.get(p.job_id) if p.job_id is not None else None
-        labels = (("node", node), ("gpu_uuid", p.gpu_uuid), ("mig_uuid", p.mig_uuid or ""),
-                  *_job_labels(p.job_id, p.user, alloc.account if alloc else None),
-                  ("pid", str(p.pid)), ("process", p.name or ""))
+        owner = (("node", node), ("gpu_uuid", p.gpu_uuid), ("mig_uuid", p.mig_uuid or ""),
+                 *_job_labels(p.job_id, p.user, alloc.account if alloc else None))
+        counts[owner] = counts.get(owner, 0) + 1
+        if not per_process:
+            continue
+        labels = (*owner, ("pid", str(p.pid)), ("process", p.name or ""))
         if p.mem_mib is not None:
             out.append(Sample("process_gpu_memory_bytes", labels, p.mem_mib * MIB))
         if p.sm_util_pct is not None:
             out.append(Sample("process_sm_utilization_ratio", labels, p.sm_util_pct / 100.0))
+    out += [Sample("device_processes", labels, float(n)) for labels, n in counts.items()]
     for v in violations:
         account = jobs[v.job_id].account if v.job_id in jobs else None
+        who: Labels = (("pid", "" if v.pid is None else str(v.pid)), ("process", v.process or "")) \
+            if per_process else ()
         labels = (_device_labels(v.node, v.gpu_uuid or "", parent) + _job_labels(v.job_id, v.user, account)
-                  + (("pid", "" if v.pid is None else str(v.pid)), ("process", v.process or ""),
-                     ("kind", v.kind), ("severity", v.severity)))
+                  + who + (("kind", v.kind), ("severity", v.severity)))
         out.append(Sample("violation_active", labels, 1.0))
         out.append(Sample("violation_start_timestamp_seconds", labels, v.start))
         out.append(Sample("violation_duration_seconds", labels, v.duration_s))
@@ -169,7 +177,8 @@ def _job_labels(job_id: str | None, user: str | None, account: str | None) -> La
 class MetricsState:
     """What ``/metrics`` serves: the last cycle's gauges and the counters. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_process: bool = False) -> None:
+        self.per_process = per_process
         self._lock = threading.Lock()
         self._body = render(()).encode()
         self._cycles = 0
@@ -190,7 +199,7 @@ class MetricsState:
             if vkey not in self._current:
                 self._started[(v.node, v.kind)] = self._started.get((v.node, v.kind), 0) + 1
         self._current = keys
-        samples = cycle_samples(cycle, violations)
+        samples = cycle_samples(cycle, violations, self.per_process)
         samples.append(Sample("monitor_cycles_total", (("node", cycle.node),), float(self._cycles)))
         samples += [Sample("monitor_problems_total", (("node", n), ("kind", k)), float(c))
                     for (n, k), c in sorted(self._problems.items())]

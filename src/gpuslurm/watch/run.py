@@ -84,9 +84,11 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
     detector = Detector(cfg.detect)
     exporter = None
     if prometheus is not None:
-        from gpuslurm.watch.exporter import start_exporter
+        from gpuslurm.watch.exporter import MetricsState, start_exporter
 
-        exporter = start_exporter(prometheus.addr, prometheus.port, timeout_s=mc.prometheus_timeout_s,
+        exporter = start_exporter(prometheus.addr, prometheus.port,
+                                  MetricsState(per_process=mc.prometheus_per_process),
+                                  timeout_s=mc.prometheus_timeout_s,
                                   max_connections=mc.prometheus_max_connections, warn=warn)
         warn(f"serving metrics on http://{prometheus.addr}:{prometheus.port}/metrics (at most "
              f"{exporter.max_connections} connections, each closed after {exporter.timeout_s:g} s)")

@@ -1,0 +1,236 @@
+"""The fair-share report from Prometheus at cluster scale: generate, backfill, time, check.
+
+    python benchmarks/bench_prom_scale.py --nodes 16 --days 7 [--gpus 8] [--runs 2] [--keep DIR]
+
+1. Generates OpenMetrics with the default exporter's names and labels (no series per process):
+   30 s scrapes of every GPU (``gpuslurm_gpu_utilization_ratio``, ``..._memory_total_bytes``,
+   ``gpuslurm_gpu_allocated``), back-to-back 1-GPU jobs of 1-12 h with 0-2 h gaps
+   (``gpuslurm_job_start_timestamp_seconds``, ``..._last_seen_...``, ``gpuslurm_device_processes``
+   with 1-3 processes), 15 % of the jobs idle, 12 users in 4 accounts, utilisation <= 1. Families
+   the report does not read (power, temperature, memory used, the monitor's counters) are left
+   out: they cost Prometheus, not the report. Each node scrapes with its own phase, off the
+   buckets' minute grid.
+2. Backfills them with ``promtool tsdb create-blocks-from openmetrics`` into a temporary TSDB and
+   starts ``/usr/bin/prometheus`` (2.42 here) on 127.0.0.1 with its default query limits
+   (``--query.max-samples`` 50 M, ``--query.timeout`` 2 min).
+3. Runs the report (``load_prometheus`` + ``compute --by user``) in a child process ``--runs``
+   times: wall time, the child's peak RSS (``resource.getrusage(RUSAGE_CHILDREN)``) and
+   Prometheus' (VmHWM).
+4. Checks the report against the generator's truth: allocated GPU-hours per user exact (1e-6 h),
+   used within 0.1 %.
+
+The report reads no recording-rule series, so none are generated. Nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
+EVERY = 30  # scrape interval, s
+USERS = [f"user{i:02d}" for i in range(12)]
+ACCOUNT = {u: f"acct{i % 4}" for i, u in enumerate(USERS)}
+G0 = 1_700_000_000 // 86400 * 86400  # a whole day (UTC)
+MEM_TOTAL = 85_520_809_984
+
+REPORT = r"""
+import json, sys, time
+t = time.perf_counter()
+from gpuslurm.report.compute import Policy, compute
+from gpuslurm.report.prometheus import load_prometheus
+url, since, until, step = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+data = load_prometheus("prometheus:" + url, since, until, step)
+t_load = time.perf_counter() - t
+report = compute(data, "user", Policy(quota_of=lambda user, account: 0.1, account_quotas={}))
+print(json.dumps({"load_s": t_load, "total_s": time.perf_counter() - t,
+                  "rows": {r.key: [r.allocated_gpu_hours, r.used_gpu_hours] for r in report.rows},
+                  "gpus": len(data.gpus), "jobs": len(data.allocations)}))
+"""
+
+
+def generate(path: Path, nodes: int, days: int, gpus: int, seed: int,
+             window_days: float | None = None) -> dict[str, list[float]]:
+    """Write the OpenMetrics file; return the truth per user: [allocated h, used h] over the
+    window ``[G0, G0 + window_days)`` (default: all ``days``)."""
+    rng = random.Random(seed)
+    end = G0 + days * 86400
+    until = G0 + (window_days or days) * 86400
+    truth = {u: [0.0, 0.0] for u in USERS}
+    # per GPU: its scrape times' phase and its jobs (start time, first/last scrape index, user, mean, procs)
+    layout = []
+    job_id = 100000
+    for n in range(nodes):
+        phase = 7 + (n * 11) % 23  # s after the minute: never on a bucket edge
+        for g in range(gpus):
+            jobs = []
+            t = G0 + rng.uniform(0, 7200)
+            while True:
+                start = t
+                length = rng.uniform(3600, 12 * 3600)
+                first = max(0, -int(-(start - G0 - phase) // EVERY))  # first scrape at or after start
+                last = int((min(start + length, end - 1) - G0 - phase) // EVERY)
+                if last < first or G0 + phase + first * EVERY >= end:
+                    break
+                user = rng.choice(USERS)
+                idle = rng.random() < 0.15
+                mean = rng.uniform(0.0, 0.02) if idle else rng.uniform(0.3, 0.95)
+                job_id += 1
+                jobs.append((start, first, last, user, mean, rng.randint(1, 3), str(job_id)))
+                t = start + length + rng.uniform(0, 7200)
+            layout.append((f"node{n:04d}", f"GPU-{n:04d}-{g}", phase, jobs))
+    scrapes = lambda phase: range(0, int((end - G0 - phase - 1) // EVERY) + 1)  # noqa: E731
+
+    def util(mean: float, k: int) -> float:
+        return round(min(1.0, mean * (0.8 + 0.4 * ((k * 7919) % 101) / 100)), 3)
+
+    with path.open("w", buffering=1 << 22) as out:
+        w = out.write
+        w("# TYPE gpuslurm_gpu_utilization_ratio gauge\n")
+        for node, uuid, phase, jobs in layout:
+            busy = {}
+            for _start, first, last, user, mean, _procs, _job in jobs:
+                for k in range(first, last + 1):
+                    busy[k] = (mean, user)
+            head = f'gpuslurm_gpu_utilization_ratio{{node="{node}",gpu_uuid="{uuid}",mig_uuid=""}} '
+            for k in scrapes(phase):
+                mean, user = busy.get(k, (0.0, None))
+                u = util(mean, k) if user else 0.0
+                if user and G0 + phase + k * EVERY < until:
+                    truth[user][1] += u * EVERY / 3600
+                w(f"{head}{u} {G0 + phase + k * EVERY}\n")
+        w("# TYPE gpuslurm_gpu_memory_total_bytes gauge\n")
+        for node, uuid, phase, _jobs in layout:
+            head = (f'gpuslurm_gpu_memory_total_bytes{{node="{node}",gpu_uuid="{uuid}",mig_uuid=""}} '
+                    f'{MEM_TOTAL} ')
+            w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in scrapes(phase)))
+        w("# TYPE gpuslurm_gpu_allocated gauge\n")
+        for node, uuid, phase, jobs in layout:
+            held = set()
+            for start, first, last, user, _mean, _procs, job in jobs:
+                held.update(range(first, last + 1))
+                head = (f'gpuslurm_gpu_allocated{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",job_id="{job}",'
+                        f'user="{user}",account="{ACCOUNT[user]}"}} 1 ')
+                w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in range(first, last + 1)))
+                ends = min(G0 + phase + last * EVERY + EVERY, end, until)  # held to its last scrape's end
+                truth[user][0] += max(0.0, ends - max(start, G0)) / 3600
+            head = (f'gpuslurm_gpu_allocated{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",job_id="",'
+                    'user="",account=""} 0 ')
+            w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in scrapes(phase) if k not in held))
+        for family in ("job_start_timestamp_seconds", "job_last_seen_timestamp_seconds", "device_processes"):
+            w(f"# TYPE gpuslurm_{family} gauge\n")
+            for node, uuid, phase, jobs in layout:
+                for start, first, last, user, _mean, procs, job in jobs:
+                    labels = f'job_id="{job}",user="{user}",account="{ACCOUNT[user]}"'
+                    if family == "device_processes":
+                        head = (f'gpuslurm_{family}{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",{labels}}} '
+                                f'{procs} ')
+                        w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in range(first, last + 1)))
+                        continue
+                    head = f'gpuslurm_{family}{{node="{node}",{labels}}} '
+                    for k in range(first, last + 1):
+                        ts = G0 + phase + k * EVERY
+                        w(f"{head}{start if family == 'job_start_timestamp_seconds' else ts} {ts}\n")
+        w("# EOF\n")
+    return truth
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--days", type=int, default=7)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", help="work in this directory and leave it (default: a temporary one)")
+    ap.add_argument("--data", help="serve this TSDB (a --keep run's data/) instead of generating and "
+                    "backfilling; the truth is generated again from the same seed")
+    ap.add_argument("--window-days", type=float, help="report on the first this many days only")
+    args = ap.parse_args()
+    root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
+    root.mkdir(parents=True, exist_ok=True)
+    source, data = root / "series.om", Path(args.data) if args.data else root / "data"
+    proc = None
+    try:
+        t = time.perf_counter()
+        truth = generate(Path(os.devnull) if args.data else source, args.nodes, args.days, args.gpus,
+                         args.seed, args.window_days)
+        if not args.data:
+            size = source.stat().st_size / 1e9
+            print(f"generated {size:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
+            t = time.perf_counter()
+            subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+                           check=True, stdout=subprocess.DEVNULL)
+            print(f"backfilled in {time.perf_counter() - t:.0f} s", flush=True)
+            source.unlink()
+        port = _free_port()
+        (root / "prometheus.yml").write_text("scrape_configs: []\n")
+        log = (root / "prometheus.log").open("wb")
+        proc = subprocess.Popen([PROMETHEUS, f"--config.file={root / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
+                                 "--storage.tsdb.retention.time=100y"], stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        since, until = float(G0), float(G0 + (args.window_days or args.days) * 86400)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+        from gpuslurm.report.data import auto_step
+
+        step = auto_step(since, until)
+        print(f"{args.nodes} nodes x {(until - since) / 86400:g} d, {args.nodes * args.gpus} GPUs, "
+              f"step {step:g} s",
+              flush=True)
+        for run in range(args.runs):
+            t = time.perf_counter()
+            done = subprocess.run([sys.executable, "-c", REPORT, url, str(since), str(until), str(step)],
+                                  capture_output=True, text=True)
+            wall = time.perf_counter() - t
+            if done.returncode:
+                print(f"run {run + 1}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
+                continue
+            got = json.loads(done.stdout)
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            hwm = next((line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                        if line.startswith("VmHWM:")), "?")
+            worst_alloc = max(abs(got["rows"].get(u, [0, 0])[0] - a) for u, (a, _) in truth.items())
+            worst_used = max(abs(got["rows"].get(u, [0, 0])[1] - x) / x for u, (_, x) in truth.items() if x)
+            print(f"run {run + 1}: {wall:.1f} s wall (load {got['load_s']:.1f} s, report "
+                  f"{got['total_s']:.1f} s "
+                  f"in the child), child peak RSS {peak:.0f} MiB (max over runs), Prometheus VmHWM "
+                  f"{int(hwm) / 1024 if hwm != '?' else 0:.0f} MiB; {got['gpus']} GPUs, {got['jobs']} jobs; "
+                  f"allocated per user off by at most {worst_alloc:.2e} h "
+                  f"({'exact' if worst_alloc < 1e-6 else 'NOT EXACT'}), used by at most "
+                  f"{100 * worst_used:.3f} % "
+                  f"({'ok' if worst_used <= 1e-3 else 'OVER 0.1 %'})", flush=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

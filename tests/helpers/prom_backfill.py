@@ -1,0 +1,106 @@
+"""A real Prometheus holding given monitor cycles, backfilled with promtool (no scrapes, no clock).
+
+The cycles become the exporter's own samples (:func:`gpuslurm.watch.exporter.cycle_samples`),
+written as OpenMetrics with each cycle's time as the sample's timestamp, and
+``promtool tsdb create-blocks-from openmetrics`` turns them into blocks of a TSDB that a
+Prometheus of our own then serves on loopback. So a test can ask Prometheus and the monitor's
+SQLite store about exactly the same samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from tests.helpers.prom_helpers import free_port
+
+from gpuslurm.samples import Cycle, Violation
+from gpuslurm.watch.exporter import FAMILIES, PREFIX, cycle_samples
+
+PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]], per_process: bool = True) -> str:
+    """The exporter's gauges of every cycle, stamped with the cycle's time, family by family."""
+    rows: dict[str, list[str]] = {name: [] for name in FAMILIES}
+    for cycle, violations in cycles:
+        for s in cycle_samples(cycle, violations, per_process):
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels)
+            rows[s.family].append(f"{PREFIX}{s.family}{{{labels}}} {s.value!r} {cycle.ts:.3f}\n")
+    out = []
+    for name, lines in rows.items():
+        if lines:
+            out.append(f"# TYPE {PREFIX}{name} gauge\n")
+            out.extend(lines)
+    out.append("# EOF\n")
+    return "".join(out)
+
+
+@contextlib.contextmanager
+def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
+               *flags: str, per_process: bool = True, rules: Path | None = None) -> Iterator[str]:
+    """A Prometheus on 127.0.0.1 serving ``cycles`` (started with ``flags`` too); yields its URL.
+    With ``rules``: their recorded series too, evaluated every 30 s over the cycles' span by
+    ``promtool tsdb create-blocks-from rules`` (as a site backfills new rules)."""
+    root.mkdir(parents=True, exist_ok=True)
+    source, data = root / "cycles.om", root / "data"
+    listed = list(cycles)
+    source.write_text(openmetrics(listed, per_process))
+    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+                   check=True, capture_output=True, timeout=300)
+    if rules is None:
+        with _serving(root, data, flags) as url:
+            yield url
+        return
+    with _serving(root, data, flags) as url:
+        first, last = min(c.ts for c, _ in listed), max(c.ts for c, _ in listed)
+        subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
+                        f"--start={int(first)}", f"--end={int(last) + 1}", "--eval-interval=30s",
+                        f"--output-dir={root / 'rules'}", str(rules)],
+                       check=True, capture_output=True, timeout=300)
+    for block in (root / "rules").iterdir():
+        block.rename(data / block.name)
+    with _serving(root, data, flags) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _serving(root: Path, data: Path, flags: Sequence[str]) -> Iterator[str]:
+    config = root / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    port = free_port()
+    log = (root / "prometheus.log").open("wb")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y",
+                             *flags],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited {proc.returncode}: "
+                                   f"{(root / 'prometheus.log').read_text()[-2000:]}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+                if resp.status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("prometheus not ready after 60 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
