@@ -101,10 +101,10 @@ stop_pidfile() {  # stop_pidfile NAME PIDFILE [SECONDS]: SIGTERM, then SIGKILL a
     pid=$(<"$file")
     kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < wait * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
+        alive "$file" || break  # a zombie counts as gone: this host's init may reap it late
         sleep 0.1
     done
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$file"; then
         note "$name (pid $pid) ignored SIGTERM; killing it"
         kill -KILL "$pid" 2>/dev/null || true
     fi

@@ -111,3 +111,60 @@ def test_a_prolog_failing_on_one_node_leaves_the_other_clean_and_the_rest_servin
         if jobid is not None:
             cluster.client("/usr/bin/scancel", str(jobid), check=False)
         cluster.resume("mnode2")
+
+
+def test_a_gpu_out_on_one_node_leaves_its_other_gpus_and_the_other_nodes_serving(
+        multinode_cluster: MultiNodeCluster) -> None:
+    """Every GPU of mnode1 reports Xid 79 and its hooks take such a GPU out (``[health.xid] action =
+    "gpu_out"``): a two-node job's prolog on mnode1 takes its GPU out and requeues it; mnode2 and
+    mnode3 serve a two-node job meanwhile; mnode1's monitor (run in its namespaces) holds the GPU
+    out with a holder job and resumes mnode1, and the requeued job runs on another of its GPUs."""
+    cluster = multinode_cluster
+    node = "mnode1"
+    config = cluster.node_dir(node) / "gpuslurm.toml"
+    original = config.read_text()
+    health = cluster.bundle(node) / "health.json"
+    record = cluster.node_dir(node) / "state" / "out-of-service.json"
+    health.write_text(json.dumps({uuid: {"xid": [79]} for uuid in cluster.uuids(node)}))
+    config.write_text(original + '[health.xid]\naction = "gpu_out"\n[monitor]\nkmsg = ""\n')
+    job = None
+    try:
+        job = cluster.sbatch(["-N2", "-w", "mnode1,mnode3", "--gres=gpu:1"], _step_script(cluster))
+        deadline = time.monotonic() + 60
+        while not record.exists():
+            assert time.monotonic() < deadline, cluster.log_tail()
+            time.sleep(0.5)
+        cluster.wait_node(node, r"DRAIN")
+        [gone] = json.loads(record.read_text())["gpus"]
+        assert gone["by"] == "prolog" and "Xid 79" in gone["reason"]
+        assert cluster.node_field(node, "Reason").startswith(f"gpuslurm: GPU out: index {gone['index']}")
+        # requeued: through COMPLETING (both nodes' epilogs) to PENDING
+        deadline = time.monotonic() + 60
+        while (state := cluster.job_field(job, "JobState")) == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert state == "PENDING", f"{state}\n{cluster.log_tail()}"
+        assert "gpuslurm requeued this job" in cluster.job_field(job, "Comment")
+        for other in ("mnode2", "mnode3"):
+            assert not (cluster.node_dir(other) / "state" / "out-of-service.json").exists()
+        serving = cluster.sbatch(["-N2", "-w", "mnode2,mnode3", "--gres=gpu:1"], _step_script(cluster))
+        assert cluster.wait(serving) == "COMPLETED", f"{cluster.output(serving)}\n{cluster.log_tail()}"
+        health.unlink()
+        said = cluster.in_node(node, "env", f"GPUSLURM_CONFIG={config}", cluster.env["GPUSLURM_BIN"],
+                               "monitor", "--once", "--from", str(cluster.bundle(node)))
+        assert said.returncode == 0, said.stderr
+        assert "held out by job" in said.stderr, said.stderr
+        assert "DRAIN" not in cluster.node_field(node, "State"), said.stderr
+        if cluster.job_field(job, "Reason") == "BeginTime":  # 22.05 delays a requeued batch job
+            cluster.client("/usr/bin/scontrol", "update", f"JobId={job}", "StartTime=now")
+        assert cluster.wait(job) == "COMPLETED", f"{cluster.output(job)}\n{cluster.log_tail()}"
+        ran = {g["uuid"] for g in json.loads(cluster.summary(node, job).read_text())["gpus"]}
+        assert ran and gone["uuid"] not in ran
+    finally:
+        config.write_text(original)
+        health.unlink(missing_ok=True)
+        if job is not None:
+            cluster.client("/usr/bin/scancel", str(job), check=False)
+        cluster.client("/usr/bin/scancel", f"--name=gpuslurm-gpu-out-{node}", check=False)
+        record.unlink(missing_ok=True)
+        cluster.client("/usr/bin/scontrol", "update", f"NodeName={node}", "Comment=", check=False)
+        cluster.resume(node)
