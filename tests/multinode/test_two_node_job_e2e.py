@@ -84,9 +84,9 @@ def test_two_node_job_maps_each_nodes_own_gpus(multinode_cluster: MultiNodeClust
 
 def test_a_prolog_failing_on_one_node_leaves_the_other_clean_and_the_rest_serving(
         multinode_cluster: MultiNodeCluster) -> None:
-    """mnode2's every GPU reports 97 C: its prolog refuses the job and drains mnode2 naming the GPU;
-    mnode1, where the job's batch step had started, keeps no map of it; a two-node job then runs on
-    mnode1 and mnode3."""
+    """mnode2's every GPU reports 97 C: its prolog (run when the job's ``srun`` step reaches mnode2)
+    refuses the job and drains mnode2 naming the GPU; Slurm requeues the job, and mnode1, where its
+    batch step had started, keeps no map of it; a two-node job then runs on mnode1 and mnode3."""
     cluster = multinode_cluster
     health = cluster.bundle("mnode2") / "health.json"
     health.write_text(json.dumps({uuid: {"temperature_c": 97} for uuid in cluster.uuids("mnode2")}))
@@ -97,9 +97,15 @@ def test_a_prolog_failing_on_one_node_leaves_the_other_clean_and_the_rest_servin
         reason = cluster.node_field("mnode2", "Reason")
         assert "gpuslurm:" in reason and "temperature 97 C over limit" in reason, \
             f"{reason}\n{cluster.log_tail()}"
-        assert cluster.job_field(jobid, "JobState") != "COMPLETED"
-        cluster.client("/usr/bin/scancel", str(jobid))
+        # Slurm requeues the job (held) for the failed prolog: mnode1's epilog ends its share there
+        deadline = time.monotonic() + 60
+        while (state := cluster.job_field(jobid, "JobState")) in ("RUNNING", "COMPLETING") \
+                and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert state == "PENDING", f"{state}\n{cluster.log_tail()}"
         assert _wait_gone(cluster.job_map("mnode1", jobid)), f"mnode1 kept the map\n{cluster.log_tail()}"
+        assert cluster.summary("mnode1", jobid).exists()
+        cluster.client("/usr/bin/scancel", str(jobid))
         assert not cluster.job_map("mnode2", jobid).exists()
         assert "DRAIN" not in cluster.node_field("mnode1", "State")
         # the other nodes serve a two-node job meanwhile
