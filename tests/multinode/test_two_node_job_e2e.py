@@ -21,21 +21,58 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slurm
 
 
+PROBE = """import errno, glob, os
+for path in sorted(glob.glob("/dev/nvidia[0-9]*")):
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+        said = "OK"
+    except OSError as exc:
+        said = errno.errorcode.get(exc.errno, str(exc.errno))
+    print("DEV", path, said)
+"""
+
+
 def _step_script(cluster: MultiNodeCluster) -> str:
-    """A batch script whose ``srun`` step reports, per node, what the node's hooks and pick saw."""
+    """A batch script whose ``srun`` step reports, per node, what the node's hooks and pick saw and
+    which of the node's GPU device files the step may open."""
     gpuslurm = cluster.env["GPUSLURM_BIN"]
     nodes = cluster.state_dir / "nodes"
+    probe = cluster.state_dir / "jobs" / "probe.py"
+    probe.write_text(PROBE)
     return f"""
+/usr/bin/scontrol -d show job $SLURM_JOB_ID | grep -E "^ +Nodes=mnode" | sed "s/^ */SLURM /"
 srun --ntasks-per-node=1 bash -c '
 n=$SLURMD_NODENAME
+/usr/bin/python3 {probe} | sed "s/^/$n /"
 echo "$n HOST=$(hostname)"
-echo "$n GPUS=$SLURM_JOB_GPUS"
+echo "$n GPUS=$SLURM_STEP_GPUS"
 echo "$n UUIDS=$GPUSLURM_GPU_UUIDS"
 echo "$n MAP=$(tr -d "\\n" <{nodes}/$n/run/jobs/$SLURM_JOB_ID.json)"
 echo "$n PICK=$({gpuslurm} pick 2 --from {nodes}/$n/bundle --format json | tr -d "\\n")"
 {gpuslurm} pick 3 --from {nodes}/$n/bundle >/dev/null 2>&1; echo "$n PICK3=$?"
 '
 """
+
+
+def _shares(cluster: MultiNodeCluster, out: str) -> dict[str, list[str]]:
+    """Each node's GPUs (UUIDs) as Slurm allocated them: ``scontrol -d show job``'s per-node GRES
+    indices (the batch script wrote them), resolved against the node's bundle the way the hooks do.
+
+    Not the step's SLURM_JOB_GPUS: srun passes the batch step's value (the first node's) on to
+    every node."""
+    from gpuslurm.ranges import parse_ranges
+
+    return {node: _resolve(cluster, node, parse_ranges(idx, 1024))
+            for node, idx in re.findall(r"^SLURM Nodes=(mnode\d) .*\(IDX:([^)]*)\)", out, re.M)}
+
+
+def _resolve(cluster: MultiNodeCluster, node: str, indices: tuple[int, ...]) -> list[str]:
+    """GRES indices of ``node`` -> its devices' UUIDs, as the hooks resolve them."""
+    from gpuslurm.hw.source import load_node
+    from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
+
+    devices = resolve_job_gpus(HookEnv(job_gpus=indices), load_node(str(cluster.bundle(node))))
+    return [d.uuid for d in devices]
 
 
 def _per_node(out: str) -> dict[str, dict[str, str]]:
@@ -62,17 +99,26 @@ def test_two_node_job_maps_each_nodes_own_gpus(multinode_cluster: MultiNodeClust
     assert set(seen) == {"mnode1", "mnode2"}, out
     assert seen["mnode1"]["HOST"] == "mnode1"
     assert seen["mnode2"]["HOST"] == "mnode2.cluster.test"  # hostname != NodeName: hooks go by the latter
+    shares = _shares(cluster, out)
     for node in ("mnode1", "mnode2"):
         report = seen[node]
         uuids = cluster.uuids(node)
-        own = [uuids[int(i)] for i in report["GPUS"].split(",")]
-        assert len(own) == 2, report
+        own = shares[node]
+        assert len(own) == 2, out
+        # the step's own variable on this node
+        assert _resolve(cluster, node, tuple(int(i) for i in report["GPUS"].split(","))) == own
         jmap = json.loads(report["MAP"])
         assert jmap["job_id"] == str(jobid)
         assert [g["uuid"] for g in jmap["gpus"]] == own, (node, jmap)  # this node's GPUs, not the other's
         assert report["UUIDS"] == ",".join(own)  # the task prolog on this node
         assert {g["uuid"] for g in json.loads(report["PICK"])["gpus"]} == set(own)
         assert report["PICK3"] == "2"  # the job holds 2 GPUs on this node
+        # Slurm's device cgroup on this node: its two GPUs' files open (ENXIO: no driver behind a
+        # fake file), the node's others are denied (EPERM); minors are not indices on the L40S box
+        minors = {g["minor"] for g in jmap["gpus"]}
+        files = dict(re.findall(rf"^{node} DEV /dev/nvidia(\d+) (\w+)$", out, re.M))
+        assert len(files) == len(uuids), out
+        assert files == {m: "ENXIO" if int(m) in minors else "EPERM" for m in files}, (node, out)
         # after the job, this node's epilog removed its map and wrote its summary
         assert _wait_gone(cluster.job_map(node, jobid)), f"{node}: map left\n{cluster.log_tail()}"
         summary = json.loads(cluster.summary(node, jobid).read_text())
@@ -174,3 +220,28 @@ def test_a_gpu_out_on_one_node_leaves_its_other_gpus_and_the_other_nodes_serving
         record.unlink(missing_ok=True)
         cluster.client("/usr/bin/scontrol", "update", f"NodeName={node}", "Comment=", check=False)
         cluster.resume(node)
+
+
+def test_uneven_and_typed_requests_land_on_the_nodes_that_have_them(
+        multinode_cluster: MultiNodeCluster) -> None:
+    """``--gpus=6 -N2`` over an 8-GPU and a 4-GPU node: each node's map holds its own share and the
+    shares add up to 6; a MIG type only mnode3 has lands there, mapped to that MIG device."""
+    cluster = multinode_cluster
+    jobid = cluster.sbatch(["-N2", "-w", "mnode1,mnode2", "--gpus=6"], _step_script(cluster))
+    assert cluster.wait(jobid) == "COMPLETED", f"{cluster.output(jobid)}\n{cluster.log_tail()}"
+    out = cluster.output(jobid)
+    seen = _per_node(out)
+    shares = _shares(cluster, out)
+    assert set(shares) == {"mnode1", "mnode2"}, out
+    for node, own in shares.items():
+        assert [g["uuid"] for g in json.loads(seen[node]["MAP"])["gpus"]] == own, (node, out)
+        assert seen[node]["UUIDS"] == ",".join(own)
+        assert {g["uuid"] for g in json.loads(seen[node]["PICK"])["gpus"]} <= set(own)
+    counts = {node: len(own) for node, own in shares.items()}
+    assert sum(counts.values()) == 6 and counts["mnode1"] != counts["mnode2"], counts
+    mig = cluster.sbatch(["--gres=gpu:nvidia_a100_1g.10gb:1"], _step_script(cluster))
+    assert cluster.wait(mig) == "COMPLETED", f"{cluster.output(mig)}\n{cluster.log_tail()}"
+    report = _per_node(cluster.output(mig))
+    assert set(report) == {"mnode3"}
+    [gpu] = json.loads(report["mnode3"]["MAP"])["gpus"]
+    assert gpu["uuid"].startswith("MIG-") and gpu["parent_uuid"] in cluster.uuids("mnode3"), gpu
