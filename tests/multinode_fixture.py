@@ -211,7 +211,10 @@ def multinode_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeClust
     state_dir.chmod(0o755)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("SLURM_", "SBATCH_"))}
     env["GPUSLURM_MULTINODE_DIR"] = str(state_dir)
-    env["GPUSLURM_MULTINODE_BUNDLES"] = " ".join(BUNDLES)
+    from gpuslurm.hw.source import bundle_path
+
+    # directories, not names: the script need not find the Python that has gpuslurm
+    env["GPUSLURM_MULTINODE_BUNDLES"] = " ".join(str(bundle_path(name)) for name in BUNDLES)
     env["GPUSLURM_BIN"] = _gpuslurm_bin(state_dir)
     held: set[str] = set()
     try:
