@@ -45,6 +45,7 @@ srun --ntasks-per-node=1 bash -c '
 n=$SLURMD_NODENAME
 /usr/bin/python3 {probe} | sed "s/^/$n /"
 echo "$n HOST=$(hostname)"
+echo "$n CGROUP=$(ls -d /sys/fs/cgroup/devices/slurm_$n/uid_*/job_$SLURM_JOB_ID)"
 echo "$n GPUS=$SLURM_STEP_GPUS"
 echo "$n UUIDS=$GPUSLURM_GPU_UUIDS"
 echo "$n MAP=$(tr -d "\\n" <{nodes}/$n/run/jobs/$SLURM_JOB_ID.json)"
@@ -73,6 +74,16 @@ def _resolve(cluster: MultiNodeCluster, node: str, indices: tuple[int, ...]) -> 
 
     devices = resolve_job_gpus(HookEnv(job_gpus=indices), load_node(str(cluster.bundle(node))))
     return [d.uuid for d in devices]
+
+
+def _job_cgroups_gone(node: str, jobid: int, timeout: float = 30) -> list[Path]:
+    """The job's cgroups on ``node`` (slurm_<node> in each v1 hierarchy) left after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = list(Path("/sys/fs/cgroup").glob(f"*/slurm_{node}/uid_*/job_{jobid}"))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.3)
 
 
 def _per_node(out: str) -> dict[str, dict[str, str]]:
@@ -123,6 +134,8 @@ def test_two_node_job_maps_each_nodes_own_gpus(multinode_cluster: MultiNodeClust
         assert _wait_gone(cluster.job_map(node, jobid)), f"{node}: map left\n{cluster.log_tail()}"
         summary = json.loads(cluster.summary(node, jobid).read_text())
         assert [g["uuid"] for g in summary["gpus"]] == own
+        assert report["CGROUP"].startswith(f"/sys/fs/cgroup/devices/slurm_{node}/")  # as it ran
+        assert not _job_cgroups_gone(node, jobid)
     # the two nodes' GPU sets are their own bundles' (an H100's UUIDs and an L40S's)
     assert not set(cluster.uuids("mnode1")) & set(cluster.uuids("mnode2"))
     assert not cluster.summary("mnode3", jobid).exists()
@@ -151,6 +164,7 @@ def test_a_prolog_failing_on_one_node_leaves_the_other_clean_and_the_rest_servin
         assert state == "PENDING", f"{state}\n{cluster.log_tail()}"
         assert _wait_gone(cluster.job_map("mnode1", jobid)), f"mnode1 kept the map\n{cluster.log_tail()}"
         assert cluster.summary("mnode1", jobid).exists()
+        assert not _job_cgroups_gone("mnode1", jobid)
         cluster.client("/usr/bin/scancel", str(jobid))
         assert not cluster.job_map("mnode2", jobid).exists()
         assert "DRAIN" not in cluster.node_field("mnode1", "State")
