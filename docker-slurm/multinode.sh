@@ -30,12 +30,16 @@
 #   GPUSLURM_BIN                gpuslurm executable (default: the one beside python3's executable)
 #   GPUSLURM_MULTINODE_TIMEOUT  seconds `up` waits for every node to be idle (default 90)
 #   GPUSLURM_MULTINODE_EXTRA_CONF  file appended to slurm.conf before the node lines
+#   GPUSLURM_MULTINODE_PYTHON   the interpreter the installed hooks run (`gpuslurm install --python`);
+#                               the task prolog runs as the job's user, who must be able to run it
+#                               (default: the one running gpuslurm)
 set -euo pipefail
 
 STATE=${GPUSLURM_MULTINODE_DIR:-/run/gpuslurm-test-multinode}
 read -ra BUNDLES <<<"${GPUSLURM_MULTINODE_BUNDLES:-dgx-h100 l40s-4x a100-mig}"
 TIMEOUT=${GPUSLURM_MULTINODE_TIMEOUT:-90}
 EXTRA_CONF=${GPUSLURM_MULTINODE_EXTRA_CONF:-}
+HOOKS_PYTHON=${GPUSLURM_MULTINODE_PYTHON:-}
 
 NET=192.0.2
 CTL_ADDR=$NET.1
@@ -192,7 +196,7 @@ command_timeout_s = 20
 EOF
         chmod 644 "$dir/gpuslurm.toml"
         "$gpuslurm" install --slurm-etc "$dir/slurm-etc" --prefix "$dir/hooks" --config "$dir/gpuslurm.toml" \
-            --replay "$dir/bundle" >"$LOG/install-$name.log" 2>&1 \
+            --replay "$dir/bundle" ${HOOKS_PYTHON:+--python "$HOOKS_PYTHON"} >"$LOG/install-$name.log" 2>&1 \
             || die "gpuslurm install for $name failed: $(tail -n 5 "$LOG/install-$name.log")"
     done
     mv "$ETC/gres.conf.tmp" "$ETC/gres.conf"

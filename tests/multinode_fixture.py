@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_fixture import FINAL_STATES, _gpuslurm_bin
+from cluster_fixture import FINAL_STATES, _gpuslurm_bin, users_python
 
 MULTINODE_SH = Path(__file__).resolve().parents[1] / "docker-slurm" / "multinode.sh"
 UNSHARE = "/usr/bin/unshare"
@@ -88,13 +88,27 @@ class MultiNodeCluster:
         return subprocess.run(["/bin/bash", str(MULTINODE_SH), "node", node, *argv], env=self.env,
                               capture_output=True, text=True, timeout=60, check=False)
 
-    def sbatch(self, args: Sequence[str], script: str) -> int:
+    @property
+    def users_python(self) -> str:
+        """The interpreter the hooks run, which any user can run, with gpuslurm importable."""
+        return self.env["GPUSLURM_MULTINODE_PYTHON"]
+
+    def sbatch(self, args: Sequence[str], script: str, uid: int | None = None) -> int:
+        """Submit ``script`` (a shell script body); the job id. ``uid``: as that user (its own
+        output directory, which ``output`` reads), through setpriv in the controller's namespaces."""
         jobs = self.state_dir / "jobs"
         fd, path = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=jobs)
         with os.fdopen(fd, "w") as handle:
             handle.write("#!/bin/bash\n" + script)
         os.chmod(path, 0o755)
-        out = self.client("/usr/bin/sbatch", "--parsable", f"--output={jobs}/slurm-%j.out", *args, path)
+        as_user: list[str] = []
+        if uid is not None:
+            outdir = jobs / str(uid)
+            outdir.mkdir(exist_ok=True)
+            os.chown(outdir, uid, uid)
+            as_user = ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        out = self.client(*as_user, "/usr/bin/sbatch", "--parsable",
+                          f"--output={jobs}/{uid if uid is not None else '.'}/slurm-%j.out", *args, path)
         return int(out.stdout.strip().split(";")[0])
 
     def job_field(self, jobid: int, name: str) -> str:
@@ -132,8 +146,9 @@ class MultiNodeCluster:
         self.client("/usr/bin/scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
         self.wait_node(node, r"^IDLE")
 
-    def output(self, jobid: int) -> str:
-        return (self.state_dir / "jobs" / f"slurm-{jobid}.out").read_text()
+    def output(self, jobid: int, uid: int | None = None) -> str:
+        jobs = self.state_dir / "jobs"
+        return ((jobs if uid is None else jobs / str(uid)) / f"slurm-{jobid}.out").read_text()
 
     def uuids(self, node: str) -> list[str]:
         from gpuslurm.hw.source import load_node
@@ -216,6 +231,8 @@ def multinode_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeClust
     # directories, not names: the script need not find the Python that has gpuslurm
     env["GPUSLURM_MULTINODE_BUNDLES"] = " ".join(str(bundle_path(name)) for name in BUNDLES)
     env["GPUSLURM_BIN"] = _gpuslurm_bin(state_dir)
+    # the task prolog runs as the job's user, who cannot reach this session's interpreter
+    env["GPUSLURM_MULTINODE_PYTHON"] = users_python(state_dir)
     held: set[str] = set()
     try:
         up = _multinode_sh("up", env)

@@ -259,3 +259,42 @@ def test_uneven_and_typed_requests_land_on_the_nodes_that_have_them(
     assert set(report) == {"mnode3"}
     [gpu] = json.loads(report["mnode3"]["MAP"])["gpus"]
     assert gpu["uuid"].startswith("MIG-") and gpu["parent_uuid"] in cluster.uuids("mnode3"), gpu
+
+
+def test_a_two_node_job_of_nobody_is_confined_to_its_share_on_each_node(
+        multinode_cluster: MultiNodeCluster) -> None:
+    """The same two-node job as the real user ``nobody``: the task prolog runs as nobody on each
+    node and names that node's GPUs; the step opens only those device files, whatever it tries."""
+    cluster = multinode_cluster
+    nobody = 65534
+    probe = cluster.state_dir / "jobs" / "probe.py"
+    probe.write_text(PROBE)
+    nodes, python = cluster.state_dir / "nodes", cluster.users_python
+    script = f"""
+/usr/bin/scontrol -d show job $SLURM_JOB_ID | grep -E "^ +Nodes=mnode" | sed "s/^ */SLURM /"
+srun --ntasks-per-node=1 bash -c '
+n=$SLURMD_NODENAME
+/usr/bin/python3 {probe} | sed "s/^/$n /"
+echo "$n ID=$(id -u)"
+echo "$n UUIDS=$GPUSLURM_GPU_UUIDS"
+echo "$n PICK=$({python} -m gpuslurm pick 1 --from {nodes}/$n/bundle --format json | tr -d "\\n")"
+'
+"""
+    jobid = cluster.sbatch(["-N2", "-w", "mnode1,mnode2", "--gres=gpu:2"], script, uid=nobody)
+    state = cluster.wait(jobid)
+    out = cluster.output(jobid, uid=nobody)
+    assert state == "COMPLETED", f"{out}\n{cluster.log_tail()}"
+    seen = _per_node(out)
+    shares = _shares(cluster, out)
+    assert set(seen) == set(shares) == {"mnode1", "mnode2"}, out
+    for node, own in shares.items():
+        report = seen[node]
+        assert report["ID"] == str(nobody)
+        assert report["UUIDS"] == ",".join(own), (node, out)
+        assert {g["uuid"] for g in json.loads(report["PICK"])["gpus"]} <= set(own)
+        summary = json.loads(cluster.summary(node, jobid).read_text())
+        assert [g["uuid"] for g in summary["gpus"]] == own and summary["user"] == "nobody"
+        minors = {g["minor"] for g in summary["gpus"]}
+        files = dict(re.findall(rf"^{node} DEV /dev/nvidia(\d+) (\w+)$", out, re.M))
+        assert len(files) == len(cluster.uuids(node)), out
+        assert files == {m: "ENXIO" if int(m) in minors else "EPERM" for m in files}, (node, out)
