@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from cluster_fixture import FINAL_STATES, _gpuslurm_bin, users_python
+from gpuslurm.hw.source import bundle_path, load_node
 
 MULTINODE_SH = Path(__file__).resolve().parents[1] / "docker-slurm" / "multinode.sh"
 UNSHARE = "/usr/bin/unshare"
@@ -151,8 +152,6 @@ class MultiNodeCluster:
         return ((jobs if uid is None else jobs / str(uid)) / f"slurm-{jobid}.out").read_text()
 
     def uuids(self, node: str) -> list[str]:
-        from gpuslurm.hw.source import load_node
-
         return [gpu.uuid for gpu in load_node(str(self.bundle(node))).gpus]
 
     def log_tail(self, lines: int = 15) -> str:
@@ -226,8 +225,6 @@ def multinode_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeClust
     state_dir.chmod(0o755)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("SLURM_", "SBATCH_"))}
     env["GPUSLURM_MULTINODE_DIR"] = str(state_dir)
-    from gpuslurm.hw.source import bundle_path
-
     # directories, not names: the script need not find the Python that has gpuslurm
     env["GPUSLURM_MULTINODE_BUNDLES"] = " ".join(str(bundle_path(name)) for name in BUNDLES)
     env["GPUSLURM_BIN"] = _gpuslurm_bin(state_dir)

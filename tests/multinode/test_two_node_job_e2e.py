@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from gpuslurm.hw.source import load_node
+from gpuslurm.ranges import parse_ranges
+from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
+
 if TYPE_CHECKING:
     from multinode_fixture import MultiNodeCluster
 
@@ -61,22 +65,17 @@ def _shares(cluster: MultiNodeCluster, out: str) -> dict[str, list[str]]:
 
     Not the step's SLURM_JOB_GPUS: srun passes the batch step's value (the first node's) on to
     every node."""
-    from gpuslurm.ranges import parse_ranges
-
     return {node: _resolve(cluster, node, parse_ranges(idx, 1024))
             for node, idx in re.findall(r"^SLURM Nodes=(mnode\d) .*\(IDX:([^)]*)\)", out, re.M)}
 
 
 def _resolve(cluster: MultiNodeCluster, node: str, indices: tuple[int, ...]) -> list[str]:
     """GRES indices of ``node`` -> its devices' UUIDs, as the hooks resolve them."""
-    from gpuslurm.hw.source import load_node
-    from gpuslurm.slurm.hookenv import HookEnv, resolve_job_gpus
-
     devices = resolve_job_gpus(HookEnv(job_gpus=indices), load_node(str(cluster.bundle(node))))
     return [d.uuid for d in devices]
 
 
-def _job_cgroups_gone(node: str, jobid: int, timeout: float = 30) -> list[Path]:
+def _job_cgroups_left(node: str, jobid: int, timeout: float = 30) -> list[Path]:
     """The job's cgroups on ``node`` (slurm_<node> in each v1 hierarchy) left after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -135,7 +134,7 @@ def test_two_node_job_maps_each_nodes_own_gpus(multinode_cluster: MultiNodeClust
         summary = json.loads(cluster.summary(node, jobid).read_text())
         assert [g["uuid"] for g in summary["gpus"]] == own
         assert report["CGROUP"].startswith(f"/sys/fs/cgroup/devices/slurm_{node}/")  # as it ran
-        assert not _job_cgroups_gone(node, jobid)
+        assert not _job_cgroups_left(node, jobid)
     # the two nodes' GPU sets are their own bundles' (an H100's UUIDs and an L40S's)
     assert not set(cluster.uuids("mnode1")) & set(cluster.uuids("mnode2"))
     assert not cluster.summary("mnode3", jobid).exists()
@@ -164,7 +163,7 @@ def test_a_prolog_failing_on_one_node_leaves_the_other_clean_and_the_rest_servin
         assert state == "PENDING", f"{state}\n{cluster.log_tail()}"
         assert _wait_gone(cluster.job_map("mnode1", jobid)), f"mnode1 kept the map\n{cluster.log_tail()}"
         assert cluster.summary("mnode1", jobid).exists()
-        assert not _job_cgroups_gone("mnode1", jobid)
+        assert not _job_cgroups_left("mnode1", jobid)
         cluster.client("/usr/bin/scancel", str(jobid))
         assert not cluster.job_map("mnode2", jobid).exists()
         assert "DRAIN" not in cluster.node_field("mnode1", "State")
