@@ -438,6 +438,22 @@ pids_with_env() {
     done < <(ps -e -o pid=,pgid=)
 }
 
+# Processes in the network namespace of one of the holders (the holders among them).
+pids_in_namespaces() {
+    local file pid ns namespaces=" "
+    for file in "$RUN"/*.pid; do
+        alive "$file" || continue
+        ns=$(readlink "/proc/$(<"$file")/ns/net" 2>/dev/null) || continue
+        [[ $ns == "$(readlink /proc/$$/ns/net)" ]] || namespaces+="$ns "
+    done
+    [[ $namespaces != " " ]] || return 0
+    for pid in /proc/[0-9]*; do
+        ns=$(readlink "$pid/ns/net" 2>/dev/null) || continue
+        [[ $namespaces == *" $ns "* ]] && echo "${pid#/proc/}"
+    done
+    return 0
+}
+
 cmd_down() {
     local i pids jobs name dir
     [[ $(id -u) -eq 0 ]] || die "must run as root"
@@ -456,8 +472,9 @@ cmd_down() {
         stop_pidfile "slurmd $(basename "$dir")" "$dir/run/slurmd.pid"
     done
     stop_pidfile slurmctld "$RUN/slurmctld.pid"
-    # Stray slurmstepd and job processes: marked through the daemons' environment.
-    pids=$(pids_with_env "$MARK_VAR=$STATE" | sort -u)
+    # Stray slurmstepd (marked through the daemons' environment) and anything else still in the
+    # cluster's network namespaces (a job's tasks carry the job's environment, not the mark).
+    pids=$( { pids_with_env "$MARK_VAR=$STATE"; pids_in_namespaces; } | sort -u)
     for name in "$RUN"/*.pid; do
         [[ -e $name ]] || continue
         pids=$(grep -vxF "$(cat "$name" 2>/dev/null || echo none)" <<<"$pids" || true)
