@@ -454,9 +454,29 @@ pids_in_namespaces() {
     return 0
 }
 
+# The holders (with them go the namespaces, their veths, bridge, /dev and mounts), then the nodes'
+# cgroups: down's last step, run on its way out whatever failed before it.
+stop_holders() {
+    local name dir
+    for name in "$RUN"/*.pid; do
+        [[ -e $name ]] || continue
+        stop_pidfile "namespace $(basename "$name" .pid)" "$name" 2
+    done
+    for dir in /sys/fs/cgroup/*/slurm_mnode[0-9]; do
+        [[ -d $dir ]] || continue
+        find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || note "left $dir: still in use"
+    done
+}
+
 cmd_down() {
     local i pids jobs name dir
     [[ $(id -u) -eq 0 ]] || die "must run as root"
+    mkdir -p "$LOG"
+    # A trace of this run, for a failure's message (tests/multinode_fixture.py shows its end).
+    exec {trace}>"$LOG/down.trace"
+    BASH_XTRACEFD=$trace
+    set -x
+    trap 'stop_holders' EXIT
     if alive "$RUN/slurmctld.pid" && alive "$RUN/ctl.pid"; then
         # Cancel jobs first: slurmd does not take its jobs' slurmstepd down with it.
         jobs=$(in_ns ctl env SLURM_CONF="$CONF" "$SQUEUE" -h -o %i 2>/dev/null || true)
@@ -485,15 +505,8 @@ cmd_down() {
         kill -KILL $pids 2>/dev/null || true
     fi
     stop_pidfile munged "$RUN/munged.pid"
-    # The holders last: with them go the namespaces, their veths, bridge, /dev and mounts.
-    for name in "$RUN"/*.pid; do
-        [[ -e $name ]] || continue
-        stop_pidfile "namespace $(basename "$name" .pid)" "$name" 2
-    done
-    for dir in /sys/fs/cgroup/*/slurm_mnode[0-9]; do
-        [[ -d $dir ]] || continue
-        find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || note "left $dir: still in use"
-    done
+    trap - EXIT
+    stop_holders
     note "down ($STATE)"
 }
 

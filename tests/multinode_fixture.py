@@ -239,12 +239,18 @@ def multinode_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeClust
         yield MultiNodeCluster(state_dir, env)
     finally:
         down = _multinode_sh("down", env)
+        said = ""
         if down.returncode != 0:
-            print(f"multinode.sh down failed ({down.returncode}):\n{down.stderr}", file=sys.stderr)
+            trace = state_dir / "log" / "down.trace"
+            tail = trace.read_text(errors="replace").splitlines()[-40:] if trace.exists() else []
+            said = (f"multinode.sh down failed ({down.returncode}): {down.stderr}\n--- {trace}\n"
+                    + "\n".join(tail))
+        if said:
+            print(said, file=sys.stderr)
         left = leftovers(state_dir, held)
         if os.environ.get("GPUSLURM_KEEP_CLUSTER"):
             print(f"kept the multi-node cluster's state in {state_dir}", file=sys.stderr)
         else:
             shutil.rmtree(state_dir, ignore_errors=True)
     # Teardown is part of the contract: a namespace, process or cgroup left fails the session.
-    assert not left, f"multinode.sh down left: {left}"
+    assert not left, f"multinode.sh down left: {left}\n{said}"
