@@ -89,30 +89,39 @@ gpuslurm_bin() {
     echo "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/gpuslurm"
 }
 
-alive() {  # alive PIDFILE: the pid in PIDFILE is a running process, not a zombie
-    local pid stat
-    [[ -s $1 ]] || return 1
-    pid=$(<"$1")
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
-    stat=$(<"/proc/$pid/stat") 2>/dev/null || return 1
+pid_alive() {  # pid_alive PID: a running process, not a zombie (this host's init may reap late)
+    local stat
+    [[ $1 =~ ^[0-9]+$ ]] || return 1
+    stat=$(<"/proc/$1/stat") 2>/dev/null || return 1
     stat=${stat##*) }
     [[ ${stat%% *} != Z ]]
 }
 
-stop_pidfile() {  # stop_pidfile NAME PIDFILE [SECONDS]: SIGTERM, then SIGKILL after SECONDS (10)
-    local name=$1 file=$2 wait=${3:-10} pid i
-    alive "$file" || { rm -f "$file"; return 0; }
-    pid=$(<"$file")
+alive() {  # alive PIDFILE: the pid in PIDFILE is a running process
+    local pid
+    [[ -s $1 ]] || return 1
+    pid=$(<"$1") 2>/dev/null || return 1
+    pid_alive "$pid"
+}
+
+stop_pid() {  # stop_pid NAME PID [SECONDS]: SIGTERM, then SIGKILL after SECONDS (10)
+    local name=$1 pid=$2 wait=${3:-10} i
+    pid_alive "$pid" || return 0
     kill -TERM "$pid" 2>/dev/null || true
+    # the process, not its pid file: Slurm's daemons remove theirs before they are done
     for ((i = 0; i < wait * 10; i++)); do
-        alive "$file" || break  # a zombie counts as gone: this host's init may reap it late
+        pid_alive "$pid" || return 0
         sleep 0.1
     done
-    if alive "$file"; then
-        note "$name (pid $pid) ignored SIGTERM; killing it"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$file"
+    note "$name (pid $pid) ignored SIGTERM; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+stop_pidfile() {  # stop_pidfile NAME PIDFILE [SECONDS]: stop_pid on the pid it names, then remove it
+    local pid
+    pid=$(<"$2") 2>/dev/null || pid=""
+    [[ -z $pid ]] || stop_pid "$1" "$pid" "${3:-10}"
+    rm -f "$2"
 }
 
 # in_ns HOLDER CMD...: CMD in the holder's network, UTS and mount namespaces.
@@ -469,7 +478,7 @@ stop_holders() {
 }
 
 cmd_down() {
-    local i pids jobs name dir
+    local i pid pids jobs name dir
     [[ $(id -u) -eq 0 ]] || die "must run as root"
     mkdir -p "$LOG"
     # A trace of this run, for a failure's message (tests/multinode_fixture.py shows its end).
@@ -487,9 +496,15 @@ cmd_down() {
             sleep 0.2
         done
     fi
+    # Every slurmd's pid read before any is stopped (a pid file may go before its process does).
+    local slurmds=()
     for dir in "$STATE"/nodes/*/; do
-        [[ -d $dir ]] || continue
-        stop_pidfile "slurmd $(basename "$dir")" "$dir/run/slurmd.pid"
+        pid=$(<"$dir/run/slurmd.pid") 2>/dev/null || continue
+        slurmds+=("$(basename "$dir"):$pid")
+        rm -f "$dir/run/slurmd.pid"
+    done
+    for name in "${slurmds[@]}"; do
+        stop_pid "slurmd ${name%%:*}" "${name#*:}"
     done
     stop_pidfile slurmctld "$RUN/slurmctld.pid"
     # Stray slurmstepd (marked through the daemons' environment) and anything else still in the
