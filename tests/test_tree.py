@@ -18,6 +18,7 @@ TESTS = ROOT / "tests"
 E2E = frozenset({
     "cluster",  # the Slurm test cluster (tests/helpers/cluster_fixture.py), every release in .ci/matrix
     "docker_slurm",  # docker-slurm's image
+    "multinode",  # three Slurm nodes in namespaces of their own (tests/helpers/multinode_fixture.py)
     "pbs_cluster",  # the OpenPBS test cluster (tests/helpers/pbs_fixture.py)
     "prometheus",  # a real Prometheus scraping a monitor
 })

@@ -1,0 +1,562 @@
+#!/usr/bin/env bash
+# A multi-node Slurm test cluster in namespaces: one slurmctld and N slurmd nodes on 192.0.2.0/24.
+#
+#   multinode.sh up | down | status | ctl CMD... | node NODE CMD...
+#
+# Runs as root, with the host's Slurm (slurm-wlm, munge) and iproute2/util-linux. Nothing it makes
+# touches the host's network, /dev or /etc: every address, device file and hosts file lives in
+# namespaces it creates, held by one `sleep` process each (pid in run/<name>.pid), and gone when
+# those holders and the daemons in them are.
+#
+#   controller  net+UTS+mount namespace: hostname mn-ctl, a bridge mnbr0 at 192.0.2.1/24, slurmctld
+#   mnodeI      net+UTS+mount namespace: eth0 at 192.0.2.(10+I)/24, a veth whose other end is on the
+#               controller's bridge; its own /dev (a tmpfs with the basic devices and the fake GPU
+#               device files its bundle's gres.conf lines name), its own hooks (bind-mounted at
+#               $STATE/hooks), its own run, state, spool and log directories under nodes/mnodeI;
+#               slurmd -N mnodeI (Debian's slurmd is built with multiple-slurmd support, so one
+#               slurm.conf names them all: %n in the spool, pid and log paths, cgroups slurm_%n)
+#   hosts       /etc/hosts in every namespace: the controller and each node (bind-mounted)
+#
+# mnode2's hostname is an FQDN (mnode2.cluster.test, its NodeHostname), the others' their NodeName.
+# One munged on the host serves them all (one key; its socket is a path, reachable from every
+# network namespace). Clients reach slurmctld only from its namespace: `multinode.sh ctl sbatch ...`
+# (or run/ctl-exec CMD..., which the tests use).
+#
+# Environment:
+#   GPUSLURM_MULTINODE_DIR      state directory (default /run/gpuslurm-test-multinode)
+#   GPUSLURM_MULTINODE_BUNDLES  one capture bundle per node, space-separated (built-in names or
+#                               absolute directories; default "dgx-h100 l40s-4x a100-mig"); each is
+#                               copied to nodes/mnodeI/bundle, which that node's hooks replay
+#   GPUSLURM_BIN                gpuslurm executable (default: the one beside python3's executable)
+#   GPUSLURM_MULTINODE_TIMEOUT  seconds `up` waits for every node to be idle (default 90)
+#   GPUSLURM_MULTINODE_EXTRA_CONF  file appended to slurm.conf before the node lines
+#   GPUSLURM_MULTINODE_PYTHON   the interpreter the installed hooks run (`gpuslurm install --python`);
+#                               the task prolog runs as the job's user, who must be able to run it
+#                               (default: the one running gpuslurm)
+set -euo pipefail
+
+STATE=${GPUSLURM_MULTINODE_DIR:-/run/gpuslurm-test-multinode}
+read -ra BUNDLES <<<"${GPUSLURM_MULTINODE_BUNDLES:-dgx-h100 l40s-4x a100-mig}"
+TIMEOUT=${GPUSLURM_MULTINODE_TIMEOUT:-90}
+EXTRA_CONF=${GPUSLURM_MULTINODE_EXTRA_CONF:-}
+HOOKS_PYTHON=${GPUSLURM_MULTINODE_PYTHON:-}
+
+NET=192.0.2
+CTL_ADDR=$NET.1
+CTL_NAME=mn-ctl
+CTLD_PORT=6817
+SLURMD_PORT=6818
+BRIDGE=mnbr0
+CLUSTER_NAME=gpuslurm-mn
+FQDN_NODE=2  # this node's hostname is an FQDN, not its NodeName
+FQDN_DOMAIN=cluster.test
+
+SLURMCTLD=/usr/sbin/slurmctld
+SLURMD=/usr/sbin/slurmd
+MUNGED=/usr/sbin/munged
+SINFO=/usr/bin/sinfo
+SQUEUE=/usr/bin/squeue
+SCANCEL=/usr/bin/scancel
+IP=/usr/sbin/ip
+NSENTER=/usr/bin/nsenter
+UNSHARE=/usr/bin/unshare
+
+ETC=$STATE/etc
+CONF=$ETC/slurm.conf
+RUN=$STATE/run
+LOG=$STATE/log
+MUNGE_DIR=$STATE/munge
+MUNGE_SOCKET=$MUNGE_DIR/munge.socket
+HOOKS=$STATE/hooks  # an empty directory here; each node's own hooks are mounted on it
+MARK_VAR=GPUSLURM_TEST_CLUSTER  # in every daemon's environment (slurmstepd inherits it)
+
+die() { echo "multinode.sh: $*" >&2; exit 1; }
+note() { echo "multinode.sh: $*" >&2; }
+
+node_name() { echo "mnode$1"; }
+node_addr() { echo "$NET.$((10 + $1))"; }
+node_host() {
+    if (($1 == FQDN_NODE)); then echo "mnode$1.$FQDN_DOMAIN"; else echo "mnode$1"; fi
+}
+node_dir() { echo "$STATE/nodes/mnode$1"; }
+node_count() { echo "${#BUNDLES[@]}"; }
+
+gpuslurm_bin() {
+    if [[ -n ${GPUSLURM_BIN:-} ]]; then
+        echo "$GPUSLURM_BIN"
+        return
+    fi
+    echo "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/gpuslurm"
+}
+
+pid_alive() {  # pid_alive PID: a running process, not a zombie (this host's init may reap late)
+    local stat
+    [[ $1 =~ ^[0-9]+$ ]] || return 1
+    stat=$(<"/proc/$1/stat") 2>/dev/null || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
+}
+
+alive() {  # alive PIDFILE: the pid in PIDFILE is a running process
+    local pid
+    [[ -s $1 ]] || return 1
+    pid=$(<"$1") 2>/dev/null || return 1
+    pid_alive "$pid"
+}
+
+stop_pid() {  # stop_pid NAME PID [SECONDS]: SIGTERM, then SIGKILL after SECONDS (10)
+    local name=$1 pid=$2 wait=${3:-10} i
+    pid_alive "$pid" || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    # the process, not its pid file: Slurm's daemons remove theirs before they are done
+    for ((i = 0; i < wait * 10; i++)); do
+        pid_alive "$pid" || return 0
+        sleep 0.1
+    done
+    note "$name (pid $pid) ignored SIGTERM; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+stop_pidfile() {  # stop_pidfile NAME PIDFILE [SECONDS]: stop_pid on the pid it names, then remove it
+    local pid
+    pid=$(<"$2") 2>/dev/null || pid=""
+    [[ -z $pid ]] || stop_pid "$1" "$pid" "${3:-10}"
+    rm -f "$2"
+}
+
+# in_ns HOLDER CMD...: CMD in the holder's network, UTS and mount namespaces.
+in_ns() {
+    local holder=$1
+    shift
+    alive "$RUN/$holder.pid" || die "the namespace $holder is gone ($RUN/$holder.pid)"
+    "$NSENTER" --target="$(<"$RUN/$holder.pid")" --net --uts --mount -- "$@"
+}
+
+check_prerequisites() {
+    [[ $(id -u) -eq 0 ]] || die "must run as root (namespaces, slurmd, munged, mknod)"
+    local bin
+    for bin in "$SLURMCTLD" "$SLURMD" "$MUNGED" "$SINFO" "$IP" "$NSENTER" "$UNSHARE"; do
+        [[ -x $bin ]] || die "$bin is missing: apt-get install -y slurm-wlm munge iproute2 util-linux"
+    done
+    [[ -x $(gpuslurm_bin) ]] || die "$(gpuslurm_bin) is not executable: set GPUSLURM_BIN"
+    (($(node_count) >= 1 && $(node_count) <= 9)) || die "GPUSLURM_MULTINODE_BUNDLES names $(node_count) bundles; 1 to 9"
+}
+
+# --- configuration -------------------------------------------------------------------------------
+
+bundle_dir() {  # a built-in name or an absolute directory -> the directory
+    local spec=$1
+    if [[ $spec == /* ]]; then
+        [[ -d $spec ]] || die "bundle $spec is not a directory"
+        echo "$spec"
+        return
+    fi
+    [[ $spec =~ ^[a-z0-9][a-z0-9.-]*$ ]] || die "bundle name $spec is not a built-in name"
+    "$(dirname "$(readlink -f "$(gpuslurm_bin)")")/python3" -c \
+        'import sys; from gpuslurm.hw.source import bundle_path; print(bundle_path(sys.argv[1]))' "$spec" \
+        2>/dev/null || die "no built-in bundle $spec"
+}
+
+write_configs() {
+    local gpuslurm i n name dir node_lines="" line gres_types
+    gpuslurm=$(gpuslurm_bin)
+    n=$(node_count)
+    mkdir -p "$ETC" "$RUN" "$LOG" "$MUNGE_DIR" "$STATE/spool/ctld" "$STATE/jobs" "$HOOKS"
+    chmod 755 "$STATE" "$STATE/jobs" "$HOOKS"
+    : >"$ETC/gres.conf.tmp"
+    {
+        echo "# Generated by docker-slurm/multinode.sh up"
+        echo "127.0.0.1 localhost"
+        echo "$CTL_ADDR $CTL_NAME"
+        for ((i = 1; i <= n; i++)); do
+            if [[ $(node_host "$i") != "$(node_name "$i")" ]]; then
+                echo "$(node_addr "$i") $(node_host "$i") $(node_name "$i")"
+            else
+                echo "$(node_addr "$i") $(node_name "$i")"
+            fi
+        done
+    } >"$ETC/hosts"
+    for ((i = 1; i <= n; i++)); do
+        name=$(node_name "$i")
+        dir=$(node_dir "$i")
+        mkdir -p "$dir/run" "$dir/state" "$dir/spool" "$dir/log" "$dir/slurm-etc"
+        chmod 755 "$dir" "$dir/run" "$dir/state"
+        rm -rf "$dir/bundle"
+        cp -r "$(bundle_dir "${BUNDLES[$((i - 1))]}")" "$dir/bundle"
+        chmod -R go-w "$dir/bundle"
+        "$gpuslurm" gres-conf --from "$dir/bundle" --node-name "$name" --output "$dir/gres.conf" \
+            || die "gpuslurm gres-conf --from ${BUNDLES[$((i - 1))]} failed"
+        cat "$dir/gres.conf" >>"$ETC/gres.conf.tmp"
+        line=$("$gpuslurm" node-conf --from "$dir/bundle" --node-name "$name" | grep '^NodeName=') \
+            || die "gpuslurm node-conf --from ${BUNDLES[$((i - 1))]} failed"
+        line="${line/NodeName=$name /NodeName=$name NodeHostname=$(node_host "$i") NodeAddr=$(node_addr "$i") }"
+        node_lines+="$line"$'\n'
+        # The node's hooks: its own config (run and state directories) and its own bundle.
+        cat >"$dir/gpuslurm.toml" <<EOF
+# Generated by docker-slurm/multinode.sh up: node $name
+[paths]
+run_dir = "$dir/run"
+state_dir = "$dir/state"
+scontrol = "/usr/bin/scontrol"
+slurm_cgroup_conf = "$ETC/cgroup.conf"
+
+[hooks]
+command_timeout_s = 20
+EOF
+        chmod 644 "$dir/gpuslurm.toml"
+        "$gpuslurm" install --slurm-etc "$dir/slurm-etc" --prefix "$dir/hooks" --config "$dir/gpuslurm.toml" \
+            --replay "$dir/bundle" ${HOOKS_PYTHON:+--python "$HOOKS_PYTHON"} >"$LOG/install-$name.log" 2>&1 \
+            || die "gpuslurm install for $name failed: $(tail -n 5 "$LOG/install-$name.log")"
+    done
+    mv "$ETC/gres.conf.tmp" "$ETC/gres.conf"
+    gres_types=$(grep -o '\bName=[a-z]*' "$ETC/gres.conf" | cut -d= -f2 | sort -u | paste -sd, -)
+    {
+        echo "# Generated by docker-slurm/multinode.sh up; rewritten by every fresh 'up'."
+        echo "ClusterName=$CLUSTER_NAME"
+        echo "SlurmctldHost=$CTL_NAME($CTL_ADDR)"
+        echo "SlurmctldPort=$CTLD_PORT"
+        echo "SlurmdPort=$SLURMD_PORT"
+        echo "AuthType=auth/munge"
+        echo "CredType=cred/munge"
+        echo "AuthInfo=socket=$MUNGE_SOCKET"
+        echo "SlurmUser=root"
+        echo "SlurmdUser=root"
+        echo "StateSaveLocation=$STATE/spool/ctld"
+        # %n: the node's name (multiple-slurmd): each node's own directories
+        echo "SlurmdSpoolDir=$STATE/nodes/%n/spool"
+        echo "SlurmdPidFile=$STATE/nodes/%n/run/slurmd.pid"
+        echo "SlurmdLogFile=$STATE/nodes/%n/log/slurmd.log"
+        echo "SlurmctldPidFile=$RUN/slurmctld.pid"
+        echo "SlurmctldLogFile=$LOG/slurmctld.log"
+        echo "SlurmctldDebug=info"
+        echo "SlurmdDebug=info"
+        echo "SlurmdParameters=config_overrides"
+        echo "SelectType=select/cons_tres"
+        echo "SelectTypeParameters=CR_Core"
+        echo "GresTypes=$gres_types"
+        echo "ProctrackType=proctrack/cgroup"
+        echo "TaskPlugin=task/cgroup,task/affinity"
+        echo "JobAcctGatherType=jobacct_gather/none"
+        echo "AccountingStorageType=accounting_storage/none"
+        echo "MpiDefault=none"
+        echo "MailProg=/bin/true"
+        echo "ReturnToService=2"
+        echo "SlurmdTimeout=30"
+        echo "KillWait=2"
+        echo "InactiveLimit=0"
+        echo "MinJobAge=300"
+        # The same path on every node; each node's mount namespace puts its own hooks there.
+        echo "Prolog=$HOOKS/gpuslurm-prolog"
+        echo "Epilog=$HOOKS/gpuslurm-epilog"
+        echo "TaskProlog=$HOOKS/gpuslurm-task-prolog"
+        if [[ -n $EXTRA_CONF ]]; then
+            [[ -r $EXTRA_CONF ]] || die "GPUSLURM_MULTINODE_EXTRA_CONF=$EXTRA_CONF is not readable"
+            echo "# --- from $EXTRA_CONF"
+            cat "$EXTRA_CONF"
+            echo "# --- end of $EXTRA_CONF"
+        fi
+        printf '%s' "$node_lines"
+        echo "PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+    } >"$CONF.tmp"
+    mv "$CONF.tmp" "$CONF"
+    {
+        echo "CgroupPlugin=cgroup/v1"
+        echo "CgroupMountpoint=/sys/fs/cgroup"
+        echo "CgroupAutomount=yes"
+        echo "ConstrainDevices=yes"
+        echo "ConstrainCores=no"
+        echo "ConstrainRAMSpace=no"
+        echo "ConstrainSwapSpace=no"
+    } >"$ETC/cgroup.conf"
+}
+
+# --- namespaces ----------------------------------------------------------------------------------
+
+# Device files "PATH MAJOR MINOR" a node's gres.conf names, plus nvidiactl and nvidia-uvm(-tools).
+device_list() {
+    local path
+    while read -r path; do
+        case $path in
+            /dev/nvidia-caps/nvidia-cap[0-9]*) echo "$path 235 ${path##*nvidia-cap}" ;;
+            /dev/nvidia[0-9]*)
+                [[ ${path#/dev/nvidia} =~ ^[0-9]+$ ]] || die "gres.conf names $path, which cannot be made"
+                echo "$path 195 ${path#/dev/nvidia}" ;;
+            *) die "gres.conf names $path, which cannot be made" ;;
+        esac
+    done < <(grep -v '^\s*#' "$1" | grep -oE '(File|MultipleFiles)=[^ ]+' | cut -d= -f2 | tr ',' '\n' | sort -u)
+    echo "/dev/nvidiactl 195 255"
+    echo "/dev/nvidia-uvm 511 0"
+    echo "/dev/nvidia-uvm-tools 511 1"
+}
+
+# What each holder runs in its new namespaces before it sleeps: the hosts file; for a node also its
+# own /dev and its hooks at $HOOKS. Arguments: hostname, hosts file, device list ("" for the
+# controller), the node's hooks directory.
+# shellcheck disable=SC2016  # expanded by the holder's shell
+NS_SETUP='set -e
+    hostname "$1"
+    mount --bind "$2" /etc/hosts
+    if [ -n "$3" ]; then
+        mount -t tmpfs -o mode=755,size=1m gpuslurm-dev /dev
+        for spec in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
+            IFS=: read -r name major minor <<<"$spec"
+            mknod -m 666 "/dev/$name" c "$major" "$minor"
+        done
+        mkdir /dev/pts /dev/shm
+        mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts /dev/pts
+        ln -s pts/ptmx /dev/ptmx
+        mount -t tmpfs -o mode=1777 shm /dev/shm
+        ln -s /proc/self/fd /dev/fd
+        ln -s /proc/self/fd/0 /dev/stdin; ln -s /proc/self/fd/1 /dev/stdout; ln -s /proc/self/fd/2 /dev/stderr
+        while read -r path major minor; do
+            mkdir -p "$(dirname "$path")"
+            mknod -m 666 "$path" c "$major" "$minor"
+        done <"$3"
+        mount --bind "$4" "$5"
+    fi
+    exec sleep infinity'
+
+start_holder() {  # start_holder NAME HOSTNAME DEVICE-LIST HOOKS-DIR
+    local name=$1 i pidfile=$RUN/$1.pid
+    alive "$pidfile" && return 0
+    env "$MARK_VAR=$STATE" setsid "$UNSHARE" --net --uts --mount --propagation private -- \
+        /bin/bash -c "$NS_SETUP" "$name" "$2" "$ETC/hosts" "$3" "$4" "$HOOKS" \
+        </dev/null >>"$LOG/namespace-$name.log" 2>&1 &
+    echo $! >"$pidfile"
+    for ((i = 0; i < 100; i++)); do
+        [[ $(cat "/proc/$(<"$pidfile")/comm" 2>/dev/null) == sleep ]] && return 0
+        alive "$pidfile" || break
+        sleep 0.1
+    done
+    die "the namespace $name did not start; $LOG/namespace-$name.log says: $(tail -n 5 "$LOG/namespace-$name.log")"
+}
+
+start_network() {
+    local i n name
+    n=$(node_count)
+    start_holder ctl "$CTL_NAME" "" ""
+    if ! in_ns ctl "$IP" link show "$BRIDGE" >/dev/null 2>&1; then
+        in_ns ctl "$IP" link set lo up
+        in_ns ctl "$IP" link add "$BRIDGE" type bridge
+        in_ns ctl "$IP" addr add "$CTL_ADDR/24" dev "$BRIDGE"
+        in_ns ctl "$IP" link set "$BRIDGE" up
+    fi
+    for ((i = 1; i <= n; i++)); do
+        name=$(node_name "$i")
+        device_list "$(node_dir "$i")/gres.conf" >"$(node_dir "$i")/devices"
+        start_holder "$name" "$(node_host "$i")" "$(node_dir "$i")/devices" "$(node_dir "$i")/hooks"
+        in_ns ctl "$IP" link show "veth-$name" >/dev/null 2>&1 && continue
+        # Made in the controller's namespace, one end moved into the node's: never in the host's.
+        in_ns ctl "$IP" link add "veth-$name" type veth peer name eth0 netns "$(<"$RUN/$name.pid")"
+        in_ns ctl "$IP" link set "veth-$name" master "$BRIDGE" up
+        in_ns "$name" "$IP" link set lo up
+        in_ns "$name" "$IP" addr add "$(node_addr "$i")/24" dev eth0
+        in_ns "$name" "$IP" link set eth0 up
+    done
+}
+
+# --- daemons -------------------------------------------------------------------------------------
+
+start_munged() {
+    alive "$RUN/munged.pid" && return 0
+    chmod 755 "$MUNGE_DIR"
+    [[ -s $MUNGE_DIR/munge.key ]] || (umask 077 && head -c 1024 /dev/urandom >"$MUNGE_DIR/munge.key")
+    chmod 400 "$MUNGE_DIR/munge.key"
+    env "$MARK_VAR=$STATE" "$MUNGED" --force --key-file="$MUNGE_DIR/munge.key" --socket="$MUNGE_SOCKET" \
+        --pid-file="$RUN/munged.pid" --log-file="$LOG/munged.log" --seed-file="$MUNGE_DIR/munged.seed" \
+        || die "munged failed to start: $(tail -n 5 "$LOG/munged.log" 2>/dev/null)"
+}
+
+start_daemon() {  # start_daemon HOLDER NAME PIDFILE LOGFILE BINARY ARGS...
+    local holder=$1 name=$2 pidfile=$3 logfile=$4 i
+    shift 4
+    alive "$pidfile" && return 0
+    in_ns "$holder" env "$MARK_VAR=$STATE" SLURM_CONF="$CONF" "$@" -f "$CONF" \
+        || die "$name failed to start; last lines of its log:"$'\n'"$(tail -n 20 "$logfile" 2>/dev/null)"
+    for ((i = 0; i < 50; i++)); do
+        alive "$pidfile" && return 0
+        sleep 0.1
+    done
+    die "$name did not write $pidfile; last lines of its log:"$'\n'"$(tail -n 20 "$logfile" 2>/dev/null)"
+}
+
+wait_idle() {
+    local deadline states="" n
+    n=$(node_count)
+    deadline=$((SECONDS + TIMEOUT))
+    while ((SECONDS < deadline)); do
+        states=$(in_ns ctl env SLURM_CONF="$CONF" "$SINFO" -h -N -o '%N=%T' 2>/dev/null | sort -u | paste -sd' ' -) || true
+        [[ $(grep -o '=idle' <<<"$states" | wc -l) -eq $n ]] && return 0
+        sleep 0.5
+    done
+    {
+        echo "multinode.sh: not every node is idle after ${TIMEOUT}s (sinfo says: ${states:-nothing})"
+        echo "--- $LOG/slurmctld.log (last 20 lines)"
+        tail -n 20 "$LOG/slurmctld.log" 2>/dev/null || true
+        local i
+        for ((i = 1; i <= n; i++)); do
+            echo "--- $(node_dir "$i")/log/slurmd.log (last 10 lines)"
+            tail -n 10 "$(node_dir "$i")/log/slurmd.log" 2>/dev/null || true
+        done
+    } >&2
+    exit 1
+}
+
+write_ctl_exec() {
+    # The tests' way in: CMD as root in the controller's namespaces (Slurm's clients reach it there).
+    cat >"$RUN/ctl-exec.tmp" <<EOF
+#!/bin/sh
+# Written by docker-slurm/multinode.sh up: CMD in the controller's namespaces, SLURM_CONF set.
+exec $NSENTER --target="\$(cat $RUN/ctl.pid)" --net --uts --mount -- /usr/bin/env SLURM_CONF=$CONF "\$@"
+EOF
+    chmod 755 "$RUN/ctl-exec.tmp"
+    mv "$RUN/ctl-exec.tmp" "$RUN/ctl-exec"
+}
+
+cmd_up() {
+    local i n
+    [[ $# -eq 0 ]] || die "up: unexpected argument $1"
+    check_prerequisites
+    n=$(node_count)
+    mkdir -p "$STATE" "$RUN" "$LOG"
+    if alive "$RUN/slurmctld.pid"; then
+        note "already up ($STATE)"
+        return 0
+    fi
+    write_configs
+    start_network
+    write_ctl_exec
+    start_munged
+    start_daemon ctl slurmctld "$RUN/slurmctld.pid" "$LOG/slurmctld.log" "$SLURMCTLD"
+    for ((i = 1; i <= n; i++)); do
+        start_daemon "$(node_name "$i")" "slurmd $(node_name "$i")" "$(node_dir "$i")/run/slurmd.pid" \
+            "$(node_dir "$i")/log/slurmd.log" "$SLURMD" -N "$(node_name "$i")"
+    done
+    wait_idle
+    note "up: $n nodes idle; run/ctl-exec CMD runs Slurm's clients"
+}
+
+# Processes whose environment has the line LINE, outside this script's own process group.
+pids_with_env() {
+    local line=$1 mypgid pid pgid
+    mypgid=$(ps -o pgid= -p $$ | tr -d ' ')
+    while read -r pid pgid; do
+        [[ $pgid == "$mypgid" ]] && continue
+        { tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null | grep -qxF -- "$line" || continue
+        echo "$pid"
+    done < <(ps -e -o pid=,pgid=)
+}
+
+# Processes in the network namespace of one of the holders (the holders among them).
+pids_in_namespaces() {
+    local file pid ns namespaces=" "
+    for file in "$RUN"/*.pid; do
+        alive "$file" || continue
+        ns=$(readlink "/proc/$(<"$file")/ns/net" 2>/dev/null) || continue
+        [[ $ns == "$(readlink /proc/$$/ns/net)" ]] || namespaces+="$ns "
+    done
+    [[ $namespaces != " " ]] || return 0
+    for pid in /proc/[0-9]*; do
+        ns=$(readlink "$pid/ns/net" 2>/dev/null) || continue
+        [[ $namespaces == *" $ns "* ]] && echo "${pid#/proc/}"
+    done
+    return 0
+}
+
+# The holders (with them go the namespaces, their veths, bridge, /dev and mounts), then the nodes'
+# cgroups: down's last step, run on its way out whatever failed before it.
+stop_holders() {
+    local name dir
+    for name in "$RUN"/*.pid; do
+        [[ -e $name ]] || continue
+        stop_pidfile "namespace $(basename "$name" .pid)" "$name" 2
+    done
+    for dir in /sys/fs/cgroup/*/slurm_mnode[0-9]; do
+        [[ -d $dir ]] || continue
+        find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || note "left $dir: still in use"
+    done
+}
+
+cmd_down() {
+    local i pid pids jobs name dir
+    [[ $(id -u) -eq 0 ]] || die "must run as root"
+    mkdir -p "$LOG"
+    # A trace of this run, for a failure's message (tests/helpers/multinode_fixture.py shows its end).
+    exec {trace}>"$LOG/down.trace"
+    BASH_XTRACEFD=$trace
+    set -x
+    trap 'stop_holders' EXIT
+    if alive "$RUN/slurmctld.pid" && alive "$RUN/ctl.pid"; then
+        # Cancel jobs first: slurmd does not take its jobs' slurmstepd down with it.
+        jobs=$(in_ns ctl env SLURM_CONF="$CONF" "$SQUEUE" -h -o %i 2>/dev/null || true)
+        # shellcheck disable=SC2086
+        [[ -z $jobs ]] || in_ns ctl env SLURM_CONF="$CONF" "$SCANCEL" --quiet $jobs 2>/dev/null || true
+        for ((i = 0; i < 50; i++)); do
+            [[ -z $(in_ns ctl env SLURM_CONF="$CONF" "$SQUEUE" -h -o %i -t PD,R,CG,S 2>/dev/null) ]] && break
+            sleep 0.2
+        done
+    fi
+    # Every slurmd's pid read before any is stopped (a pid file may go before its process does).
+    local slurmds=()
+    for dir in "$STATE"/nodes/*/; do
+        pid=$(<"$dir/run/slurmd.pid") 2>/dev/null || continue
+        slurmds+=("$(basename "$dir"):$pid")
+        rm -f "$dir/run/slurmd.pid"
+    done
+    for name in "${slurmds[@]}"; do
+        stop_pid "slurmd ${name%%:*}" "${name#*:}"
+    done
+    stop_pidfile slurmctld "$RUN/slurmctld.pid"
+    # Stray slurmstepd (marked through the daemons' environment) and anything else still in the
+    # cluster's network namespaces (a job's tasks carry the job's environment, not the mark).
+    pids=$( { pids_with_env "$MARK_VAR=$STATE"; pids_in_namespaces; } | sort -u)
+    for name in "$RUN"/*.pid; do
+        [[ -e $name ]] || continue
+        pids=$(grep -vxF "$(cat "$name" 2>/dev/null || echo none)" <<<"$pids" || true)
+    done
+    if [[ -n $pids ]]; then
+        note "killing leftover processes: ${pids//$'\n'/ }"
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
+    fi
+    stop_pidfile munged "$RUN/munged.pid"
+    trap - EXIT
+    stop_holders
+    note "down ($STATE)"
+}
+
+cmd_status() {
+    local pidfile rc=0
+    for pidfile in "$RUN"/*.pid "$STATE"/nodes/*/run/slurmd.pid; do
+        [[ -e $pidfile ]] || continue
+        if alive "$pidfile"; then
+            echo "${pidfile#"$STATE"/}: running, pid $(<"$pidfile")"
+        else
+            echo "${pidfile#"$STATE"/}: not running"
+            rc=3
+        fi
+    done
+    if alive "$RUN/slurmctld.pid"; then
+        in_ns ctl env SLURM_CONF="$CONF" "$SINFO" -N -o '%N %T %G' || rc=3
+    fi
+    return "$rc"
+}
+
+main() {
+    local cmd=${1:-}
+    [[ $# -gt 0 ]] && shift
+    case $cmd in
+        up) cmd_up "$@" ;;
+        down) cmd_down ;;
+        status) cmd_status ;;
+        ctl) in_ns ctl env SLURM_CONF="$CONF" "$@" ;;
+        node)
+            [[ $# -ge 2 && ${1:-} =~ ^mnode[1-9]$ ]] || die "usage: node mnodeI CMD..."
+            local holder=$1
+            shift
+            in_ns "$holder" env SLURM_CONF="$CONF" "$@" ;;
+        *) die "usage: multinode.sh up | down | status | ctl CMD... | node mnodeI CMD..." ;;
+    esac
+}
+
+main "$@"
