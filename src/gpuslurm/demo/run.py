@@ -36,6 +36,7 @@ from gpuslurm.report.compute import Policy, compute
 from gpuslurm.report.data import auto_step
 from gpuslurm.report.query import load_sqlite
 from gpuslurm.report.render import write_report as render
+from gpuslurm.slurm.adapter import SlurmScheduler
 from gpuslurm.state.jobmap import JobMap, MappedDevice, remove_map, write_map
 from gpuslurm.state.store import Store
 from gpuslurm.watch.attribute import Attributor
@@ -187,8 +188,11 @@ def run_day(out: Path, hours: float, *, speed: float | None = None,
     store = Store.open(str(out / DB_NAME))
     sampler = ScenarioSampler(node, scenario)
     detector = Detector(detect_config())
+    # the script's processes sit in Slurm-shaped cgroups: the Slurm adapter's layout reads them (no
+    # node is given, so its commands are never run)
     monitor = build_monitor(sampler, store, node.hostname, jobs_dir=jobs_dir, proc_root=str(proc_root),
-                            attributor_type=_DemoAttributor, detector=detector, clock=lambda: clock[0])
+                            scheduler=SlurmScheduler(), attributor_type=_DemoAttributor, detector=detector,
+                            clock=lambda: clock[0])
     events = script.map_events(day_s)
     running: set[str] = set()
     seen: dict[str, set[tuple[object, ...]]] = {}
