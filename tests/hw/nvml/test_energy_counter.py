@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.helpers.nvml_replay import MakeLiveNode
 
-L40S = Path(__file__).parents[2] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x"
+L40S = Path(__file__).parents[3] / "src" / "gpuslurm" / "hw" / "builtin" / "l40s-4x"
 
 
 def test_the_monitor_samples_and_stores_the_counter_across_a_restart(
