@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from gpuslurm.cli.main import main
 from gpuslurm.config import parse_config
 from gpuslurm.errors import EXIT_BAD_INPUT, InputError
-from gpuslurm.report.jobstats import Settings, gpu_figures, may_see
+from gpuslurm.report.jobstats import Settings, gpu_figures, may_see, table, to_json
 from gpuslurm.report.jobstats_load import job_stats
 from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample
 from gpuslurm.state.store import Store
@@ -137,6 +137,25 @@ def test_a_user_sees_only_their_own_job_root_and_admins_all(stores: dict[bool, P
     assert other.value.exit_code == EXIT_BAD_INPUT
     assert stats(db, "8", uid=0).job.user == "bob"
     assert may_see(1001, [50, 60], [60], 1002) and not may_see(1001, [50], [60], 1002)
+
+
+def test_a_process_name_with_terminal_escapes_reaches_an_admins_table_as_plain_text(
+        tmp_path: Path) -> None:
+    """A process names itself (prctl PR_SET_NAME: any byte but NUL, kept as the store's name) and
+    an account is the user's text under PBS: root or an admin runs jobstats on that job, and no
+    escape sequence (retitle, clear, OSC 52 clipboard) or line break of theirs reaches the terminal."""
+    hostile = "\x1b]52;c;cm0gLXJmIH4K\x07\x1b[2J\rok\nVerdict: good"
+    alloc = Allocation("7", "alice", 1001, (G0,), T0, "phys\x1b[8m")
+    with Store.open(str(tmp_path / "m.db")) as store:
+        for i in range(3):
+            ts = T0 + STEP * i
+            store.write_cycle(Cycle(ts, "n1", (GpuSample(ts, G0, util_pct=50.0, mem_used_mib=1.0,
+                                                         mem_total_mib=81559.0, power_w=100.0),),
+                                    (ProcSample(ts, G0, 100, name=hostile, uid=1001, user="alice",
+                                                job_id="7", mem_mib=1.0),), (alloc,)))
+    lines = table(to_json(stats(tmp_path / "m.db", "7", uid=0)))
+    assert all(line.isprintable() for line in lines)
+    assert sum(line.startswith("Verdict:") for line in lines) == 1
 
 
 def test_a_bad_job_id_and_a_missing_store_are_one_line_errors(tmp_path: Path) -> None:

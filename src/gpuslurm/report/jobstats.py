@@ -309,7 +309,9 @@ def table(doc: Mapping[str, Any]) -> list[str]:
                 lines.append(f"  * {text}")
     for link in doc["links"]:
         lines.append(f"  See {link}")
-    return lines
+    # a process's name and a PBS account are the user's text, read by root and admins: no control
+    # character (escape sequence, line break) of theirs reaches a terminal
+    return ["".join(c if c.isprintable() else "?" for c in line) for line in lines]
 
 
 def _short(uuid: str) -> str:
