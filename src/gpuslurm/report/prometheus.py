@@ -264,7 +264,10 @@ def _processes(grid: _Grid, check: Checked, device_samples: dict[tuple[str, str]
         for b, v in s.items():
             if lo <= b <= hi:
                 util[b - lo] = v
-        procs.append(ProcSeries(node, device, int(_label(key, "pid") or 0), _label(key, "process") or None,
+        pid = _label(key, "pid") or "0"  # a forged exporter's pid is refused, as a store's row's is
+        number = int(pid) if pid.isascii() and pid.isdigit() else pid
+        procs.append(ProcSeries(node, device, check.whole(number, f"the pid label of {key!r}"[:300]),
+                                _label(key, "process") or None,
                                 _label(key, "user") or None, None, _label(key, "job_id") or None,
                                 Sparse(n, lo, seen, 0.0), Sparse(n, lo, util, None)))
     return tuple(procs)
@@ -298,10 +301,14 @@ def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSp
         devices.setdefault((m.get("node", ""), m.get("job_id", "")), set()).add(
             m.get("mig_uuid") or m.get("gpu_uuid", ""))
     out = []
+    check = Checked(f"prometheus:{grid.prom.url}", "series")  # an infinite time has no bucket
     for job, (m, end) in ends.items():
         begin = starts.get(job)
         if begin is None:
             continue
+        where = f"node={json.dumps(job[0])},job_id={json.dumps(job[1])}"[:200]
+        begin = check.time(begin, f"gpuslurm_job_start_timestamp_seconds{{{where}}}")
+        end = check.time(end, f"gpuslurm_job_last_seen_timestamp_seconds{{{where}}}")
         out.append(AllocationSpan(job[0], job[1], m.get("user", ""), m.get("account") or None,
                                   tuple(sorted(devices.get(job, ()))), begin,
                                   held_until(end, intervals.get(job[0]))))
