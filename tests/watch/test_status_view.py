@@ -166,3 +166,19 @@ def test_json_has_every_part_and_round_trips() -> None:
     carol = next(j for j in data["jobs"] if j["job_id"] == "1003")
     assert carol["marks"] == ["idle"] and carol["gpus"] == ["3", "4"]
     assert {v["kind"] for v in data["violations"]} == {"rogue", "idle"}
+
+
+def test_a_process_name_with_terminal_escapes_is_plain_text_on_every_viewer_s_terminal() -> None:
+    """Any user names their process (prctl PR_SET_NAME: any byte but NUL) and the node's view
+    shows it to every user and admin who runs ``gpuslurm status``/``watch`` there: no escape
+    sequence (clear, retitle, OSC 52 clipboard) or line break of theirs reaches a terminal."""
+    hostile = "\x1b]52;c;cm0K\x07\x1b[2J\rok\nx"
+    c = cycle()
+    procs = tuple(p._replace(name=hostile) if p.pid == 48211 else p for p in c.procs)
+    rogue = ROGUE._replace(process=hostile, evidence=f"{hostile} (PID 48211) of dave, in no job")
+    snap = build_snapshot(NODE, c._replace(procs=procs), [rogue],  # type: ignore[arg-type]
+                          source="replay of builtin:dgx-h100", findings="monitor store")
+    lines = render(snap, 132)  # type: ignore[arg-type]
+    assert any("48211" in line.text for line in lines)
+    assert all(line.text.isprintable() for line in lines)
+    assert plain(lines).count("\n") == len(lines)

@@ -213,7 +213,8 @@ def render(snap: Snapshot, width: int = 80) -> list[Line]:
     out: list[Line] = []
 
     def add(text: str, style: str = "") -> None:
-        out.append(Line(_fit(text, width), style))
+        # process names are any user's text (prctl): no control character of theirs reaches a terminal
+        out.append(Line(_fit("".join(c if c.isprintable() else "?" for c in text), width), style))
 
     users = {j.user for j in snap.jobs} | {p.user for p in snap.procs if p.user}
     n_v = len(snap.violations)
