@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers.report_helpers import CONFIG, END, T0, make_store
+from tests.helpers.report_helpers import CONFIG, END, ROGUE, T0, cycles, make_store
+
+from gpuslurm.state.store import Store
 
 WINDOW = ["--since", f"@{T0:.0f}", "--until", f"@{END:.0f}"]
 
@@ -116,3 +118,20 @@ def test_bad_stores(tmp_path: Path) -> None:
 def test_window_outside_the_stored_data(db: Path, tmp_path: Path) -> None:
     err = one_line_error(run(["--db", str(db), "--last", "1h"], tmp_path))
     assert "no GPU samples between" in err and "the store holds" in err
+
+
+def test_a_process_name_with_terminal_escapes_reaches_the_admin_s_table_as_plain_text(tmp_path: Path) -> None:
+    """carol names her miner with escape sequences (prctl PR_SET_NAME: any byte but NUL); the
+    admin's table by process, and its evidence, keep none of them, nor her line breaks."""
+    hostile = "\x1b]52;c;cm0K\x07\x1b[2J\rok\nalice"
+    path = tmp_path / "monitor.db"
+    with Store.open(str(path)) as store:
+        for c in cycles():
+            procs = tuple(p._replace(name=hostile) if p.pid == 200 else p for p in c.procs)
+            rogue = ROGUE._replace(process=hostile, evidence=f"{hostile} (PID 200) is in no job")
+            store.write_cycle(c._replace(procs=procs), [rogue] if c.ts == END else [])
+    res = run(["--source", f"sqlite:{path}", *WINDOW, "--by", "process"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "(PID 200" in res.stdout
+    assert all(line.isprintable() for line in res.stdout.splitlines())
+    assert "\r" not in res.stdout and "\x1b" not in res.stdout

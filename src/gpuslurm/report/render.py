@@ -28,6 +28,12 @@ def write_report(report: Report, fmt: str, fp: TextIO) -> None:
         write_table(report, fp)
 
 
+def _text(text: str) -> str:
+    """``text`` without control characters: process names (and the evidence quoting them) are any
+    user's text (prctl), and this table is read on an admin's terminal."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(ts))
 
@@ -96,7 +102,7 @@ def write_table(report: Report, fp: TextIO) -> None:
     kwh: tuple[str, ...] = ("kWh",) if energy else ()
     head = (report.by.upper(), "ALLOC GPU-h", "USED GPU-h", "NO-JOB USE", "IDLE GPU-h", *kwh, "SHARE",
             "QUOTA", "JOBS", "IDLE JOBS", "VIOLATIONS")
-    lines = [head] + [(r.key + (" !" if r.over_quota else ""), tenths(r.allocated_gpu_hours),
+    lines = [head] + [(_text(r.key) + (" !" if r.over_quota else ""), tenths(r.allocated_gpu_hours),
                        tenths(r.used_gpu_hours), tenths(r.outside_gpu_hours), tenths(r.idle_gpu_hours),
                        *((("-" if r.energy_kwh is None else f"{r.energy_kwh:.2f}"),) if energy else ()),
                        pct(r.share_pct), "-" if r.quota_pct is None else pct(r.quota_pct), str(r.jobs),
@@ -116,8 +122,8 @@ def write_table(report: Report, fp: TextIO) -> None:
     if evidence:
         fp.write("\nEvidence:\n")
         for key, e in evidence:
-            fp.write(f"  {key}: {e}\n")
+            fp.write(f"  {_text(key)}: {_text(e)}\n")
     if report.recommendations:
         fp.write("\nRecommendations:\n")
         for rec in report.recommendations:
-            fp.write(f"  - {rec}\n")
+            fp.write(f"  - {_text(rec)}\n")
