@@ -95,7 +95,8 @@ def run(prometheus: Prom, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     config.write_text(
         f'[paths]\nrun_dir = "{root / "run"}"\nstate_dir = "{root / "state"}"\n'
         f'violations_dir = "{root / "violations"}"\nsqueue = "{root / "no-squeue"}"\n'
-        f'[monitor]\nnode_name = "{NODE_NAME}"\nprometheus_per_process = true\n')
+        f'[monitor]\nnode_name = "{NODE_NAME}"\nprometheus_per_process = true\n'
+        '[scheduler]\nkind = "slurm"\n')  # a Slurm node (squeue missing), even where PBS's qstat is
     binary = root / WEIRD
     shutil.copy("/bin/sleep", binary)
     trainer = subprocess.Popen([str(binary), "300"])
