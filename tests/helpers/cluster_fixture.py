@@ -153,7 +153,15 @@ class SlurmCluster:
         return int(result.stdout.strip().split(";")[0])
 
     def state(self, jobid: int) -> str:
-        """The job's current JobState (PENDING, RUNNING, COMPLETED, ...)."""
+        """The job's current JobState (PENDING, RUNNING, COMPLETED, ...).
+
+        squeue's state column first: ``scontrol show job`` puts the job's name and comment in the
+        same text, and a test's attacker names a job ``... JobState=RUNNING`` (tests/cluster/
+        test_pick_e2e.py), which the regex below would read as the state of a job still pending."""
+        listed = subprocess.run(["/usr/bin/squeue", "-h", "--states=all", "-j", str(jobid), "-o", "%T"],
+                                env=self.env, capture_output=True, text=True, timeout=30, check=False)
+        if listed.returncode == 0 and re.fullmatch(r"[A-Z_]+\n?", listed.stdout):
+            return listed.stdout.strip()
         result = subprocess.run([SCONTROL, "-o", "show", "job", str(jobid)], env=self.env,
                                 capture_output=True, text=True, timeout=30, check=True)
         match = _JOB_STATE.search(result.stdout)
