@@ -15,20 +15,12 @@ from pathlib import Path
 
 import pytest
 from tests.helpers import slurm_roots
+from tests.helpers.slurm_helpers import wait_for_line
 
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
 
 pytestmark = pytest.mark.slurm
-
-
-def _wait_for(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
-        time.sleep(0.1)
-    raise TimeoutError(f"{path} never appeared")
 
 
 @slurm_roots.without_cgroups("the monitor attributes a process by its Slurm job cgroup, which is not made")
@@ -44,7 +36,7 @@ def test_jobstats_of_a_real_job(slurm_cluster, tmp_path: Path) -> None:  # type:
                       f'violations_dir = "{tmp_path / "violations"}"\n'
                       f'[monitor]\nnode_name = "{socket.gethostname().split(".")[0]}"\n')
     try:
-        pid_text, gpus = _wait_for(mark).split()
+        pid_text, gpus = wait_for_line(mark).split()
         gpu = gres_devices(node)[int(gpus.split(",")[0])].uuid
         scenario = tmp_path / "scenario.json"
         scenario.write_text(json.dumps({"procs": [{"pid": int(pid_text), "gpu": gpu, "mem_mib": 3000}],

@@ -7,25 +7,16 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from tests.helpers import slurm_roots
+from tests.helpers.slurm_helpers import wait_for_line
 
 from gpuslurm.hw.source import load_node
 from gpuslurm.slurm.hookenv import gres_devices
 
 pytestmark = pytest.mark.slurm
-
-
-def _wait_for(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
-        time.sleep(0.1)
-    raise TimeoutError(f"{path} never appeared")
 
 
 @slurm_roots.without_cgroups("the monitor attributes a process by its Slurm job cgroup, which is not made")
@@ -36,7 +27,7 @@ def test_a_real_job_process_is_attributed(slurm_cluster, tmp_path: Path) -> None
                                f'echo "$$ $SLURM_JOB_GPUS ${{SLURM_JOB_SLUID:-none}}" > {mark}\n'
                                'exec sleep 120\n')
     try:
-        pid_text, gpus, sluid = _wait_for(mark).split()
+        pid_text, gpus, sluid = wait_for_line(mark).split()
         pid = int(pid_text)
         cgroup = Path(f"/proc/{pid}/cgroup").read_text()
         expected = gres_devices(node)[int(gpus.split(",")[0])].uuid

@@ -38,6 +38,16 @@ def short_hostname() -> str:
     return subprocess.run(["/bin/hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
 
 
+def wait_for_line(path: Path, timeout: float = 30) -> str:
+    """``path``'s text once a job has written it whole (it ends in a newline); TimeoutError if not."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().endswith("\n"):
+            return path.read_text()
+        time.sleep(0.1)
+    raise TimeoutError(f"{path} never appeared")
+
+
 def hooks_root(prefix: str) -> tuple[Path, Path]:
     """A fresh 0755 directory (the task prolog runs as the job's user) with a copy of the dgx-h100
     bundle in it: ``(root, bundle)``."""
