@@ -13,7 +13,12 @@ NamedTuples rather than dataclasses: a cycle creates hundreds of them (8 GPUs ×
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
+
+# The most one GPU draws, with a wide margin (H100 SXM 700 W, B200 1 kW, GB300 1.4 kW). Energy that
+# implies more over an interval is no GPU's: a broken or forged capture, a counter that jumped.
+MAX_GPU_POWER_W = 5000.0
 
 
 class GpuSample(NamedTuple):
@@ -118,3 +123,45 @@ class Violation(NamedTuple):
     duration_s: float
     evidence: str  # one sentence: what was measured against which threshold
     severity: str = "warning"
+
+
+def plausible_power_w(watts: float | None) -> float | None:
+    """A power reading one GPU can draw (a number in 0..MAX_GPU_POWER_W), else None."""
+    if watts is None or not math.isfinite(watts) or not 0.0 <= watts <= MAX_GPU_POWER_W:
+        return None
+    return watts
+
+
+def plausible_counter_mj(mj: float | None) -> float | None:
+    """A reading of NVML's energy counter (an unsigned 64-bit count of mJ), else None."""
+    if mj is None or not math.isfinite(mj) or not 0.0 <= mj < 2.0**64:
+        return None
+    return mj
+
+
+def counter_rise_j(before_mj: float | None, after_mj: float | None, dt_s: float) -> float | None:
+    """The energy between two readings of NVML's total energy counter ``dt_s`` apart, in J, where it
+    is one GPU's: the counter rose, by at most MAX_GPU_POWER_W over ``dt_s``. Else None: it fell
+    (restarted with a driver reload or GPU reset), jumped beyond any GPU, or a reading is missing or
+    not a number; the caller counts the power readings instead. The one bound for jobstats and the
+    store's minute rows alike."""
+    if before_mj is None or after_mj is None or not math.isfinite(dt_s) or dt_s < 0:
+        return None
+    rise = after_mj - before_mj  # NaN or infinite when either reading is
+    if not math.isfinite(rise) or not 0.0 <= rise <= MAX_GPU_POWER_W * 1000.0 * dt_s:
+        return None
+    return rise / 1000.0
+
+
+def interval_energy_j(before_mj: float | None, after_mj: float | None, power0_w: float | None,
+                      power1_w: float | None, dt_s: float) -> tuple[float, str] | None:
+    """One interval's energy between two samples ``dt_s`` apart and where it came from: the
+    counter's rise (:func:`counter_rise_j`), else the trapezoid of two plausible power readings
+    ("power"), else None."""
+    rise = counter_rise_j(before_mj, after_mj, dt_s)
+    if rise is not None:
+        return rise, "counter"
+    w0, w1 = plausible_power_w(power0_w), plausible_power_w(power1_w)
+    if w0 is None or w1 is None or not math.isfinite(dt_s) or dt_s <= 0:
+        return None
+    return (w0 + w1) / 2 * dt_s, "power"

@@ -6,17 +6,24 @@ upgraded without losing a row; the replay NVML library serving the counter to th
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpuslurm.cli.main import main
 from gpuslurm.config import parse_config
+from gpuslurm.report.jobstats import energy_parts
 from gpuslurm.report.jobstats_load import job_stats
-from gpuslurm.samples import Allocation, Cycle, GpuSample
+from gpuslurm.samples import MAX_GPU_POWER_W, Allocation, Cycle, GpuSample
 from gpuslurm.state import store_file
 from gpuslurm.state.store import Store
+from gpuslurm.state.store_job import SeriesPoint
 
 T0 = 1_700_000_000.0 - 1_700_000_000.0 % 3600
 STEP = 10.0
@@ -34,13 +41,14 @@ def counter(i: int) -> float:
     return 1000.0 + COUNTER_W * STEP * 1000 * (i - RESET_AT)
 
 
-def write(path: Path, rolled: bool = False, with_counter: bool = True) -> Path:
+def write(path: Path, rolled: bool = False, with_counter: bool = True,
+          reading: Callable[[int], float] = counter) -> Path:
     alloc = (Allocation("7", "alice", 1001, (G0,), T0),)
     with Store.open(str(path)) as store:
         for i in range(N):
             ts = T0 + STEP * i
             g = GpuSample(ts, G0, util_pct=50.0, mem_used_mib=100.0, mem_total_mib=81559.0,
-                          power_w=POWER_W, energy_mj=counter(i) if with_counter else None)
+                          power_w=POWER_W, energy_mj=reading(i) if with_counter else None)
             store.write_cycle(Cycle(ts, "n1", (g,), (), alloc))
         if rolled:
             store.rollup(T0 + 7200, raw_window_s=1800)
@@ -69,12 +77,93 @@ def test_without_a_counter_the_energy_is_the_power_integral(tmp_path: Path) -> N
 def test_the_minute_rollup_keeps_the_counter_s_energy(tmp_path: Path) -> None:
     # rolled: the first 90 minutes are minute rows. Each keeps its samples' rises and its first and
     # last counter; between minute rows the counter's step counts too. The interval across the
-    # reset lies inside a minute (sample 200 is at 33 min 20 s), where a fall counts nothing.
+    # reset lies inside a minute (sample 200 is at 33 min 20 s): the power readings stand in there
+    # as between raw samples, so the minute rows keep the raw samples' energy to the joule.
     g = figures(write(tmp_path / "m.db", rolled=True))
-    assert g.energy_j == pytest.approx(719 * COUNTER_W * STEP)
+    assert g.energy_j == pytest.approx(719 * COUNTER_W * STEP + POWER_W * STEP)
     assert g.energy_source == "counter"
     raw = figures(write(tmp_path / "raw.db"))
-    assert raw.energy_j - g.energy_j == pytest.approx(POWER_W * STEP)
+    assert raw.energy_j == pytest.approx(g.energy_j)
+
+
+JUMP_AT = 301  # inside minute 50 (sample 300 opens it), so the rolled store meets it inside a row
+
+
+def jumped(i: int) -> float:
+    """A broken or forged capture's counter: from sample JUMP_AT on, 1e18 mJ above the true one
+    (10^15 J in 10 s: 10^14 W); then rising at 250 W again."""
+    return counter(i) + (1e18 if i >= JUMP_AT else 0.0)
+
+
+@pytest.mark.parametrize("rolled", [False, True])
+def test_a_counter_that_jumps_beyond_any_gpu_counts_the_power_for_that_interval(
+        tmp_path: Path, rolled: bool) -> None:
+    g = figures(write(tmp_path / "m.db", rolled=rolled, reading=jumped))
+    # by hand: 720 intervals; the reset's (199 -> 200) and the jump's (300 -> 301) count the power
+    # readings' trapezoid, 300 W x 10 s each; the other 718 the counter's 250 W x 10 s. Before the
+    # bound the jump alone counted 10^15 J.
+    assert g.energy_j == pytest.approx(718 * COUNTER_W * STEP + 2 * POWER_W * STEP)
+    assert g.energy_j < MAX_GPU_POWER_W * 7200
+    if not rolled:
+        assert g.energy_source == "counter+power" and g.counter_resets == 2
+
+
+@pytest.mark.parametrize("bad", [math.nan, -5e9, math.inf, 2.0**70])
+def test_a_counter_reading_that_is_no_counter_s_is_not_stored(tmp_path: Path, bad: float) -> None:
+    # a NaN, negative, infinite or beyond-64-bit reading from a broken capture: stored as none, so the
+    # store stays readable (a negative one made every later read of the job a damaged-row error) and
+    # the power stands in on both sides of it
+    g = figures(write(tmp_path / "m.db", reading=lambda i: bad if i == JUMP_AT else counter(i)))
+    assert g.energy_j == pytest.approx(717 * COUNTER_W * STEP + 3 * POWER_W * STEP)
+
+
+_counters = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.none(),
+                      st.floats(min_value=0, max_value=2.0**64))
+_powers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.none(),
+                    st.floats(min_value=0, max_value=1e6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(min_value=0.001, max_value=300), _counters, _powers),
+                min_size=1, max_size=40))
+def test_raw_energy_is_never_negative_nor_above_any_gpu_s_power_over_the_time(
+        steps: list[tuple[float, float | None, float | None]]) -> None:
+    pts, ts = [], T0
+    for dt, mj, w in steps:
+        ts += dt
+        pts.append(SeriesPoint(ts, 0.0, 1, 50.0, 50.0, 1.0, 2.0, w, mj, mj, None if mj is None else 0.0))
+    parts, resets = energy_parts(pts, max_gap=1e9)
+    assert resets >= 0
+    for part in parts:
+        assert 0 <= part.joules <= MAX_GPU_POWER_W * part.span_s * (1 + 1e-9)
+    total = sum(part.joules for part in parts)
+    assert 0 <= total <= MAX_GPU_POWER_W * (pts[-1].ts - pts[0].ts) * (1 + 1e-9)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([1.0, 10.0, 30.0, 59.0]),
+                          st.floats(min_value=0, max_value=2.0**64),
+                          st.floats(min_value=0, max_value=1e7)), min_size=2, max_size=60),
+       st.booleans())
+def test_stored_energy_is_bounded_through_the_minute_rollup(
+        steps: list[tuple[float, float, float]], rolled: bool) -> None:
+    # any counter and power readings, raw or folded into minute rows: never negative, never more than
+    # any GPU draws over the time (twice it at most: a step out of a minute row is bounded by the
+    # longest its two readings can lie apart, which overlaps the row's own minute)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "m.db")
+        alloc = (Allocation("7", "alice", 1001, (G0,), T0),)
+        ts = T0
+        with Store.open(path) as store:
+            for dt, mj, w in steps:
+                ts += dt
+                store.write_cycle(Cycle(ts, "n1", (GpuSample(ts, G0, util_pct=50.0, power_w=w,
+                                                              energy_mj=mj),), (), alloc))
+            if rolled:
+                store.rollup(ts + 1, raw_window_s=0)
+        g = figures(Path(path))
+    span = ts - (T0 + steps[0][0])
+    assert g.energy_j is None or 0 <= g.energy_j <= 2 * MAX_GPU_POWER_W * (span + 60) * (1 + 1e-9)
 
 
 def _v1_schema() -> str:

@@ -9,10 +9,12 @@ nothing here reads a file or the clock. docs/jobstats.md says what each figure m
   for its minute.
 - Energy: the rises of NVML's total energy counter where the GPU has one; else power integrated
   over the same durations (the trapezoid between two raw samples, the minute's mean power for a
-  minute row). Where the counter falls (a driver reload or GPU reset restarted it), the power
-  between those two samples stands in. Per whole GPU. A MIG device has no power reading of its
-  own, so it has no energy; a GPU other jobs were given at the same time (shards, MPS) is marked
-  ``shared_with`` and its energy is the whole GPU's, not split.
+  minute row). Where the counter falls (a driver reload or GPU reset restarted it) or rises by
+  more than any GPU draws (``samples.MAX_GPU_POWER_W``: a broken or forged capture), the power
+  between those two samples stands in; a power reading beyond that bound counts nothing. Per
+  whole GPU. A MIG device has no power reading of its own, so it has no energy; a GPU other jobs
+  were given at the same time (shards, MPS) is marked ``shared_with`` and its energy is the whole
+  GPU's, not split.
 - Idle: a span whose utilisation is at or below ``idle_pct``, whatever memory the job holds then
   (memory held at ~0 % is idle memory, not use); with ``held_busy_mib`` (``[detect.idle]
   held_memory = "busy"``), a span holding at least that much is not idle.
@@ -26,6 +28,7 @@ from typing import Any, NamedTuple
 
 from gpuslurm.errors import InputError
 from gpuslurm.jsondoc import document
+from gpuslurm.samples import counter_rise_j, interval_energy_j, plausible_power_w
 from gpuslurm.state.store_job import DeviceSeries, JobRecord, SeriesPoint
 
 NOTE_KINDS = ("idle", "busy-then-idle", "smaller", "all")
@@ -151,17 +154,21 @@ class EnergyPart(NamedTuple):
 
 
 def energy_parts(pts: Sequence[SeriesPoint], max_gap: float) -> tuple[list[EnergyPart], int]:
-    """Each span's energy, and how often the counter fell: NVML's energy counter's rises where it
-    has one; else power integrated (the trapezoid between raw samples, a minute row's mean power
-    over its minute). Across a fall of the counter, the power between the two samples stands in."""
+    """Each span's energy, and how often the counter was not counted: NVML's energy counter's rises
+    where it has one; else power integrated (the trapezoid between raw samples, a minute row's mean
+    power over its minute). Where the counter fell (it restarted) or jumped beyond any GPU
+    (samples.counter_rise_j), the power between the two samples stands in; a power reading beyond
+    any GPU counts nothing."""
     parts: list[EnergyPart] = []
     resets = 0
     for i, p in enumerate(pts):
         if p.span_s:  # a minute row: what lies between its samples
-            if p.energy_inside_mj is not None:
-                parts.append(EnergyPart(p.ts, p.energy_inside_mj / 1000, p.span_s, "counter"))
-            elif p.power_w is not None:
-                parts.append(EnergyPart(p.ts, p.power_w * p.span_s, p.span_s, "power"))
+            inside = counter_rise_j(0.0, p.energy_inside_mj, p.span_s)
+            power = plausible_power_w(p.power_w)
+            if inside is not None:
+                parts.append(EnergyPart(p.ts, inside, p.span_s, "counter"))
+            elif power is not None:
+                parts.append(EnergyPart(p.ts, power * p.span_s, p.span_s, "power"))
             else:
                 continue
         if i + 1 == len(pts):
@@ -170,13 +177,17 @@ def energy_parts(pts: Sequence[SeriesPoint], max_gap: float) -> tuple[list[Energ
         if q.ts - p.ts > max_gap + p.span_s or (p.span_s and p.energy_last_mj is None):
             continue  # a gap the monitor did not see, or a minute counted whole by its power
         a, b = p.energy_last_mj, q.energy_first_mj
-        gap = 0.0 if p.span_s else q.ts - p.ts
-        if a is not None and b is not None and b >= a:
-            parts.append(EnergyPart(p.ts + p.span_s, (b - a) / 1000, gap, "counter"))
+        # the counter's two readings lie at most this far apart (a minute row's are inside it)
+        apart = q.ts + q.span_s - p.ts
+        gap = 0.0 if p.span_s else q.ts - p.ts  # the time this part stands for
+        rise = counter_rise_j(a, b, apart)
+        if rise is not None:
+            parts.append(EnergyPart(p.ts + p.span_s, rise, gap, "counter"))
             continue
         resets += a is not None and b is not None
-        if gap and p.power_w is not None and q.power_w is not None and not q.span_s:
-            parts.append(EnergyPart(p.ts, (p.power_w + q.power_w) / 2 * gap, gap, "power"))
+        got = interval_energy_j(None, None, p.power_w, None if q.span_s else q.power_w, gap)
+        if got is not None:
+            parts.append(EnergyPart(p.ts, got[0], gap, got[1]))
     return parts, resets
 
 

@@ -36,7 +36,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpuslurm.samples import Allocation, Cycle, GpuSample, ProcSample, Violation
+from gpuslurm.samples import (
+    Allocation,
+    Cycle,
+    GpuSample,
+    ProcSample,
+    Violation,
+    interval_energy_j,
+    plausible_counter_mj,
+)
 from gpuslurm.state import store_file
 from gpuslurm.state.store_job import DeviceSeries, JobRecord, read_job, read_series
 from gpuslurm.state.store_values import Checked, StoreError
@@ -75,21 +83,35 @@ ON CONFLICT (process, minute) DO UPDATE SET
 """  # noqa: S608 - built from constants only
 
 
-# A minute row's energy (schema 2): the counter at its first and last sample, and the rises between
-# its samples; a fall (the counter restarted) counts nothing. Run before the samples are deleted.
+# A minute row's energy (schema 2): the counter at its first and last sample, and the energy between
+# its samples: each interval's counter rise, or where the counter fell (restarted) or jumped beyond
+# any GPU, the power readings' trapezoid (samples.interval_energy_j, the bound jobstats applies to
+# raw samples too). Run before the samples are deleted.
 _GPU_ENERGY_ROLLUP = """
 WITH s AS (
-  SELECT device, ts, CAST(ts / 60 AS INTEGER) * 60 AS m, energy_mj - lag(energy_mj) OVER w AS rise,
+  SELECT device, ts, CAST(ts / 60 AS INTEGER) * 60 AS m,
+         gpuslurm_interval_mj(lag(energy_mj) OVER w, energy_mj, lag(power_w) OVER w, power_w,
+                              ts - lag(ts) OVER w) AS rise,
          CAST(lag(ts) OVER w / 60 AS INTEGER) * 60 AS before
   FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts < ? AND energy_mj IS NOT NULL
   WINDOW w AS (PARTITION BY device ORDER BY ts)),
 e AS (SELECT device, m, min(ts) AS t0, max(ts) AS t1,
-             total(CASE WHEN before = m AND rise >= 0 THEN rise END) AS inside FROM s GROUP BY device, m)
+             total(CASE WHEN before = m THEN rise END) AS inside FROM s GROUP BY device, m)
 UPDATE gpu_minute SET energy_inside_mj = e.inside,
   energy_first_mj = (SELECT energy_mj FROM gpu_sample g WHERE g.device = e.device AND g.ts = e.t0),
   energy_last_mj = (SELECT energy_mj FROM gpu_sample g WHERE g.device = e.device AND g.ts = e.t1)
 FROM e WHERE gpu_minute.device = e.device AND gpu_minute.minute = e.m
 """
+
+
+def _interval_mj(e0: object, e1: object, p0: object, p1: object, dt: object) -> float | None:
+    """SQLite's side of samples.interval_energy_j, in mJ (a stored value of another type: NULL)."""
+    def num(v: object) -> float | None:
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    span = num(dt)
+    got = None if span is None else interval_energy_j(num(e0), num(e1), num(p0), num(p1), span)
+    return None if got is None else got[0] * 1000.0
 
 
 class GpuStats(NamedTuple):
@@ -221,7 +243,8 @@ class Store:
         conn.executemany(
             "INSERT OR REPLACE INTO gpu_sample VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [(self._device(conn, g.mig_uuid or g.gpu_uuid, g.gpu_uuid), g.ts, g.util_pct,
-              g.mem_used_mib, g.mem_total_mib, g.power_w, g.temp_c, g.energy_mj) for g in cycle.gpus])
+              g.mem_used_mib, g.mem_total_mib, g.power_w, g.temp_c, plausible_counter_mj(g.energy_mj))
+             for g in cycle.gpus])
         ids = [self._process(conn, p) for p in cycle.procs]
         conn.executemany("INSERT OR REPLACE INTO proc_sample VALUES (?, ?, ?, ?)",
                          [(p.ts, i, p.mem_mib, p.sm_util_pct) for p, i in zip(cycle.procs, ids, strict=True)])
@@ -280,6 +303,7 @@ class Store:
 
     def _rollup_rows(self, conn: sqlite3.Connection, cutoff: float, forget_before: float | None) -> None:
         conn.execute(_GPU_ROLLUP, (cutoff,))
+        conn.create_function("gpuslurm_interval_mj", 5, _interval_mj, deterministic=True)
         conn.execute(_GPU_ENERGY_ROLLUP, (cutoff,))
         conn.execute("DELETE FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts < ?", (cutoff,))
         conn.execute(_PROC_ROLLUP, (cutoff,))
