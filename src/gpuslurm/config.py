@@ -305,6 +305,7 @@ class JobstatsConfig(NamedTuple):
     # where the monitor leaves each job's figures for its owner: "": <paths.state_dir>/jobstats
     dir: str = ""
     write_interval_s: float = 300.0  # a running job's file is refreshed this often
+    keep_days: float = 30.0  # an ended job's file is removed this long after its last write; 0: never
     offers: tuple[tuple[str, float], ...] = ()  # smaller GPUs / MIG profiles here: name -> GiB
     notes: tuple[tuple[str, str], ...] = ()  # note kind (idle, busy-then-idle, smaller, all) -> text
     links: tuple[str, ...] = ()
@@ -401,6 +402,7 @@ RULES: dict[str, Rule] = {
     "jobstats.admin_groups": Rule(item=str),
     "jobstats.dir": Rule(abspath=True, empty_ok=True),
     "jobstats.write_interval_s": Rule(lo=10, hi=86400),
+    "jobstats.keep_days": Rule(lo=0, hi=3650),
     "jobstats.offers": Rule(item=float, lo=0.1, hi=1 << 20, mapping=True),
     "jobstats.notes": Rule(item=str, mapping=True),
     "jobstats.links": Rule(item=str),

@@ -3,7 +3,9 @@ owner alone, and an ordinary user (the real user ``nobody``, real processes) rea
 through ``gpuslurm jobstats``'s use case without reading the root-only store, and nobody else's.
 
 The attacks, as ``nobody``: read the store; read another user's job (by id, and its file by path);
-rewrite their own file to claim another job or uid, or with garbage; plant a file in the directory.
+rewrite their own file to claim another job or uid, or with garbage; plant a file in the directory;
+where an admin once left it writable, plant symlinks, a FIFO and a directory at the names the
+monitor's retention removes.
 """
 
 from __future__ import annotations
@@ -12,17 +14,21 @@ import json
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.helpers.cluster_fixture import users_site
 
 from gpuslurm.errors import EXIT_BAD_INPUT
+from gpuslurm.jobid import valid_job_id
 from gpuslurm.report.jobstats import Settings
 from gpuslurm.samples import Allocation, Cycle, GpuSample
 from gpuslurm.state.store import Store
-from gpuslurm.watch.jobfiles import JobFiles
+from gpuslurm.watch.jobfiles import JobFiles, job_of
 
 NOBODY = 65534
 OTHER = 1002
@@ -159,3 +165,71 @@ def test_root_will_not_write_into_a_directory_others_can_write(site: Path) -> No
         files = JobFiles(str(d), store, Settings(), warn=warned.append)
         with pytest.raises(Exception, match="writable by group or others"):
             files(cycle(T0 + 120, alloc("7", NOBODY, G0)))
+
+
+DAY = 86400.0
+
+
+def plant(base: Path, script: str) -> None:
+    """nobody's own doing, in a directory an admin left writable for a while (0777), then fixed."""
+    d = base / "state" / "jobstats"
+    d.chmod(0o777)
+    try:
+        done = as_nobody(base, "-c", f"import os; d = {str(d)!r}; os.chdir(d)\n{script}")
+        assert done.returncode == 0, done.stderr
+    finally:
+        d.chmod(0o755)
+
+
+def test_the_monitor_removes_old_files_by_name_only_whatever_a_user_planted_there(site: Path) -> None:
+    d = site / "state" / "jobstats"
+    precious = site / "precious"  # root's, outside the directory: what the planted names point at
+    precious.mkdir(mode=0o755)
+    (precious / "keep").write_text("root's\n")
+    plant(site, f"os.symlink({str(precious / 'keep')!r}, '9.json')\n"
+                "os.mkfifo('10.json')\n"
+                "os.mkdir('11.json'); open('11.json/inside', 'w').write('x')\n"
+                f"os.symlink({str(precious)!r}, '.12.json.99.tmp')\n"
+                "open('notes.txt', 'w').write('not a name the monitor writes')\n")
+    month_later = [time.time() + 31 * DAY]
+    with Store.open(str(site / "state" / "monitor.db")) as store:
+        files = JobFiles(str(d), store, Settings(), keep_s=30 * DAY, clock=lambda: month_later[0])
+        running = cycle(T0 + 200, alloc("13", NOBODY, G0))
+        store.write_cycle(running)
+        files(running)  # 13 runs: its file is written now, a month old by the clock, and kept
+    names = sorted(os.listdir(d))
+    # the ended jobs' files, the planted symlinks and the FIFO are gone (the FIFO never opened: the
+    # sweep returned); a directory at a job's name stays; what the symlinks named is untouched
+    assert names == ["11.json", "13.json", "notes.txt"]
+    assert (precious / "keep").read_text() == "root's\n" and os.listdir(d / "11.json") == ["inside"]
+    assert (d / "13.json").stat().st_uid == NOBODY
+
+
+def test_files_younger_than_the_retention_stay_and_zero_keeps_them_all(site: Path) -> None:
+    d = site / "state" / "jobstats"
+    with Store.open(str(site / "state" / "monitor.db")) as store:
+        JobFiles(str(d), store, Settings(), keep_s=30 * DAY, clock=lambda: time.time() + 29 * DAY)(
+            cycle(T0 + 200))
+        assert sorted(os.listdir(d)) == ["7.json", "8.json"]
+        JobFiles(str(d), store, Settings(), keep_s=0, clock=lambda: time.time() + 3650 * DAY)(
+            cycle(T0 + 200))
+        assert sorted(os.listdir(d)) == ["7.json", "8.json"]
+        JobFiles(str(d), store, Settings(), keep_s=30 * DAY, clock=lambda: time.time() + 31 * DAY)(
+            cycle(T0 + 200))
+    assert os.listdir(d) == []
+    assert jobstats(site, "7").returncode == EXIT_BAD_INPUT  # gone reads as any job not here
+
+
+@given(st.text(max_size=80))
+def test_only_names_the_monitor_writes_are_a_job_s(name: str) -> None:
+    job = job_of(name)
+    if job is not None:
+        assert valid_job_id(job)
+        assert name == f"{job}.json" or (name.startswith(f".{job}.json.") and name.endswith(".tmp"))
+
+
+@given(st.from_regex(r"\A[1-9][0-9]{0,8}(_[0-9]{1,4}|\[[0-9]{1,4}\]\.pbs1)?\Z"), st.integers(1, 2**22))
+def test_a_job_s_file_and_its_temporary_name_it(job: str, pid: int) -> None:
+    assert valid_job_id(job)
+    assert job_of(f"{job}.json") == job == job_of(f".{job}.json.{pid}.tmp")
+    assert job_of(f"{job}.json.x") is None and job_of(f".{job}.json.x.tmp") is None

@@ -6,12 +6,23 @@ A running job's file is rewritten every ``interval_s``; the last one when its al
 Each write is a new file renamed over the old (safedir.replace_at: created exclusively, never
 through a symlink; the owner may change their own file, root never reads it back). A failure is
 the monitor's warning, never its stop: the figures are a view.
+
+Retention: at most once an hour the monitor removes the files (and a crash's temporaries) of jobs
+not running now whose last write is older than ``keep_s`` (``[jobstats] keep_days``). It only
+unlinks, relative to the directory's descriptor (opened component by component without following
+a symlink): never opens, follows or reads an entry, so whatever sits at a file's name (a symlink,
+a FIFO) is removed as a name and what it points to is untouched; a directory there stays. Only
+names the monitor writes (``<job id>.json``, ``.<job id>.json.<pid>.tmp``) are touched. The age
+is the entry's own modification time (``lstat``): a job's owner can renew their own file's, which
+keeps only their own file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
+import time
 from collections.abc import Callable
 
 from gpuslurm.errors import GpuslurmError
@@ -24,26 +35,34 @@ from gpuslurm.state.store import Store
 FILE_MODE = 0o400
 DIR_MODE = 0o755
 MAX_ENDED = 10_000  # jobs remembered as written, so an ended one is written once
+SWEEP_EVERY_S = 3600.0  # old files are looked for this often
+MAX_SWEEP = 200_000  # entries looked at in one sweep: a year of a busy node's jobs
 
 
 class JobFiles:
     """Call with each stored cycle (the Monitor's ``jobfiles`` part)."""
 
     def __init__(self, directory: str, store: Store, settings: Settings, *, interval_s: float = 300.0,
-                 warn: Callable[[str], None] = lambda message: None) -> None:
+                 keep_s: float = 30 * 86400.0, warn: Callable[[str], None] = lambda message: None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.store = store
         self.settings = settings
         self.interval_s = interval_s
+        self.keep_s = keep_s  # 0: files are never removed
         self.warn = warn
+        self.clock = clock  # files' ages are wall-clock ages, whatever time a replayed cycle has
         self._written: dict[str, float] = {}  # running jobs: when their file was last written
+        self._swept = -SWEEP_EVERY_S
 
     def __call__(self, cycle: Cycle) -> None:
         now = cycle.ts
         current = {a.job_id for a in cycle.allocations}
         ended = [j for j in self._written if j not in current]
         due = [j for j in sorted(current) if now - self._written.get(j, -self.interval_s) >= self.interval_s]
-        if not due and not ended:
+        wall = self.clock()
+        sweep = self.keep_s > 0 and not wall - self._swept < SWEEP_EVERY_S
+        if not due and not ended and not sweep:
             return
         dfd = open_dir(self.directory, create_mode=DIR_MODE)
         assert dfd is not None
@@ -54,6 +73,9 @@ class JobFiles:
             for job in ended:
                 self._write(dfd, job, now, running=False)
                 del self._written[job]
+            if sweep:
+                self._swept = wall
+                self.sweep(dfd, wall, current)
         finally:
             os.close(dfd)
         if len(self._written) > MAX_ENDED:
@@ -73,3 +95,38 @@ class JobFiles:
                        source=os.path.join(self.directory, f"{job}.json"))
         except (GpuslurmError, OSError) as exc:
             self.warn(f"cannot write job {job}'s figures: {exc}")
+
+    def sweep(self, dfd: int, now: float, running: set[str]) -> int:
+        """Remove the entries of ended jobs last written more than ``keep_s`` before ``now`` from
+        the directory ``dfd`` (see the module docstring); the number removed."""
+        removed = 0
+        with os.scandir(dfd) as entries:
+            for n, entry in enumerate(entries):
+                if n >= MAX_SWEEP:
+                    break
+                job = job_of(entry.name)
+                if job is None or job in running:
+                    continue
+                try:
+                    st = os.lstat(entry.name, dir_fd=dfd)
+                    if stat.S_ISDIR(st.st_mode) or now - st.st_mtime < self.keep_s:
+                        continue
+                    os.unlink(entry.name, dir_fd=dfd)  # the name only, whatever it is
+                    removed += 1
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    self.warn(f"cannot remove job {job}'s old figures: {exc.strerror}")
+        return removed
+
+
+def job_of(name: str) -> str | None:
+    """The job whose file (``<job>.json``) or write's temporary (``.<job>.json.<pid>.tmp``) the
+    directory entry ``name`` is; None for any other name."""
+    if name.startswith(".") and name.endswith(".tmp"):
+        stem, _, pid = name[1:-4].rpartition(".")
+        if not pid.isdigit():
+            return None
+        name = stem
+    job = name[:-5] if name.endswith(".json") else ""
+    return job if valid_job_id(job) else None

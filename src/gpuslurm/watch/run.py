@@ -99,7 +99,8 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
                             **_parts(cfg, parts, node, node_name, source, store, warn),
                             observe=exporter.state.update if exporter else None,
                             jobfiles=JobFiles(files_dir(cfg), store, jobstats_settings(cfg),
-                                              interval_s=cfg.jobstats.write_interval_s, warn=warn))
+                                              interval_s=cfg.jobstats.write_interval_s,
+                                              keep_s=cfg.jobstats.keep_days * 86400, warn=warn))
     stop = threading.Event()
     restore = mon.stop_on_signals(stop)
     try:
