@@ -68,6 +68,7 @@ class GpuFigures(NamedTuple):
     shared_with: tuple[str, ...]
     energy_source: str | None = None  # "counter", "power", "counter+power"
     counter_resets: int = 0
+    node: str | None = None  # the device's node, where the job's record spans nodes (Prometheus)
 
 
 class Note(NamedTuple):
@@ -136,7 +137,7 @@ def gpu_figures(series: DeviceSeries, s: Settings) -> GpuFigures:
         _max(p.mem_total_mib for p in pts),
         sum(w * n for w, n in powers) / sum(n for _, n in powers) if powers else None,
         energy.joules, energy.covered_s, observed, idle, idle_tail, series.shared_with,
-        energy.source, energy.resets)
+        energy.source, energy.resets, series.node)
 
 
 class Energy(NamedTuple):
@@ -281,7 +282,7 @@ def to_json(st: JobStats) -> dict[str, Any]:
         "job": {"id": j.job_id, "user": j.user, "uid": j.uid, "account": j.account, "start": j.start,
                 "last_seen": j.last_seen, "duration_s": j.last_seen - j.start, "running": st.running,
                 "source": j.source},
-        "gpus": [{**g._asdict(), "shared_with": list(g.shared_with)} for g in st.gpus],
+        "gpus": [_gpu_json(g) for g in st.gpus],
         "processes": [p._asdict() for p in j.processes],
         "energy_j": st.energy_j,
         "energy_kwh": None if st.energy_j is None else st.energy_j / J_PER_KWH,
@@ -289,6 +290,13 @@ def to_json(st: JobStats) -> dict[str, Any]:
         "notes": [n._asdict() for n in st.notes],
         "links": list(st.links),
     }, node=j.node)
+
+
+def _gpu_json(g: GpuFigures) -> dict[str, Any]:
+    out = {**g._asdict(), "shared_with": list(g.shared_with)}
+    if g.node is None:  # a node's own store: its one node is the document's
+        del out["node"]
+    return out
 
 
 def table(doc: Mapping[str, Any]) -> list[str]:
@@ -300,7 +308,14 @@ def table(doc: Mapping[str, Any]) -> list[str]:
              f"{j['account'] or '-'}, {_duration(j['duration_s'])}, {state}"]
     lines.append(f"{'GPU':<22} {'UTIL% min/mean/max':>18} {'MEM GiB peak/mean':>17} {'POWER W':>8} "
                  f"{'ENERGY kWh':>10} {'IDLE':>10}")
-    for g in doc["gpus"]:
+    nodes = sorted({g["node"] for g in doc["gpus"] if isinstance(g.get("node"), str)})
+    node = None
+    for g in sorted(doc["gpus"], key=lambda g: str(g.get("node") or "")) if nodes else doc["gpus"]:
+        if nodes and g.get("node") != node:
+            node = g.get("node")
+            energy = [x["energy_j"] for x in doc["gpus"]
+                      if x.get("node") == node and x["energy_j"] is not None]
+            lines.append(f"On {node}:" + (f" {sum(energy) / J_PER_KWH:.3f} kWh" if energy else ""))
         util = "/".join(_num(g[k], 1, 0) for k in ("util_min_pct", "util_mean_pct", "util_max_pct"))
         mem = f"{_num(g['mem_peak_mib'], MIB_PER_GIB)}/{_num(g['mem_mean_mib'], MIB_PER_GIB)}"
         lines.append(f"{_short(g['uuid']):<22} {util:>18} {mem:>17} {_num(g['power_mean_w'], 1, 0):>8} "

@@ -4,7 +4,10 @@ owner by uid, root, or a member of ``[jobstats] admin_groups``).
 Where they come from: the node's monitor store where the caller can read it (root; the
 ``[monitor] db_group``); else the job's own file, which the monitor leaves for the job's owner
 alone (``<[jobstats] dir>/<job>.json``, owned by the job's uid, mode 0400, in a directory only
-root writes: watch/jobfiles.py). docs/jobstats.md says the same for admins.
+root writes: watch/jobfiles.py). docs/jobstats.md says the same for admins. With ``--source
+prometheus:URL``: the job's series on every node Prometheus holds it on (report/jobstats_prom.py),
+for the job's owner (the caller's uid, against the uid this host gives the ``user`` label the
+monitors wrote), root or an admin group.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import errno
 import grp
 import json
 import os
+import pwd
 import stat
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +25,7 @@ from gpuslurm.config import Config
 from gpuslurm.errors import InputError
 from gpuslurm.jobid import valid_job_id
 from gpuslurm.jsondoc import schema_id
+from gpuslurm.report import jobstats_prom
 from gpuslurm.report.jobstats import JobStats, Settings, compute, may_see, table, to_json
 from gpuslurm.state.store import Store, default_path
 
@@ -81,10 +86,49 @@ def job_stats(cfg: Config, job_id: str, *, now: float, db: str | None = None,
     return compute(record, settings(cfg), running=running)
 
 
-def jobstats_document(cfg: Config, job_id: str, *, now: float, db: str | None = None) -> dict[str, Any]:
-    """``gpuslurm jobstats``: the job's JSON document, from the store where this caller can read
-    it, else from the job's file the monitor left for its owner."""
+PROM_SLACK_S = 120.0  # a scrape's delay on top of the monitor's intervals: still running
+
+
+def prometheus_stats(cfg: Config, job_id: str, source: str, *, now: float, caller_uid: int | None = None,
+                     caller_gids: Sequence[int] | None = None) -> JobStats:
+    """The job's figures from Prometheus, every node's devices: for its owner (decided by the
+    caller's uid against the uid this host gives the job's ``user`` label), root or an admin
+    group; any other job reads as one Prometheus does not hold (exit 2). No sample of a job is
+    read before the caller is known to be allowed."""
     _check_id(job_id)
+    uid = os.getuid() if caller_uid is None else caller_uid
+    gids = [*os.getgroups(), os.getgid()] if caller_gids is None else list(caller_gids)
+    owner = jobstats_prom.read_owner(source, job_id, now)
+    owner_uid = _uid_of(owner[0]) if owner is not None else None
+    if owner is None or not may_see(uid, gids, admin_gids(cfg.jobstats.admin_groups),
+                                    -1 if owner_uid is None else owner_uid):
+        raise InputError(f"job {job_id}: not in Prometheus' series, or not yours")
+    record = jobstats_prom.read_job(source, job_id, -1 if owner_uid is None else owner_uid, now)
+    if record is None:  # gone between the two reads (retention)
+        raise InputError(f"job {job_id}: not in Prometheus' series, or not yours")
+    running = now - record.last_seen <= 3 * cfg.monitor.interval_s + PROM_SLACK_S
+    return compute(record, settings(cfg), running=running)
+
+
+def _uid_of(user: str) -> int | None:
+    """This host's uid for the user name the monitors labelled the job with; None when unknown
+    here (then only root and admin groups see the job)."""
+    try:
+        return pwd.getpwnam(user).pw_uid if user else None
+    except KeyError:
+        return None
+
+
+def jobstats_document(cfg: Config, job_id: str, *, now: float, db: str | None = None,
+                      source: str | None = None) -> dict[str, Any]:
+    """``gpuslurm jobstats``: the job's JSON document, from the store where this caller can read
+    it, else from the job's file the monitor left for its owner; with ``source``
+    (``prometheus:URL``), from Prometheus, every node of the job."""
+    _check_id(job_id)
+    if source is not None:
+        if db is not None:
+            raise InputError("--db and --source name two places: give one", source="--source")
+        return to_json(prometheus_stats(cfg, job_id, source, now=now))
     path = db or cfg.monitor.db or default_path(cfg.paths.state_dir)
     if db is not None or os.getuid() == 0 or os.access(path, os.R_OK):
         return to_json(job_stats(cfg, job_id, now=now, db=path))

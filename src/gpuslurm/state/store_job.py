@@ -53,6 +53,7 @@ class DeviceSeries(NamedTuple):
     gpu_uuid: str | None  # the physical GPU of a MIG device
     points: tuple[SeriesPoint, ...]
     shared_with: tuple[str, ...]  # other jobs allocated the same device at some time of this one
+    node: str | None = None  # set where one record holds several nodes' devices (Prometheus)
 
 
 class JobRecord(NamedTuple):
