@@ -1,7 +1,9 @@
 """``gpuslurm jobstats JOBID --source prometheus:URL`` for a job that spanned two nodes: a real
 Prometheus holding two node monitors' exporter samples (backfilled with promtool), read per node
 and per GPU, energy checked against a hand-computed integral; who sees which job, as the real
-user ``nobody`` (their own job, not another user's) and as an admin group's member.
+user ``nobody`` (their own job, not another user's) and as an admin group's member; and any
+answer a forged exporter's series make (a stand-in server with Prometheus' API shape): figures or
+one line.
 """
 
 from __future__ import annotations
@@ -10,10 +12,16 @@ import grp
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
 from tests.helpers.cluster_fixture import users_site
 from tests.helpers.prom_backfill import PROMETHEUS, PROMTOOL, backfilled
 from tests.helpers.prom_helpers import free_port
@@ -157,3 +165,87 @@ def test_a_bad_source_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest
     assert main(["jobstats", "42", *[a.replace("{port}", port) for a in args]]) == EXIT_BAD_INPUT
     out = capsys.readouterr()
     assert out.out == "" and says in out.err and out.err.count("\n") == 1, out.err
+
+
+class _Answers(BaseHTTPRequestHandler):
+    """Prometheus' HTTP API shape with whatever the test puts in ``answer``."""
+
+    answer: Callable[[str], Any] = staticmethod(lambda query: {})
+
+    def do_GET(self) -> None:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("query", [""])[0]
+        body = json.dumps(type(self).answer(query)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def answering() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"prometheus:http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _mostly(usual: st.SearchStrategy[Any], odd: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Mostly what an exporter writes, sometimes anything: so examples reach the figures too."""
+    return st.integers(0, 9).flatmap(lambda i: odd if i == 0 else usual)
+
+
+_odd_text = st.one_of(st.text(max_size=12), st.sampled_from(["", "GPU-x\u202e", "MIG-1/2", "²", "-1"]))
+_value = _mostly(st.floats(min_value=0, max_value=1).map(repr),
+                 st.one_of(st.floats().map(repr), st.integers().map(str),
+                           st.sampled_from(["NaN", "+Inf", "-Inf", "1e400", "x", "", "2e12"])))
+_stamp = _mostly(st.floats(min_value=T0, max_value=T0 + 3000),
+                 st.one_of(st.floats(allow_nan=False), st.integers(-(2**63), 2**63)))
+_labels = st.fixed_dictionaries({
+    "node": _mostly(st.sampled_from(["n1", "n2"]), _odd_text),
+    "gpu_uuid": _mostly(st.sampled_from([A0, A1, B0]), _odd_text),
+    "mig_uuid": _mostly(st.just(""), _odd_text),
+    "user": _mostly(st.just("nobody"), _odd_text),
+    "pid": _mostly(st.integers(1, 99999).map(str), _odd_text),
+}, optional={k: _odd_text for k in ("account", "job_id", "process")})
+_time = _mostly(st.floats(min_value=T0, max_value=T0 + 3000).map(repr), _value)
+
+
+def _vectors(value: st.SearchStrategy[str], least: int = 0) -> st.SearchStrategy[list[Any]]:
+    return st.lists(st.fixed_dictionaries({"metric": _labels, "value": st.tuples(_stamp, value).map(list)}),
+                    min_size=least, max_size=4)
+_matrices = st.lists(st.fixed_dictionaries({"metric": _labels, "values": st.lists(
+    st.tuples(_stamp, _value).map(list), max_size=6)}), max_size=4)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_vectors(_time, 1), _vectors(_time), _vectors(st.just("1")), _matrices, _matrices)
+@example([{"metric": {"node": "n1", "user": "nobody"}, "value": [T0, repr(T0 + 60)]}], [], [], [],
+         # a pid label of a Unicode digit: str.isdigit says yes, int() refuses it
+         [{"metric": {"node": "n1", "gpu_uuid": A0, "pid": "\u00b2"}, "values": [[T0, "1"]]}])
+def test_any_answer_is_figures_or_one_line(answering: str, seen: list[Any], starts: list[Any],
+                                           held: list[Any], gauges: list[Any], procs: list[Any]) -> None:
+    # a forged exporter's labels and values, any timestamps: the job's figures and table, or one
+    # line (exit 2), never a traceback
+    def answer(query: str) -> Any:
+        if "[" in query and not query.startswith(("max", "min", "last")):
+            kind, result = "matrix", procs if "process" in query else gauges
+        else:
+            kind = "vector"
+            result = seen if "last_seen" in query else starts if "start" in query else held
+        return {"status": "success", "data": {"resultType": kind, "result": result}}
+
+    _Answers.answer = staticmethod(answer)
+    try:
+        st_ = prometheus_stats(parse_config(""), "42", answering, now=NOW, caller_uid=0, caller_gids=[0])
+    except InputError as exc:
+        event(f"one line: {str(exc).split(': ')[1][:30]}")
+        assert "\n" not in str(exc) and exc.exit_code == EXIT_BAD_INPUT
+        return
+    event(f"figures, {len(st_.gpus)} GPU(s), {len(st_.job.processes)} process(es)")
+    for line in table(to_json(st_)):
+        assert line.isprintable()

@@ -172,7 +172,7 @@ def _processes(url: str, sel: str, window: tuple[float, float], ends: dict[str, 
         if _label(m, "node") not in ends or not points:
             continue
         pid = _label(m, "pid")
-        if not pid.isdigit() or len(pid) > 10:
+        if not (pid.isascii() and pid.isdigit()) or len(pid) > 10:
             continue
         times = [check.time(ts, "gpuslurm_process_gpu_memory_bytes timestamp") for ts, _ in points]
         mem = max(_number(check, raw, "gpuslurm_process_gpu_memory_bytes", "mem") for _, raw in points)
