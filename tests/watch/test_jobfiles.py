@@ -233,3 +233,17 @@ def test_a_job_s_file_and_its_temporary_name_it(job: str, pid: int) -> None:
     assert valid_job_id(job)
     assert job_of(f"{job}.json") == job == job_of(f".{job}.json.{pid}.tmp")
     assert job_of(f"{job}.json.x") is None and job_of(f".{job}.json.x.tmp") is None
+
+
+def test_a_directory_that_will_not_open_is_tried_once_an_hour_without_jobs(site: Path) -> None:
+    d = site / "state" / "jobstats"
+    d.chmod(0o777)  # refused: others could write it
+    hour = [time.time()]
+    with Store.open(str(site / "state" / "monitor.db")) as store:
+        files = JobFiles(str(d), store, Settings(), keep_s=30 * DAY, clock=lambda: hour[0])
+        with pytest.raises(Exception, match="writable by group or others"):
+            files(cycle(T0 + 200))
+        files(cycle(T0 + 210))  # no job, the sweep not due: the directory is not opened again
+        hour[0] += 3600
+        with pytest.raises(Exception, match="writable by group or others"):
+            files(cycle(T0 + 220))

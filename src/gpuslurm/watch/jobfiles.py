@@ -64,6 +64,8 @@ class JobFiles:
         sweep = self.keep_s > 0 and not wall - self._swept < SWEEP_EVERY_S
         if not due and not ended and not sweep:
             return
+        if sweep:  # tried once an hour, whether the directory opens or not (no warning each cycle)
+            self._swept = wall
         dfd = open_dir(self.directory, create_mode=DIR_MODE)
         assert dfd is not None
         try:
@@ -74,7 +76,6 @@ class JobFiles:
                 self._write(dfd, job, now, running=False)
                 del self._written[job]
             if sweep:
-                self._swept = wall
                 self.sweep(dfd, wall, current)
         finally:
             os.close(dfd)
