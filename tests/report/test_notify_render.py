@@ -21,7 +21,7 @@ from gpuslurm.report.notify_render import (
     MAIL_TEMPLATE,
     JobText,
     Rule,
-    TemplateRefused,
+    UnsafeTemplateError,
     context,
     render_mail,
     render_webhook,
@@ -89,7 +89,8 @@ def check_teams(doc: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", HOSTILE)
-def test_the_shipped_webhook_templates_carry_a_hostile_job_name_unchanged_in_one_json_string(name: str) -> None:
+def test_the_shipped_webhook_templates_carry_a_hostile_job_name_unchanged_in_one_json_string(
+        name: str) -> None:
     """Before: a template writing ``"{{ job.name }}"`` let the second name add a block that pings
     the whole channel. Now the body parses, has the documented shape, and the name is one value."""
     v = context(stats(), JobText(name, name), webhook=True)
@@ -133,17 +134,17 @@ def test_a_template_printing_user_text_other_than_through_tojson_is_refused(temp
     """Before: the first template's output was ``{"text": "x", "y": "z"}`` for the name
     ``x", "y": "z``. Now any way of printing the user's text but ``tojson`` stops the render."""
     v = context(stats(), JobText('x", "y": "z', 'x", "y": "z'), webhook=True)
-    with pytest.raises(TemplateRefused, match="without tojson"):
+    with pytest.raises(UnsafeTemplateError, match="without tojson"):
         render_webhook(template, v)
 
 
 def test_a_template_that_renders_no_json_is_refused_and_the_sandbox_holds() -> None:
     v = context(stats(), JobText("n", "c"), webhook=True)
-    with pytest.raises(TemplateRefused, match="does not render JSON"):
+    with pytest.raises(UnsafeTemplateError, match="does not render JSON"):
         render_webhook('{"text": {{ verdict | tojson }}', v)
-    with pytest.raises(TemplateRefused, match="cannot render"):  # no reaching Python's internals
+    with pytest.raises(UnsafeTemplateError, match="cannot render"):  # no reaching Python's internals
         render_webhook("{{ job.__class__.__mro__[1].__subclasses__() | tojson }}", v)
-    with pytest.raises(TemplateRefused, match="cannot render"):
+    with pytest.raises(UnsafeTemplateError, match="cannot render"):
         render_webhook("{{ job.name._text | tojson }}", v)
 
 

@@ -46,7 +46,7 @@ HEADERS = "x\nBcc: victim@example.org\nSubject: pay now\n\nforged body"
 class Hook(BaseHTTPRequestHandler):
     """Records each POST; holds its answer until ``release`` is set."""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.bodies.append((self.headers["Content-Type"], body))  # type: ignore[attr-defined]
         self.server.arrived.set()  # type: ignore[attr-defined]
@@ -113,12 +113,13 @@ def idle_job(store: Store, job: str, uid: int, user: str, t0: float) -> list[Cyc
 
 
 def run_jobs(cfg: Config, tmp_path: Path, jobs: list[tuple[str, int, str]], warnings: list[str],
-             job_text: JobText = JobText()) -> None:
+             job_text: JobText | None = None) -> None:
     """Each job idle in turn, seen ending by one notifier; then the notifier's sends are awaited."""
     os.makedirs(cfg.paths.state_dir, exist_ok=True)
     store = Store.open(str(tmp_path / "state" / "m.db"))
     try:
-        notifier = notifier_for(cfg, store, Settings(), job_text=lambda job: job_text, warn=warnings.append)
+        notifier = notifier_for(cfg, store, Settings(), job_text=lambda job: job_text or JobText(),
+                                warn=warnings.append)
         assert notifier is not None
         for k, (job, uid, user) in enumerate(jobs):
             for c in idle_job(store, job, uid, user, T0 + 1000 * k):
@@ -154,7 +155,8 @@ def test_the_address_is_the_uids_user_not_the_name_the_job_reports(tmp_path: Pat
     assert msg["To"] == "nobody.here@lab.example.org" and "Bcc" not in msg
 
 
-def test_at_most_per_user_max_messages_per_user_and_a_restart_does_not_reset_the_count(tmp_path: Path) -> None:
+def test_at_most_per_user_max_messages_per_user_and_a_restart_does_not_reset_the_count(
+        tmp_path: Path) -> None:
     """Five idle jobs in a burst, then three more after a monitor restart: two mails in all, and
     the count is a root-only file."""
     sendmail, out = fake_sendmail(tmp_path)
@@ -279,7 +281,7 @@ def test_the_monitor_tells_the_user_of_an_idle_job_when_it_ends(tmp_path: Path, 
     run_monitor(cfg, DGX, parts, interval=0.05, on_cycle=on_cycle, warn=warnings.append)
     assert [bool(c.allocations) for c in seen] == [True, True, True, False, False]
     assert asked == [("77", cfg.monitor.command_timeout_s)]
-    [(ctype, body)] = hook.bodies  # type: ignore[attr-defined]
+    [(_, body)] = hook.bodies  # type: ignore[attr-defined]
     doc = json.loads(body)
     assert doc["text"] == "GPU job 77 on n1: idle GPUs"
     fields = doc["blocks"][1]["fields"]

@@ -6,7 +6,7 @@ passwd database, its user name: that text is data, never template source, and in
 it reaches the template only as :class:`UserText`, which only the ``tojson`` filter turns into
 output (a JSON string, ASCII-only, so quotes, backslashes, newlines, ``{{ }}``, terminal escapes
 and undecodable bytes stay inside one JSON string). Printing it any other way (``{{ job.name }}``,
-``~``, ``|upper``, ``|string``) is a :class:`TemplateRefused`, so a template cannot forget. The
+``~``, ``|upper``, ``|string``) is a :class:`UnsafeTemplateError`, so a template cannot forget. The
 environment is jinja2's sandbox with autoescape off (JSON is not HTML), and a rendered webhook
 body must parse as JSON or nothing is sent. A mail body is plain text: the user's text appears
 with its control characters (but newline and tab) shown as ``?``; the headers never carry it.
@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
-
-from jinja2 import StrictUndefined, TemplateError
-from jinja2.sandbox import SandboxedEnvironment
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import InputError
 from gpuslurm.report.jobstats import J_PER_KWH, JobStats
+
+if TYPE_CHECKING:
+    from jinja2.sandbox import SandboxedEnvironment
 
 VERDICTS = ("idle GPUs", "room to improve")
 MAX_TEXT = 4096  # a job's name or comment kept for a message (Slurm's own limits are larger)
@@ -32,10 +32,12 @@ MAX_BODY = 256 * 1024  # a rendered message (Slack takes 40 000 characters of te
 # The built-in mail body (packaging/notify/mail.txt.j2 is the same text, for sites to start from).
 MAIL_TEMPLATE = """\
 Your job {{ job.id }} ("{{ job.name }}") on {{ job.node }} ran {{ job.duration }} and its GPUs
-were used poorly: {{ verdict }}{% if util_mean_pct is not none %}, {{ util_mean_pct }} % mean utilisation{% endif %}.
+were used poorly: {{ verdict }}
+{%- if util_mean_pct is not none %}, {{ util_mean_pct }} % mean utilisation{% endif %}.
 
 {% for g in gpus -%}
-  {{ g.uuid }}: {{ g.util_mean_pct }} % mean utilisation, idle {{ g.idle }}, peak memory {{ g.mem_peak_gib }} GiB
+  {{ g.uuid }}: {{ g.util_mean_pct }} % mean utilisation, idle {{ g.idle }},
+    peak memory {{ g.mem_peak_gib }} GiB
 {% endfor %}
 {%- if energy_kwh is not none %}
 Energy used by its GPUs: {{ energy_kwh }} kWh.
@@ -51,7 +53,7 @@ This message is automatic; you get at most a few an hour.
 """
 
 
-class TemplateRefused(InputError):
+class UnsafeTemplateError(InputError):
     """A template printed the user's text other than through ``tojson``, or rendered no JSON."""
 
 
@@ -90,7 +92,7 @@ class UserText:
         self._text = text
 
     def _refuse(self, *args: object) -> str:
-        raise TemplateRefused("the template prints a job's user text without tojson "
+        raise UnsafeTemplateError("the template prints a job's user text without tojson "
                               "(write {{ job.name | tojson }})", source="[notify] webhook_template")
 
     __str__ = __html__ = __format__ = _refuse
@@ -134,6 +136,9 @@ def _finalize(value: Any) -> Any:
 
 
 def _environment() -> SandboxedEnvironment:
+    from jinja2 import StrictUndefined  # only where a message is rendered: not on the CLI's path
+    from jinja2.sandbox import SandboxedEnvironment
+
     env = SandboxedEnvironment(autoescape=False, undefined=StrictUndefined, finalize=_finalize,
                                keep_trailing_newline=True)
     env.filters["tojson"] = tojson
@@ -180,29 +185,33 @@ def _duration(seconds: float) -> str:
 
 
 def render_webhook(template: str, variables: Mapping[str, Any], source: str = "webhook_template") -> bytes:
-    """The webhook's JSON body; TemplateRefused when the template prints user text other than
+    """The webhook's JSON body; UnsafeTemplateError when the template prints user text other than
     through ``tojson``, fails, or renders something that is not one JSON value."""
+    from jinja2 import TemplateError
+
     try:
         body = _environment().from_string(template).render(variables)
-    except TemplateRefused:
+    except UnsafeTemplateError:
         raise
     except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError) as exc:
-        raise TemplateRefused(f"cannot render: {type(exc).__name__}: {exc}", source=source) from None
+        raise UnsafeTemplateError(f"cannot render: {type(exc).__name__}: {exc}", source=source) from None
     if len(body) > MAX_BODY:
-        raise TemplateRefused(f"renders {len(body)} characters, over {MAX_BODY}", source=source)
+        raise UnsafeTemplateError(f"renders {len(body)} characters, over {MAX_BODY}", source=source)
     try:
         json.loads(body)
     except ValueError as exc:
-        raise TemplateRefused(f"does not render JSON: {exc}", source=source) from None
+        raise UnsafeTemplateError(f"does not render JSON: {exc}", source=source) from None
     return body.encode("utf-8")
 
 
 def render_mail(template: str, variables: Mapping[str, Any], source: str = "mail_template") -> str:
     """The mail's plain-text body (the headers are the sender's, never the template's)."""
+    from jinja2 import TemplateError
+
     try:
         body = _environment().from_string(template).render(variables)
     except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError) as exc:
-        raise TemplateRefused(f"cannot render: {type(exc).__name__}: {exc}", source=source) from None
+        raise UnsafeTemplateError(f"cannot render: {type(exc).__name__}: {exc}", source=source) from None
     return body[:MAX_BODY]
 
 
