@@ -70,12 +70,17 @@ def monitor_parts(cfg: Config) -> MonitorParts:
 
 
 def _job_text(cfg: Config, timeout: float) -> Callable[[str], JobText]:
-    """[notify]: a Slurm job's name and comment from squeue; PBS's are not looked up (docs/notify.md)."""
+    """[notify]: a job's name and comment, from squeue (Slurm) or qstat (PBS: the name only)."""
     slurm = scheduler_kind(cfg) == "slurm"
 
     def text(job_id: str) -> JobText:
-        if not slurm or not valid_job_id(job_id):
+        if not valid_job_id(job_id):
             return JobText()
+        if not slurm:
+            from gpuslurm.pbs.scheduler import job_name
+
+            name = job_name(job_id, qstat=cfg.paths.qstat, timeout=timeout)
+            return JobText(name or "")
         found = job_name_comment(job_id, squeue=cfg.paths.squeue, timeout=timeout)
         return JobText() if found is None else JobText(*found)
 
