@@ -49,7 +49,7 @@ Energy used by its GPUs: {{ energy_kwh }} kWh.
 See {{ l }}
 {% endfor %}
 `gpuslurm jobstats {{ job.id }}` on {{ job.node }} shows the job's figures.
-This message is automatic; you get at most a few an hour.
+This message is automatic, from your cluster's GPU monitor.
 """
 
 
