@@ -322,7 +322,8 @@ class NotifyConfig(NamedTuple):
     addresses: tuple[tuple[str, str], ...] = ()  # ... unless this table names one: user -> address
     mail_from: str = ""
     mail_template: str = ""  # "": the built-in text (packaging/notify/mail.txt.j2 is the same)
-    webhook_url: str = ""
+    webhook_url: str = ""  # the config is readable by users (pick reads it): a secret URL goes in ...
+    webhook_url_file: str = ""  # ... this file instead, root's and readable by root alone
     webhook_template: str = ""  # a jinja2 file rendering the JSON body (packaging/notify/)
     per_user_max: int = 2  # messages per user ...
     per_user_window_s: float = 3600.0  # ... in this window, kept across restarts
@@ -432,6 +433,7 @@ RULES: dict[str, Rule] = {
     "notify.addresses": Rule(item=str, mapping=True),
     "notify.mail_template": Rule(abspath=True, empty_ok=True),
     "notify.webhook_template": Rule(abspath=True, empty_ok=True),
+    "notify.webhook_url_file": Rule(abspath=True, empty_ok=True),
     "notify.per_user_max": Rule(lo=0, hi=1000),
     "notify.per_user_window_s": Rule(lo=60, hi=30 * 86400),
     "notify.timeout_s": Rule(lo=0.1, hi=120),

@@ -23,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from tests.helpers.recording_scheduler import RecordingScheduler
 
 from gpuslurm.config import Config, MonitorConfig, NotifyConfig, PathsConfig, parse_config
@@ -33,7 +35,7 @@ from gpuslurm.report.notify_render import JobText
 from gpuslurm.samples import Allocation, Cycle, GpuSample
 from gpuslurm.state.jobmap import JobMap, MappedDevice, remove_map, write_map
 from gpuslurm.state.store import Store
-from gpuslurm.watch.notify import SENT_FILE, check_notify_config, notifier_for
+from gpuslurm.watch.notify import SENT_FILE, SentLog, check_notify_config, notifier_for
 from gpuslurm.watch.run import MonitorParts, run_monitor
 
 PACKAGING = Path(__file__).resolve().parents[2] / "packaging" / "notify"
@@ -185,8 +187,10 @@ def test_a_failing_sendmail_is_one_line_and_the_next_job_is_still_told(tmp_path:
 def test_a_slow_webhook_never_holds_the_monitor(tmp_path: Path, hook: ThreadingHTTPServer) -> None:
     """The webhook answers only when the test says so: the cycle that sees the job end returns
     while the POST still waits (it would hang for the whole timeout if sent in the monitor's loop)."""
-    cfg = config(tmp_path, "/nonexistent/sendmail", channels=("webhook",),
-                 webhook_url=f"http://127.0.0.1:{hook.server_address[1]}/hook",
+    secret = tmp_path / "url"  # the URL from a root-only file, as a site keeps a Slack URL
+    secret.write_text(f"http://127.0.0.1:{hook.server_address[1]}/hook\n")
+    secret.chmod(0o600)
+    cfg = config(tmp_path, "/nonexistent/sendmail", channels=("webhook",), webhook_url_file=str(secret),
                  webhook_template=str(PACKAGING / "slack.json.j2"))
     hook.release.clear()  # type: ignore[attr-defined]
     os.makedirs(cfg.paths.state_dir)
@@ -215,6 +219,7 @@ def test_a_slow_webhook_never_holds_the_monitor(tmp_path: Path, hook: ThreadingH
     ({"mail_from": "x@y, z@w"}, "mail_from is not a mail address"),
     ({"channels": ("webhook",), "webhook_url": "file:///etc/shadow",
       "webhook_template": "/x"}, "http:// or https://"),
+    ({"channels": ("webhook",), "webhook_template": "/x"}, "one of webhook_url and webhook_url_file"),
     ({"channels": ("webhook",), "webhook_url": "http://127.0.0.1:1/"}, "needs webhook_template"),
 ])
 def test_a_notify_setting_that_cannot_work_stops_the_monitor_with_one_line(
@@ -290,3 +295,57 @@ def test_the_monitor_tells_the_user_of_an_idle_job_when_it_ends(tmp_path: Path, 
     assert msg["To"] == "nobody@example.org" and "Bcc" not in msg
     assert 'Your job 77 ("train "big"\n{{ 7*7 }}?[31m") on n1' in msg.get_content()
     assert not [w for w in warnings if "notify" in w]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=300) | st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=20).map(lambda v: json.dumps({"sent": v}).encode()))
+@example(data=b'{"sent": [[Infinity, 0, "7"]]}')  # int() of it: OverflowError, once a traceback
+@example(data=b'{"sent": [[65534, NaN, "7"], [65534, 1e999, "8"]]}')
+def test_any_count_file_is_read_or_started_anew_with_one_line(tmp_path: Path, data: bytes) -> None:
+    """The count file is root's, but a crash or a full disk can leave anything in it: the count
+    starts anew with one line, or what it holds is used; the monitor never stops on it."""
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    (state / SENT_FILE).write_bytes(data)
+    (state / SENT_FILE).chmod(0o600)
+    warnings: list[str] = []
+    sent = SentLog(str(state), 2, 3600.0, warnings.append)
+    assert len(warnings) <= 1 and all("\n" not in w for w in warnings)
+    assert sent.allow(NOBODY, "new-job", T0) in (True, False)
+
+
+def test_a_failed_post_names_the_webhook_s_host_never_its_secret_path(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "/nonexistent/sendmail", channels=("webhook",),
+                 webhook_url="http://user:pw@127.0.0.1:1/services/T0/B0/SECRET",
+                 webhook_template=str(PACKAGING / "teams.json.j2"))
+    warnings: list[str] = []
+    run_jobs(cfg, tmp_path, [("46", NOBODY, "nobody")], warnings)
+    [line] = warnings
+    assert line.startswith("[notify] job 46: webhook failed: http://127.0.0.1:1/…: cannot post")
+    assert "SECRET" not in line and "pw" not in line
+
+
+def test_a_webhook_url_file_others_could_read_or_swap_is_refused(tmp_path: Path) -> None:
+    """The config is readable by every user (pick reads it), so a Slack or Teams URL, which lets
+    whoever holds it post to the channel, goes in a file only root reads; one that others can
+    read, a symlink, or one not root's stops the monitor with one line."""
+    secret = tmp_path / "url"
+    secret.write_text("https://hooks.example.org/services/T0/B0/SECRET\n")
+    cfg = config(tmp_path, "/usr/sbin/sendmail", channels=("webhook",), webhook_url_file=str(secret),
+                 webhook_template=str(PACKAGING / "teams.json.j2"))
+    secret.chmod(0o640)
+    with pytest.raises(InputError, match="no one else may read") as caught:
+        check_notify_config(cfg)
+    assert "SECRET" not in str(caught.value)
+    secret.chmod(0o600)
+    assert check_notify_config(cfg).url == "https://hooks.example.org/services/T0/B0/SECRET"
+    link = tmp_path / "link"
+    link.symlink_to(secret)
+    with pytest.raises(InputError, match="cannot read"):
+        check_notify_config(cfg._replace(notify=cfg.notify._replace(webhook_url_file=str(link))))
+    os.chown(secret, NOBODY, NOBODY)
+    with pytest.raises(InputError, match="no one else may read"):
+        check_notify_config(cfg)

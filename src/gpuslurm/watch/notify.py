@@ -21,6 +21,7 @@ import os
 import pwd
 import queue
 import re
+import stat
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
@@ -78,7 +79,7 @@ class SentLog:
             data = read_private_file(state_dir, SENT_FILE, MAX_SENT_BYTES)
             if data is not None:
                 self.sent = [(int(u), float(t), str(j)) for u, t, j in json.loads(data)["sent"]]
-        except (GpuslurmError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (GpuslurmError, OSError, ValueError, KeyError, TypeError, ArithmeticError) as exc:
             warn(f"[notify] starts a new count of messages sent: {os.path.join(state_dir, SENT_FILE)}: {exc}")
 
     def allow(self, uid: int, job: str, now: float) -> bool:
@@ -97,10 +98,9 @@ class SentLog:
 class Sender:
     """One thread sending queued messages; :meth:`submit` never blocks the monitor."""
 
-    def __init__(self, cfg: Config, templates: tuple[str | None, str | None],
-                 job_text: JobTextFn | None, warn: Warn) -> None:
+    def __init__(self, cfg: Config, checked: Checked, job_text: JobTextFn | None, warn: Warn) -> None:
         self.cfg = cfg
-        self.mail_template, self.webhook_template = templates
+        self.mail_template, self.webhook_template, self.url = checked
         self.job_text = job_text
         self.warn = warn
         self.queue: queue.Queue[Message | None] = queue.Queue(maxsize=cfg.notify.queue)
@@ -174,16 +174,17 @@ class Sender:
         n = self.cfg.notify
         assert self.webhook_template is not None
         body = render_webhook(self.webhook_template, context(message.stats, text, webhook=True))
-        req = urllib.request.Request(n.webhook_url, data=body, method="POST",  # noqa: S310 - scheme checked
+        req = urllib.request.Request(self.url, data=body, method="POST",  # noqa: S310 - scheme checked
                                      headers={"Content-Type": "application/json",
                                               "User-Agent": "gpuslurm-monitor"})
+        where = site_of(self.url)  # the rest of a Slack or Teams URL is its secret: never logged
         try:
             with urllib.request.urlopen(req, timeout=n.timeout_s) as resp:  # noqa: S310 - scheme checked
                 resp.read(65536)
         except urllib.error.HTTPError as exc:
-            raise InputError(f"HTTP {exc.code} {exc.reason}", source=n.webhook_url) from None
+            raise InputError(f"HTTP {exc.code} {exc.reason}", source=where) from None
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            raise InputError(f"cannot post: {getattr(exc, 'reason', exc)}", source=n.webhook_url) from None
+            raise InputError(f"cannot post: {getattr(exc, 'reason', exc)}", source=where) from None
 
 
 class Notifier:
@@ -250,8 +251,20 @@ class Notifier:
         self.sender.close(2 * self.cfg.notify.timeout_s + 1)
 
 
-def check_notify_config(cfg: Config) -> tuple[str | None, str | None]:
-    """The mail and webhook templates' text; InputError (exit 2) for a setting that cannot work."""
+def site_of(url: str) -> str:
+    """``scheme://host[:port]/…`` of a webhook URL: what a log line may show of it."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0].rpartition('@')[2]}/…"
+
+
+class Checked(NamedTuple):
+    mail_template: str | None  # None: the built-in text
+    webhook_template: str | None  # None: no webhook
+    url: str
+
+
+def check_notify_config(cfg: Config) -> Checked:
+    """The templates' text and the webhook's URL; InputError (exit 2) for a setting that cannot work."""
     n = cfg.notify
     if n.mail_from and not ADDRESS.fullmatch(n.mail_from):
         raise InputError(f"mail_from is not a mail address: {n.mail_from!r}", source="[notify]")
@@ -264,16 +277,43 @@ def check_notify_config(cfg: Config) -> tuple[str | None, str | None]:
         raise InputError("channel mail needs mail_domain or addresses", source="[notify]")
     mail = _template(n.mail_template, "mail_template") if n.mail_template else None
     webhook = None
+    url = ""
     if "webhook" in n.channels:
-        if not n.webhook_url.startswith(("http://", "https://")):
-            raise InputError(f"webhook_url must be an http:// or https:// URL, not {n.webhook_url!r}",
+        if bool(n.webhook_url) == bool(n.webhook_url_file):
+            raise InputError("channel webhook needs one of webhook_url and webhook_url_file",
+                             source="[notify]")
+        url = n.webhook_url or _secret_url(n.webhook_url_file)
+        odd = any(c.isspace() or not c.isprintable() for c in url)
+        if odd or not url.startswith(("http://", "https://")):
+            raise InputError(f"the webhook URL must be an http:// or https:// URL, not {url[:8]!r}…",
                              source="[notify]")
         if not n.webhook_template:
             raise InputError("channel webhook needs webhook_template", source="[notify]")
         webhook = _template(n.webhook_template, "webhook_template")
     check_templates([(t, s, w) for t, s, w in ((mail, n.mail_template, False),
                                                (webhook, n.webhook_template, True)) if t is not None])
-    return mail, webhook
+    return Checked(mail, webhook, url)
+
+
+def _secret_url(path: str) -> str:
+    """The URL in ``webhook_url_file``: a regular file of root's (ours) that no one else may read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"webhook_url_file: cannot read: {exc.strerror}", source=path) from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise InputError("webhook_url_file must be a file of the monitor's user that no one else "
+                             "may read or write (chmod 600)", source=path)
+        data = fh.read(4097)
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        text = ""
+    if not text or len(data) > 4096 or "\n" in text:
+        raise InputError("webhook_url_file must hold one URL", source=path)
+    return text
 
 
 def _template(path: str, key: str) -> str:
