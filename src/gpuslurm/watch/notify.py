@@ -87,7 +87,7 @@ class SentLog:
         self.sent = [s for s in self.sent if now - s[1] < self.window_s]
         if any(j == job for _, _, j in self.sent) or sum(u == uid for u, _, _ in self.sent) >= self.most:
             return False
-        self.sent.append((uid, now, job))
+        self.sent = [*self.sent[-(MAX_TRACKED - 1):], (uid, now, job)]  # the file stays under its bound
         try:
             write_private_file(self.state_dir, SENT_FILE, json.dumps({"sent": self.sent}).encode())
         except (GpuslurmError, OSError) as exc:
