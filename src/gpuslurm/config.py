@@ -311,6 +311,27 @@ class JobstatsConfig(NamedTuple):
     links: tuple[str, ...] = ()
 
 
+class NotifyConfig(NamedTuple):
+    """End-of-job messages to a job's user (docs/notify.md): off unless ``enabled``."""
+
+    enabled: bool = False
+    verdicts: tuple[str, ...] = ("idle GPUs",)  # jobstats verdicts that get a message
+    below_util_pct: float = 0.0  # also a job whose GPUs' mean utilisation is below this; 0: off
+    min_job_s: float = 1800.0  # shorter jobs get none
+    channels: tuple[str, ...] = ("mail",)  # mail, webhook
+    mail_domain: str = ""  # the user's address: <name of the job's uid>@mail_domain ...
+    addresses: tuple[tuple[str, str], ...] = ()  # ... unless this table names one: user -> address
+    mail_from: str = ""
+    mail_template: str = ""  # "": the built-in text (packaging/notify/mail.txt.j2 is the same)
+    webhook_url: str = ""  # the config is readable by users (pick reads it): a secret URL goes in ...
+    webhook_url_file: str = ""  # ... this file instead, root's and readable by root alone
+    webhook_template: str = ""  # a jinja2 file rendering the JSON body (packaging/notify/)
+    per_user_max: int = 2  # messages per user ...
+    per_user_window_s: float = 3600.0  # ... in this window, kept across restarts
+    timeout_s: float = 10.0  # sendmail's run, the webhook's POST
+    queue: int = 100  # messages waiting for the sender thread; more are dropped, each logged
+
+
 SCHEDULER_KINDS = ("auto", "slurm", "pbs")
 
 
@@ -333,6 +354,7 @@ class Config(NamedTuple):
     throttle: ThrottleConfig = ThrottleConfig()
     act: ActConfig = ActConfig()
     jobstats: JobstatsConfig = JobstatsConfig()
+    notify: NotifyConfig = NotifyConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     source: str | None = None  # the file read; None when all defaults
 
@@ -406,6 +428,18 @@ RULES: dict[str, Rule] = {
     "jobstats.offers": Rule(item=float, lo=0.1, hi=1 << 20, mapping=True),
     "jobstats.notes": Rule(item=str, mapping=True),
     "jobstats.links": Rule(item=str),
+    "notify.verdicts": Rule(item=str, choices=("idle GPUs", "room to improve")),
+    "notify.below_util_pct": Rule(lo=0, hi=100),
+    "notify.min_job_s": Rule(lo=0, hi=366 * 86400),
+    "notify.channels": Rule(item=str, choices=("mail", "webhook")),
+    "notify.addresses": Rule(item=str, mapping=True),
+    "notify.mail_template": Rule(abspath=True, empty_ok=True),
+    "notify.webhook_template": Rule(abspath=True, empty_ok=True),
+    "notify.webhook_url_file": Rule(abspath=True, empty_ok=True),
+    "notify.per_user_max": Rule(lo=0, hi=1000),
+    "notify.per_user_window_s": Rule(lo=60, hi=30 * 86400),
+    "notify.timeout_s": Rule(lo=0.1, hi=120),
+    "notify.queue": Rule(lo=1, hi=10000),
     "detect.defensive.fraction": Rule(lo=0, hi=1),
     "detect.defensive.window_s": Rule(lo=1, hi=7 * 86400),
     "detect.defensive.lookback_s": Rule(lo=1, hi=30 * 86400),

@@ -18,7 +18,7 @@ from gpuslurm.pbs.qstat import (
     parse_pbsnodes_json,
     parse_qstat_json,
 )
-from gpuslurm.pbs.scheduler import vnode_gpus
+from gpuslurm.pbs.scheduler import job_name, vnode_gpus
 
 DATA = Path(__file__).parent / "data"
 QSTAT = (DATA / "qstat-f-json.json").read_text()
@@ -123,3 +123,20 @@ def test_vnode_gpus_are_known_only_when_the_job_holds_the_whole_vnode() -> None:
     numa1 = [g.uuid for g in sorted(node.gpus, key=lambda g: g.minor) if g.numa_node == 1]
     assert len(numa1) == 4 and sorted(vnode_gpus(whole, "pbshost", node)) == sorted(numa1)
     assert vnode_gpus(whole, "elsewhere", node) == ()
+
+
+def test_a_finished_job_s_name_through_qstat_x(tmp_path: Path) -> None:
+    """[notify]: the job's name from ``qstat -x -f -F json ID`` (the user's text, unchanged), for
+    the job asked only."""
+    doc = json.loads(QSTAT)
+    first, second = list(doc["Jobs"])
+    doc["Jobs"][first]["Job_Name"] = 'x "y"\n{{ z }}\x1b[31m'
+    doc["Jobs"][second]["Job_Name"] = "other"
+    answer = tmp_path / "answer.json"
+    answer.write_text(json.dumps(doc))
+    fake = tmp_path / "qstat"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncat {answer}\n')
+    fake.chmod(0o755)
+    assert job_name(first, qstat=str(fake), timeout=5) == 'x "y"\n{{ z }}\x1b[31m'
+    assert (tmp_path / "args").read_text().split() == ["-x", "-f", "-F", "json", first]
+    assert job_name("9.pbshost", qstat=str(fake), timeout=5) is None

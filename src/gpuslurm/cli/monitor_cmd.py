@@ -9,17 +9,22 @@ from typing import TYPE_CHECKING
 import click
 
 from gpuslurm.cli.main import from_option
-from gpuslurm.cli.schedulers import scheduler_for
+from gpuslurm.cli.schedulers import scheduler_for, scheduler_kind
 from gpuslurm.config import Config, load_config
 from gpuslurm.hooks.epilog import admin_comment
 from gpuslurm.hw.source import hardware_source
+from gpuslurm.jobid import valid_job_id
 from gpuslurm.jsondoc import document
+from gpuslurm.report.notify_render import JobText
+from gpuslurm.slurm.squeue import job_name_comment
 from gpuslurm.slurm.sshare import node_quota_cache
 from gpuslurm.slurm.throttle import append_violations
 from gpuslurm.watch.monitor import cycle_dict
 from gpuslurm.watch.run import Exporting, MonitorParts, run_monitor
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpuslurm.samples import Cycle
 
 
@@ -60,7 +65,26 @@ def monitor_parts(cfg: Config) -> MonitorParts:
     """What the monitor takes from the scheduler adapters (and the epilog's comment line)."""
     return MonitorParts(scheduler_for=lambda timeout: scheduler_for(cfg, timeout),
                         publish=append_violations, comment_text=admin_comment,
-                        quota_feeds={"slurm": node_quota_cache})
+                        quota_feeds={"slurm": node_quota_cache},
+                        job_text=lambda timeout: _job_text(cfg, timeout))
+
+
+def _job_text(cfg: Config, timeout: float) -> Callable[[str], JobText]:
+    """[notify]: a job's name and comment, from squeue (Slurm) or qstat (PBS: the name only)."""
+    slurm = scheduler_kind(cfg) == "slurm"
+
+    def text(job_id: str) -> JobText:
+        if not valid_job_id(job_id):
+            return JobText()
+        if not slurm:
+            from gpuslurm.pbs.scheduler import job_name
+
+            name = job_name(job_id, qstat=cfg.paths.qstat, timeout=timeout)
+            return JobText(name or "")
+        found = job_name_comment(job_id, squeue=cfg.paths.squeue, timeout=timeout)
+        return JobText() if found is None else JobText(*found)
+
+    return text
 
 
 def _print_json(cycle: Cycle) -> None:

@@ -59,6 +59,7 @@ class PbsJob(NamedTuple):
     ngpus: int  # Resource_List.ngpus: the job's GPUs in all (0 when it asked for none)
     start: float  # stime (seconds since the epoch), 0 when not started
     session_id: int | None  # the job shell's session on its first host (mother superior)
+    name: str = ""  # Job_Name: the user's text (end-of-job messages show it, as data)
 
     def gpus_on(self, host: str) -> int:
         """How many GPUs the job holds on ``host`` (the sum of its vnode shares there)."""
@@ -241,6 +242,7 @@ def parse_qstat_json(text: str, source: str = "qstat -f -F json") -> tuple[PbsJo
             account=_account(account, item.get("project")),
             exec_hosts=hosts, chunks=chunks, ngpus=ngpus, start=start,
             session_id=_int(session, f"{job_id}: session_id", source) if session is not None else None,
+            name=_str(item, "Job_Name", job_id, source, ""),
         ))
     return tuple(out)
 

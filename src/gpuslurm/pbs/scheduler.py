@@ -254,3 +254,11 @@ class PbsScheduler(PbsJobFacts):
             allocations=lambda: self.node_allocations(host, node),
             notify=self.set_admin_comment, requeue=self.requeue_job, job_on_gpu=cfg.job_on_gpu)
         return reconcile(node, host, out, cmds)
+
+
+def job_name(job_id: str, *, qstat: str, timeout: float) -> str | None:
+    """A job's ``Job_Name`` (``qstat -x -f -F json ID``: an ended job too, where the server keeps
+    job history), or None when qstat's answer does not hold that job."""
+    result = run_command([qstat, "-x", "-f", "-F", "json", check_pbs_job_id(job_id)], timeout=timeout)
+    found = [j for j in parse_qstat_json(result.stdout) if j.job_id == job_id]
+    return found[0].name if found else None

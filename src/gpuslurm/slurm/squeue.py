@@ -35,6 +35,7 @@ class SqueueJob(NamedTuple):
     gres_detail: tuple[str, ...]
     name: str = ""  # the job's name (gpu_out finds its holder jobs by it)
     admin_comment: str = ""  # set by admins and their tools only (users cannot); the user's is "comment"
+    comment: str = ""  # the user's own text (end-of-job messages show it, as data)
 
 
 def gpu_indices(detail: str) -> tuple[int, ...]:
@@ -150,6 +151,7 @@ def _job(item: object, source: str) -> SqueueJob:
         gres_detail=detail,
         name=_text(item.get("name"), "name", where),
         admin_comment=_text(item.get("admin_comment"), "admin_comment", where),
+        comment=_text(item.get("comment"), "comment", where),
     )
 
 
@@ -208,3 +210,11 @@ def node_allocations(squeue: str, node_name: str, node: Node, *, timeout: float,
     result = run_command([squeue, "--json", f"--nodelist={node_name}", "--states=RUNNING"],
                          timeout=timeout, env=env)
     return allocations_on(parse_squeue_json(result.stdout), node_name, node)
+
+
+def job_name_comment(job_id: str, *, squeue: str, timeout: float) -> tuple[str, str] | None:
+    """The job's name and comment (``squeue --json --jobs=ID --states=all``: the fields by name;
+    slurmctld keeps an ended job for MinJobAge), or None when squeue no longer lists it."""
+    listed = run_command([squeue, "--json", f"--jobs={job_id}", "--states=all"], timeout=timeout)
+    found = [j for j in parse_squeue_json(listed.stdout) if j.job_id == job_id]  # 22.05 lists all
+    return (found[0].name, found[0].comment) if found else None

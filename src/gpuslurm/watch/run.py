@@ -32,6 +32,7 @@ from gpuslurm.watch.build import build_monitor
 from gpuslurm.watch.comments import CommentUpdater, TextFn
 from gpuslurm.watch.health import HealthReader, HealthWatch
 from gpuslurm.watch.jobfiles import JobFiles
+from gpuslurm.watch.notify import JobTextFn, notifier_for
 
 if TYPE_CHECKING:
     from gpuslurm.config import Config
@@ -52,6 +53,8 @@ class MonitorParts(NamedTuple):
     comment_text: TextFn  # (GPU count, figures) → a running job's comment line
     # [detect.share] quota_source → its feed (Slurm's shares for "slurm"); "config" needs none
     quota_feeds: Mapping[str, Callable[[Config, int], QuotaFeed]] = MappingProxyType({})
+    # [notify]: a job's name and comment from the scheduler, for its end-of-job message
+    job_text: Callable[[float], JobTextFn] | None = None
 
 
 class Exporting(NamedTuple):
@@ -82,6 +85,16 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
     if store.moved_aside:
         warn(f"{path} was not a usable store; moved it to {store.moved_aside} and started a new one")
     detector = Detector(cfg.detect)
+    settings = jobstats_settings(cfg)
+    files = JobFiles(files_dir(cfg), store, settings, interval_s=cfg.jobstats.write_interval_s,
+                     keep_s=cfg.jobstats.keep_days * 86400, warn=warn)
+    try:
+        notifier = notifier_for(cfg, store, settings, warn=warn, job_text=None if parts.job_text is None
+                                else parts.job_text(mc.command_timeout_s))
+    except BaseException:
+        store.close()
+        sampler.close()
+        raise
     exporter = None
     if prometheus is not None:
         from gpuslurm.watch.exporter import MetricsState, start_exporter
@@ -98,21 +111,35 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
                             raw_window_s=mc.raw_window_s, warn=warn, detector=detector,
                             **_parts(cfg, parts, node, node_name, source, store, warn),
                             observe=exporter.state.update if exporter else None,
-                            jobfiles=JobFiles(files_dir(cfg), store, jobstats_settings(cfg),
-                                              interval_s=cfg.jobstats.write_interval_s,
-                                              keep_s=cfg.jobstats.keep_days * 86400, warn=warn))
+                            jobfiles=files if notifier is None else _each(files, notifier, warn))
     stop = threading.Event()
     restore = mon.stop_on_signals(stop)
     try:
         mon.run(monitor, interval or mc.interval_s, once=once, stop=stop, on_cycle=on_cycle)
     finally:
         restore()
+        if notifier is not None:
+            notifier.close()
         if exporter is not None:
             exporter.close()
         store.close()
         sampler.close()
     if monitor.pending:
         raise InputError(f"{len(monitor.pending)} cycle(s) could not be stored", source=path)
+
+
+def _each(files: Callable[[Cycle], None], notifier: Callable[[Cycle], None],
+          warn: Warn) -> Callable[[Cycle], None]:
+    """The job files, then the end-of-job messages: at the same cycle, one's failure not the other's."""
+    def both(cycle: Cycle) -> None:
+        try:
+            files(cycle)
+        finally:
+            try:
+                notifier(cycle)
+            except Exception as exc:  # messages are a courtesy: they never stop the monitor
+                warn(f"[notify] failed this cycle: {type(exc).__name__}: {exc}")
+    return both
 
 
 def _db_group(name: str) -> int | None:
