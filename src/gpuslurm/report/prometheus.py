@@ -300,6 +300,7 @@ def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSp
     for m, _ in grid.over_chunks("max_over_time(gpuslurm_gpu_allocated{m}[{r}])", 0.0, 'job_id!=""'):
         devices.setdefault((m.get("node", ""), m.get("job_id", "")), set()).add(
             m.get("mig_uuid") or m.get("gpu_uuid", ""))
+    cycles = _cycle_intervals(grid)
     out = []
     check = Checked(f"prometheus:{grid.prom.url}", "series")  # an infinite time has no bucket
     for job, (m, end) in ends.items():
@@ -311,8 +312,20 @@ def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSp
         end = check.time(end, f"gpuslurm_job_last_seen_timestamp_seconds{{{where}}}")
         out.append(AllocationSpan(job[0], job[1], m.get("user", ""), m.get("account") or None,
                                   tuple(sorted(devices.get(job, ()))), begin,
-                                  held_until(end, intervals.get(job[0]))))
+                                  held_until(end, cycles.get(job[0]) or intervals.get(job[0]))))
     return tuple(sorted(out, key=lambda a: (a.start, a.job_id, a.node)))
+
+
+def _cycle_intervals(grid: _Grid) -> dict[str, float]:
+    """Per node, its monitor's cycle interval (``gpuslurm_monitor_interval_seconds``): what a job's
+    last cycle stands for, as in the store, whatever the scrape interval. Absent from an exporter
+    older than the gauge: the caller falls back to the scrape interval."""
+    out: dict[str, float] = {}
+    for m, v in grid.over_chunks("max_over_time(gpuslurm_monitor_interval_seconds{m}[{r}])"):
+        node = m.get("node", "")
+        if 0 < v < 1e6 and v > out.get(node, 0.0):
+            out[node] = v
+    return out
 
 
 def load_violations(client: PrometheusClient | str, since: float,
