@@ -22,6 +22,7 @@ Every failure (unreachable, HTTP error, not Prometheus' JSON) is a one-line Inpu
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import math
 import re
@@ -35,7 +36,9 @@ from typing import Any, TypeVar
 from gpuslurm.errors import InputError
 from gpuslurm.policy.wording import span
 from gpuslurm.report.data import (
+    GAP_INTERVALS,
     AllocationSpan,
+    Gap,
     GpuSeries,
     ProcSeries,
     ReportData,
@@ -225,7 +228,8 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
 
     return ReportData(here, since, until, start, step_s, tuple(gpus), _processes(grid, check, device_samples),
                       _allocations(grid, intervals),
-                      tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until))
+                      tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until),
+                      _gaps(grid, samples, intervals))
 
 
 def chunk_seconds(scrape_s: float, step_s: float) -> float:
@@ -326,6 +330,41 @@ def _cycle_intervals(grid: _Grid) -> dict[str, float]:
         if 0 < v < 1e6 and v > out.get(node, 0.0):
             out[node] = v
     return out
+
+
+def _gaps(grid: _Grid, samples: Matrix, intervals: dict[str, float]) -> tuple[Gap, ...]:
+    """Times inside the window a node's exporter went unscraped (its monitor down): scrapes more
+    than :data:`GAP_INTERVALS` scrape intervals apart. Only buckets short of scrapes are read
+    sample by sample (with their neighbours, where a gap may begin or end), so a cluster whose
+    scrapes all land costs no request more."""
+    most: dict[str, dict[int, float]] = {}
+    for key, cells in samples.items():
+        mine = most.setdefault(_label(key, "node"), {})
+        for b, count in cells.items():
+            mine[b] = max(count, mine.get(b, 0.0))
+    out: list[Gap] = []
+    for node, cells in sorted(most.items()):
+        every = intervals.get(node)
+        if not every:
+            continue
+        first, last = min(cells), max(cells)
+        short = [b for b in range(first, last + 1)
+                 if cells.get(b, 0.0) * every < grid.span(b)[1] - grid.span(b)[0] - 1.5 * every]
+        runs: list[list[int]] = []
+        for b in short:
+            if runs and b <= runs[-1][1] + 1:
+                runs[-1][1] = b
+            else:
+                runs.append([b, b])
+        for lo_b, hi_b in runs:
+            lo, hi = grid.span(max(first, lo_b - 1))[0], grid.span(min(last, hi_b + 1))[1]
+            query = f"gpuslurm_monitor_last_cycle_timestamp_seconds{_selector(_node_matcher([node]))}" \
+                    f"[{_ms(hi - lo)}ms]"
+            raw = grid.prom._get("query", {"query": query, "time": _ts(hi)}, "matrix")
+            times = sorted({float(t) for r in raw for t, _ in r.get("values") or ()})
+            out += [Gap(node, a, b) for a, b in itertools.pairwise(times)
+                    if b - a > GAP_INTERVALS * every and b > grid.since and a < grid.until]
+    return tuple(out)
 
 
 def load_violations(client: PrometheusClient | str, since: float,
