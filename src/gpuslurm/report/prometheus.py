@@ -361,7 +361,7 @@ def _gaps(grid: _Grid, samples: Matrix, intervals: dict[str, float]) -> tuple[Ga
             query = f"gpuslurm_monitor_last_cycle_timestamp_seconds{_selector(_node_matcher([node]))}" \
                     f"[{_ms(hi - lo)}ms]"
             raw = grid.prom._get("query", {"query": query, "time": _ts(hi)}, "matrix")
-            times = sorted({float(t) for r in raw for t, _ in r.get("values") or ()})
+            times = sorted({t for r in raw for t in _sample_times(r)})
             out += [Gap(node, a, b) for a, b in itertools.pairwise(times)
                     if b - a > GAP_INTERVALS * every and b > grid.since and a < grid.until]
     return tuple(out)
@@ -549,6 +549,15 @@ def _seen(count: float, device_samples: float | None) -> float:
     if not count:
         return 0.0
     return 1.0 if not device_samples else min(count / device_samples, 1.0)
+
+
+def _sample_times(item: dict[str, Any]) -> Iterator[float]:
+    """The finite sample times of a range vector's series (anything else in a forged answer: none)."""
+    values = item.get("values")
+    for pair in values if isinstance(values, list) else ():
+        t = _float(pair[0]) if isinstance(pair, list) and len(pair) == 2 else None
+        if t is not None and math.isfinite(t):
+            yield t
 
 
 def _key(item: dict[str, Any]) -> Key:
