@@ -11,6 +11,7 @@ from tests.helpers.report_helpers import END, POLICY, T0, cycles
 
 from gpuslurm.report.compute import compute
 from gpuslurm.report.data import Gap
+from gpuslurm.report.html import render_page
 from gpuslurm.report.query import load_sqlite
 from gpuslurm.report.render import as_json, write_table
 from gpuslurm.state.store import Store
@@ -38,6 +39,8 @@ def test_a_monitor_down_for_ten_minutes_is_a_named_gap(tmp_path: Path) -> None:
     assert (doc["node"], doc["from_unix_s"], doc["until_unix_s"], doc["seconds"]) == \
         ("n1", T0 + 29 * 60, T0 + 40 * 60, 660.0)
     assert report.totals.unmeasured_gpu_hours > 0  # the gap's time stays unmeasured
+    page = render_page(report, "heading", "UTC", [])
+    assert "<h2>Gaps</h2>" in page and "node n1 has no samples from " in page and "(11 min)" in page
 
 
 def test_a_missed_cycle_or_two_is_no_gap(tmp_path: Path) -> None:
