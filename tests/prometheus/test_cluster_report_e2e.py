@@ -324,7 +324,7 @@ def test_throttle_auto_reads_the_cluster_s_utilisation_as_the_stores_hold_it(clu
     prom = prometheus_utilisation(cluster.url, at, 30.0)
     assert len(means) == 8 + 4 + 1  # the MIG devices report no utilisation, the A100 outside MIG does
     assert prom is not None and abs(prom - sum(means) / len(means)) <= 1.5 / fewest, (prom, means, fewest)
-    assert prom > 0.2
+    assert prom > 0.1  # 3.1 GPUs busy of 13 once the scenario runs; 0 before it (the first 6 to 26 s)
 
 
 def test_a_node_whose_monitor_was_down_is_named_with_its_gap(cluster: Cluster) -> None:
