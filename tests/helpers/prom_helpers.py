@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
+import subprocess
+import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
+
+import pytest
+
+PROMETHEUS = "/usr/bin/prometheus"
 
 
 class Prom(NamedTuple):
@@ -46,3 +55,49 @@ def normal_exposition(text: str) -> str:
             x = f"{series} {int(v) if v == int(v) else v}"
         out.append(x)
     return "\n".join(out) + "\n"
+
+
+@contextlib.contextmanager
+def running_prometheus(root: Path, targets: list[str], scrape_s: float) -> Iterator[str]:
+    """``/usr/bin/prometheus`` on loopback scraping ``targets`` every ``scrape_s`` seconds, with a
+    config and TSDB under ``root``; its base URL once it is ready (pytest.fail if it never is)."""
+    port = free_port()
+    config = root / "prometheus.yml"
+    every = f"{round(scrape_s * 1000)}ms"
+    config.write_text(
+        f"global:\n  scrape_interval: {every}\n  scrape_timeout: {every}\n  evaluation_interval: {every}\n"
+        "scrape_configs:\n  - job_name: gpuslurm\n    static_configs:\n"
+        f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")
+    log_path = root / "prometheus.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=root)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"prometheus exited {proc.returncode}: {log_tail(log_path)}")
+                try:
+                    with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"prometheus not ready after 30 s: {log_tail(log_path)}")
+                time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def log_tail(path: Path) -> str:
+    return " | ".join(path.read_text(errors="replace").splitlines()[-5:])

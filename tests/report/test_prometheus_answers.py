@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gpuslurm.errors import InputError
+from gpuslurm.report.data import Gap
 from gpuslurm.report.prometheus import PrometheusClient, load_prometheus
 
 T0 = 1_700_000_000.0 - 1_700_000_000.0 % 3600
@@ -77,3 +78,38 @@ def test_a_forged_job_start_or_end_is_one_line(which: str, time: str) -> None:
     with pytest.raises(InputError) as bad:
         load(ForgedPrometheus(**{which: time}))
     assert "\n" not in str(bad.value) and "timestamp" in str(bad.value)
+
+
+class GappedPrometheus(ForgedPrometheus):
+    """Node n1 scraped every 10 s but in the bucket T0 + 10 min .. 11 min; its scrape times as
+    ``times`` (a forged answer may hold anything there)."""
+
+    def __init__(self, times: list[Any]) -> None:
+        super().__init__()
+        self.times = times
+
+    def range(self, query: str, first: float, last: float, step_s: float) -> list[dict[str, Any]]:
+        got = super().range(query, first, last, step_s)
+        if query.startswith("count_over_time(gpuslurm_gpu_memory_total_bytes"):
+            for r in got:
+                r["values"] = [[t, "1" if t == T0 + 660 else v] for t, v in r["values"]]
+        return got
+
+    def _get(self, endpoint: str, params: dict[str, str], want: str) -> list[dict[str, Any]]:
+        assert endpoint == "query" and want == "matrix" and params["query"].startswith(
+            'gpuslurm_monitor_last_cycle_timestamp_seconds{node=~"n1"}['), params
+        return [{"metric": {"node": "n1"}, "values": self.times}]
+
+
+def test_a_node_s_gap_is_read_from_its_scrape_times() -> None:
+    times = [[T0 + 550 + 10 * i, "1"] for i in range(11)] + [[T0 + 655, "1"]] + \
+        [[T0 + 720 + 10 * i, "1"] for i in range(8)]  # 10 s apart but 655 → 720
+    assert load(GappedPrometheus(times)).gaps == (Gap("n1", T0 + 655, T0 + 720),)
+
+
+@pytest.mark.parametrize("junk", [["x", "1"], [1, 2, 3], "junk", None, ["+Inf", "1"], ["NaN", "1"],
+                                  [{}, "1"]])
+def test_forged_scrape_times_are_passed_over(junk: Any) -> None:
+    """A forged answer's sample that is no [time, value] pair stopped the report with a traceback."""
+    times = [[T0 + 600, "1"], junk, [T0 + 700, "1"]]
+    assert load(GappedPrometheus(times)).gaps == (Gap("n1", T0 + 600, T0 + 700),)

@@ -101,6 +101,15 @@ def test_a_free_device_reports_0_and_an_ended_job_leaves_no_series() -> None:
     assert 'gpuslurm_monitor_problems_total{node="n1",kind="pid-gone"} 2' in after
     assert 'gpuslurm_violations_started_total{node="n1",kind="rogue"} 1' in after
     assert 'gpuslurm_monitor_last_cycle_timestamp_seconds{node="n1"} 1001' in after
+    assert "gpuslurm_monitor_interval_seconds" not in after  # no interval given: none said
+
+
+def test_the_monitor_interval_is_exported_for_the_report_to_end_jobs_by() -> None:
+    state = MetricsState(interval_s=2.5)
+    state.update(*_cycle(1000.0))
+    text = normal_exposition(state.body().decode())
+    assert 'gpuslurm_monitor_interval_seconds{node="n1"} 2.5' in text
+    assert "# TYPE gpuslurm_monitor_interval_seconds gauge" in text
 
 
 def test_an_ongoing_violation_is_counted_once() -> None:

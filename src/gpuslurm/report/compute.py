@@ -21,7 +21,8 @@ Definitions (GPU-hours count a MIG device as its fraction of the physical GPU):
   allocated + the use outside any job, per row and in total.
 - **outside jobs**: used time of processes in no job (and busy time nobody held): use without
   an allocation. A row whose used exceeds its allocated shows it here.
-- **unmeasured**: allocated time with no utilisation sample: neither idle nor used. A bucket the
+- **unmeasured**: allocated time with no utilisation sample: neither idle nor used (a node's
+  monitor down inside the window is also named, as a gap: ``ReportData.gaps``). A bucket the
   monitor sampled only in part (``GpuSeries.cover``) is measured for that part only: its mean
   utilisation makes busy and idle time of the covered part, the rest is unmeasured.
 - **share**: used GPU-hours over the capacity of the window (physical GPUs × hours), against the
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 from gpuslurm.policy.wording import pct, tenths
-from gpuslurm.report.data import AllocationSpan, ProcSeries, ReportData, Sparse
+from gpuslurm.report.data import AllocationSpan, Gap, ProcSeries, ReportData, Sparse
 from gpuslurm.samples import Violation
 
 BY_CHOICES = ("user", "account", "job", "process")
@@ -107,6 +108,7 @@ class Report(NamedTuple):
     recommendations: tuple[str, ...]
     times: tuple[float, ...]  # bucket midpoints, for charts
     user_gpus: tuple[tuple[str, tuple[float, ...]], ...]  # per user: GPUs busy on average per bucket
+    gaps: tuple[Gap, ...] = ()  # a node's monitor down inside the window: its time there is unmeasured
 
 
 
@@ -323,7 +325,7 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                     total.outside, None if total.energy_j is None else total.energy_j / J_PER_KWH)
     return Report(data.source, data.since, data.until, data.step_s, by, totals, rows,
                   _recommendations(rows), tuple((lo + hi) / 2 for lo, hi in spans),
-                  tuple((u, tuple(s)) for u, s in sorted(user_series.items())))
+                  tuple((u, tuple(s)) for u, s in sorted(user_series.items())), data.gaps)
 
 
 T = TypeVar("T")

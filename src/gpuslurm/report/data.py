@@ -107,6 +107,20 @@ class AllocationSpan(NamedTuple):
     end: float  # :func:`held_until` its last sighting (for a running job: the newest sample's)
 
 
+class Gap(NamedTuple):
+    """A time a node's monitor (or its exporter, for Prometheus) left without samples, inside the
+    window: from its last sample before to its first after (:data:`GAP_INTERVALS`)."""
+
+    node: str
+    start: float  # the last sample before the gap
+    end: float  # the first sample after it
+
+
+# A node has a gap where two of its samples are more than this many sampling (or scrape) intervals
+# apart: a cycle that ran late, or one scrape that failed, is not one.
+GAP_INTERVALS = 3.0
+
+
 class ReportData(NamedTuple):
     """Everything a report needs for one window, from any source."""
 
@@ -119,6 +133,8 @@ class ReportData(NamedTuple):
     procs: tuple[ProcSeries, ...]
     allocations: tuple[AllocationSpan, ...]
     violations: tuple[Violation, ...]  # findings overlapping the window
+    # times a node seen in the window had no samples in it (its monitor down): unmeasured, named
+    gaps: tuple[Gap, ...] = ()
 
     @property
     def buckets(self) -> int:

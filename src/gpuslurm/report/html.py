@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from collections.abc import Sequence
 
-from gpuslurm.policy.wording import pct, tenths
+from gpuslurm.policy.wording import pct, span, tenths
 from gpuslurm.report.compute import Report
 
 TEMPLATE = "report.html.j2"
 
 
 def render_page(report: Report, heading: str, zone: str, charts: Sequence[tuple[str, bytes]]) -> str:
-    """The page: totals, one row per user/account/job/process, evidence, recommendations, charts
-    (title, PNG bytes)."""
+    """The page: totals, a node's gaps, one row per user/account/job/process, evidence,
+    recommendations, charts (title, PNG bytes)."""
     import jinja2
 
     env = jinja2.Environment(
@@ -27,6 +28,8 @@ def render_page(report: Report, heading: str, zone: str, charts: Sequence[tuple[
         autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["h"] = tenths
     env.filters["pct"] = pct
+    env.filters["span"] = span
+    env.filters["clock"] = lambda ts: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
     images = [(title, base64.b64encode(png).decode("ascii")) for title, png in charts]
     return env.get_template(TEMPLATE).render(report=report, t=report.totals, heading=heading, zone=zone,
                                              charts=images)

@@ -22,6 +22,7 @@ Every failure (unreachable, HTTP error, not Prometheus' JSON) is a one-line Inpu
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import math
 import re
@@ -35,7 +36,9 @@ from typing import Any, TypeVar
 from gpuslurm.errors import InputError
 from gpuslurm.policy.wording import span
 from gpuslurm.report.data import (
+    GAP_INTERVALS,
     AllocationSpan,
+    Gap,
     GpuSeries,
     ProcSeries,
     ReportData,
@@ -225,7 +228,8 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
 
     return ReportData(here, since, until, start, step_s, tuple(gpus), _processes(grid, check, device_samples),
                       _allocations(grid, intervals),
-                      tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until))
+                      tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until),
+                      _gaps(grid, samples, intervals))
 
 
 def chunk_seconds(scrape_s: float, step_s: float) -> float:
@@ -300,6 +304,7 @@ def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSp
     for m, _ in grid.over_chunks("max_over_time(gpuslurm_gpu_allocated{m}[{r}])", 0.0, 'job_id!=""'):
         devices.setdefault((m.get("node", ""), m.get("job_id", "")), set()).add(
             m.get("mig_uuid") or m.get("gpu_uuid", ""))
+    cycles = _cycle_intervals(grid)
     out = []
     check = Checked(f"prometheus:{grid.prom.url}", "series")  # an infinite time has no bucket
     for job, (m, end) in ends.items():
@@ -311,8 +316,55 @@ def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSp
         end = check.time(end, f"gpuslurm_job_last_seen_timestamp_seconds{{{where}}}")
         out.append(AllocationSpan(job[0], job[1], m.get("user", ""), m.get("account") or None,
                                   tuple(sorted(devices.get(job, ()))), begin,
-                                  held_until(end, intervals.get(job[0]))))
+                                  held_until(end, cycles.get(job[0]) or intervals.get(job[0]))))
     return tuple(sorted(out, key=lambda a: (a.start, a.job_id, a.node)))
+
+
+def _cycle_intervals(grid: _Grid) -> dict[str, float]:
+    """Per node, its monitor's cycle interval (``gpuslurm_monitor_interval_seconds``): what a job's
+    last cycle stands for, as in the store, whatever the scrape interval. Absent from an exporter
+    older than the gauge: the caller falls back to the scrape interval."""
+    out: dict[str, float] = {}
+    for m, v in grid.over_chunks("max_over_time(gpuslurm_monitor_interval_seconds{m}[{r}])"):
+        node = m.get("node", "")
+        if 0 < v < 1e6 and v > out.get(node, 0.0):
+            out[node] = v
+    return out
+
+
+def _gaps(grid: _Grid, samples: Matrix, intervals: dict[str, float]) -> tuple[Gap, ...]:
+    """Times inside the window a node's exporter went unscraped (its monitor down): scrapes more
+    than :data:`GAP_INTERVALS` scrape intervals apart. Only buckets short of scrapes are read
+    sample by sample (with their neighbours, where a gap may begin or end), so a cluster whose
+    scrapes all land costs no request more."""
+    most: dict[str, dict[int, float]] = {}
+    for key, cells in samples.items():
+        mine = most.setdefault(_label(key, "node"), {})
+        for b, count in cells.items():
+            mine[b] = max(count, mine.get(b, 0.0))
+    out: list[Gap] = []
+    for node, cells in sorted(most.items()):
+        every = intervals.get(node)
+        if not every:
+            continue
+        first, last = min(cells), max(cells)
+        short = [b for b in range(first, last + 1)
+                 if cells.get(b, 0.0) * every < grid.span(b)[1] - grid.span(b)[0] - 1.5 * every]
+        runs: list[list[int]] = []
+        for b in short:
+            if runs and b <= runs[-1][1] + 1:
+                runs[-1][1] = b
+            else:
+                runs.append([b, b])
+        for lo_b, hi_b in runs:
+            lo, hi = grid.span(max(first, lo_b - 1))[0], grid.span(min(last, hi_b + 1))[1]
+            query = f"gpuslurm_monitor_last_cycle_timestamp_seconds{_selector(_node_matcher([node]))}" \
+                    f"[{_ms(hi - lo)}ms]"
+            raw = grid.prom._get("query", {"query": query, "time": _ts(hi)}, "matrix")
+            times = sorted({t for r in raw for t in _sample_times(r)})
+            out += [Gap(node, a, b) for a, b in itertools.pairwise(times)
+                    if b - a > GAP_INTERVALS * every and b > grid.since and a < grid.until]
+    return tuple(out)
 
 
 def load_violations(client: PrometheusClient | str, since: float,
@@ -497,6 +549,15 @@ def _seen(count: float, device_samples: float | None) -> float:
     if not count:
         return 0.0
     return 1.0 if not device_samples else min(count / device_samples, 1.0)
+
+
+def _sample_times(item: dict[str, Any]) -> Iterator[float]:
+    """The finite sample times of a range vector's series (anything else in a forged answer: none)."""
+    values = item.get("values")
+    for pair in values if isinstance(values, list) else ():
+        t = _float(pair[0]) if isinstance(pair, list) and len(pair) == 2 else None
+        if t is not None and math.isfinite(t):
+            yield t
 
 
 def _key(item: dict[str, Any]) -> Key:

@@ -27,7 +27,9 @@ from typing import Any
 
 from gpuslurm.errors import InputError
 from gpuslurm.report.data import (
+    GAP_INTERVALS,
     AllocationSpan,
+    Gap,
     GpuSeries,
     ProcSeries,
     ReportData,
@@ -52,6 +54,9 @@ total(sm_util_pct) FROM proc_sample WHERE ts >= ? AND ts < ? GROUP BY process, b
 _PROC_MIN = """SELECT process, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum)
 FROM proc_minute WHERE process IN (SELECT id FROM process WHERE last_seen >= ? AND first_seen < ?)
 AND minute >= ? AND minute < ? GROUP BY process, b"""
+# consecutive raw samples of one device further apart than a bound: the monitor's gaps
+_GAPS = """SELECT prev, ts FROM (SELECT ts, lag(ts) OVER (ORDER BY ts) AS prev FROM gpu_sample
+WHERE device = ? AND ts >= ? AND ts < ?) WHERE ts - prev > ?"""
 _ALLOCS = """SELECT a.job_id, a.user, a.account, a.start, a.last_seen, d.uuid
 FROM allocation a JOIN allocation_device ad ON ad.job_id = a.job_id JOIN device d ON d.id = ad.device
 WHERE a.last_seen >= ? AND a.start < ? ORDER BY a.start, a.job_id, d.uuid"""
@@ -194,8 +199,24 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
     allocations = tuple(AllocationSpan(node, j, u, acc, tuple(devs[j]), s, held_until(e, interval))
                         for j, u, acc, s, e in spans.values())
     violations = tuple(store.violations(since, until))
+    gaps = _gaps(store, node, [dev for dev, _, _ in shown], since, until, interval)
     return ReportData(f"sqlite:{path}", since, until, start, step_s, gpus, tuple(procs), allocations,
-                      violations)
+                      violations, gaps)
+
+
+def _gaps(store: Store, node: str, shown: list[int], since: float, until: float,
+          interval: float | None) -> tuple[Gap, ...]:
+    """The monitor's gaps inside the window: two raw samples in it of the device sampled last,
+    further apart than :data:`GAP_INTERVALS` intervals (one device: every cycle samples them all;
+    a seek by the primary key). As from Prometheus, a gap across the window's edge has no sample
+    on one side in the window and is not named; minute rollups are not searched."""
+    if interval is None or not shown:
+        return ()
+    conn, c = store._conn, store.checked
+    newest = max(shown, key=lambda d: c.number(conn.execute(
+        "SELECT coalesce(max(ts), 0) FROM gpu_sample WHERE device = ?", (d,)).fetchone()[0], "gpu_sample.ts"))
+    rows = conn.execute(_GAPS, (newest, since, until, GAP_INTERVALS * interval)).fetchall()
+    return tuple(Gap(node, c.time(a, "gpu_sample.ts"), c.time(b, "gpu_sample.ts")) for a, b in rows)
 
 
 def _power(c: Checked, table: str, acc: _Acc, rows: Any, n: int) -> None:

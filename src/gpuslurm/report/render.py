@@ -8,7 +8,7 @@ import time
 from typing import Any, TextIO
 
 from gpuslurm.jsondoc import document
-from gpuslurm.policy.wording import pct, tenths
+from gpuslurm.policy.wording import pct, span, tenths
 from gpuslurm.report.compute import Report, Row
 
 FORMATS = ("table", "json", "csv")
@@ -36,6 +36,10 @@ def _text(text: str) -> str:
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(ts))
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
 def _r(x: float) -> float:
@@ -70,6 +74,8 @@ def as_json(report: Report) -> dict[str, Any]:
                    "energy_kwh": None if t.energy_kwh is None else _r(t.energy_kwh)},
         "rows": [_row_dict(r) for r in report.rows],
         "recommendations": list(report.recommendations),
+        "gaps": [{"node": g.node, "from": _iso(g.start), "until": _iso(g.end), "from_unix_s": g.start,
+                  "until_unix_s": g.end, "seconds": _r(g.end - g.start)} for g in report.gaps],
     })
 
 
@@ -95,6 +101,9 @@ def write_table(report: Report, fp: TextIO) -> None:
              f"{tenths(t.outside_gpu_hours)} outside any job), "
              f"idle {tenths(t.idle_gpu_hours)} GPU-h, unmeasured {tenths(t.unmeasured_gpu_hours)} GPU-h, "
              f"{t.violations} violation(s)\n")
+    for g in report.gaps:  # a node's monitor down: its time there is unmeasured, not idle nor unused
+        fp.write(f"gap: node {_text(g.node)} has no samples from {_clock(g.start)} to {_clock(g.end)} "
+                 f"({span(g.end - g.start)}): counted as unmeasured\n")
     if t.energy_kwh is not None:  # the power sampled times the interval (docs/report.md)
         fp.write(f"Energy {t.energy_kwh:.2f} kWh (whole GPUs; a job's share by the time it held them)\n")
     fp.write("\n")

@@ -51,6 +51,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "violation_start_timestamp_seconds": ("gauge", "When the finding's condition began (Unix seconds)."),
     "violation_duration_seconds": ("gauge", "How long the finding's condition has lasted."),
     "monitor_last_cycle_timestamp_seconds": ("gauge", "When the last monitor cycle sampled (Unix seconds)."),
+    "monitor_interval_seconds": ("gauge", "The monitor's cycle interval: each cycle's sample stands for it."),
     "monitor_cycles_total": ("counter", "Monitor cycles run since the monitor started."),
     "monitor_problems_total": ("counter", "Things cycles could not read, by kind (pid-gone, gpu-lost, ...)."),
     "violations_started_total": ("counter", "Detector findings that began, by kind."),
@@ -177,8 +178,9 @@ def _job_labels(job_id: str | None, user: str | None, account: str | None) -> La
 class MetricsState:
     """What ``/metrics`` serves: the last cycle's gauges and the counters. Thread-safe."""
 
-    def __init__(self, per_process: bool = False) -> None:
+    def __init__(self, per_process: bool = False, interval_s: float | None = None) -> None:
         self.per_process = per_process
+        self.interval_s = interval_s  # the report ends a job this long after its last cycle
         self._lock = threading.Lock()
         self._body = render(()).encode()
         self._cycles = 0
@@ -200,6 +202,8 @@ class MetricsState:
                 self._started[(v.node, v.kind)] = self._started.get((v.node, v.kind), 0) + 1
         self._current = keys
         samples = cycle_samples(cycle, violations, self.per_process)
+        if self.interval_s:
+            samples.append(Sample("monitor_interval_seconds", (("node", cycle.node),), self.interval_s))
         samples.append(Sample("monitor_cycles_total", (("node", cycle.node),), float(self._cycles)))
         samples += [Sample("monitor_problems_total", (("node", n), ("kind", k)), float(c))
                     for (n, k), c in sorted(self._problems.items())]

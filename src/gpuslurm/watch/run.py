@@ -100,7 +100,8 @@ def run_monitor(cfg: Config, source: HardwareSource, parts: MonitorParts, *, db:
         from gpuslurm.watch.exporter import MetricsState, start_exporter
 
         exporter = start_exporter(prometheus.addr, prometheus.port,
-                                  MetricsState(per_process=mc.prometheus_per_process),
+                                  MetricsState(per_process=mc.prometheus_per_process,
+                                               interval_s=interval or mc.interval_s),
                                   timeout_s=mc.prometheus_timeout_s,
                                   max_connections=mc.prometheus_max_connections, warn=warn)
         warn(f"serving metrics on http://{prometheus.addr}:{prometheus.port}/metrics (at most "
