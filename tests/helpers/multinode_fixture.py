@@ -7,13 +7,15 @@ address on 192.0.2.0/24, its hostname, its /dev with its bundle's fake GPU devic
 gpuslurm hooks replaying its bundle: dgx-h100, l40s-4x, a100-mig); ``down`` at the end, even after
 failures. docs/multinode.md says how it is made.
 
-The suite is not in CI yet: it runs only with ``GPUSLURM_MULTINODE=1``. Where it runs, a host that
-cannot make the namespaces skips it with the reason, or fails under ``GPUSLURM_REQUIRE_SLURM``.
+The suite runs only with ``GPUSLURM_MULTINODE=1``, which CI sets for a session of its own after the
+main run (.ci/run). Where it runs, a host that cannot make the namespaces skips it with the reason,
+or fails under ``GPUSLURM_REQUIRE_SLURM`` (as in CI).
 It takes the host-wide test-cluster lock (tests/helpers/cluster_fixture.py) like the other clusters.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,6 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.helpers.cluster_fixture import FINAL_STATES, _gpuslurm_bin, users_python
@@ -35,6 +38,12 @@ UNSHARE = "/usr/bin/unshare"
 NEEDED = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/sbatch",
           "/usr/sbin/ip", "/usr/bin/nsenter", UNSHARE)
 NODES = ("mnode1", "mnode2", "mnode3")
+PROMETHEUS_URL = "http://192.0.2.1:9090"  # multinode.sh monitors: in the controller's namespace
+PROM_QUERY = """import json, sys, urllib.parse, urllib.request
+url = sys.argv[1] + "/api/v1/query?" + urllib.parse.urlencode({"query": sys.argv[2]})
+with urllib.request.urlopen(url, timeout=10) as resp:
+    print(json.dumps(json.load(resp)["data"]["result"]))
+"""
 BUNDLES = ("dgx-h100", "l40s-4x", "a100-mig")
 _FIELD = r"\b{}=(.*?)(?= \w+=|$)"
 
@@ -88,6 +97,26 @@ class MultiNodeCluster:
         """``argv`` in the node's namespaces (its /dev, hostname, address)."""
         return subprocess.run(["/bin/bash", str(MULTINODE_SH), "node", node, *argv], env=self.env,
                               capture_output=True, text=True, timeout=60, check=False)
+
+    def monitors(self, command: str = "monitors") -> None:
+        """Each node's monitor and exporter and one Prometheus (``monitors``), or none of them
+        (``monitors-down``): docs/multinode.md."""
+        done = subprocess.run(["/bin/bash", str(MULTINODE_SH), command], env=self.env, capture_output=True,
+                              text=True, timeout=180, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"multinode.sh {command} failed ({done.returncode}): {done.stderr.strip()}")
+
+    def prom_query(self, query: str) -> list[dict[str, Any]]:
+        """An instant PromQL query to the cluster's Prometheus, from the controller's namespace
+        (the only one on the bridge besides the nodes'); its result list."""
+        done = self.client(self.users_python, "-c", PROM_QUERY, PROMETHEUS_URL, query)
+        result: list[dict[str, Any]] = json.loads(done.stdout)
+        return result
+
+    @property
+    def violations_dir(self) -> Path:
+        """The one directory every node's monitor writes its violations to (a site's NFS)."""
+        return self.state_dir / "violations"
 
     @property
     def users_python(self) -> str:
@@ -212,7 +241,7 @@ def _multinode_sh(command: str, env: dict[str, str]) -> subprocess.CompletedProc
 def multinode_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeCluster]:
     """A running three-node cluster (see module docstring); stopped at the end of the session."""
     if not os.environ.get("GPUSLURM_MULTINODE"):
-        pytest.skip("the multi-node suite runs only with GPUSLURM_MULTINODE=1 (not in CI yet)")
+        pytest.skip("the multi-node suite runs only with GPUSLURM_MULTINODE=1 (.ci/run sets it)")
     reason = multinode_unavailable()
     if reason:
         if os.environ.get("GPUSLURM_REQUIRE_SLURM"):
