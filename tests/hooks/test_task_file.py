@@ -178,6 +178,16 @@ try:
     done.append("read theirs")
 except Exception as exc:
     print("refused:", exc)
+evil = sys.argv[5]  # a run_dir of nobody's own, as a GPUSLURM_CONFIG of theirs would name
+os.makedirs(os.path.join(evil, "tasks"))
+with open(os.path.join(evil, "tasks", mine + ".json"), "w") as fh:
+    fh.write('{"version": 1, "job_id": "%s", "uid": %d, "devices": [{"uuid": "GPU-forged", '
+             '"gres_index": 7, "aliases": [], "numa_node": 1, "cpus": "0"}]}' % (mine, os.getuid()))
+try:
+    read_task_info(evil, mine, os.getuid())
+    done.append("read forged")
+except Exception as exc:
+    print("forged refused:", exc)
 print("mine:", ",".join(d.uuid for d in read_task_info(run, mine, os.getuid()).devices))
 print("done:", ",".join(done))
 """
@@ -185,20 +195,25 @@ print("done:", ",".join(done))
 
 def test_a_user_cannot_change_their_own_or_anothers_task_file(reachable: Path) -> None:
     """As ``nobody``, whose job 41 has GPU 0 and who shares the group of root's job 42 on GPU 7:
-    nobody's writes, renames, plants and chmods all fail, and job 42's file is refused."""
+    nobody's writes, renames, plants and chmods all fail, job 42's file is refused, and so is a
+    forged file for job 41 in a run directory of nobody's own."""
     node = load_node("dgx-h100", links=False)
     devices = node_devices(node)
     run = str(reachable / "run")
     os.mkdir(run, 0o755)
     write_task_info(run, TaskInfo("41", NOBODY, (task_device(devices[0]),)), 65534)
     write_task_info(run, TaskInfo("42", 0, (task_device(devices[7]),)), 65534)  # readable to nogroup
-    done = subprocess.run(["/usr/bin/python3", "-I", "-c", ATTACK, SRC, run, "41", "42"], user=NOBODY,
-                          group=65534, extra_groups=[], capture_output=True, text=True, timeout=60,
-                          check=False, cwd="/")
+    evil = reachable / "nobodys"
+    evil.mkdir()
+    os.chown(evil, NOBODY, 65534)
+    done = subprocess.run(["/usr/bin/python3", "-I", "-c", ATTACK, SRC, run, "41", "42", str(evil)],
+                          user=NOBODY, group=65534, extra_groups=[], capture_output=True, text=True,
+                          timeout=60, check=False, cwd="/")
     assert done.returncode == 0, done.stderr
     assert f"mine: {devices[0].uuid}" in done.stdout
     assert "done: \n" in done.stdout
     assert "refused:" in done.stdout and "of uid 0, not of uid 65534" in done.stdout
+    assert "forged refused:" in done.stdout and "directory owned by uid 65534, not root" in done.stdout
     assert read_task_info(run, "41", NOBODY) == TaskInfo("41", NOBODY, (task_device(devices[0]),))
 
 
