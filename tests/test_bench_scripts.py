@@ -43,9 +43,9 @@ def test_bench_hooks_tiny_run() -> None:
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith("bundle dgx-h100, SLURM_JOB_GPUS=0,1, 2 runs")
-    assert [line.split(" median ")[0].strip() for line in lines[1:4]] == [
-        "python -c pass", "gpuslurm prolog", "gpuslurm epilog"]
-    assert "ratio" in lines[2] and lines[4].startswith("target prolog <= 3 x floor: ")
+    assert [line.split(" median ")[0].strip() for line in lines[1:5]] == [
+        "python -c pass", "gpuslurm prolog", "gpuslurm task-prolog", "gpuslurm epilog"]
+    assert "ratio" in lines[2] and lines[5].startswith("target prolog <= 3 x floor: ")
 
 
 def test_bench_hooks_stops_on_a_failing_hook() -> None:

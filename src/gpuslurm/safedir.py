@@ -120,9 +120,9 @@ def _check(st: os.stat_result, here: str, *, final: bool, private: bool,
 
 def replace_at(dfd: int, name: str, payload: bytes, mode: int, *,
                error: type[InputError] = UnsafePathError, source: str | None = None,
-               owner: int | None = None) -> None:
+               owner: int | None = None, group: int | None = None) -> None:
     """Replace ``name`` in the directory ``dfd`` with ``payload``, atomically, with exactly ``mode``
-    (and, as root, owned by the uid ``owner``: given to it only once written).
+    (and, as root, owned by the uid ``owner`` and the gid ``group``: given only once written).
 
     The data goes to a temporary name created exclusively without following symlinks, is synced,
     and is renamed over ``name`` (a rename replaces a symlink at ``name``, never writes through it),
@@ -149,8 +149,8 @@ def replace_at(dfd: int, name: str, payload: bytes, mode: int, *,
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
-            if owner is not None:
-                os.fchown(fh.fileno(), owner, -1)
+            if owner is not None or group is not None:
+                os.fchown(fh.fileno(), -1 if owner is None else owner, -1 if group is None else group)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         try:

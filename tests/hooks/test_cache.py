@@ -206,7 +206,7 @@ def test_hooks_with_warm_caches_import_nothing_heavy(site: HookSite) -> None:
         added = set(proc.stdout.split()) - baseline
         for heavy in ("click", "gpuslurm.cli.main", "dataclasses", "inspect", "pathlib", "tomllib",
                       "subprocess", "xml.etree.ElementTree", "gpuslurm.hw.replay.bundle",
-                      "gpuslurm.hw.formats.nvml_json"):
+                      "gpuslurm.hw.formats.nvml_json", "typing"):
             assert heavy not in added, heavy
     assert json.loads((site.jobs_dir.parent / "cache" / "config.json").read_text())["doc"]["hooks"] == {
         "command_timeout_s": 5}

@@ -106,6 +106,12 @@ def job_end(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, sourc
             log.info(f"removed the job map from {jobs_dir}")
     except (GpuslurmError, OSError) as exc:
         log.error(f"cannot remove the job map: {exc}")
+    try:
+        from gpuslurm.state.taskinfo import remove_task_info
+
+        remove_task_info(cfg.paths.run_dir, job_id)
+    except (GpuslurmError, OSError) as exc:
+        log.error(f"cannot remove the job's task file: {exc}")
 
     # 6. bookkeeping: summary file and AdminComment; a failure here must never drain the node
     try:

@@ -183,12 +183,27 @@ def start_on_devices(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookL
         jmap = job_map(job_id, job.user, job.uid, devices, account=job.account, sluid=job.sluid)
         path = write_map(jmap, cfg.paths.jobs_dir)
         log.info(f"{len(devices)} device(s) {','.join(d.uuid for d in devices)} mapped in {path}")
+        _write_task_info(job, cfg, devices, log)
     except BaseException:
         if mps:
             _stop_mps_after_failure(cfg, job_id, log)
             _release_mps_cgroup(cfg, job_id, log)
         raise
     return 0
+
+
+def _write_task_info(job: HookJob, cfg: Config, devices: Sequence[JobDevice], log: HookLog) -> None:
+    """What the job's tasks need (:mod:`gpuslurm.state.taskinfo`), so that the task prolog, once
+    per task, reads one small file instead of the node. Bookkeeping: a failure costs the tasks
+    time (the task prolog then reads the node), never the job."""
+    from gpuslurm.isolate.mps_request import job_gid
+    from gpuslurm.state.taskinfo import TaskInfo, task_device, write_task_info
+
+    try:
+        info = TaskInfo(job.job_id, job.uid, tuple(task_device(d) for d in devices))
+        write_task_info(cfg.paths.run_dir, info, job_gid(job.gid, job.uid))
+    except (GpuslurmError, OSError, ValueError) as exc:
+        log.warning(f"no task file for the job's tasks (they read the node instead): {exc}")
 
 
 def _drain_for(job: HookJob, scheduler: Scheduler, cfg: Config, log: HookLog, devices: Sequence[JobDevice],

@@ -31,32 +31,36 @@ exits ``EXIT_NOT_ISOLATED``; slurmstepd then logs "TaskProlog failed" and the ta
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TextIO
-
 from gpuslurm.errors import EXIT_NOT_ISOLATED
-from gpuslurm.hooks.log import HookLog
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuslurm.hw.source import HardwareSource
-    from gpuslurm.state.job import GpuClaim, JobDevice
+    from collections.abc import Callable, Sequence
+    from typing import TextIO
+
+    from gpuslurm.hooks.log import HookLog
+    from gpuslurm.hw.model.node import Node
+    from gpuslurm.state.job import GpuClaim
+    from gpuslurm.state.taskinfo import TaskDevice, TaskInfo
 
 
 def task_exports(claim: GpuClaim | None, job_id: str | None, *, local_id: str = "0",
                  keep_cuda_visible_devices: bool = False, keep_device_order: bool = False,
-                 source: HardwareSource, run_dir: str) -> list[tuple[str, str]]:
-    """The ``(name, value)`` pairs for a task of the job on ``source``'s node (none for a task
-    without GPUs).
+                 node: Callable[[], Node], run_dir: str, uid: int | None,
+                 info: TaskInfo | None = None) -> list[tuple[str, str]]:
+    """The ``(name, value)`` pairs for a task of the job (none for a task without GPUs).
 
-    ``local_id`` is the task's rank on the node (Slurm's ``SLURM_LOCALID``; not a number: 0);
-    ``keep_*`` say the task already has its own ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER``.
-    Values that are not one printable line are left out (they would smuggle in another command).
+    The job's devices come from the task file the prolog wrote (:mod:`gpuslurm.state.taskinfo`,
+    checked to be root's and to name job ``job_id`` of ``uid``); ``node()`` is read only for a job
+    whose prolog wrote none (started before an upgrade). ``local_id`` is the task's rank on the
+    node (Slurm's ``SLURM_LOCALID``; not a number: 0); ``keep_*`` say the task already has its own
+    ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER``; ``info``: the task file, when the caller
+    has read it already. Values that are not one printable line are
+    left out (they would smuggle in another command).
     """
     if claim is None:
         return []
-    from gpuslurm.state.job import resolve_devices
-
-    devices = resolve_devices(claim, source.node(links=False))
+    devices = task_devices(claim, job_id, node=node, run_dir=run_dir, uid=uid, info=info)
     if not devices:
         return []
     pairs = task_values(devices, _local(local_id), run_dir=run_dir, job_id=job_id,
@@ -64,7 +68,23 @@ def task_exports(claim: GpuClaim | None, job_id: str | None, *, local_id: str = 
     return [(name, value) for name, value in pairs if value.isprintable() and "\n" not in value]
 
 
-def task_values(devices: Sequence[JobDevice], local: int, *, run_dir: str, job_id: str | None,
+def task_devices(claim: GpuClaim, job_id: str | None, *, node: Callable[[], Node], run_dir: str,
+                 uid: int | None, info: TaskInfo | None = None) -> tuple[TaskDevice, ...]:
+    """The devices of ``claim`` for a task of job ``job_id``: from the prolog's task file
+    (``info``, else read from ``run_dir``) when there is one (a device outside the job is an
+    InputError), else from ``node()``."""
+    from gpuslurm.state.taskinfo import claimed_devices, read_task_info, task_device
+
+    if info is None and job_id is not None:
+        info = read_task_info(run_dir, job_id, uid)
+    if info is not None:
+        return claimed_devices(info, claim)
+    from gpuslurm.state.job import resolve_devices
+
+    return tuple(task_device(d) for d in resolve_devices(claim, node()))
+
+
+def task_values(devices: Sequence[TaskDevice], local: int, *, run_dir: str, job_id: str | None,
                 set_visible: bool = True, set_order: bool = True,
                 uid: int | None = None) -> list[tuple[str, str]]:
     """The variables a task of a job holding ``devices`` gets (see the module docstring), whatever
@@ -72,7 +92,6 @@ def task_values(devices: Sequence[JobDevice], local: int, *, run_dir: str, job_i
     say whether CUDA_VISIBLE_DEVICES/CUDA_DEVICE_ORDER are to be set; ``uid`` owns the MPS pipe
     directory (default: the caller, the job's user)."""
     from gpuslurm.isolate.mps_request import mps_exports
-    from gpuslurm.ranges import format_ranges
 
     uuids = ",".join(d.uuid for d in devices)
     values: list[tuple[str, str]] = []
@@ -84,10 +103,10 @@ def task_values(devices: Sequence[JobDevice], local: int, *, run_dir: str, job_i
     k = local % len(devices)
     mine = devices[k]
     values += [("GPUSLURM_LOCAL_GPU", str(k)), ("GPUSLURM_GPU_UUID", mine.uuid)]
-    if mine.gpu.numa_node is not None:
-        values.append(("GPUSLURM_NUMA_NODE", str(mine.gpu.numa_node)))
-    if mine.gpu.cpu_affinity:
-        values.append(("GPUSLURM_GPU_CPUS", format_ranges(mine.gpu.cpu_affinity)))
+    if mine.numa_node is not None:
+        values.append(("GPUSLURM_NUMA_NODE", str(mine.numa_node)))
+    if mine.cpus:
+        values.append(("GPUSLURM_GPU_CPUS", mine.cpus))
     return values + mps_exports(run_dir, job_id, uid)
 
 

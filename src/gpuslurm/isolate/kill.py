@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 from gpuslurm.hw.live.procfs import PROC_ROOT
+from gpuslurm.tuples import NamedTuple
 
 KILL_WAIT_S = 2.0  # after SIGKILL; a process still there by then is stuck in the kernel
 SURVIVED = "survived SIGKILL"

@@ -28,16 +28,16 @@ import os
 import stat
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuslurm.errors import CommandError, HardwareError, InputError
 from gpuslurm.isolate import mps_dirs
 from gpuslurm.isolate.kill import Target, send_signal
 from gpuslurm.isolate.mps_request import LOG_VAR, PIPE_VAR, MpsDirs, MpsRequest, check_id, job_dirs
 from gpuslurm.safedir import DIR_FLAGS
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    pass
+    from typing import Any
 
 PID_FILE = "nvidia-cuda-mps-control.pid"  # the real daemon writes it into the pipe directory
 STATE_FILE = "mps.json"

@@ -160,11 +160,12 @@ def _launch(req: PbsRequest, cfg: Config, source: HardwareSource, log: HookLog, 
         answer.env["CUDA_VISIBLE_DEVICES"] = ""  # no GPUs here: CUDA sees none
     else:
         from gpuslurm.hooks.cache import hook_node
-        from gpuslurm.hooks.taskprolog import task_values
-        from gpuslurm.state.job import GpuClaim, resolve_devices
+        from gpuslurm.hooks.taskprolog import task_devices, task_values
+        from gpuslurm.state.job import GpuClaim
 
-        node = hook_node(source, cfg.paths.run_dir, log.warning)
-        devices = resolve_devices(GpuClaim(uuids=jmap.uuids, source="the job map"), node)
+        devices = task_devices(GpuClaim(uuids=jmap.uuids, source="the job map"), job_id,
+                               node=lambda: hook_node(source, cfg.paths.run_dir, log.warning),
+                               run_dir=cfg.paths.run_dir, uid=jmap.uid)
         answer.env.update(task_values(devices, 0, run_dir=cfg.paths.run_dir, job_id=job_id,
                                       uid=jmap.uid))
     _join(req, cfg, log)

@@ -5,7 +5,8 @@ and GPUs (its hook environment). The one squeue wrapper the monitor and the live
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+
+from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the hooks build this adapter on every job: keep its imports to os
     from collections.abc import Mapping

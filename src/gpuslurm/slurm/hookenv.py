@@ -20,13 +20,13 @@ Which GPUs a job has, in this order (see ``resolve_job_gpus``):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
-
 from gpuslurm.errors import InputError
 from gpuslurm.state.job import GpuClaim, HookJob, JobDevice, is_uuid, node_devices, resolve_devices
+from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from gpuslurm.hw.model.node import Node
 
 # What Slurm writes into CUDA_VISIBLE_DEVICES when a GRES has no device files.

@@ -12,6 +12,7 @@ replayed bundle come from ``GPUSLURM_CONFIG`` / ``GPUSLURM_CAPTURE`` baked into 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 
@@ -22,9 +23,11 @@ if TYPE_CHECKING:
     from typing import TextIO
 
     from gpuslurm.config import Config
+    from gpuslurm.hw.model.node import Node
     from gpuslurm.hw.source import HardwareSource
     from gpuslurm.slurm.adapter import SlurmScheduler
     from gpuslurm.state.job import HookJob
+    from gpuslurm.state.taskinfo import TaskInfo
 
 
 def run_prolog(environ: Mapping[str, str], log: HookLog | None = None) -> int:
@@ -64,8 +67,14 @@ def _source(environ: Mapping[str, str], cfg: Config) -> HardwareSource:
 
 
 def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
-    """The ``export`` lines for this task of a Slurm job (none for a task without GPUs)."""
-    from gpuslurm.config import load_config
+    """The ``export`` lines for this task of a Slurm job (none for a task without GPUs).
+
+    Once per task, so the common case parses nothing: the run directory named by the config's
+    ``[paths] run_dir = "..."`` line (:func:`gpuslurm.hooks.cache.run_dir_hint`) holds the task
+    file the prolog wrote for this job, which is only found there if the prolog, parsing the same
+    config, wrote it there. Otherwise (a config that names run_dir another way, a job started
+    before task files) the config is parsed, and the node read when there is still no task file.
+    """
     from gpuslurm.hooks.taskprolog import task_exports
     from gpuslurm.slurm.hookenv import HookEnv, gpu_claim
 
@@ -73,13 +82,40 @@ def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
     claim = gpu_claim(env)
     if claim is None:
         return []
-    cfg = load_config(environ=environ)
-    source = _source(environ, cfg)
-    pairs = task_exports(claim, env.job_id, local_id=environ.get("SLURM_LOCALID", "0"),
-                         keep_cuda_visible_devices=bool(environ.get("CUDA_VISIBLE_DEVICES", "").strip()),
-                         keep_device_order=bool(environ.get("CUDA_DEVICE_ORDER", "").strip()),
-                         source=source, run_dir=cfg.paths.run_dir)
+    uid = os.getuid() or None  # root reads any job's
+    local_id = environ.get("SLURM_LOCALID", "0")
+    keep_visible = bool(environ.get("CUDA_VISIBLE_DEVICES", "").strip())
+    keep_order = bool(environ.get("CUDA_DEVICE_ORDER", "").strip())
+    hinted = _hinted(environ, env.job_id, uid)
+    if hinted is not None:
+        run_dir, info = hinted
+        pairs = task_exports(claim, env.job_id, local_id=local_id, keep_cuda_visible_devices=keep_visible,
+                             keep_device_order=keep_order, node=_no_node, run_dir=run_dir, uid=uid, info=info)
+    else:
+        from gpuslurm.config import load_config
+
+        cfg = load_config(environ=environ)
+        pairs = task_exports(claim, env.job_id, local_id=local_id, keep_cuda_visible_devices=keep_visible,
+                             keep_device_order=keep_order,
+                             node=lambda: _source(environ, cfg).node(links=False),
+                             run_dir=cfg.paths.run_dir, uid=uid)
     return [f"export {name}={value}" for name, value in pairs]
+
+
+def _hinted(environ: Mapping[str, str], job_id: str | None, uid: int | None) -> tuple[str, TaskInfo] | None:
+    """The run directory of the config's ``run_dir`` line and this job's task file in it, if any."""
+    from gpuslurm.config import config_path, read_config_text
+    from gpuslurm.hooks.cache import run_dir_hint
+    from gpuslurm.state.taskinfo import read_task_info
+
+    text = read_config_text(*config_path(environ))
+    run_dir = run_dir_hint(text or "")
+    info = None if job_id is None else read_task_info(run_dir, job_id, uid)
+    return None if info is None else (run_dir, info)
+
+
+def _no_node() -> Node:
+    raise AssertionError("the task file was there a moment ago")  # pragma: no cover
 
 
 def run_task_prolog(environ: Mapping[str, str], out: TextIO, log: HookLog | None = None) -> int:
