@@ -196,6 +196,10 @@ from gpuslurm.report.jobstats import Settings
 from gpuslurm.state.store import Store
 from gpuslurm.watch.jobfiles import JobFiles
 from tests.watch.test_jobfiles import T0, alloc, cycle, NOBODY, G0, G1
+import os
+# job 7's file from an older monitor, given to nobody: with no ACL it must not stay theirs
+open(sys.argv[2] + "/jobstats/7.json", "w").write("{}")
+os.chown(sys.argv[2] + "/jobstats/7.json", NOBODY, -1)
 warned = []
 with Store.open(sys.argv[1]) as store:
     files = JobFiles(sys.argv[2] + "/jobstats", store, Settings(), interval_s=10, warn=warned.append)
@@ -203,7 +207,6 @@ with Store.open(sys.argv[1]) as store:
         c = cycle(T0 + 200 + 10 * i, alloc("7", NOBODY, G0), alloc("8", 1002, G1))
         store.write_cycle(c)
         files(c)
-import os
 print(json.dumps({"warned": warned, "left": os.listdir(sys.argv[2] + "/jobstats")}))
 """
 
@@ -214,13 +217,15 @@ def test_a_file_system_without_acls_gets_no_files_and_one_warning(site: Path) ->
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         ["/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-         'mount -t ramfs -o mode=0755 gpuslurm-test "$1" && shift && exec "$@"', "sh", str(mnt),
+         'mount -t ramfs -o mode=0755 gpuslurm-test "$1" && mkdir -m 0755 "$1/jobstats" '
+         '&& shift && exec "$@"',
+         "sh", str(mnt),
          sys.executable, "-c", NO_ACL_RUN, str(site / "state" / "monitor.db"), str(mnt)],
         capture_output=True, text=True, timeout=120, cwd=str(root), check=False,
         env={**os.environ, "PYTHONPATH": f"{root}:{root / 'src'}"})
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
-    assert got["left"] == []  # no file given to its owner, no temporary left behind
+    assert got["left"] == []  # no file given to its owner (the older one gone), no temporary left
     assert len(got["warned"]) == 1, got["warned"]
     assert "takes no POSIX ACL" in got["warned"][0] and "[jobstats] dir" in got["warned"][0]
 
@@ -278,6 +283,18 @@ def test_the_monitor_removes_old_files_by_name_only_whatever_a_user_planted_ther
     assert names == ["11.json", "13.json", "notes.txt"]
     assert (precious / "keep").read_text() == "root's\n" and os.listdir(d / "11.json") == ["inside"]
     assert (d / "13.json").stat().st_uid == 0
+
+
+def test_an_older_monitor_s_file_its_owner_keeps_renewing_goes_at_the_first_sweep(site: Path) -> None:
+    # before the ACL the file was nobody's: they grew it and renewed its time to outlive retention
+    d = site / "state" / "jobstats"
+    os.chown(d / "7.json", NOBODY, -1)
+    grew = as_nobody(site, "-c", f"import os; p = {str(d / '7.json')!r}; os.chmod(p, 0o600); "
+                                 "open(p, 'a').write('x' * 65536); os.utime(p)")
+    assert grew.returncode == 0, grew.stderr
+    with Store.open(str(site / "state" / "monitor.db")) as store:
+        JobFiles(str(d), store, Settings(), keep_s=30 * DAY)(cycle(T0 + 200))
+    assert sorted(os.listdir(d)) == ["8.json"]  # root's young file stays
 
 
 def test_files_younger_than_the_retention_stay_and_zero_keeps_them_all(site: Path) -> None:

@@ -22,7 +22,9 @@ a symlink): never opens, follows or reads an entry, so whatever sits at a file's
 a FIFO, left from a time the directory was writable) is removed as a name and what it points to
 is untouched; a directory there stays. Only names the monitor writes (``<job id>.json``,
 ``.<job id>.json.<pid>.tmp``) are touched. The age is the entry's own modification time
-(``lstat``), which only root can set on root's files.
+(``lstat``), which only root can set on root's files; an entry that is not root's (a file an
+older monitor gave its job's owner, whose time the owner renews at will, or anything planted)
+has no age to trust and goes at the first sweep once its job is not running.
 """
 from __future__ import annotations
 
@@ -107,13 +109,24 @@ class JobFiles:
         except OSError as exc:
             if exc.errno not in NO_ACL:
                 self.warn(f"cannot write job {job}'s figures: {exc}")
-            elif not self._told_no_acl:
+                return
+            self._drop_given(dfd, job)
+            if not self._told_no_acl:
                 self._told_no_acl = True
                 self.warn(f"no job files written: {self.directory}'s file system takes no POSIX ACL "
                           f"({exc.strerror}), and a file given to its job's owner could fill it; "
                           "put [jobstats] dir on one that does (ext4, XFS, Btrfs, tmpfs)")
         except GpuslurmError as exc:
             self.warn(f"cannot write job {job}'s figures: {exc}")
+
+    def _drop_given(self, dfd: int, job: str) -> None:
+        """Unlink the job's file where it is not ours (an older monitor gave it to the job's owner,
+        who could grow it): with no ACL to write a new one, the old one must not stay theirs."""
+        try:
+            if os.lstat(f"{job}.json", dir_fd=dfd).st_uid != os.geteuid():
+                os.unlink(f"{job}.json", dir_fd=dfd)
+        except OSError:
+            pass
 
     def sweep(self, dfd: int, now: float, running: set[str]) -> int:
         """Remove the entries of ended jobs last written more than ``keep_s`` before ``now`` from
@@ -128,7 +141,8 @@ class JobFiles:
                     continue
                 try:
                     st = os.lstat(entry.name, dir_fd=dfd)
-                    if stat.S_ISDIR(st.st_mode) or now - st.st_mtime < self.keep_s:
+                    ours = st.st_uid == os.geteuid()
+                    if stat.S_ISDIR(st.st_mode) or (ours and now - st.st_mtime < self.keep_s):
                         continue
                     os.unlink(entry.name, dir_fd=dfd)  # the name only, whatever it is
                     removed += 1
