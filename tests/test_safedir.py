@@ -9,9 +9,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuslurm.errors import InputError
-from gpuslurm.safedir import UnsafePathError, check_private, open_dir, why_refused
+from gpuslurm.safedir import (
+    ACL_XATTR,
+    UnsafePathError,
+    acl_entries,
+    check_private,
+    open_dir,
+    reader_acl,
+    replace_at,
+    why_refused,
+)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -264,3 +275,77 @@ def test_read_regular_refuses_what_could_block_or_never_end(tmp_path: Path) -> N
         read_regular(str(tmp_path / "link"), follow=False)
     with pytest.raises(OSError, match="larger than 2 bytes"):
         read_regular(str(f), 2)
+
+
+# -- the reader's ACL: the file stays ours, one more uid reads it ----------------------------------
+
+@given(st.integers(0, 0o777), st.integers(0, 0xFFFFFFFE))
+def test_a_reader_acl_s_bytes_are_the_five_entries_the_kernel_orders(bits: int, reader: int) -> None:
+    entries = acl_entries(reader_acl(bits, reader))
+    group = (bits >> 3) & 0o7
+    assert entries == [(0x01, bits >> 6, 0xFFFFFFFF), (0x02, 0o4, reader), (0x04, group, 0xFFFFFFFF),
+                       (0x10, group | 0o4, 0xFFFFFFFF), (0x20, bits & 0o7, 0xFFFFFFFF)]
+
+
+@pytest.mark.parametrize("reader", [-1, 0xFFFFFFFF, 2**32])
+def test_a_reader_acl_refuses_what_is_not_a_uid(reader: int) -> None:
+    with pytest.raises(ValueError, match="not a uid"):
+        reader_acl(0o400, reader)
+
+
+@pytest.mark.parametrize("data", [b"", b"\x02\x00\x00", b"\x02\x00\x00\x00\x01", b"\x01\x00\x00\x00"])
+def test_acl_entries_refuses_other_bytes(data: bytes) -> None:
+    with pytest.raises(ValueError, match="not a POSIX ACL"):
+        acl_entries(data)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([0o400, 0o440, 0o600, 0o640, 0o644]), st.integers(1, 0xFFFFFFFE))
+def test_the_kernel_takes_a_reader_acl_as_written(bits: int, reader: int) -> None:
+    # the kernel's own check (posix_acl_valid): an entry out of order or a bad tag is EINVAL
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            replace_at(dfd, "f", b"x", bits, reader=reader)
+        finally:
+            os.close(dfd)
+        path = os.path.join(d, "f")
+        assert os.getxattr(path, ACL_XATTR) == reader_acl(bits, reader)
+        # the mask is what the kernel shows as the group's bits; the owner and others keep theirs
+        assert stat.S_IMODE(os.stat(path).st_mode) == bits | 0o040
+
+
+@needs_root
+def test_the_reader_reads_root_s_file_and_can_neither_widen_nor_grow_it() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:  # 0700 under pytest's: nobody cannot reach
+        os.chmod(d, 0o755)
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            replace_at(dfd, "figures.json", b"{}\n", 0o400, reader=NOBODY)
+        finally:
+            os.close(dfd)
+        _reader_tries(os.path.join(d, "figures.json"))
+
+
+def _reader_tries(path: str) -> None:
+    import subprocess
+
+    assert os.stat(path).st_uid == 0
+    tries = {"read": "print(open(p).read(), end='')",
+             "chmod": "os.chmod(p, 0o600)", "append": "open(p, 'a')", "truncate": "os.truncate(p, 0)",
+             "rewrite": "open(p, 'r+')", "utime": "os.utime(p, (0, 2**31))"}
+    got = {}
+    for what, code in tries.items():
+        done = subprocess.run(["/usr/bin/python3", "-c", f"import os; p = {path!r}\n{code}"], user=NOBODY,
+                              group=NOBODY, extra_groups=[], capture_output=True, text=True, timeout=60,
+                              cwd="/", check=False)
+        got[what] = done.stdout if done.returncode == 0 else done.stderr.splitlines()[-1].split(":")[0]
+    assert got == {"read": "{}\n", "chmod": "PermissionError", "append": "PermissionError",
+                   "truncate": "PermissionError", "rewrite": "PermissionError", "utime": "PermissionError"}
+    other = subprocess.run(["/usr/bin/cat", path], user=1002, group=1002, extra_groups=[],
+                           capture_output=True, timeout=60, check=False)
+    assert other.returncode != 0 and b"Permission denied" in other.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 
 from gpuslurm.errors import InputError
 
@@ -118,11 +119,49 @@ def _check(st: os.stat_result, here: str, *, final: bool, private: bool,
                     f"(mode {stat.S_IMODE(st.st_mode):04o})", source=here)
 
 
+# -- POSIX access ACLs: one more reader of a file that stays ours ---------------------------------
+# Written as the kernel's own xattr form (include/uapi/linux/posix_acl_xattr.h): pylibacl would
+# need libacl's headers and a C build on every node, for one fixed ACL of five entries.
+ACL_XATTR = "system.posix_acl_access"
+ACL_VERSION = 2
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+ACL_UNDEFINED_ID = 0xFFFFFFFF
+_ACL_HEADER = struct.Struct("<I")
+_ACL_ENTRY = struct.Struct("<HHI")
+
+
+def reader_acl(mode: int, reader: int) -> bytes:
+    """The access ACL (``system.posix_acl_access``'s bytes) of a file with permission bits ``mode``
+    that the uid ``reader`` may also read: the owner, group and others keep ``mode``'s bits, the
+    reader gets read alone, and the mask (which the kernel shows as the group bits) is read plus
+    the group's bits. ValueError for a uid the kernel has no room for."""
+    if not 0 <= reader < ACL_UNDEFINED_ID:
+        raise ValueError(f"not a uid: {reader}")
+    group = (mode >> 3) & 0o7
+    entries = ((ACL_USER_OBJ, (mode >> 6) & 0o7, ACL_UNDEFINED_ID), (ACL_USER, 0o4, reader),
+               (ACL_GROUP_OBJ, group, ACL_UNDEFINED_ID), (ACL_MASK, group | 0o4, ACL_UNDEFINED_ID),
+               (ACL_OTHER, mode & 0o7, ACL_UNDEFINED_ID))  # the order the kernel requires
+    return _ACL_HEADER.pack(ACL_VERSION) + b"".join(_ACL_ENTRY.pack(*e) for e in entries)
+
+
+def acl_entries(data: bytes) -> list[tuple[int, int, int]]:
+    """The (tag, perm, id) entries of an access ACL in xattr form; ValueError for other bytes."""
+    if len(data) < _ACL_HEADER.size or (len(data) - _ACL_HEADER.size) % _ACL_ENTRY.size:
+        raise ValueError("not a POSIX ACL: its length")
+    if _ACL_HEADER.unpack_from(data)[0] != ACL_VERSION:
+        raise ValueError("not a POSIX ACL: its version")
+    return list(_ACL_ENTRY.iter_unpack(data[_ACL_HEADER.size:]))
+
+
 def replace_at(dfd: int, name: str, payload: bytes, mode: int, *,
                error: type[InputError] = UnsafePathError, source: str | None = None,
-               owner: int | None = None, group: int | None = None) -> None:
+               owner: int | None = None, group: int | None = None,
+               reader: int | None = None) -> None:
     """Replace ``name`` in the directory ``dfd`` with ``payload``, atomically, with exactly ``mode``
     (and, as root, owned by the uid ``owner`` and the gid ``group``: given only once written).
+    ``reader``: the uid also gets read access through a POSIX access ACL (:func:`reader_acl`), set
+    before the rename, so the file stays ours; a file system without ACLs raises OSError
+    (ENOTSUP/EOPNOTSUPP).
 
     The data goes to a temporary name created exclusively without following symlinks, is synced,
     and is renamed over ``name`` (a rename replaces a symlink at ``name``, never writes through it),
@@ -146,6 +185,8 @@ def replace_at(dfd: int, name: str, payload: bytes, mode: int, *,
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), mode)  # exactly this, whatever the umask
+            if reader is not None:  # after the chmod, which would rewrite the ACL's mask
+                os.setxattr(fh.fileno(), ACL_XATTR, reader_acl(mode, reader))
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())

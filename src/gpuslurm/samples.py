@@ -132,6 +132,22 @@ def plausible_power_w(watts: float | None) -> float | None:
     return watts
 
 
+def plausible_power_sql(column: str) -> str:
+    """:func:`plausible_power_w` as an SQL expression over ``column`` (a stored REAL: NULL for a
+    reading that is not a number in 0..MAX_GPU_POWER_W; SQLite stores no NaN, and text or a blob
+    compares above any number). A plain expression, not a Python function SQLite calls per row: the
+    report sums months of samples (tests/report/test_report_energy.py checks the two agree)."""
+    return f"CASE WHEN {column} BETWEEN 0 AND {MAX_GPU_POWER_W!r} THEN {column} END"
+
+
+def plausible_power_sum_sql(total: str, count: str) -> str:
+    """The same bound as an SQL condition on a minute row's ``total`` of ``count`` power readings:
+    true where the sum is one that ``count`` plausible readings make (false for a row the rollup
+    summed from absurd ones, which then counts as a minute without readings)."""
+    return (f"(typeof({count}) = 'integer' AND {count} > 0 "
+            f"AND {total} BETWEEN 0 AND {count} * {MAX_GPU_POWER_W!r})")
+
+
 def plausible_counter_mj(mj: float | None) -> float | None:
     """A reading of NVML's energy counter (an unsigned 64-bit count of mJ), else None."""
     if mj is None or not math.isfinite(mj) or not 0.0 <= mj < 2.0**64:

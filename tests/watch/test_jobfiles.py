@@ -3,9 +3,10 @@ owner alone, and an ordinary user (the real user ``nobody``, real processes) rea
 through ``gpuslurm jobstats``'s use case without reading the root-only store, and nobody else's.
 
 The attacks, as ``nobody``: read the store; read another user's job (by id, and its file by path);
-rewrite their own file to claim another job or uid, or with garbage; plant a file in the directory;
-where an admin once left it writable, plant symlinks, a FIFO and a directory at the names the
-monitor's retention removes.
+make their own file writable, grow, truncate or renew it (root's partition filled between two
+rewrites, retention dodged); rewrite a file an older monitor gave them to claim another job or uid,
+or with garbage; plant a file in the directory; where an admin once left it writable, plant
+symlinks, a FIFO and a directory at the names the monitor's retention removes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from tests.helpers.cluster_fixture import users_site
 from gpuslurm.errors import EXIT_BAD_INPUT
 from gpuslurm.jobid import valid_job_id
 from gpuslurm.report.jobstats import Settings
+from gpuslurm.safedir import ACL_XATTR, acl_entries
 from gpuslurm.samples import Allocation, Cycle, GpuSample
 from gpuslurm.state.store import Store
 from gpuslurm.watch.jobfiles import JobFiles, job_of
@@ -101,7 +104,11 @@ def test_each_job_s_file_is_its_owner_s_alone_in_a_directory_root_alone_writes(s
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
     for job, uid in (("7", NOBODY), ("8", OTHER)):
         f = (d / f"{job}.json").stat()
-        assert (f.st_uid, stat.S_IMODE(f.st_mode)) == (uid, 0o400)
+        # root's file; the job's uid, and no one else, reads it through the ACL (its mask: 0440)
+        assert (f.st_uid, f.st_gid, stat.S_IMODE(f.st_mode)) == (0, 0, 0o440)
+        acl = acl_entries(os.getxattr(d / f"{job}.json", ACL_XATTR))
+        readers = [(tag, perm, who) for tag, perm, who in acl if perm]
+        assert readers == [(0x01, 4, 0xFFFFFFFF), (0x02, 4, uid), (0x10, 4, 0xFFFFFFFF)]
         assert json.loads((d / f"{job}.json").read_text())["job"]["running"] is False
     assert stat.S_IMODE((site / "state" / "monitor.db").stat().st_mode) == 0o600
 
@@ -129,8 +136,30 @@ def test_nobody_cannot_see_another_user_s_job(site: Path) -> None:
     assert planted.returncode != 0 and "PermissionError" in planted.stderr
 
 
-def test_a_rewritten_own_file_is_bad_input_and_root_s_next_write_replaces_it(site: Path) -> None:
+def test_nobody_cannot_widen_grow_truncate_or_renew_their_own_job_s_file(site: Path) -> None:
     path = site / "state" / "jobstats" / "7.json"
+    before = path.read_bytes(), path.stat()
+    tries = {"chmod": "os.chmod(p, 0o600)", "append": "open(p, 'ab').write(b'x' * 4096)",
+             "truncate": "os.truncate(p, 0)", "rewrite": "open(p, 'r+b').write(b'x')",
+             "utime": "os.utime(p, (2**31, 2**31))", "chown": "os.chown(p, 65534, -1)",
+             "setfacl": "os.setxattr(p, 'system.posix_acl_access', b'')"}
+    for what, code in tries.items():
+        done = as_nobody(site, "-c", f"import os; p = {str(path)!r}\n{code}")
+        assert done.returncode != 0 and "PermissionError" in done.stderr, (what, done.stderr)
+    after = path.read_bytes(), path.stat()
+    assert after[0] == before[0] and after[1].st_mtime_ns == before[1].st_mtime_ns
+    assert (after[1].st_uid, stat.S_IMODE(after[1].st_mode)) == (0, 0o440)
+    assert jobstats(site, "7").returncode == 0
+
+
+def test_a_file_an_older_monitor_gave_its_owner_still_reads_and_a_rewrite_is_bad_input(site: Path) -> None:
+    # before the ACL, the monitor chowned each file to the job's uid; those files stay readable, and
+    # what their owner makes of them is bad input until root's next write takes the name back
+    path = site / "state" / "jobstats" / "7.json"
+    os.chown(path, NOBODY, -1)
+    os.removexattr(path, ACL_XATTR)
+    os.chmod(path, 0o400)
+    assert jobstats(site, "7").returncode == 0
     doc = json.loads(path.read_text())
     forged = {**doc, "job": {**doc["job"], "id": "8", "uid": OTHER}}
     for payload, says in ((json.dumps(forged), "job 7: not in this node's monitor store, or not yours"),
@@ -146,8 +175,59 @@ def test_a_rewritten_own_file_is_bad_input_and_root_s_next_write_replaces_it(sit
     with Store.open(str(site / "state" / "monitor.db")) as store:  # the monitor writes it again
         JobFiles(str(path.parent), store, Settings())(cycle(T0 + 120, alloc("7", NOBODY, G0)))
     f = path.stat()
-    assert (f.st_uid, stat.S_IMODE(f.st_mode)) == (NOBODY, 0o400)
+    assert (f.st_uid, stat.S_IMODE(f.st_mode)) == (0, 0o440)
     assert jobstats(site, "7").returncode == 0
+
+
+def test_a_root_file_another_user_s_acl_lets_nobody_open_is_still_not_theirs(site: Path) -> None:
+    # 8's file with nobody's ACL (a mistake of root's, or a job id reused): the document is OTHER's
+    from gpuslurm.safedir import reader_acl
+
+    path = site / "state" / "jobstats" / "8.json"
+    os.setxattr(path, ACL_XATTR, reader_acl(0o400, NOBODY))
+    got = jobstats(site, "8")
+    assert got.returncode == EXIT_BAD_INPUT and "not yours" in got.stderr
+
+
+# a file system without ACLs (ramfs), mounted in a mount namespace of the test's own
+NO_ACL_RUN = """
+import json, sys
+from gpuslurm.report.jobstats import Settings
+from gpuslurm.state.store import Store
+from gpuslurm.watch.jobfiles import JobFiles
+from tests.watch.test_jobfiles import T0, alloc, cycle, NOBODY, G0, G1
+import os
+# job 7's file from an older monitor, given to nobody: with no ACL it must not stay theirs
+open(sys.argv[2] + "/jobstats/7.json", "w").write("{}")
+os.chown(sys.argv[2] + "/jobstats/7.json", NOBODY, -1)
+warned = []
+with Store.open(sys.argv[1]) as store:
+    files = JobFiles(sys.argv[2] + "/jobstats", store, Settings(), interval_s=10, warn=warned.append)
+    for i in range(3):
+        c = cycle(T0 + 200 + 10 * i, alloc("7", NOBODY, G0), alloc("8", 1002, G1))
+        store.write_cycle(c)
+        files(c)
+print(json.dumps({"warned": warned, "left": os.listdir(sys.argv[2] + "/jobstats")}))
+"""
+
+
+def test_a_file_system_without_acls_gets_no_files_and_one_warning(site: Path) -> None:
+    mnt = site / "ramfs"
+    mnt.mkdir(mode=0o755)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        ["/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+         'mount -t ramfs -o mode=0755 gpuslurm-test "$1" && mkdir -m 0755 "$1/jobstats" '
+         '&& shift && exec "$@"',
+         "sh", str(mnt),
+         sys.executable, "-c", NO_ACL_RUN, str(site / "state" / "monitor.db"), str(mnt)],
+        capture_output=True, text=True, timeout=120, cwd=str(root), check=False,
+        env={**os.environ, "PYTHONPATH": f"{root}:{root / 'src'}"})
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["left"] == []  # no file given to its owner (the older one gone), no temporary left
+    assert len(got["warned"]) == 1, got["warned"]
+    assert "takes no POSIX ACL" in got["warned"][0] and "[jobstats] dir" in got["warned"][0]
 
 
 def test_on_a_host_without_the_node_s_files_a_user_gets_one_line(site: Path) -> None:
@@ -202,7 +282,19 @@ def test_the_monitor_removes_old_files_by_name_only_whatever_a_user_planted_ther
     # sweep returned); a directory at a job's name stays; what the symlinks named is untouched
     assert names == ["11.json", "13.json", "notes.txt"]
     assert (precious / "keep").read_text() == "root's\n" and os.listdir(d / "11.json") == ["inside"]
-    assert (d / "13.json").stat().st_uid == NOBODY
+    assert (d / "13.json").stat().st_uid == 0
+
+
+def test_an_older_monitor_s_file_its_owner_keeps_renewing_goes_at_the_first_sweep(site: Path) -> None:
+    # before the ACL the file was nobody's: they grew it and renewed its time to outlive retention
+    d = site / "state" / "jobstats"
+    os.chown(d / "7.json", NOBODY, -1)
+    grew = as_nobody(site, "-c", f"import os; p = {str(d / '7.json')!r}; os.chmod(p, 0o600); "
+                                 "open(p, 'a').write('x' * 65536); os.utime(p)")
+    assert grew.returncode == 0, grew.stderr
+    with Store.open(str(site / "state" / "monitor.db")) as store:
+        JobFiles(str(d), store, Settings(), keep_s=30 * DAY)(cycle(T0 + 200))
+    assert sorted(os.listdir(d)) == ["8.json"]  # root's young file stays
 
 
 def test_files_younger_than_the_retention_stay_and_zero_keeps_them_all(site: Path) -> None:

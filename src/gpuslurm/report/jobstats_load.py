@@ -3,8 +3,9 @@ owner by uid, root, or a member of ``[jobstats] admin_groups``).
 
 Where they come from: the node's monitor store where the caller can read it (root; the
 ``[monitor] db_group``); else the job's own file, which the monitor leaves for the job's owner
-alone (``<[jobstats] dir>/<job>.json``, owned by the job's uid, mode 0400, in a directory only
-root writes: watch/jobfiles.py). docs/jobstats.md says the same for admins. With ``--source
+alone (``<[jobstats] dir>/<job>.json``, root's, mode 0400 with a POSIX ACL letting the job's uid
+read it, in a directory only root writes: watch/jobfiles.py; files older monitors gave to the
+job's uid are read too). docs/jobstats.md says the same for admins. With ``--source
 prometheus:URL``: the job's series on every node Prometheus holds it on (report/jobstats_prom.py),
 for the job's owner (the caller's uid, against the uid this host gives the ``user`` label the
 monitors wrote), root or an admin group.
@@ -136,8 +137,9 @@ def jobstats_document(cfg: Config, job_id: str, *, now: float, db: str | None = 
 
 
 def read_job_file(directory: str, job_id: str, uid: int) -> dict[str, Any]:
-    """The job's file as its owner ``uid`` reads it: a regular file of that uid, in a directory
-    only root writes, holding a jobstats document of a job of that uid; else the unknown job's
+    """The job's file as its owner ``uid`` reads it: a regular file in a directory only root
+    writes, root's and writable by root alone (read through its ACL) or, as older monitors left
+    it, of that uid, holding a jobstats document of a job of that uid; else the unknown job's
     error (a missing file, or one not theirs, reads as a job not theirs)."""
     _check_id(job_id)
     try:
@@ -162,7 +164,8 @@ def read_job_file(directory: str, job_id: str, uid: int) -> dict[str, Any]:
         os.close(dfd)
     with os.fdopen(fd, "rb") as fh:
         fst = os.fstat(fh.fileno())
-        if not stat.S_ISREG(fst.st_mode) or fst.st_uid != uid:
+        roots = fst.st_uid == 0 and not fst.st_mode & 0o022
+        if not stat.S_ISREG(fst.st_mode) or not (roots or fst.st_uid == uid):
             raise _not_found(job_id)
         data = fh.read(MAX_FILE_BYTES + 1)
     source = os.path.join(directory, f"{job_id}.json")

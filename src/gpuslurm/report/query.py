@@ -37,16 +37,20 @@ from gpuslurm.report.data import (
     bucket_start,
     held_until,
 )
+from gpuslurm.samples import MAX_GPU_POWER_W, plausible_power_sql, plausible_power_sum_sql
 from gpuslurm.state.store import Store, StoreError
 from gpuslurm.state.store_values import Checked
 
-# the last two columns: the power readings, for the energy (_energy)
-_GPU_RAW = """SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct),
-count(power_w), total(power_w)
-FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts >= ? AND ts < ? GROUP BY device, b"""
-_GPU_MIN = """SELECT device, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum),
-sum(power_n), total(power_sum)
-FROM gpu_minute WHERE device IN (SELECT id FROM device) AND minute >= ? AND minute < ? GROUP BY device, b"""
+# the last two columns: the plausible power readings, for the energy (_energy); a reading no GPU
+# draws (negative, infinite, beyond samples.MAX_GPU_POWER_W) is left out, as jobstats leaves it out
+_POWER_W = plausible_power_sql("power_w")
+_POWER_ROW = plausible_power_sum_sql("power_sum", "power_n")
+_GPU_RAW = f"""SELECT device, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(util_pct), total(util_pct),
+count({_POWER_W}), total({_POWER_W})
+FROM gpu_sample WHERE device IN (SELECT id FROM device) AND ts >= ? AND ts < ? GROUP BY device, b"""  # noqa: S608 - built from constants only
+_GPU_MIN = f"""SELECT device, CAST((minute - ?) / ? AS INTEGER) AS b, sum(n), sum(util_n), total(util_sum),
+sum(CASE WHEN {_POWER_ROW} THEN power_n END), total(CASE WHEN {_POWER_ROW} THEN power_sum END)
+FROM gpu_minute WHERE device IN (SELECT id FROM device) AND minute >= ? AND minute < ? GROUP BY device, b"""  # noqa: S608 - built from constants only
 _PROCS = """SELECT id, device, pid, name, user, uid, job_id FROM process
 WHERE last_seen >= ? AND first_seen < ?"""
 _PROC_RAW = """SELECT process, CAST((ts - ?) / ? AS INTEGER) AS b, count(*), count(sm_util_pct),
@@ -163,7 +167,7 @@ def _load(store: Store, path: str, since: float, until: float, step_s: float) ->
     labels = _index_labels(devices)
     shown = [(dev, uuid, parent) for dev, (uuid, parent) in sorted(devices.items())
              if any((dev, b) in gpu for b in range(n))]
-    energy = _energy(power, shown, n, interval)
+    energy = _energy(power, shown, durations, interval)
     gpus = tuple(GpuSeries(node, uuid, parent, _means(gpu, dev, n), _cover(gpu, dev, durations, interval),
                            labels[dev], energy.get(uuid, ()))
                  for dev, uuid, parent in shown)
@@ -226,26 +230,40 @@ def _power(c: Checked, table: str, acc: _Acc, rows: Any, n: int) -> None:
             continue
         b = min(max(c.whole(b, f"{table} time", -2**63, 2**63), 0), n - 1)
         cell = acc.setdefault((c.whole(ident, f"{table} device"), b), [0.0, 0.0])
-        cell[0] += c.whole(count, f"{table} power count")
+        cell[0] += c.whole(count, f"{table} power count", 0)
         cell[1] += c.number(watts, f"{table} power", 0.0)
 
 
-def _energy(power: _Acc, shown: list[tuple[int, str, str]], n: int,
+def _energy(power: _Acc, shown: list[tuple[int, str, str]], durations: list[float],
             interval: float | None) -> dict[str, tuple[float | None, ...]]:
     """Each device's energy (J) per bucket: the power sampled times the sampling interval, as the
     GPU-hours are the utilisation sampled times the interval (a bucket the monitor saw in part
-    counts that part). jobstats counts one job's energy from NVML's energy counter where there is
-    one, a per-sample step the report's month of samples cannot afford
-    (benchmarks/bench_report.py); on a GPU that has a counter the two agree to the power
-    readings' accuracy. Devices without power readings are left out."""
+    counts that part), and never more than the bucket's time: the readings' mean over at most the
+    bucket (samples closer than the interval the store's newest gaps give). With the readings
+    bounded in SQL (``_POWER_W``), a bucket's energy lies in 0..MAX_GPU_POWER_W x its duration.
+    jobstats counts one job's energy from NVML's energy counter where there is one, a per-sample
+    step the report's month of samples cannot afford (benchmarks/bench_report.py); on a GPU that
+    has a counter the two agree to the power readings' accuracy. Devices without power readings
+    are left out."""
     out: dict[str, tuple[float | None, ...]] = {}
     if interval is None:
         return out
     for dev, uuid, _ in shown:
-        cells = [power.get((dev, b)) for b in range(n)]
+        cells = [power.get((dev, b)) for b in range(len(durations))]
         if any(cells):
-            out[uuid] = tuple(None if x is None else x[1] * interval for x in cells)
+            out[uuid] = tuple(None if x is None else bucket_energy_j(x[0], x[1], interval, dur)
+                              for x, dur in zip(cells, durations, strict=True))
     return out
+
+
+def bucket_energy_j(readings: float, watts_sum: float, interval_s: float, span_s: float) -> float:
+    """A bucket's energy from ``readings`` power readings summing ``watts_sum``, each standing for
+    ``interval_s``, over at most ``span_s``: in 0..MAX_GPU_POWER_W x ``span_s`` for any input."""
+    if not (readings > 0 and span_s > 0 and interval_s > 0
+            and math.isfinite(watts_sum + interval_s + span_s)):
+        return 0.0
+    mean_w = min(max(watts_sum / readings, 0.0), MAX_GPU_POWER_W)
+    return mean_w * min(readings * interval_s, span_s)
 
 
 def _accumulate(c: Checked, table: str, acc: _Acc, rows: Any, n: int) -> None:
