@@ -182,6 +182,18 @@ def wait_free(cluster: PbsCluster, names: list[str], timeout: float = 120) -> di
         time.sleep(1)
 
 
+def namespaces_unavailable() -> str | None:
+    """Why this host cannot give a mom the namespaces it needs, or None when it can."""
+    if os.geteuid() != 0:
+        return "the two-mom PBS cluster needs root (namespaces, veths, bind mounts)"
+    try:
+        probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "--cgroup", "true"],
+                               capture_output=True, text=True, timeout=30, check=False)
+    except OSError as exc:
+        return f"unshare: {exc}"
+    return None if probe.returncode == 0 else f"unshare --net --uts --mount --cgroup: {probe.stderr.strip()}"
+
+
 def _hup_when_hooked(mom: Mom, timeout: float = 90) -> None:
     hooks = mom.home / "mom_priv" / "hooks"
     deadline = time.monotonic() + timeout

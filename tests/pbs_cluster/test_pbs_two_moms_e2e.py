@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tests.helpers.pbs_fixture import PREFIX
 from tests.helpers.pbs_helpers import Hooked
-from tests.helpers.pbs_moms import Mom, two_moms
+from tests.helpers.pbs_moms import Mom, namespaces_unavailable, two_moms
 
 from gpuslurm.hw.source import load_node
 
@@ -50,6 +50,11 @@ while [ ! -e {out}/release-$PBS_JOBID ]; do sleep 0.2; done
 
 @pytest.fixture(scope="module")
 def moms(hooked: Hooked) -> Iterator[list[Mom]]:
+    reason = namespaces_unavailable()
+    if reason:
+        if os.environ.get("CI") or os.environ.get("GPUSLURM_REQUIRE_PBS"):
+            pytest.fail(f"GPUSLURM_REQUIRE_PBS or CI is set, but {reason}", pytrace=False)
+        pytest.skip(reason)
     with two_moms(hooked) as moms:
         yield moms
 
