@@ -1,8 +1,8 @@
 """``gpuslurm jobstats`` on a real PBS job (``123.pbshost`` ids): the monitor attributes the job of
 the ordinary user gpuspbs1 through qstat and its session, stores its cycles and leaves the job's
-file for its owner; root reads the store; gpuspbs1 reads their own job's figures without the
-store; another user (the real ``nobody``) gets the unknown job's line for that id, and after the
-job ends its owner reads the ended job's last figures."""
+file for its owner (root's, read through its ACL); root reads the store; gpuspbs1 reads their own
+job's figures without the store; another user (the real ``nobody``) gets the unknown job's line
+for that id, and after the job ends its owner reads the ended job's last figures."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import pytest
 from tests.helpers.cluster_fixture import users_site
 from tests.helpers.pbs_fixture import PREFIX, PbsCluster
 
+from gpuslurm import safedir
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
 from gpuslurm.hw.source import load_node
 
@@ -174,8 +175,10 @@ def test_jobstats_of_a_real_pbs_job_for_its_owner_and_not_for_another_user(
     mine = json.loads(as_owner.stdout)
     assert (mine["job"]["id"], mine["job"]["uid"], sorted(g["uuid"] for g in mine["gpus"])) == \
         (job, owner, given)
-    f = (site / "state" / "jobstats" / f"{job}.json").stat()
-    assert (f.st_uid, stat.S_IMODE(f.st_mode)) == (owner, 0o400)
+    path = site / "state" / "jobstats" / f"{job}.json"
+    f = path.stat()  # root's, read by its owner through the file's ACL (the mask shows as 0440)
+    assert (f.st_uid, stat.S_IMODE(f.st_mode)) == (0, 0o440)
+    assert (safedir.ACL_USER, 0o4, owner) in safedir.acl_entries(os.getxattr(path, safedir.ACL_XATTR))
 
     assert as_nobody.returncode == 2
     assert as_nobody.stderr.strip() == f"job {job}: not in this node's monitor store, or not yours"
