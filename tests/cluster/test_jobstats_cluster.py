@@ -63,5 +63,5 @@ def test_jobstats_of_a_real_job(slurm_cluster, tmp_path: Path) -> None:  # type:
     assert missing.returncode == 2
     assert missing.stderr.strip() == \
         "gpuslurm: job 4000000000: not in this node's monitor store, or not yours"
-    f = (state / "jobstats" / f"{job}.json").stat()  # the job's own file, for its owner (root here)
-    assert (f.st_uid, stat.S_IMODE(f.st_mode)) == (doc["job"]["uid"], 0o400)
+    f = (state / "jobstats" / f"{job}.json").stat()  # the job's own file: root's, its owner is root here
+    assert (doc["job"]["uid"], f.st_uid, stat.S_IMODE(f.st_mode)) == (0, 0, 0o400)
