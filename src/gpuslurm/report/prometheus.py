@@ -63,6 +63,8 @@ MAX_BYTES = 256 << 20
 # gives a job's (or finding's) whole span, also when it went on after the window; the report clips
 # it. Without this, a job running at ``until`` would seem to end at the last scrape before it.
 HORIZON_S = 3600.0
+RULE_STEP_S = 300.0  # the shipped 5-minute recording rules (packaging/gpuslurm-rules.yml)
+RULE_MEMORY = "device:gpuslurm_gpu_memory_total_bytes:count_5m"
 
 Key = tuple[tuple[str, str], ...]  # a series' labels, sorted
 Matrix = dict[Key, dict[int, float]]  # series → bucket index → value
@@ -192,8 +194,6 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
     """
     prom = client or PrometheusClient(url)
     here = f"prometheus:{prom.url}"
-    start = bucket_start(since, step_s)
-    n = bucket_count(start, until, step_s)
     targets = prom.scrape_intervals()
     nodes = prom.label_values("node", "gpuslurm_gpu_memory_total_bytes", since, until)
     if not nodes:
@@ -201,14 +201,24 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
                               "(is the monitor's exporter scraped?)", source=here)
     groups = [""] if len(nodes) <= NODES_PER_QUERY else \
         [_node_matcher(nodes[i:i + NODES_PER_QUERY]) for i in range(0, len(nodes), NODES_PER_QUERY)]
-    grid = _Grid(prom, since, until, start, step_s, n, groups,
-                 chunk_seconds(min(targets.values(), default=DEFAULT_SCRAPE_S), step_s))
+    scrape_s = min(targets.values(), default=DEFAULT_SCRAPE_S)
+    phase = _rule_phase(prom, since, until, step_s, groups[0])
+    start = bucket_start(since, step_s) if phase is None else \
+        phase + math.floor((since - phase) / step_s) * step_s
+    n = bucket_count(start, until, step_s)
+    raw = _Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(scrape_s, step_s))
+    grid = raw if phase is None or not _rules_cover(raw, nodes) else \
+        _Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(RULE_STEP_S, step_s), rules=True)
+    if grid is raw and phase is not None:  # the rules miss part of the window: the raw grid
+        start = bucket_start(since, step_s)
+        n = bucket_count(start, until, step_s)
+        grid = _Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(scrape_s, step_s))
 
-    samples = grid.matrix("count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])")
+    samples = grid.matrix(*grid.read["samples"])
     if not samples:
         raise PrometheusError(f"no gpuslurm GPU samples between {_iso(since)} and {_iso(until)} "
                               "(is the monitor's exporter scraped?)", source=here)
-    util = grid.matrix("avg_over_time(gpuslurm_gpu_utilization_ratio{m}[{r}])")
+    util = grid.matrix(*grid.read["util"])
     durations = [hi - lo for lo, hi in (grid.span(b) for b in range(n))]
     intervals = _intervals(samples, grid, targets)
     check = Checked(here, "series")
@@ -228,6 +238,37 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
                       tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until))
 
 
+def _rule_phase(prom: PrometheusClient, since: float, until: float, step_s: float,
+                group: str) -> float | None:
+    """Where the 5-minute rules' evaluations fall (seconds after a multiple of 5 minutes: a
+    Prometheus spreads its rule groups over the interval), when the report can read them: its
+    step a whole number of 5 minutes, and the rules' series present at the window's end."""
+    if step_s % RULE_STEP_S or until - since < step_s:
+        return None
+    got = prom.instant(f"max(timestamp({RULE_MEMORY}{_selector(group)}))", until)
+    last = _value(got[0]) if got else None
+    if last is None or not math.isfinite(last):
+        return None
+    return (round(last * 1000) % round(RULE_STEP_S * 1000)) / 1000
+
+
+def _rules_cover(grid: _Grid, nodes: list[str]) -> bool:
+    """Whether the rules' series cover the window: at its first and its last whole bucket, their
+    counts add up to the raw samples' (rules added, or removed, within the window: no)."""
+    whole = [b for b in range(grid.n) if grid.whole(b)]
+    if not whole:
+        return False
+    r = _ms(grid.step_s)
+    for group, b in ((g, b) for g in grid.groups for b in {whole[0], whole[-1]}):
+        at, m = grid.span(b)[1], _selector(group)
+        counted = [f"sum(count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}ms]))",
+                   f"sum(sum_over_time({RULE_MEMORY}{m}[{r - 1}ms]))"]
+        seen = [(_value(got[0]) if got else 0.0) for got in (grid.prom.instant(q, at) for q in counted)]
+        if seen[0] != seen[1]:
+            return False
+    return bool(nodes)
+
+
 def chunk_seconds(scrape_s: float, step_s: float) -> float:
     """How much of the window one request covers: at most :data:`SAMPLES_PER_QUERY` samples of
     :data:`NODES_PER_QUERY` nodes of :data:`DEVICES_PER_NODE` devices scraped every ``scrape_s``,
@@ -244,11 +285,13 @@ def _processes(grid: _Grid, check: Checked, device_samples: dict[tuple[str, str]
     n = grid.n
     # a process is present in a scrape when either of its gauges is (an unknown value is absent)
     counts = grid.matrix("count_over_time(gpuslurm_process_gpu_memory_bytes{m}[{r}]) "
-                         "or count_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])")
-    sm = grid.matrix("avg_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])") if counts else {}
+                         "or count_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])", raw=True)
+    sm = grid.matrix("avg_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])", raw=True) \
+        if counts else {}
     per_process = {_label(key, "node") for key in counts}
-    grouped = {key: cells for key, cells in grid.matrix("count_over_time(gpuslurm_device_processes{m}[{r}])")
-               .items() if _label(key, "node") not in per_process}
+    devices = grid.matrix(*grid.read["processes"])
+    grouped = {key: cells for key, cells in devices.items()
+               if _label(key, "node") not in per_process}
     procs = []
     for key in sorted({**counts, **grouped}, key=_proc_order):
         node, device = _label(key, "node"), _device(key)
@@ -287,17 +330,16 @@ def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSp
     """Jobs seen in the window: start, the end of the last scrape that saw them (:func:`held_until`;
     up to HORIZON_S after ``until``), devices. Chunk by chunk, each job's series only where it is."""
     ends: dict[tuple[str, str], tuple[dict[str, str], float]] = {}
-    for m, v in grid.over_chunks("max_over_time(gpuslurm_job_last_seen_timestamp_seconds{m}[{r}])",
-                                 HORIZON_S):
+    for m, v in grid.over_chunks("last_seen", HORIZON_S):
         job = (m.get("node", ""), m.get("job_id", ""))
         if job[1] and (job not in ends or v > ends[job][1]):
             ends[job] = (m, v)
     starts: dict[tuple[str, str], float] = {}
-    for m, v in grid.over_chunks("max_over_time(gpuslurm_job_start_timestamp_seconds{m}[{r}])"):
+    for m, v in grid.over_chunks("start"):
         job = (m.get("node", ""), m.get("job_id", ""))
         starts[job] = max(v, starts.get(job, v))
     devices: dict[tuple[str, str], set[str]] = {}
-    for m, _ in grid.over_chunks("max_over_time(gpuslurm_gpu_allocated{m}[{r}])", 0.0, 'job_id!=""'):
+    for m, _ in grid.over_chunks("allocated", 0.0, 'job_id!=""'):
         devices.setdefault((m.get("node", ""), m.get("job_id", "")), set()).add(
             m.get("mig_uuid") or m.get("gpu_uuid", ""))
     out = []
@@ -309,6 +351,8 @@ def _allocations(grid: _Grid, intervals: dict[str, float]) -> tuple[AllocationSp
         where = f"node={json.dumps(job[0])},job_id={json.dumps(job[1])}"[:200]
         begin = check.time(begin, f"gpuslurm_job_start_timestamp_seconds{{{where}}}")
         end = check.time(end, f"gpuslurm_job_last_seen_timestamp_seconds{{{where}}}")
+        if held_until(end, intervals.get(job[0])) <= grid.since:  # a rule's 5 minutes before the window
+            continue
         out.append(AllocationSpan(job[0], job[1], m.get("user", ""), m.get("account") or None,
                                   tuple(sorted(devices.get(job, ()))), begin,
                                   held_until(end, intervals.get(job[0]))))
@@ -358,24 +402,59 @@ def _violation(m: dict[str, str], begin: float, duration: float) -> Violation:
                      begin, duration, evidence, m.get("severity") or "warning")
 
 
+# What the report reads, as (whole buckets, clipped buckets) query templates: from the raw samples,
+# (``{r}``: the bucket; ``{rr}``: the bucket less 1 ms, so that a rule sample on its left edge,
+# which Prometheus 2's closed ranges hold, counts in one bucket only)
+# or from the 5-minute rules' series (whole buckets on the rules' grid: the sums of their sums
+# and counts are the raw samples' own; a clipped bucket is not on that grid: raw samples).
+_RAW = {
+    "samples": ("count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])",) * 2,
+    "util": ("avg_over_time(gpuslurm_gpu_utilization_ratio{m}[{r}])",) * 2,
+    "processes": ("count_over_time(gpuslurm_device_processes{m}[{r}])",) * 2,
+    "start": ("max_over_time(gpuslurm_job_start_timestamp_seconds{m}[{r}])",) * 2,
+    "last_seen": ("max_over_time(gpuslurm_job_last_seen_timestamp_seconds{m}[{r}])",) * 2,
+    "allocated": ("max_over_time(gpuslurm_gpu_allocated{m}[{r}])",) * 2,
+}
+_RULES = {
+    "samples": (f"sum_over_time({RULE_MEMORY}{{m}}[{{rr}}])", _RAW["samples"][1]),
+    "util": ("sum_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m{m}[{rr}]) / "
+             "sum_over_time(device:gpuslurm_gpu_utilization_ratio:count_5m{m}[{rr}])", _RAW["util"][1]),
+    "processes": ("sum_over_time(device_job:gpuslurm_device_processes:count_5m{m}[{rr}])",
+                  _RAW["processes"][1]),
+    # a chunk's rule samples cover it and up to 5 minutes before it: the latest start and sighting
+    # are the same; a job last seen in those 5 minutes before the window ends before it
+    "start": ("max_over_time(job:gpuslurm_job_start_timestamp_seconds:max_5m{m}[{r}])",) * 2,
+    "last_seen": ("max_over_time(job:gpuslurm_job_last_seen_timestamp_seconds:max_5m{m}[{r}])",) * 2,
+    "allocated": ("max_over_time(device_job:gpuslurm_gpu_allocated:max_5m{m}[{r}])",) * 2,
+}
+
+
 class _Grid:
     """Bucketed ``*_over_time`` queries, node group by node group and chunk by chunk: whole
-    buckets by query_range, clipped ones one by one; requests run :data:`WORKERS` at a time."""
+    buckets by query_range, clipped ones one by one; requests run :data:`WORKERS` at a time.
+    ``rules``: the buckets are on the 5-minute rules' grid and :attr:`read` names their series."""
 
     def __init__(self, prom: PrometheusClient, since: float, until: float, start: float,
-                 step_s: float, n: int, groups: list[str], chunk_s: float) -> None:
+                 step_s: float, n: int, groups: list[str], chunk_s: float, rules: bool = False) -> None:
         self.prom, self.since, self.until = prom, since, until
         self.start, self.step_s, self.n = start, step_s, n
         self.groups = groups  # a node matcher per group ("" for every node)
         self.chunk_s = chunk_s
+        self.rules = rules
+        self.read = _RULES if rules else _RAW
+        # raw samples over a whole chunk of the rules' (10x the samples at 30 s scrapes): shorter
+        self.raw_chunk_s = chunk_s * (DEFAULT_SCRAPE_S / RULE_STEP_S) if rules else chunk_s
         # only the first and the last bucket can be clipped by the window
         self._clipped = {b for b in {0, n - 1} if 0 <= b < n and self.span(b) != self._full(b)}
 
-    def matrix(self, template: str, *matchers: str) -> Matrix:
+    def matrix(self, template: str, clipped_template: str | None = None, raw: bool = False) -> Matrix:
         """``template`` with ``{m}`` the selector's matchers and ``{r}`` the range, per series and
-        bucket; buckets without data left out."""
+        bucket (``clipped_template`` for a clipped bucket; ``raw``: a template of raw samples);
+        buckets without data left out."""
+        matchers: tuple[str, ...] = ()
+        clipped_template = clipped_template or template
         whole = [b for b in range(self.n) if b not in self._clipped]
-        per = max(1, round(self.chunk_s / self.step_s))
+        per = max(1, round((self.raw_chunk_s if raw else self.chunk_s) / self.step_s))
         runs = [whole[i:i + per] for i in range(0, len(whole), per)]
         clipped = [b for b in sorted(self._clipped) if self.span(b)[1] - self.span(b)[0] >= 0.001]
 
@@ -385,12 +464,12 @@ class _Grid:
             got: list[tuple[Key, int, float]] = []
             if isinstance(which, int):
                 lo, hi = self.span(which)
-                for r in self.prom.instant(template.format(m=sel, r=f"{_ms(hi - lo)}ms"), hi):
+                for r in self.prom.instant(clipped_template.format(m=sel, r=f"{_ms(hi - lo)}ms"), hi):
                     value = _value(r)
                     if value is not None:
                         got.append((_key(r), which, value))
                 return got
-            query = template.format(m=sel, r=f"{_ms(self.step_s)}ms")
+            query = template.format(m=sel, r=f"{_ms(self.step_s)}ms", rr=f"{_ms(self.step_s) - 1}ms")
             first, last = self._full(which[0])[1], self._full(which[-1])[1]
             for r in self.prom.range(query, first, last, self.step_s):
                 key = _key(r)
@@ -409,22 +488,29 @@ class _Grid:
                 out.setdefault(key, {})[b] = value
         return out
 
-    def over_chunks(self, template: str, past_s: float = 0.0, *matchers: str
+    def over_chunks(self, what: str, past_s: float = 0.0, *matchers: str
                     ) -> Iterator[tuple[dict[str, str], float]]:
-        """``template`` evaluated once per chunk of ``[since, until + past_s]`` and node group, at the
-        chunk's end over the chunk (``{r}``): each series' labels and value, once per chunk it is in."""
-        edges = [self.since]
-        while edges[-1] < self.until + past_s:
-            edges.append(min(edges[-1] + self.chunk_s, self.until + past_s))
+        """``what`` (a max over time, of :attr:`read`) evaluated once per chunk of ``[since, until +
+        past_s]`` and node group, at the chunk's end over the chunk: each series' labels and value,
+        once per chunk it is in. From the rules up to the last whole bucket's end (the last rule
+        sample the window is sure to have), then from raw samples."""
+        end = self.until + past_s
+        whole = [b for b in range(self.n) if self.whole(b)]
+        ruled_to = self._full(whole[-1])[1] if self.rules and whole else self.since
+        edges: list[tuple[float, float, str]] = []
+        for lo, hi, template, chunk in ((self.since, ruled_to, self.read[what][0], self.chunk_s),
+                                        (ruled_to, end, _RAW[what][0], self.raw_chunk_s)):
+            while lo < hi:
+                edges.append((lo, min(lo + chunk, hi), template))
+                lo = edges[-1][1]
 
-        def part(job: tuple[str, int]) -> list[tuple[dict[str, str], float]]:
-            group, i = job
-            lo, hi = edges[i], edges[i + 1]
+        def part(job: tuple[str, tuple[float, float, str]]) -> list[tuple[dict[str, str], float]]:
+            group, (lo, hi, template) = job
             query = template.format(m=_selector(*matchers, group), r=f"{_ms(hi - lo)}ms")
             return [(r.get("metric") or {}, v) for r in self.prom.instant(query, hi)
                     if (v := _value(r)) is not None]
 
-        for got in _parallel(part, [(g, i) for g in self.groups for i in range(len(edges) - 1)]):
+        for got in _parallel(part, [(g, e) for g in self.groups for e in edges]):
             yield from got
 
     def _full(self, b: int) -> tuple[float, float]:
