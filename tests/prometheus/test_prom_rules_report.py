@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from tests.helpers.prom_backfill import PROMETHEUS, PROMTOOL, backfilled
 
+from gpuslurm.report import prom_grid
 from gpuslurm.report import prometheus as promsrc
 from gpuslurm.report.compute import Policy, compute
 from gpuslurm.report.data import ReportData
@@ -99,7 +100,7 @@ def test_the_report_from_the_rules_is_the_report_from_the_raw_samples_and_the_st
         asked = _asked(monkeypatch)
         ruled = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
         read_rules = list(asked)
-        monkeypatch.setattr(promsrc, "_RULES", promsrc._RAW)  # the rules' buckets, from raw samples
+        monkeypatch.setattr(prom_grid, "_RULES", prom_grid._RAW)  # the rules' buckets, from raw samples
         raw = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
     assert any("device:gpuslurm_gpu_utilization_ratio:sum_5m" in q for q in read_rules)
     ranged = [q for q in read_rules if "gpuslurm_gpu_utilization_ratio" in q]
