@@ -19,7 +19,11 @@
 4. Checks the report against the generator's truth: allocated GPU-hours per user exact (1e-6 h),
    used within 0.1 %.
 
-The report reads no recording-rule series, so none are generated. Nothing asserts on time.
+With ``--rules`` (the default), the shipped 5-minute group (``gpuslurm_5m`` of
+packaging/gpuslurm-rules.yml) is then evaluated over the backfilled samples by ``promtool tsdb
+create-blocks-from rules`` (never by the generator), its blocks join the TSDB, and the report
+reads them (step: a whole number of 5 minutes); ``--raw`` makes the report read the raw samples
+of the same TSDB. Nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import socket
 import subprocess
@@ -46,17 +49,21 @@ G0 = 1_700_000_000 // 86400 * 86400  # a whole day (UTC)
 MEM_TOTAL = 85_520_809_984
 
 REPORT = r"""
-import json, sys, time
+import json, resource, sys, time
 t = time.perf_counter()
 from gpuslurm.report.compute import Policy, compute
 from gpuslurm.report.prometheus import load_prometheus
 url, since, until, step = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+if sys.argv[5] == "raw":
+    import gpuslurm.report.prometheus as p
+    p._rule_phase = lambda *args: None
 data = load_prometheus("prometheus:" + url, since, until, step)
 t_load = time.perf_counter() - t
 report = compute(data, "user", Policy(quota_of=lambda user, account: 0.1, account_quotas={}))
 print(json.dumps({"load_s": t_load, "total_s": time.perf_counter() - t,
                   "rows": {r.key: [r.allocated_gpu_hours, r.used_gpu_hours] for r in report.rows},
-                  "gpus": len(data.gpus), "jobs": len(data.allocations)}))
+                  "gpus": len(data.gpus), "jobs": len(data.allocations),
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
@@ -152,6 +159,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _five_minute_group() -> str:
+    """The shipped rules' ``gpuslurm_5m`` group alone (the others are for dashboards)."""
+    text = (Path(__file__).resolve().parents[1] / "packaging" / "gpuslurm-rules.yml").read_text()
+    return "groups:\n" + text[text.index("  - name: gpuslurm_5m"):]
+
+
+def _serve(root: Path, data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus on 127.0.0.1 over ``data``, with its default query limits, once ready."""
+    port = _free_port()
+    (root / "prometheus.yml").write_text("scrape_configs: []\n")
+    log = (root / "prometheus.log").open("ab")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={root / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--storage.tsdb.retention.time=100y"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    return proc, url
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=16)
@@ -163,6 +195,8 @@ def main() -> None:
     ap.add_argument("--data", help="serve this TSDB (a --keep run's data/) instead of generating and "
                     "backfilling; the truth is generated again from the same seed")
     ap.add_argument("--window-days", type=float, help="report on the first this many days only")
+    ap.add_argument("--no-rules", action="store_true", help="backfill no recording-rule series")
+    ap.add_argument("--raw", action="store_true", help="the report reads raw samples, not the rules")
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -180,45 +214,47 @@ def main() -> None:
                            check=True, stdout=subprocess.DEVNULL)
             print(f"backfilled in {time.perf_counter() - t:.0f} s", flush=True)
             source.unlink()
-        port = _free_port()
-        (root / "prometheus.yml").write_text("scrape_configs: []\n")
-        log = (root / "prometheus.log").open("wb")
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={root / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
-                                 "--storage.tsdb.retention.time=100y"], stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
+        proc, url = _serve(root, data)
+        if not args.data and not args.no_rules:
+            t = time.perf_counter()
+            rules = root / "rules-5m.yml"
+            rules.write_text(_five_minute_group())
+            subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
+                            f"--start={G0}", f"--end={G0 + args.days * 86400}",
+                            f"--output-dir={root / 'rules'}", str(rules)],
+                           check=True, stdout=subprocess.DEVNULL)
+            proc.terminate()
+            proc.wait()
+            for block in (root / "rules").iterdir():
+                block.rename(data / block.name)
+            print(f"rules' series made by promtool in {time.perf_counter() - t:.0f} s", flush=True)
+            proc, url = _serve(root, data)
         since, until = float(G0), float(G0 + (args.window_days or args.days) * 86400)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         from gpuslurm.report.data import auto_step
 
-        step = auto_step(since, until)
+        step = -(-auto_step(since, until) // 300) * 300  # whole 5 minutes: the rules' buckets
         print(f"{args.nodes} nodes x {(until - since) / 86400:g} d, {args.nodes * args.gpus} GPUs, "
               f"step {step:g} s",
               flush=True)
         for run in range(args.runs):
             t = time.perf_counter()
-            done = subprocess.run([sys.executable, "-c", REPORT, url, str(since), str(until), str(step)],
+            done = subprocess.run([sys.executable, "-c", REPORT, url, str(since), str(until), str(step),
+                                   "raw" if args.raw else "rules"],
                                   capture_output=True, text=True)
             wall = time.perf_counter() - t
             if done.returncode:
                 print(f"run {run + 1}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
                 continue
             got = json.loads(done.stdout)
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            peak = got["peak_mib"]  # the report's process alone (RUSAGE_CHILDREN would hold promtool's)
             hwm = next((line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                         if line.startswith("VmHWM:")), "?")
             worst_alloc = max(abs(got["rows"].get(u, [0, 0])[0] - a) for u, (a, _) in truth.items())
             worst_used = max(abs(got["rows"].get(u, [0, 0])[1] - x) / x for u, (_, x) in truth.items() if x)
             print(f"run {run + 1}: {wall:.1f} s wall (load {got['load_s']:.1f} s, report "
                   f"{got['total_s']:.1f} s "
-                  f"in the child), child peak RSS {peak:.0f} MiB (max over runs), Prometheus VmHWM "
+                  f"in the child), child peak RSS {peak:.0f} MiB, Prometheus VmHWM "
                   f"{int(hwm) / 1024 if hwm != '?' else 0:.0f} MiB; {got['gpus']} GPUs, {got['jobs']} jobs; "
                   f"allocated per user off by at most {worst_alloc:.2e} h "
                   f"({'exact' if worst_alloc < 1e-6 else 'NOT EXACT'}), used by at most "
