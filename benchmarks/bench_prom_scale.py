@@ -14,7 +14,7 @@
    starts ``/usr/bin/prometheus`` (2.42 here) on 127.0.0.1 with its default query limits
    (``--query.max-samples`` 50 M, ``--query.timeout`` 2 min).
 3. Runs the report (``load_prometheus`` + ``compute --by user``) in a child process ``--runs``
-   times: wall time, the child's peak RSS (``resource.getrusage(RUSAGE_CHILDREN)``) and
+   times: wall time, the child's own peak RSS (``getrusage(RUSAGE_SELF)`` in it) and
    Prometheus' (VmHWM).
 4. Checks the report against the generator's truth: allocated GPU-hours per user exact (1e-6 h),
    used within 0.1 %.
@@ -29,6 +29,7 @@ of the same TSDB. Nothing asserts on time.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import random
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
@@ -102,61 +104,116 @@ def generate(path: Path, nodes: int, days: int, gpus: int, seed: int,
     def util(mean: float, k: int) -> float:
         return round(min(1.0, mean * (0.8 + 0.4 * ((k * 7919) % 101) / 100)), 3)
 
-    with path.open("w", buffering=1 << 22) as out:
-        w = out.write
-        w("# TYPE gpuslurm_gpu_utilization_ratio gauge\n")
+    with _Windows(path, days) as out:
+        out.family("gpuslurm_gpu_utilization_ratio")
         for node, uuid, phase, jobs in layout:
             busy = {}
             for _start, first, last, user, mean, _procs, _job in jobs:
                 for k in range(first, last + 1):
                     busy[k] = (mean, user)
             head = f'gpuslurm_gpu_utilization_ratio{{node="{node}",gpu_uuid="{uuid}",mig_uuid=""}} '
+            lines = []
             for k in scrapes(phase):
                 mean, user = busy.get(k, (0.0, None))
                 u = util(mean, k) if user else 0.0
                 if user and G0 + phase + k * EVERY < until:
                     truth[user][1] += u * EVERY / 3600
-                w(f"{head}{u} {G0 + phase + k * EVERY}\n")
-        w("# TYPE gpuslurm_gpu_memory_total_bytes gauge\n")
+                lines.append(f"{head}{u} {G0 + phase + k * EVERY}\n")
+            out.series(phase, scrapes(phase), lines.__getitem__)
+        out.family("gpuslurm_gpu_memory_total_bytes")
         for node, uuid, phase, _jobs in layout:
             head = (f'gpuslurm_gpu_memory_total_bytes{{node="{node}",gpu_uuid="{uuid}",mig_uuid=""}} '
                     f'{MEM_TOTAL} ')
-            w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in scrapes(phase)))
-        w("# TYPE gpuslurm_gpu_allocated gauge\n")
+            out.series(phase, scrapes(phase),
+                       lambda k, head=head, phase=phase: f"{head}{G0 + phase + k * EVERY}\n")
+        out.family("gpuslurm_gpu_allocated")
         for node, uuid, phase, jobs in layout:
             held = set()
             for start, first, last, user, _mean, _procs, job in jobs:
                 held.update(range(first, last + 1))
                 head = (f'gpuslurm_gpu_allocated{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",job_id="{job}",'
                         f'user="{user}",account="{ACCOUNT[user]}"}} 1 ')
-                w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in range(first, last + 1)))
+                out.series(phase, range(first, last + 1),
+                           lambda k, head=head, phase=phase: f"{head}{G0 + phase + k * EVERY}\n")
                 ends = min(G0 + phase + last * EVERY + EVERY, end, until)  # held to its last scrape's end
                 truth[user][0] += max(0.0, ends - max(start, G0)) / 3600
             head = (f'gpuslurm_gpu_allocated{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",job_id="",'
                     'user="",account=""} 0 ')
-            w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in scrapes(phase) if k not in held))
+            out.series(phase, scrapes(phase),
+                       lambda k, head=head, phase=phase, held=held:
+                       "" if k in held else f"{head}{G0 + phase + k * EVERY}\n")
         for family in ("job_start_timestamp_seconds", "job_last_seen_timestamp_seconds", "device_processes"):
-            w(f"# TYPE gpuslurm_{family} gauge\n")
+            out.family(f"gpuslurm_{family}")
             for node, uuid, phase, jobs in layout:
                 for start, first, last, user, _mean, procs, job in jobs:
                     labels = f'job_id="{job}",user="{user}",account="{ACCOUNT[user]}"'
                     if family == "device_processes":
                         head = (f'gpuslurm_{family}{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",{labels}}} '
                                 f'{procs} ')
-                        w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in range(first, last + 1)))
+                        out.series(phase, range(first, last + 1),
+                                   lambda k, head=head, phase=phase: f"{head}{G0 + phase + k * EVERY}\n")
                         continue
                     head = f'gpuslurm_{family}{{node="{node}",{labels}}} '
-                    for k in range(first, last + 1):
-                        ts = G0 + phase + k * EVERY
-                        w(f"{head}{start if family == 'job_start_timestamp_seconds' else ts} {ts}\n")
-        w("# EOF\n")
+                    value = (lambda ts, start=start: start) if family == "job_start_timestamp_seconds" \
+                        else (lambda ts: ts)
+                    out.series(phase, range(first, last + 1),
+                               lambda k, head=head, phase=phase, value=value:
+                               f"{head}{value(G0 + phase + k * EVERY)} {G0 + phase + k * EVERY}\n")
     return truth
+
+
+BLOCK_S = 7200  # promtool's block: one file per block, so each file is parsed for its own block only
+
+
+class _Windows:
+    """OpenMetrics files, one per 2-hour block of the span: promtool parses its whole input once
+    per block it makes, so one file of D days costs 12·D parses of everything (quadratic), one file
+    per block one parse each. Each file holds every family's samples of its 2 hours."""
+
+    def __init__(self, path: Path, days: int) -> None:
+        self.path = path
+        self.files = [] if path == Path(os.devnull) else [
+            (path.parent / f"{path.stem}.{i:04d}.om").open("w", buffering=1 << 20)
+            for i in range(days * 86400 // BLOCK_S)]
+
+    def __enter__(self) -> _Windows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in self.files:
+            f.write("# EOF\n")
+            f.close()
+
+    def family(self, name: str) -> None:
+        for f in self.files:
+            f.write(f"# TYPE {name} gauge\n")
+
+    def series(self, phase: int, ks: range, line: Callable[[int], str]) -> None:
+        """A series' lines for scrapes ``ks`` (in time order), each into its block's file."""
+        if not self.files:  # --data: only the truth
+            return
+        k = ks.start
+        while k < ks.stop:
+            block = (phase + k * EVERY) // BLOCK_S
+            stop = min(ks.stop, -(-((block + 1) * BLOCK_S - phase) // EVERY))
+            self.files[block].write("".join(line(j) for j in range(k, stop)))
+            k = stop
+
+    def parts(self) -> list[Path]:
+        return sorted(self.path.parent.glob(f"{self.path.stem}.*.om"))
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _backfill(part: Path, data: Path) -> None:
+    """One block's file into the TSDB (promtool adds its block to those there), then deleted."""
+    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(part), str(data)],
+                   check=True, stdout=subprocess.DEVNULL)
+    part.unlink()
 
 
 def _five_minute_group() -> str:
@@ -197,6 +254,7 @@ def main() -> None:
     ap.add_argument("--window-days", type=float, help="report on the first this many days only")
     ap.add_argument("--no-rules", action="store_true", help="backfill no recording-rule series")
     ap.add_argument("--raw", action="store_true", help="the report reads raw samples, not the rules")
+    ap.add_argument("--jobs", type=int, default=2, help="promtool backfills at once (default 2)")
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -207,13 +265,14 @@ def main() -> None:
         truth = generate(Path(os.devnull) if args.data else source, args.nodes, args.days, args.gpus,
                          args.seed, args.window_days)
         if not args.data:
-            size = source.stat().st_size / 1e9
-            print(f"generated {size:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
+            parts = sorted(root.glob("series.*.om"))
+            size = sum(f.stat().st_size for f in parts) / 1e9
+            print(f"generated {size:.2f} GB in {time.perf_counter() - t:.0f} s ({len(parts)} files)",
+                  flush=True)
             t = time.perf_counter()
-            subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-                           check=True, stdout=subprocess.DEVNULL)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                list(pool.map(lambda f: _backfill(f, data), parts))
             print(f"backfilled in {time.perf_counter() - t:.0f} s", flush=True)
-            source.unlink()
         proc, url = _serve(root, data)
         if not args.data and not args.no_rules:
             t = time.perf_counter()
