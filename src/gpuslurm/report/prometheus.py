@@ -8,6 +8,10 @@ the window (the first when ``since`` is not on the grid, the last when ``until``
 instant query with its own range. A range query asks for at most :data:`MAX_POINTS` points, so
 long windows are split (Prometheus refuses more than 11,000 points per series).
 
+Where the shipped 5-minute recording rules (``gpuslurm_5m``) cover the window and the step is whole
+5 minutes, whole buckets are read from them instead, on their evaluation grid (:func:`_rule_phase`):
+sums of their sums, counts and maxima are the raw samples' own, from a tenth of the samples.
+
 A bucket's coverage (:attr:`GpuSeries.cover`) is its scrapes × the scrape interval over its
 length; the interval is a whole bucket over the most scrapes one whole bucket of the node holds.
 
