@@ -14,21 +14,25 @@
    starts ``/usr/bin/prometheus`` (2.42 here) on 127.0.0.1 with its default query limits
    (``--query.max-samples`` 50 M, ``--query.timeout`` 2 min).
 3. Runs the report (``load_prometheus`` + ``compute --by user``) in a child process ``--runs``
-   times: wall time, the child's peak RSS (``resource.getrusage(RUSAGE_CHILDREN)``) and
+   times: wall time, the child's own peak RSS (``getrusage(RUSAGE_SELF)`` in it) and
    Prometheus' (VmHWM).
 4. Checks the report against the generator's truth: allocated GPU-hours per user exact (1e-6 h),
    used within 0.1 %.
 
-The report reads no recording-rule series, so none are generated. Nothing asserts on time.
+With ``--rules`` (the default), the shipped 5-minute group (``gpuslurm_5m`` of
+packaging/gpuslurm-rules.yml) is then evaluated over the backfilled samples by ``promtool tsdb
+create-blocks-from rules`` (never by the generator), its blocks join the TSDB, and the report
+reads them (step: a whole number of 5 minutes); ``--raw`` makes the report read the raw samples
+of the same TSDB. Nothing asserts on time.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import random
-import resource
 import shutil
 import socket
 import subprocess
@@ -36,6 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
@@ -46,17 +51,21 @@ G0 = 1_700_000_000 // 86400 * 86400  # a whole day (UTC)
 MEM_TOTAL = 85_520_809_984
 
 REPORT = r"""
-import json, sys, time
+import json, resource, sys, time
 t = time.perf_counter()
 from gpuslurm.report.compute import Policy, compute
 from gpuslurm.report.prometheus import load_prometheus
 url, since, until, step = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+if sys.argv[5] == "raw":
+    import gpuslurm.report.prometheus as p
+    p._rule_phase = lambda *args: None
 data = load_prometheus("prometheus:" + url, since, until, step)
 t_load = time.perf_counter() - t
 report = compute(data, "user", Policy(quota_of=lambda user, account: 0.1, account_quotas={}))
 print(json.dumps({"load_s": t_load, "total_s": time.perf_counter() - t,
                   "rows": {r.key: [r.allocated_gpu_hours, r.used_gpu_hours] for r in report.rows},
-                  "gpus": len(data.gpus), "jobs": len(data.allocations)}))
+                  "gpus": len(data.gpus), "jobs": len(data.allocations),
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
@@ -95,61 +104,141 @@ def generate(path: Path, nodes: int, days: int, gpus: int, seed: int,
     def util(mean: float, k: int) -> float:
         return round(min(1.0, mean * (0.8 + 0.4 * ((k * 7919) % 101) / 100)), 3)
 
-    with path.open("w", buffering=1 << 22) as out:
-        w = out.write
-        w("# TYPE gpuslurm_gpu_utilization_ratio gauge\n")
+    with _Windows(path, days) as out:
+        out.family("gpuslurm_gpu_utilization_ratio")
         for node, uuid, phase, jobs in layout:
             busy = {}
             for _start, first, last, user, mean, _procs, _job in jobs:
                 for k in range(first, last + 1):
                     busy[k] = (mean, user)
             head = f'gpuslurm_gpu_utilization_ratio{{node="{node}",gpu_uuid="{uuid}",mig_uuid=""}} '
+            lines = []
             for k in scrapes(phase):
                 mean, user = busy.get(k, (0.0, None))
                 u = util(mean, k) if user else 0.0
                 if user and G0 + phase + k * EVERY < until:
                     truth[user][1] += u * EVERY / 3600
-                w(f"{head}{u} {G0 + phase + k * EVERY}\n")
-        w("# TYPE gpuslurm_gpu_memory_total_bytes gauge\n")
+                lines.append(f"{head}{u} {G0 + phase + k * EVERY}\n")
+            out.series(phase, scrapes(phase), lines.__getitem__)
+        out.family("gpuslurm_gpu_memory_total_bytes")
         for node, uuid, phase, _jobs in layout:
             head = (f'gpuslurm_gpu_memory_total_bytes{{node="{node}",gpu_uuid="{uuid}",mig_uuid=""}} '
                     f'{MEM_TOTAL} ')
-            w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in scrapes(phase)))
-        w("# TYPE gpuslurm_gpu_allocated gauge\n")
+            out.series(phase, scrapes(phase),
+                       lambda k, head=head, phase=phase: f"{head}{G0 + phase + k * EVERY}\n")
+        out.family("gpuslurm_gpu_allocated")
         for node, uuid, phase, jobs in layout:
             held = set()
             for start, first, last, user, _mean, _procs, job in jobs:
                 held.update(range(first, last + 1))
                 head = (f'gpuslurm_gpu_allocated{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",job_id="{job}",'
                         f'user="{user}",account="{ACCOUNT[user]}"}} 1 ')
-                w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in range(first, last + 1)))
+                out.series(phase, range(first, last + 1),
+                           lambda k, head=head, phase=phase: f"{head}{G0 + phase + k * EVERY}\n")
                 ends = min(G0 + phase + last * EVERY + EVERY, end, until)  # held to its last scrape's end
                 truth[user][0] += max(0.0, ends - max(start, G0)) / 3600
             head = (f'gpuslurm_gpu_allocated{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",job_id="",'
                     'user="",account=""} 0 ')
-            w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in scrapes(phase) if k not in held))
+            out.series(phase, scrapes(phase),
+                       lambda k, head=head, phase=phase, held=held:
+                       "" if k in held else f"{head}{G0 + phase + k * EVERY}\n")
         for family in ("job_start_timestamp_seconds", "job_last_seen_timestamp_seconds", "device_processes"):
-            w(f"# TYPE gpuslurm_{family} gauge\n")
+            out.family(f"gpuslurm_{family}")
             for node, uuid, phase, jobs in layout:
                 for start, first, last, user, _mean, procs, job in jobs:
                     labels = f'job_id="{job}",user="{user}",account="{ACCOUNT[user]}"'
                     if family == "device_processes":
                         head = (f'gpuslurm_{family}{{node="{node}",gpu_uuid="{uuid}",mig_uuid="",{labels}}} '
                                 f'{procs} ')
-                        w("".join(f"{head}{G0 + phase + k * EVERY}\n" for k in range(first, last + 1)))
+                        out.series(phase, range(first, last + 1),
+                                   lambda k, head=head, phase=phase: f"{head}{G0 + phase + k * EVERY}\n")
                         continue
                     head = f'gpuslurm_{family}{{node="{node}",{labels}}} '
-                    for k in range(first, last + 1):
-                        ts = G0 + phase + k * EVERY
-                        w(f"{head}{start if family == 'job_start_timestamp_seconds' else ts} {ts}\n")
-        w("# EOF\n")
+                    value = (lambda ts, start=start: start) if family == "job_start_timestamp_seconds" \
+                        else (lambda ts: ts)
+                    out.series(phase, range(first, last + 1),
+                               lambda k, head=head, phase=phase, value=value:
+                               f"{head}{value(G0 + phase + k * EVERY)} {G0 + phase + k * EVERY}\n")
     return truth
+
+
+BLOCK_S = 7200  # promtool's block: one file per block, so each file is parsed for its own block only
+
+
+class _Windows:
+    """OpenMetrics files, one per 2-hour block of the span: promtool parses its whole input once
+    per block it makes, so one file of D days costs 12·D parses of everything (quadratic), one file
+    per block one parse each. Each file holds every family's samples of its 2 hours."""
+
+    def __init__(self, path: Path, days: int) -> None:
+        self.path = path
+        self.files = [] if path == Path(os.devnull) else [
+            (path.parent / f"{path.stem}.{i:04d}.om").open("w", buffering=1 << 20)
+            for i in range(days * 86400 // BLOCK_S)]
+
+    def __enter__(self) -> _Windows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in self.files:
+            f.write("# EOF\n")
+            f.close()
+
+    def family(self, name: str) -> None:
+        for f in self.files:
+            f.write(f"# TYPE {name} gauge\n")
+
+    def series(self, phase: int, ks: range, line: Callable[[int], str]) -> None:
+        """A series' lines for scrapes ``ks`` (in time order), each into its block's file."""
+        if not self.files:  # --data: only the truth
+            return
+        k = ks.start
+        while k < ks.stop:
+            block = (phase + k * EVERY) // BLOCK_S
+            stop = min(ks.stop, -(-((block + 1) * BLOCK_S - phase) // EVERY))
+            self.files[block].write("".join(line(j) for j in range(k, stop)))
+            k = stop
+
+    def parts(self) -> list[Path]:
+        return sorted(self.path.parent.glob(f"{self.path.stem}.*.om"))
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _backfill(part: Path, data: Path) -> None:
+    """One block's file into the TSDB (promtool adds its block to those there), then deleted."""
+    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(part), str(data)],
+                   check=True, stdout=subprocess.DEVNULL)
+    part.unlink()
+
+
+def _five_minute_group() -> str:
+    """The shipped rules' ``gpuslurm_5m`` group alone (the others are for dashboards)."""
+    text = (Path(__file__).resolve().parents[1] / "packaging" / "gpuslurm-rules.yml").read_text()
+    return "groups:\n" + text[text.index("  - name: gpuslurm_5m"):]
+
+
+def _serve(root: Path, data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus on 127.0.0.1 over ``data``, with its default query limits, once ready."""
+    port = _free_port()
+    (root / "prometheus.yml").write_text("scrape_configs: []\n")
+    log = (root / "prometheus.log").open("ab")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={root / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--storage.tsdb.retention.time=100y"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    return proc, url
 
 
 def main() -> None:
@@ -163,6 +252,9 @@ def main() -> None:
     ap.add_argument("--data", help="serve this TSDB (a --keep run's data/) instead of generating and "
                     "backfilling; the truth is generated again from the same seed")
     ap.add_argument("--window-days", type=float, help="report on the first this many days only")
+    ap.add_argument("--no-rules", action="store_true", help="backfill no recording-rule series")
+    ap.add_argument("--raw", action="store_true", help="the report reads raw samples, not the rules")
+    ap.add_argument("--jobs", type=int, default=2, help="promtool backfills at once (default 2)")
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -173,52 +265,55 @@ def main() -> None:
         truth = generate(Path(os.devnull) if args.data else source, args.nodes, args.days, args.gpus,
                          args.seed, args.window_days)
         if not args.data:
-            size = source.stat().st_size / 1e9
-            print(f"generated {size:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
+            parts = sorted(root.glob("series.*.om"))
+            size = sum(f.stat().st_size for f in parts) / 1e9
+            print(f"generated {size:.2f} GB in {time.perf_counter() - t:.0f} s ({len(parts)} files)",
+                  flush=True)
             t = time.perf_counter()
-            subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-                           check=True, stdout=subprocess.DEVNULL)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                list(pool.map(lambda f: _backfill(f, data), parts))
             print(f"backfilled in {time.perf_counter() - t:.0f} s", flush=True)
-            source.unlink()
-        port = _free_port()
-        (root / "prometheus.yml").write_text("scrape_configs: []\n")
-        log = (root / "prometheus.log").open("wb")
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={root / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
-                                 "--storage.tsdb.retention.time=100y"], stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
+        proc, url = _serve(root, data)
+        if not args.data and not args.no_rules:
+            t = time.perf_counter()
+            rules = root / "rules-5m.yml"
+            rules.write_text(_five_minute_group())
+            subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
+                            f"--start={G0}", f"--end={G0 + args.days * 86400}",
+                            f"--output-dir={root / 'rules'}", str(rules)],
+                           check=True, stdout=subprocess.DEVNULL)
+            proc.terminate()
+            proc.wait()
+            for block in (root / "rules").iterdir():
+                block.rename(data / block.name)
+            print(f"rules' series made by promtool in {time.perf_counter() - t:.0f} s", flush=True)
+            proc, url = _serve(root, data)
         since, until = float(G0), float(G0 + (args.window_days or args.days) * 86400)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         from gpuslurm.report.data import auto_step
 
-        step = auto_step(since, until)
+        step = -(-auto_step(since, until) // 300) * 300  # whole 5 minutes: the rules' buckets
         print(f"{args.nodes} nodes x {(until - since) / 86400:g} d, {args.nodes * args.gpus} GPUs, "
               f"step {step:g} s",
               flush=True)
         for run in range(args.runs):
             t = time.perf_counter()
-            done = subprocess.run([sys.executable, "-c", REPORT, url, str(since), str(until), str(step)],
+            done = subprocess.run([sys.executable, "-c", REPORT, url, str(since), str(until), str(step),
+                                   "raw" if args.raw else "rules"],
                                   capture_output=True, text=True)
             wall = time.perf_counter() - t
             if done.returncode:
                 print(f"run {run + 1}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
                 continue
             got = json.loads(done.stdout)
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            peak = got["peak_mib"]  # the report's process alone (RUSAGE_CHILDREN would hold promtool's)
             hwm = next((line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                         if line.startswith("VmHWM:")), "?")
             worst_alloc = max(abs(got["rows"].get(u, [0, 0])[0] - a) for u, (a, _) in truth.items())
             worst_used = max(abs(got["rows"].get(u, [0, 0])[1] - x) / x for u, (_, x) in truth.items() if x)
             print(f"run {run + 1}: {wall:.1f} s wall (load {got['load_s']:.1f} s, report "
                   f"{got['total_s']:.1f} s "
-                  f"in the child), child peak RSS {peak:.0f} MiB (max over runs), Prometheus VmHWM "
+                  f"in the child), child peak RSS {peak:.0f} MiB, Prometheus VmHWM "
                   f"{int(hwm) / 1024 if hwm != '?' else 0:.0f} MiB; {got['gpus']} GPUs, {got['jobs']} jobs; "
                   f"allocated per user off by at most {worst_alloc:.2e} h "
                   f"({'exact' if worst_alloc < 1e-6 else 'NOT EXACT'}), used by at most "

@@ -46,10 +46,12 @@ def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]], per_process
 
 @contextlib.contextmanager
 def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
-               *flags: str, per_process: bool = True, rules: Path | None = None) -> Iterator[str]:
+               *flags: str, per_process: bool = True, rules: Path | None = None,
+               rules_start: float | None = None) -> Iterator[str]:
     """A Prometheus on 127.0.0.1 serving ``cycles`` (started with ``flags`` too); yields its URL.
-    With ``rules``: their recorded series too, evaluated every 30 s over the cycles' span by
-    ``promtool tsdb create-blocks-from rules`` (as a site backfills new rules)."""
+    With ``rules``: their recorded series too, evaluated every 30 s (a group's own interval where it
+    has one) over the cycles' span by ``promtool tsdb create-blocks-from rules`` (as a site
+    backfills new rules), from ``rules_start`` (a whole second; default: the first cycle's)."""
     root.mkdir(parents=True, exist_ok=True)
     source, data = root / "cycles.om", root / "data"
     listed = list(cycles)
@@ -62,6 +64,7 @@ def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
         return
     with _serving(root, data, flags) as url:
         first, last = min(c.ts for c, _ in listed), max(c.ts for c, _ in listed)
+        first = first if rules_start is None else rules_start
         subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
                         f"--start={int(first)}", f"--end={int(last) + 1}", "--eval-interval=30s",
                         f"--output-dir={root / 'rules'}", str(rules)],

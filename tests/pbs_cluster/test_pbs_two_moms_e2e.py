@@ -25,7 +25,7 @@ from gpuslurm.hw.source import load_node
 
 pytestmark = [pytest.mark.pbs, pytest.mark.skipif(
     not os.environ.get("GPUSLURM_PBS_MULTI"),
-    reason="the two-mom PBS suite runs only with GPUSLURM_PBS_MULTI=1 (CI runs it in a session of its own: .ci/run)")]
+    reason="the two-mom PBS suite runs only with GPUSLURM_PBS_MULTI=1 (.ci/run: a session of its own)")]
 
 # On the primary: its own view, then one task on the sister (node index 1 of $PBS_NODEFILE) through
 # pbs_mom's task manager; each writes HOST, CVD (CUDA_VISIBLE_DEVICES) and UUIDS lines, and what

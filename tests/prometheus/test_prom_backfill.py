@@ -132,7 +132,7 @@ def test_requests_cover_a_few_nodes_over_a_chunk_each_and_give_the_same_data(
     assert len(bucketed) == len(NODES) * whole.buckets  # one node, one bucket each
     for p in asked:
         if "gpuslurm_violation" not in p["query"]:  # findings: one query over the window (rare series)
-            selectors = re.findall(r"gpuslurm_\w+\{([^}]*)\}", p["query"])
+            selectors = re.findall(r"gpuslurm_[\w:]+\{([^}]*)\}", p["query"])
             assert selectors and all(s.count('node=~"') == 1 for s in selectors), p["query"]
             if "step" in p:
                 assert float(p["end"]) - float(p["start"]) < STEP

@@ -33,6 +33,7 @@ from tests.helpers.cgroup_paths import in_cgroup
 from tests.helpers.prom_helpers import Prom, api, normal_exposition
 
 from gpuslurm.hw.source import load_node
+from gpuslurm.report import prom_client
 from gpuslurm.report import prometheus as promsrc
 from gpuslurm.report.compute import Policy, compute
 from gpuslurm.report.data import ReportData
@@ -301,7 +302,7 @@ def test_long_ranges_are_split_and_give_the_same_answer(run: Run, monkeypatch: p
         calls.append(endpoint)
         return real_get(self, endpoint, params, want)
 
-    monkeypatch.setattr(promsrc, "MAX_POINTS", 7)
+    monkeypatch.setattr(prom_client, "MAX_POINTS", 7)  # the client splits ranges
     monkeypatch.setattr(promsrc.PrometheusClient, "_get", counting)
     split = load_prometheus(f"prometheus:{run.url}", since, until, 1.0)
     assert calls.count("query_range") >= 5 * (30 // 7)  # every bucketed query went in parts

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 from gpuslurm.policy.wording import pct, tenths
-from gpuslurm.report.data import AllocationSpan, Gap, ProcSeries, ReportData, Sparse
+from gpuslurm.report.data import AllocationSpan, Gap, GpuSeries, ProcSeries, ReportData, Sparse
 from gpuslurm.samples import Violation
 
 BY_CHOICES = ("user", "account", "job", "process")
@@ -216,41 +216,27 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
         w = 1.0 / migs[(g.node, g.gpu_uuid)] if g.uuid != g.gpu_uuid else 1.0
         on = procs_on.get(dev, [])
         whos = {id(p): who_of(p) for p in on}
-        alloc_active = _sweep(allocs_on.get(dev, []), [_bucket_range(data, a.start, a.end)
-                                                        for a in allocs_on.get(dev, [])], n)
-        proc_active = _sweep(on, [_seen_range(p.seen) for p in on], n)
-        for b, held, present_all in zip(range(n), alloc_active, proc_active, strict=True):
-            if not dur_h[b]:
+        held_at = list(_sweep(allocs_on.get(dev, []), [_bucket_range(data, a.start, a.end)
+                                                        for a in allocs_on.get(dev, [])], n))
+        present_at = list(_sweep(on, [_seen_range(p.seen) for p in on], n))
+        skip = 0  # buckets before this one were counted in a steady run
+        for b in range(n):
+            if b < skip or not dur_h[b]:
                 continue
+            held = held_at[b]
             lo, hi = spans[b]
             util = g.util[b]
-            present = [p for p in present_all if p.seen[b] > 0]
+            present = [p for p in present_at[b] if p.seen[b] > 0]
             if STEADY and len(held) == 1 and len(present) == 1 and by != "process" and util is not None \
                     and util <= 100.0 and g.uuid == g.gpu_uuid \
                     and _steady(held[0], present[0], whos[id(present[0])], b, lo, hi):
                 # the common bucket, as the general path below counts it without its lists: one
                 # job holds all of it, one of its processes (or its count series) was seen
-                # throughout without an SM figure, so the busy time is that process's
-                a, p = held[0], present[0]
-                who = whos[id(p)]
-                cover = g.cover[b] if g.cover else 1.0
-                steady_busy = util / 100.0 * cover * dur_h[b] * w
-                acc = groups.get(Who(a.user, a.account, a.job_id, None, a.node, None))
-                acc.jobs[(a.node, a.job_id)] = (a.node, a.job_id) in idle_jobs
-                gh = 1.0 * dur_h[b] * w
-                measured = gh * cover
-                for into in (total, acc):
-                    into.allocated += gh
-                    into.idle += measured - min(measured, steady_busy)
-                    into.unmeasured += gh - measured
-                total.used += steady_busy
-                mine_acc = groups.get(who)
-                mine_acc.used += steady_busy * 1.0
-                if who.user is not None:
-                    user_series.setdefault(who.user, [0.0] * n)[b] += steady_busy * 1.0 / dur_h[b]
-                if util > policy.busy_pct:
-                    label = _label(p.name, p.pid, p.job_id)
-                    mine_acc.busy_h[label] = mine_acc.busy_h.get(label, 0.0) + p.seen[b] * dur_h[b]
+                # throughout without an SM figure, so the busy time is that process's; and the run
+                # of such buckets after it, with the same job and process, in one go (the same
+                # sums in the same order: the same bits)
+                skip = _steady_run(b, held_at, present_at, g, w, dur_h, spans, whos, groups, total,
+                                   user_series, idle_jobs, policy)
                 continue
             if util is None and g.uuid != g.gpu_uuid:
                 util = _mig_util(present, b)
@@ -326,6 +312,48 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
     return Report(data.source, data.since, data.until, data.step_s, by, totals, rows,
                   _recommendations(rows), tuple((lo + hi) / 2 for lo, hi in spans),
                   tuple((u, tuple(s)) for u, s in sorted(user_series.items())), data.gaps)
+
+
+def _steady_run(b: int, held_at: list[list[AllocationSpan]], present_at: list[list[ProcSeries]],
+                g: GpuSeries, w: float, dur_h: list[float], spans: list[tuple[float, float]],
+                whos: dict[int, Who], groups: _Groups, total: _Acc, user_series: dict[str, list[float]],
+                idle_jobs: set[tuple[str, str]], policy: Policy) -> int:
+    """Count the steady bucket ``b`` and those after it with the same single job and process
+    (see compute); the first bucket after the run."""
+    a, p = held_at[b][0], next(q for q in present_at[b] if q.seen[b] > 0)
+    who = whos[id(p)]
+    acc = groups.get(Who(a.user, a.account, a.job_id, None, a.node, None))
+    acc.jobs[(a.node, a.job_id)] = (a.node, a.job_id) in idle_jobs
+    mine_acc = groups.get(who)
+    n = len(dur_h)
+    series = user_series.setdefault(who.user, [0.0] * n) if who.user is not None else None
+    label = _label(p.name, p.pid, p.job_id)
+    while True:
+        util = g.util[b]
+        util = 0.0 if util is None else util  # never: checked before the bucket joins the run
+        cover = g.cover[b] if g.cover else 1.0
+        steady_busy = util / 100.0 * cover * dur_h[b] * w
+        gh = 1.0 * dur_h[b] * w
+        measured = gh * cover
+        for into in (total, acc):
+            into.allocated += gh
+            into.idle += measured - min(measured, steady_busy)
+            into.unmeasured += gh - measured
+        total.used += steady_busy
+        mine_acc.used += steady_busy * 1.0
+        if series is not None:
+            series[b] += steady_busy * 1.0 / dur_h[b]
+        if util > policy.busy_pct:
+            mine_acc.busy_h[label] = mine_acc.busy_h.get(label, 0.0) + p.seen[b] * dur_h[b]
+        b += 1
+        # what compute checks of a bucket before this path, less what holds for the whole run
+        # (the device, the grouping, the job and node of ``who``)
+        if b >= n or not dur_h[b] or len(held_at[b]) != 1 or held_at[b][0] is not a:
+            return b
+        nxt, (lo, hi) = g.util[b], spans[b]
+        if nxt is None or nxt > 100.0 or not (a.start <= lo and a.end >= hi) or p.util[b] is not None \
+                or not p.seen[b] >= 1.0 or any(q is not p and q.seen[b] > 0 for q in present_at[b]):
+            return b
 
 
 T = TypeVar("T")

@@ -166,7 +166,10 @@ def bucket_count(start: float, until: float, step_s: float) -> int:
 
 
 def auto_step(since: float, until: float, max_buckets: int = 2000) -> float:
-    """A bucket width for the window: whole minutes, at most ``max_buckets`` buckets (charts, speed)."""
+    """A bucket width for the window: whole minutes, at most ``max_buckets`` buckets (charts, speed);
+    past 5 minutes, whole 5 minutes (what the Prometheus source's 5-minute rules can answer)."""
     span = max(until - since, 60.0)
     minutes = -(-span // (60 * max_buckets))  # ceiling
+    if minutes > 5:
+        minutes = -(-minutes // 5) * 5
     return 60.0 * max(1.0, minutes)
