@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.pbs_fixture import PREFIX, PbsCluster
-from tests.helpers.pbs_helpers import HOST, PBSNODES, QMGR, Hooked, _vnodes
+from tests.helpers.pbs_fixture import PREFIX
+from tests.helpers.pbs_helpers import HOST, PBSNODES, QMGR, Hooked, _vnodes, _wait_vnodes
 
 SERVER_NS = "gpuslurm-pbs"  # pbs-cluster/cluster.sh's
 SERVER_ADDR = "192.0.2.10"
@@ -171,17 +171,6 @@ def _stop(mom: Mom) -> None:
     shutil.rmtree(Path("/etc/netns") / mom.ns, ignore_errors=True)
 
 
-def wait_free(cluster: PbsCluster, names: list[str], timeout: float = 120) -> dict[str, dict[str, str]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        nodes = _vnodes(cluster.run(PBSNODES, "-av", check=False))
-        if all(nodes.get(n, {}).get("state") == "free" for n in names):
-            return nodes
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"vnodes {names} not free after {timeout}s: {nodes}")
-        time.sleep(1)
-
-
 def namespaces_unavailable() -> str | None:
     """Why this host cannot give a mom the namespaces it needs, or None when it can."""
     if os.geteuid() != 0:
@@ -237,7 +226,7 @@ def two_moms(hooked: Hooked) -> Iterator[list[Mom]]:
             _hup_when_hooked(mom)  # so that exechost_startup publishes its NUMA vnodes
         for name in own:
             cluster.run(QMGR, "-c", f"set node {name} state = offline")
-        wait_free(cluster, [v for mom in moms for v in mom_vnodes(mom)])
+        _wait_vnodes(cluster, [v for mom in moms for v in mom_vnodes(mom)], timeout=120)
         yield moms
     finally:
         _undo(hooked, moms, own, server_hosts, original)

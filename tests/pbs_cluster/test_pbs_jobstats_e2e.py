@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 from tests.helpers.cluster_fixture import users_site
+from tests.helpers.jobstats_helpers import JOBSTATS_AS_USER
 from tests.helpers.pbs_fixture import PREFIX, PbsCluster
+from tests.helpers.slurm_helpers import wait_for_line
 
 from gpuslurm import safedir
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
@@ -30,23 +32,6 @@ pytestmark = pytest.mark.pbs
 BUNDLE = os.environ.get("GPUSLURM_BUNDLE", "dgx-h100")
 COMMANDS = ("qstat", "pbsnodes", "qalter", "qhold", "qrerun", "qdel", "qmgr")  # conftest.py wraps these
 NOBODY = 65534
-
-# The CLI's use case as a user runs it, with the users' interpreter (stdlib + this checkout; the
-# CLI's click is not installed for it): its exit code and one line as the CLI's entry policy.
-READ = """
-import json, sys, time
-from gpuslurm.config import load_config
-from gpuslurm.errors import describe
-from gpuslurm.report.jobstats_load import jobstats_document
-try:
-    doc = jobstats_document(load_config(), sys.argv[1], now=time.time())
-except Exception as exc:
-    code, message = describe(exc)
-    print(message, file=sys.stderr)
-    sys.exit(code)
-print(json.dumps(doc))
-"""
-
 
 @pytest.fixture
 def site(pbs_bin: Path) -> Iterator[Path]:
@@ -59,15 +44,6 @@ def site(pbs_bin: Path) -> Iterator[Path]:
                           + '[monitor]\nnode_name = "pbshost"\ninterval_s = 1\n[scheduler]\nkind = "pbs"\n')
         config.chmod(0o644)
         yield base
-
-
-def _wait_for(path: Path, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
-        time.sleep(0.2)
-    raise TimeoutError(f"{path} never appeared")
 
 
 def _qstat(cluster: PbsCluster, job: str) -> dict[str, object]:
@@ -86,7 +62,8 @@ def _vnode_gpus(exec_vnode: str) -> list[str]:
 
 def _as(uid: int, base: Path, job: str) -> subprocess.CompletedProcess[str]:
     gid = pwd.getpwuid(uid).pw_gid
-    return subprocess.run([str(base / "users-venv" / "bin" / "python"), "-c", READ, job], user=uid, group=gid,
+    return subprocess.run([str(base / "users-venv" / "bin" / "python"), "-c", JOBSTATS_AS_USER, job],
+                          user=uid, group=gid,
                           extra_groups=[], timeout=60, cwd="/", capture_output=True, text=True, check=False,
                           env={"PATH": "/usr/bin:/bin", "GPUSLURM_CONFIG": str(base / "gpuslurm.toml")})
 
@@ -124,7 +101,7 @@ def test_jobstats_of_a_real_pbs_job_for_its_owner_and_not_for_another_user(
            "GPUSLURM_SCENARIO": str(site / "scenario.json"), "GPUSLURM_CAPTURE": BUNDLE}
     monitor = None
     try:
-        pid = int(_wait_for(mark))
+        pid = int(wait_for_line(mark, 60))
         deadline = time.monotonic() + 60  # the session reaches the server with pbs_mom's next update
         while "session_id" not in (item := _qstat(pbs_cluster, job)) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from tests.helpers.pbs_fixture import PREFIX, PbsCluster
+from tests.helpers.slurm_helpers import wait_for_line
 
 from gpuslurm.gres.pbs_vnodes import plan_vnodes
 from gpuslurm.hw.source import load_node
@@ -33,15 +34,6 @@ def _scheduler(pbs_bin: Path, jobs_dir: Path | None = None) -> PbsScheduler:
                         jobs_dir=str(jobs_dir) if jobs_dir else None, qalter=str(pbs_bin / "qalter"),
                         qhold=str(pbs_bin / "qhold"), qrerun=str(pbs_bin / "qrerun"),
                         qdel=str(pbs_bin / "qdel"))
-
-
-def _wait_for(path: Path, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
-        time.sleep(0.2)
-    raise TimeoutError(f"{path} never appeared")
 
 
 def _state(cluster: PbsCluster, job: str) -> dict[str, object]:
@@ -65,7 +57,7 @@ def gpu_job(pbs_cluster: PbsCluster) -> Iterator[tuple[str, int]]:
     mark = pbs_cluster.state_dir / "jobs" / f"watch-{os.getpid()}-{time.monotonic_ns()}"
     job = pbs_cluster.qsub(["-l", "select=1:ncpus=4:ngpus=4"], f'echo "$$" > {mark}\nexec sleep 300\n')
     try:
-        pid = int(_wait_for(mark))
+        pid = int(wait_for_line(mark, 60))
         # pbs_mom reports the job's session to the server with its next status update
         deadline = time.monotonic() + 60
         while "session_id" not in _state(pbs_cluster, job) and time.monotonic() < deadline:

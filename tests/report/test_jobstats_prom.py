@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from tests.helpers.cluster_fixture import users_site
+from tests.helpers.jobstats_helpers import JOBSTATS_AS_USER
 from tests.helpers.prom_backfill import PROMETHEUS, PROMTOOL, backfilled
 from tests.helpers.prom_helpers import free_port
 
@@ -113,21 +114,6 @@ def test_an_admin_group_sees_another_user_s_job(prom: str) -> None:
         prometheus_stats(cfg, "43", f"prometheus:{prom}", now=NOW, caller_uid=NOBODY, caller_gids=[NOBODY])
 
 
-READ = """
-import json, sys
-from gpuslurm.config import load_config
-from gpuslurm.errors import describe
-from gpuslurm.report.jobstats_load import jobstats_document
-try:
-    doc = jobstats_document(load_config(), sys.argv[1], now=float(sys.argv[2]), source=sys.argv[3])
-except Exception as exc:
-    code, message = describe(exc)
-    print(message, file=sys.stderr)
-    sys.exit(code)
-print(json.dumps(doc))
-"""
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs as the real user nobody")
 def test_nobody_reads_their_own_job_and_not_another_user_s(prom: str) -> None:
     with users_site("gpuslurm-jobstats-prom-") as base:
@@ -135,8 +121,9 @@ def test_nobody_reads_their_own_job_and_not_another_user_s(prom: str) -> None:
         (base / "gpuslurm.toml").chmod(0o644)
 
         def as_nobody(job: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([str(base / "users-venv" / "bin" / "python"), "-c", READ, job, str(NOW),
-                                   f"prometheus:{prom}"], user=NOBODY, group=NOBODY, extra_groups=[],
+            return subprocess.run([str(base / "users-venv" / "bin" / "python"), "-c", JOBSTATS_AS_USER, job,
+                                   str(NOW), f"prometheus:{prom}"],
+                                  user=NOBODY, group=NOBODY, extra_groups=[],
                                   timeout=120, cwd="/", capture_output=True, text=True, check=False,
                                   env={"PATH": "/usr/bin:/bin",
                                        "GPUSLURM_CONFIG": str(base / "gpuslurm.toml")})

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tests.helpers.cluster_fixture import users_site
+from tests.helpers.jobstats_helpers import JOBSTATS_AS_USER
 
 from gpuslurm.errors import EXIT_BAD_INPUT
 from gpuslurm.jobid import valid_job_id
@@ -38,23 +39,6 @@ OTHER = 1002
 T0 = 1_700_000_000.0
 G0, G1 = "GPU-00000000-aaaa", "GPU-11111111-bbbb"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays root and nobody; the store is root's")
-
-# The use case as the CLI calls it, run by nobody's own interpreter (stdlib + this checkout): its
-# exit code and one line as the CLI's entry policy gives them.
-READ = """
-import json, sys, time
-from gpuslurm.config import load_config
-from gpuslurm.errors import describe
-from gpuslurm.report.jobstats_load import jobstats_document
-try:
-    doc = jobstats_document(load_config(), sys.argv[1], now=time.time())
-except Exception as exc:
-    code, message = describe(exc)
-    print(message, file=sys.stderr)
-    sys.exit(code)
-print(json.dumps(doc))
-"""
-
 
 def alloc(job: str, uid: int, gpu: str) -> Allocation:
     return Allocation(job, "nobody" if uid == NOBODY else "bob", uid, (gpu,), T0)
@@ -95,7 +79,7 @@ def as_nobody(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def jobstats(base: Path, job: str) -> subprocess.CompletedProcess[str]:
-    return as_nobody(base, "-c", READ, job)
+    return as_nobody(base, "-c", JOBSTATS_AS_USER, job)
 
 
 def test_each_job_s_file_is_its_owner_s_alone_in_a_directory_root_alone_writes(site: Path) -> None:
