@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from tests.helpers.prom_helpers import free_port
+from tests.helpers.prom_helpers import serving
 
 from gpuslurm.samples import Cycle, Violation
 from gpuslurm.watch.exporter import FAMILIES, PREFIX, cycle_samples
@@ -79,31 +77,5 @@ def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
 def _serving(root: Path, data: Path, flags: Sequence[str]) -> Iterator[str]:
     config = root / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = free_port()
-    log = (root / "prometheus.log").open("wb")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y",
-                             *flags],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited {proc.returncode}: "
-                                   f"{(root / 'prometheus.log').read_text()[-2000:]}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("prometheus not ready after 60 s")
-            time.sleep(0.2)
+    with serving(root, config, data, ["--storage.tsdb.retention.time=100y", *flags], 60) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()

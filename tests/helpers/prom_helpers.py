@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -61,33 +61,44 @@ def normal_exposition(text: str) -> str:
 def running_prometheus(root: Path, targets: list[str], scrape_s: float) -> Iterator[str]:
     """``/usr/bin/prometheus`` on loopback scraping ``targets`` every ``scrape_s`` seconds, with a
     config and TSDB under ``root``; its base URL once it is ready (pytest.fail if it never is)."""
-    port = free_port()
     config = root / "prometheus.yml"
     every = f"{round(scrape_s * 1000)}ms"
     config.write_text(
         f"global:\n  scrape_interval: {every}\n  scrape_timeout: {every}\n  evaluation_interval: {every}\n"
         "scrape_configs:\n  - job_name: gpuslurm\n    static_configs:\n"
         f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(
+                serving(root, config, root / "data", ["--storage.tsdb.retention.time=1d"], 30))
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+        yield url
+
+
+@contextlib.contextmanager
+def serving(root: Path, config: Path, data: Path, flags: Sequence[str], ready_s: float) -> Iterator[str]:
+    """``/usr/bin/prometheus`` with ``config`` and the TSDB ``data`` on a free loopback port, its
+    log in ``root``; its base URL once it is ready (RuntimeError, with the log's tail, if it exits
+    or is not ready within ``ready_s``); stopped on leaving."""
+    port = free_port()
     log_path = root / "prometheus.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=root)
+        proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                                 f"--web.listen-address=127.0.0.1:{port}", *flags],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=root)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + ready_s
             while True:
                 if proc.poll() is not None:
-                    pytest.fail(f"prometheus exited {proc.returncode}: {log_tail(log_path)}")
-                try:
-                    with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
-                        if resp.status == 200:
-                            break
-                except OSError:
-                    pass
+                    raise RuntimeError(f"prometheus exited {proc.returncode}: {log_tail(log_path)}")
+                with contextlib.suppress(OSError), \
+                        urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
                 if time.monotonic() > deadline:
-                    pytest.fail(f"prometheus not ready after 30 s: {log_tail(log_path)}")
+                    raise RuntimeError(f"prometheus not ready after {ready_s:g} s: {log_tail(log_path)}")
                 time.sleep(0.2)
             yield url
         finally:
