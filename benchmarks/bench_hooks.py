@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,16 +42,23 @@ TARGET = 3.0
 ENTRY = "from gpuslurm.slurm.entry import run; run()"
 
 
-def hook_scripts(dest: Path, python: str) -> dict[str, Path]:
-    """The installed prolog and epilog executables, rendered into ``dest``."""
-    from gpuslurm.install import render_hook
+def hook_scripts(dest: Path, python: str, with_site: bool = False) -> dict[str, Path]:
+    """The installed prolog, task prolog and epilog executables, rendered into ``dest``;
+    ``with_site``: started as before issue 22 (``python -I``, ``site`` and its ``.pth`` files run,
+    no sys.path written), to compare."""
+    from gpuslurm.install import SYS_PATH_PLACEHOLDER, hook_sys_path, render_hook
 
+    sys_path = hook_sys_path(python)
+    dest.mkdir(parents=True, exist_ok=True)
     out = {}
     for hook, template in (("prolog", ROOT / "prolog" / "gpuslurm-prolog"),
                            ("task-prolog", ROOT / "prolog" / "gpuslurm-task-prolog"),
                            ("epilog", ROOT / "epilog" / "gpuslurm-epilog")):
         path = dest / template.name
-        path.write_text(render_hook(template.read_text(), python, str(template)))
+        text = template.read_text()
+        if with_site:
+            text = text.replace(f" -S -c 'import sys; sys.path += {SYS_PATH_PLACEHOLDER}; ", " -c '")
+        path.write_text(render_hook(text, python, str(template), sys_path=sys_path))
         path.chmod(0o755)
         out[hook] = path
     return out
@@ -76,12 +84,19 @@ def job_env(config: Path, bundle: str, gpus: str, job_id: int, context: str) -> 
     }
 
 
+CPU: list[float] = []  # the CPU time (user + sys) of each run timed() made, in order
+
+
 def timed(argv: Sequence[str], env: dict[str, str] | None = None) -> float:
-    """Wall time of one run; a failing run stops the benchmark with its stderr."""
+    """Wall time of one run (its CPU time appended to CPU); a failing run stops the benchmark with
+    its stderr."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, check=False, timeout=120)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} exited {result.returncode}:\n{result.stderr}")
     return elapsed
@@ -167,6 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clean-venv", action="store_true",
                         help="run everything in a throwaway venv whose start runs no .pth hooks")
     parser.add_argument("--profile", action="store_true", help="also show where the prolog's time goes")
+    parser.add_argument("--with-site", action="store_true",
+                        help="also time the hooks started as before issue 22 (python -I, with site), "
+                             "interleaved")
     parser.add_argument("--top", type=int, default=15, help="rows of each profile to show")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -181,35 +199,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir = Path(run_tmp) / "run"
         python = clean_venv(dest, args.python) if args.clean_venv else args.python
         hooks = hook_scripts(dest, python)
+        arms = {"": hooks, **({" (site)": hook_scripts(dest / "with-site", python, with_site=True)}
+                              if args.with_site else {})}
         config = write_config(dest, run_dir)
         floor_cmd = [python, "-c", "pass"]
         job = 1000
         # Warm the page cache and .pyc files once; this also fails early on a broken hook.
         timed([str(hooks["prolog"])], job_env(config, args.bundle, args.gpus, job, "prolog_slurmd"))
         timed([str(hooks["epilog"])], job_env(config, args.bundle, args.gpus, job, "epilog_slurmd"))
-        times: dict[str, list[float]] = {"floor": [], "prolog": [], "task-prolog": [], "epilog": []}
+        names = ["floor"] + [f"{hook}{arm}" for arm in arms for hook in ("prolog", "task-prolog", "epilog")]
+        times: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
+
+        def run(name: str, argv: list[str], env: dict[str, str]) -> None:
+            times[name].append(timed(argv, env))
+            cpu[name].append(CPU[-1])
+
         for _ in range(args.runs):
-            job += 1
-            times["floor"].append(timed(floor_cmd, dict(os.environ)))
-            times["prolog"].append(timed([str(hooks["prolog"])],
-                                         job_env(config, args.bundle, args.gpus, job, "prolog_slurmd")))
-            times["task-prolog"].append(timed([str(hooks["task-prolog"])],
-                                              {**job_env(config, args.bundle, args.gpus, job, "task_prolog"),
-                                               "SLURM_LOCALID": "1"}))
-            times["epilog"].append(timed([str(hooks["epilog"])],
-                                         job_env(config, args.bundle, args.gpus, job, "epilog_slurmd")))
+            run("floor", floor_cmd, dict(os.environ))
+            for arm, arm_hooks in arms.items():
+                job += 1
+                run(f"prolog{arm}", [str(arm_hooks["prolog"])],
+                    job_env(config, args.bundle, args.gpus, job, "prolog_slurmd"))
+                run(f"task-prolog{arm}", [str(arm_hooks["task-prolog"])],
+                    {**job_env(config, args.bundle, args.gpus, job, "task_prolog"), "SLURM_LOCALID": "1"})
+                run(f"epilog{arm}", [str(arm_hooks["epilog"])],
+                    job_env(config, args.bundle, args.gpus, job, "epilog_slurmd"))
         if leftovers := list((run_dir / "jobs").glob("*.json")):
             raise SystemExit(f"the epilog left job maps behind: {leftovers}")
 
         med = {k: statistics.median(v) for k, v in times.items()}
         high = {k: p90(v) for k, v in times.items()}
         print(f"bundle {args.bundle}, SLURM_JOB_GPUS={args.gpus}, {args.runs} runs, {python}")
-        labels = {"floor": "python -c pass", "prolog": "gpuslurm prolog",
-                  "task-prolog": "gpuslurm task-prolog", "epilog": "gpuslurm epilog"}
-        for key, label in labels.items():
+        for key in names:
+            label = "python -c pass" if key == "floor" else f"gpuslurm {key}"
             vs = "" if key == "floor" else (f"  ratio {med[key] / med['floor']:5.2f} median, "
                                             f"{high[key] / high['floor']:5.2f} p90")
-            print(f"{label:21} median {med[key] * 1000:7.1f} ms  p90 {high[key] * 1000:7.1f} ms{vs}")
+            print(f"{label:28} median {med[key] * 1000:7.1f} ms  p90 {high[key] * 1000:7.1f} ms{vs}"
+                  f"  CPU median {statistics.median(cpu[key]) * 1000:6.1f} ms")
+        for arm in arms:
+            columns = [cpu[f"{hook}{arm}"] for hook in ("prolog", "task-prolog", "epilog")]
+            per_job = statistics.median(sum(v) for v in zip(*columns, strict=True))
+            print(f"CPU of the three hooks per job{arm}: median {per_job * 1000:.1f} ms")
         ratio = med["prolog"] / med["floor"]
         verdict = "met" if ratio <= TARGET else "NOT met"
         print(f"target prolog <= {TARGET:g} x floor: {verdict} ({ratio:.2f} x)")

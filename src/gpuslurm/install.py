@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslurm.errors import CommandError, InputError
-from gpuslurm.trust import check_config_path, check_trusted_dir
+from gpuslurm.trust import check_config_path, check_interpreter, check_trusted_dir
 
 DEFAULT_PREFIX = Path("/usr/local/libexec/gpuslurm")
 MANIFEST_NAME = "install-manifest.json"
 CGROUP_SNIPPET_NAME = "gpuslurm-cgroup.conf"
 PLACEHOLDER = "@PYTHON@"
+SYS_PATH_PLACEHOLDER = "@SYSPATH@"  # the hooks' own sys.path entries (they start with -I -S)
 CONFIG_VAR = "GPUSLURM_CONFIG"  # gpuslurm.config.ENV_VAR, not imported: install stays light
 CAPTURE_VAR = "GPUSLURM_CAPTURE"  # gpuslurm.hw.source.ENV_VAR
 MANIFEST_FORMAT = 1
@@ -102,6 +103,7 @@ class InstallPlan:
     python: str
     config: str = ""  # the config path baked into the hooks; empty: their built-in default
     capture: str = ""  # a capture bundle the hooks replay instead of NVML (test clusters, demos)
+    sys_path: tuple[str, ...] = ()  # gpuslurm's and its dependencies' directories (hook_sys_path)
 
     @property
     def changes(self) -> bool:
@@ -116,10 +118,12 @@ class InstallPlan:
 
 
 def render_hook(template: str, python: str, source: str = "<template>", config: str = "",
-                capture: str = "") -> str:
+                capture: str = "", sys_path: Sequence[str] = ()) -> str:
     """The hook script: ``template`` with its one placeholder replaced by the quoted interpreter,
     and, given a ``config`` path (or a ``capture`` bundle to replay), ``GPUSLURM_CONFIG`` (or
-    ``GPUSLURM_CAPTURE``) set to it just before the ``exec`` line.
+    ``GPUSLURM_CAPTURE``) set to it just before the ``exec`` line. A template that starts Python
+    with ``-S`` holds ``@SYSPATH@`` once, inside its single-quoted ``-c`` program: it becomes the
+    list ``sys_path`` (:func:`hook_sys_path`), which must then not be empty.
 
     Slurm passes the hooks only the job's variables, so a config path other than the default
     reaches them only this way: written into the executable root runs.
@@ -127,6 +131,11 @@ def render_hook(template: str, python: str, source: str = "<template>", config: 
     if template.count(PLACEHOLDER) != 1:
         raise InputError(f"hook template must contain {PLACEHOLDER} exactly once", source)
     text = template.replace(PLACEHOLDER, shlex.quote(python))
+    if SYS_PATH_PLACEHOLDER in text:
+        if text.count(SYS_PATH_PLACEHOLDER) != 1 or not sys_path:
+            raise InputError(f"hook template holds {SYS_PATH_PLACEHOLDER} more than once, or no "
+                             "directories were given for it", source)
+        text = text.replace(SYS_PATH_PLACEHOLDER, sys_path_literal(sys_path))
     baked = "".join(f"{var}={shlex.quote(value)}\nexport {var}\n"
                     for var, value in ((CONFIG_VAR, config), (CAPTURE_VAR, capture)) if value)
     if baked:
@@ -134,6 +143,17 @@ def render_hook(template: str, python: str, source: str = "<template>", config: 
             raise InputError("hook template must have exactly one exec line", source)
         text = text.replace("\nexec ", f"\n{baked}exec ")
     return text
+
+
+def sys_path_literal(sys_path: Sequence[str]) -> str:
+    """``sys_path`` as a Python list literal that can stand inside a single-quoted sh word: JSON
+    strings (ASCII, escaped) are Python strings; a directory holding ``'`` (which would end the sh
+    word) or a control character, or one not absolute, is an InputError."""
+    for path in sys_path:
+        if not os.path.isabs(path) or "'" in path or not path.isprintable():
+            raise InputError("cannot be written into a hook's sys.path (not absolute, or it holds "
+                             "a quote or a control character)", path)
+    return json.dumps(list(sys_path))
 
 
 def slurm_conf_lines(prefix: Path, mps: bool = False) -> list[str]:
@@ -252,13 +272,15 @@ def template_text(name: str) -> tuple[str, Path]:
 
 
 def desired_files(prefix: Path, slurm_etc: Path, python: str, config: str = "",
-                  capture: str = "", health_check: bool = False) -> list[Artifact]:
-    """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter (and
-    config path, when one is given); with ``health_check``, the HealthCheckProgram wrapper too."""
+                  capture: str = "", health_check: bool = False,
+                  sys_path: Sequence[str] = ()) -> list[Artifact]:
+    """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter and its
+    ``sys_path`` (and config path, when one is given); with ``health_check``, the
+    HealthCheckProgram wrapper too."""
     files = []
     for name in (*HOOKS, *((HEALTH_CHECK,) if health_check else ())):
         text, source = template_text(name)
-        rendered = render_hook(text, python, str(source), config, capture)
+        rendered = render_hook(text, python, str(source), config, capture, sys_path)
         files.append(Artifact(prefix / name, rendered.encode(), 0o755))
     files.append(Artifact(slurm_etc / CGROUP_SNIPPET_NAME, CGROUP_SNIPPET.encode(), 0o644))
     return files
@@ -332,15 +354,18 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
     manifest_path = prefix / MANIFEST_NAME
     recorded = read_manifest(manifest_path)
     want_uid = 0 if os.geteuid() == 0 else None
+    check_interpreter(python)  # before running it as root
+    sys_path = hook_sys_path(python)
     actions = [decide(a, inspect(a.path), recorded.get(str(a.path)), force, want_uid)
-               for a in desired_files(prefix, slurm_etc, python, config, capture, health_check)]
+               for a in desired_files(prefix, slurm_etc, python, config, capture, health_check, sys_path)]
     blocked = [a for a in actions if a.verb in ("conflict", "refuse")]
     if blocked:
         more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
         raise InputError(blocked[0].reason + more, blocked[0].artifact.path)
     manifest = {**recorded, **{str(a.artifact.path): a.artifact.sha256 for a in actions}}
     return InstallPlan(prefix, slurm_etc, manifest_path, manifest, manifest != recorded,
-                       tuple(missing_dirs(prefix)), tuple(actions), python, config, capture)
+                       tuple(missing_dirs(prefix)), tuple(actions), python, config, capture,
+                       tuple(sys_path))
 
 
 def atomic_write(path: Path, content: bytes, mode: int) -> None:
@@ -394,6 +419,57 @@ def probe_interpreter(python: str) -> str:
                          f"fail ({exc}); install gpuslurm into it or pick another with --python",
                          python) from None
     return str(Path(result.stdout.strip()).resolve().parent)
+
+
+# Run by the hooks' interpreter (-I, no environment): the directory gpuslurm imports from, then the
+# one of each installed distribution gpuslurm requires, transitively (extras left out), and
+# pynvml's (the one dependency the hooks import) where no metadata names it.
+_SYS_PATH_PROBE = """
+import gpuslurm, importlib.metadata as md, importlib.util, json, os, re, sys
+dirs = [os.path.dirname(os.path.dirname(os.path.realpath(gpuslurm.__file__)))]
+todo, seen = ["gpuslurm"], set()
+while todo:
+    name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+    if name in seen:
+        continue
+    seen.add(name)
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        continue
+    if name != "gpuslurm":
+        dirs.append(os.path.realpath(str(dist.locate_file(""))))
+    for req in dist.requires or ():
+        if "extra" not in req.partition(";")[2]:
+            todo.append(re.match(r"[A-Za-z0-9._-]+", req).group(0))
+spec = importlib.util.find_spec("pynvml")
+if spec is not None and spec.origin:
+    dirs.append(os.path.dirname(os.path.realpath(spec.origin)))
+sys.stdout.write(json.dumps(list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))))
+"""
+
+
+def hook_sys_path(python: str) -> list[str]:
+    """The directories the hooks put on ``sys.path`` themselves: they start with ``-I -S`` (no
+    ``site``, so no site-packages and none of its ``.pth`` start-up code), so gpuslurm's and its
+    dependencies' directories, as ``python -I`` finds them with an empty environment, are written
+    into the executables. Checked: ``python -I -S`` with them imports the hooks' entry point."""
+    from gpuslurm.runner import run_command
+
+    try:
+        found = run_command([python, "-I", "-c", _SYS_PATH_PROBE], env={}, timeout=60)
+        dirs = json.loads(found.stdout)
+        if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) for d in dirs):
+            raise ValueError(f"not a list of directories: {found.stdout[:200]!r}")
+        literal = sys_path_literal(dirs)
+        run_command([python, "-I", "-S", "-c",
+                     f"import sys; sys.path += {literal}; import gpuslurm.slurm.entry"],
+                    env={}, timeout=60)
+    except (CommandError, ValueError) as exc:
+        raise InputError(f"cannot import gpuslurm and find its dependencies' directories with -I "
+                         f"and no environment, so the hooks would fail ({exc}); install gpuslurm "
+                         f"into it or pick another with --python", python) from None
+    return dirs
 
 
 def unreachable_by_users(path: Path) -> Path | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,34 @@ def test_the_task_prolog_prints_only_its_own_export_lines(site: HookSite, local_
     assert lines and all(EXPORT.match(line) for line in lines), lines
     local = [line for line in lines if line.startswith("export GPUSLURM_LOCAL_GPU=")]
     assert local in (["export GPUSLURM_LOCAL_GPU=0"], ["export GPUSLURM_LOCAL_GPU=3"])
+
+
+def test_python_variables_and_planted_modules_change_nothing_the_hooks_import(site: HookSite,
+                                                                              tmp_path: Path) -> None:
+    """The job's user sets PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHONINSPECT, PYTHONUSERBASE and
+    HOME to a tree of their own, holding a ``gpuslurm`` package, ``json`` (which the hooks import),
+    ``sitecustomize`` and ``usercustomize``, and starts the hooks there: each runs the installed
+    gpuslurm (-I ignores the variables, the working directory and the user's site; -S runs no
+    site-packages code) and none of the planted code."""
+    prefix = site.install_hooks()
+    planted = tmp_path / "planted"
+    marker = tmp_path / "ran"
+    plant = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    user_site = planted / ".local" / "lib" / "python3.11" / "site-packages"
+    for folder in (planted, user_site):
+        (folder / "gpuslurm").mkdir(parents=True)
+        (folder / "gpuslurm" / "__init__.py").write_text(plant)
+        for name in ("json", "sitecustomize", "usercustomize", "startup"):
+            (folder / f"{name}.py").write_text(plant)
+    hostile = {"PYTHONPATH": str(planted), "PYTHONHOME": str(planted),
+               "PYTHONSTARTUP": str(planted / "startup.py"), "PYTHONINSPECT": "1",
+               "PYTHONUSERBASE": str(planted / ".local"), "HOME": str(planted)}
+    env = {**site.slurm_environ(jid := f"79{os.getpid()}", gpus="0,1"), **hostile}
+    for hook in ("prolog", "task-prolog", "epilog"):
+        done = subprocess.run([str(prefix / f"gpuslurm-{hook}")], env=env, capture_output=True,
+                              text=True, timeout=60, check=False, cwd=planted, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, (hook, done.stderr)
+        assert not marker.exists(), (hook, marker.read_text())
+        if hook == "task-prolog":
+            assert f"export GPUSLURM_GPU_UUID={site.uuids[0]}" in done.stdout.splitlines()
+    assert (site.summaries / f"{jid}-summary.json").is_file()

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import click
@@ -15,6 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 from tests.helpers.install_helpers import ok, run
 
+import gpuslurm
 from gpuslurm import install as lib
 from gpuslurm import trust
 from gpuslurm.cli.install_cmd import install
@@ -23,7 +25,11 @@ from gpuslurm.errors import EXIT_BAD_INPUT, InputError
 
 HOOK_NAMES = ("gpuslurm-prolog", "gpuslurm-epilog", "gpuslurm-task-prolog")
 # What the installed hooks exec: the hooks' own entry point, not the click CLI.
-HOOK_CODE = "'from gpuslurm.slurm.entry import run; run()'"
+# Where this interpreter's gpuslurm and its dependencies are (an editable install: the source
+# folder, then site-packages), which install writes into the hooks they start with -I -S.
+HOOK_DIRS = list(dict.fromkeys([str(Path(gpuslurm.__file__).resolve().parents[1]),
+                                os.path.realpath(sysconfig.get_paths()["purelib"])]))
+HOOK_CODE = f"'import sys; sys.path += {json.dumps(HOOK_DIRS)}; from gpuslurm.slurm.entry import run; run()'"
 
 
 def refused(result: Result) -> InputError:
@@ -52,7 +58,7 @@ def test_first_install_writes_hooks_snippet_and_manifest(dirs: tuple[Path, Path]
         assert stat.S_IMODE(hook.stat().st_mode) == 0o755
         assert hook.read_text().startswith("#!/bin/sh\n")
         command = name.removeprefix("gpuslurm-")
-        assert f'exec {sys.executable} -I -c {HOOK_CODE} {command} "$@"' in hook.read_text()
+        assert f'exec {sys.executable} -I -S -c {HOOK_CODE} {command} "$@"' in hook.read_text()
         assert hook.stat().st_uid == os.geteuid()
     assert stat.S_IMODE(prefix.stat().st_mode) == 0o755
     snippet = etc / lib.CGROUP_SNIPPET_NAME
@@ -100,7 +106,7 @@ def test_dry_run_shows_diffs_and_changes_nothing(dirs: tuple[Path, Path]) -> Non
     out = ok(run(etc, prefix, "--dry-run"))
     assert f"would create directory {prefix}" in out
     assert f"+++ {prefix}/gpuslurm-prolog" in out
-    assert f"+exec {sys.executable} -I -c {HOOK_CODE} prolog" in out
+    assert f"+exec {sys.executable} -I -S -c {HOOK_CODE} prolog" in out
     assert not prefix.parent.exists()
     assert list(etc.iterdir()) == []
 
@@ -120,7 +126,7 @@ def test_new_interpreter_updates_our_files_without_force(dirs: tuple[Path, Path]
     out = ok(run(etc, prefix, "--python", str(other)))
     assert f"update {prefix}/gpuslurm-epilog" in out
     assert f"update {etc}" not in out  # the snippet did not change
-    assert f"exec {other} -I -c {HOOK_CODE} epilog" in (prefix / "gpuslurm-epilog").read_text()
+    assert f"exec {other} -I -S -c {HOOK_CODE} epilog" in (prefix / "gpuslurm-epilog").read_text()
     assert "nothing to change" in ok(run(etc, prefix, "--python", str(other)))
 
 
@@ -362,3 +368,13 @@ def test_the_walk_of_the_interpreters_code_is_bounded(monkeypatch: pytest.Monkey
     monkeypatch.setattr(trust, "MAX_CODE_ENTRIES", 50)
     with pytest.raises(InputError, match="more than 50 files and directories to check"):
         trust.check_interpreter(sys.executable)
+
+
+def test_the_hooks_sys_path_is_a_python_list_inside_one_sh_word() -> None:
+    template = "exec @PYTHON@ -I -S -c 'import sys; sys.path += @SYSPATH@; import x' prolog\n"
+    text = lib.render_hook(template, "/usr/bin/python3", sys_path=["/opt/gs/src", '/opt/a"b\\c'])
+    assert text == ("exec /usr/bin/python3 -I -S -c 'import sys; sys.path += "
+                    '["/opt/gs/src", "/opt/a\\"b\\\\c"]; import x\' prolog\n')
+    for bad in (["/opt/it's"], ["relative/dir"], ["/opt/a\nb"], []):
+        with pytest.raises(InputError):
+            lib.render_hook(template, "/usr/bin/python3", sys_path=bad)

@@ -1,4 +1,6 @@
-"""Slurm's hooks' entry point: ``python -I -c 'from gpuslurm.slurm.entry import run; run()' prolog``.
+"""Slurm's hooks' entry point: ``python -I -S -c 'import sys; sys.path += [...]; from
+gpuslurm.slurm.entry import run; run()' prolog`` (the list: gpuslurm's and its dependencies'
+directories, written by ``gpuslurm install``).
 
 The installed executables (``prolog/``, ``epilog/``) start here rather than at ``gpuslurm prolog``:
 the click command line costs as much as everything else the prolog does on a replayed node, and
