@@ -57,7 +57,10 @@ def hook_scripts(dest: Path, python: str, with_site: bool = False) -> dict[str, 
         path = dest / template.name
         text = template.read_text()
         if with_site:
-            text = text.replace(f" -S -c 'import sys; sys.path += {SYS_PATH_PLACEHOLDER}; ", " -c '")
+            started = f" -S -c 'import sys; sys.path += {SYS_PATH_PLACEHOLDER}; "
+            if started not in text:
+                raise SystemExit(f"{template}: no -S start to replace")
+            text = text.replace(started, " -c '")
         path.write_text(render_hook(text, python, str(template), sys_path=sys_path))
         path.chmod(0o755)
         out[hook] = path

@@ -9,6 +9,8 @@ the bundle and a config baked in), applied with ``scontrol reconfigure`` before 
 
 * ``hooks``: gpuslurm's prolog, epilog and task prolog;
 * ``flags``: no gpuslurm hook at all;
+* ``site`` (with ``--site-arm``): the same hooks started as before ``-S`` (``python -I``, with
+  ``site`` and its ``.pth`` files, no sys.path written);
 * ``before`` (with ``--before-python PY``): the hooks installed with another Python, e.g. a venv
   whose gpuslurm is an older checkout (``git archive main src``), for before/after in one run.
 
@@ -28,7 +30,7 @@ Runs as root, takes the test cluster's host lock (it waits while a test session 
 stops the cluster at the end. No assertion on time: the figures are for people to read.
 
     python benchmarks/bench_short_jobs.py [--jobs 40] [--rounds 10] [--tasks 16] [--steps 5]
-        [--before-python PY] [--json F]
+        [--site-arm] [--before-python PY] [--json F]
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -116,6 +119,18 @@ def step_times(cluster: SlurmCluster, tasks: int, steps: int) -> list[float]:
             for s, e in [line.split()[1:3]]]
 
 
+def start_with_site(prefix: Path) -> None:
+    """Make the installed hooks start as before issue 22's ``-S``: ``python -I -c '...'``, with
+    ``site`` (site-packages and its ``.pth`` start-up code) and no sys.path of their own."""
+    for hook in ("gpuslurm-prolog", "gpuslurm-task-prolog", "gpuslurm-epilog"):
+        path = prefix / hook
+        text = path.read_text()
+        new = re.sub(r" -S -c 'import sys; sys\.path \+= \[[^]]*\]; ", " -c '", text)
+        if new == text:
+            raise SystemExit(f"{path}: no -S start to replace")
+        path.write_text(new)
+
+
 def summaries(root: Path) -> int:
     jobs = root / "state" / "jobs"
     return len(list(jobs.glob("*-summary.json"))) if jobs.is_dir() else 0
@@ -135,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--before-python", help="a third arm: the hooks installed with this Python "
                     "(e.g. a venv whose gpuslurm is another checkout, to compare versions)")
+    ap.add_argument("--site-arm", action="store_true",
+                    help="an arm whose installed hooks start `python -I` with site, as before -S")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench_short_jobs: run as root (it starts a Slurm cluster)")
@@ -152,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
                GPUSLURM_CLUSTER_PROLOG_FLAGS="Alloc,Contain")
     _use_release(env, state_dir)
     cluster = SlurmCluster(state_dir, {**env, "SLURM_CONF": str(state_dir / "etc" / "slurm.conf")})
-    pythons = {"hooks": None, **({"before": args.before_python} if args.before_python else {})}
+    pythons = {"hooks": None, **({"site": None} if args.site_arm else {}),
+               **({"before": args.before_python} if args.before_python else {})}
     arms = (*pythons, "flags")
     roots: dict[str, Path] = {}
     try:
@@ -163,7 +181,10 @@ def run(args: argparse.Namespace) -> int:
             roots[arm], bundle = hooks_root(f"gpuslurm-bench-{arm}-")
             config = roots[arm] / "gpuslurm.toml"
             config.write_text(hooks_paths(roots[arm], cluster) + "[hooks]\ncommand_timeout_s = 20\n")
-            confs[arm] = conf_with(plain, hook_lines(install_hooks(roots[arm], config, bundle, python)))
+            prefix = install_hooks(roots[arm], config, bundle, python)
+            if arm == "site":
+                start_with_site(prefix)
+            confs[arm] = conf_with(plain, hook_lines(prefix))
         bench = Bench(cluster, short_hostname())
         rates: dict[str, list[float]] = {arm: [] for arm in arms}
         steps: dict[str, list[float]] = {arm: [] for arm in arms}

@@ -45,7 +45,17 @@ def test_bench_hooks_tiny_run() -> None:
     assert lines[0].startswith("bundle dgx-h100, SLURM_JOB_GPUS=0,1, 2 runs")
     assert [line.split(" median ")[0].strip() for line in lines[1:5]] == [
         "python -c pass", "gpuslurm prolog", "gpuslurm task-prolog", "gpuslurm epilog"]
-    assert "ratio" in lines[2] and lines[5].startswith("target prolog <= 3 x floor: ")
+    assert "ratio" in lines[2] and all(" CPU median " in line for line in lines[1:5])
+    assert lines[5].startswith("CPU of the three hooks per job: median ")
+    assert lines[6].startswith("target prolog <= 3 x floor: ")
+
+
+def test_bench_hooks_with_site_times_the_hooks_started_as_before() -> None:
+    run = script("bench_hooks", "--runs", "1", "--gpus", "0", "--with-site")
+    assert run.returncode == 0, run.stderr
+    names = [line.split(" median ")[0].strip() for line in run.stdout.splitlines()[1:8]]
+    assert names[4:] == ["gpuslurm prolog (site)", "gpuslurm task-prolog (site)", "gpuslurm epilog (site)"]
+    assert "CPU of the three hooks per job (site): median " in run.stdout
 
 
 def test_bench_hooks_stops_on_a_failing_hook() -> None:
