@@ -95,7 +95,7 @@ def test_the_prolog_writes_it_and_the_task_prolog_reads_only_it(tmp_path: Path,
     env = site.environ("31", gpus="4,5", SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_GID="4321")
     expected = task_prolog_lines({**env, "SLURM_LOCALID": "1"})
     prolog(site, env)
-    path = Path(tasks_dir(str(site.root / "run"))) / "31.json"
+    path = Path(tasks_dir(str(site.root / "run"))) / "31.task"
     st = path.stat()
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 0, 4321)
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755
@@ -114,10 +114,12 @@ def test_the_epilog_removes_it(tmp_path: Path) -> None:
     site = make_site(tmp_path)
     env = site.environ("32", SLURM_JOB_UID=str(os.getuid()))
     prolog(site, env)
-    path = Path(tasks_dir(str(site.root / "run"))) / "32.json"
+    path = Path(tasks_dir(str(site.root / "run"))) / "32.task"
+    old = path.with_suffix(".json")  # version 1, from a prolog before the upgrade
+    old.write_text("{}")
     assert path.exists()
     assert run_epilog(env, quiet("epilog")) == 0
-    assert not path.exists()
+    assert not path.exists() and not old.exists()
 
 
 def test_a_job_started_before_the_task_file_reads_the_node(tmp_path: Path) -> None:
@@ -163,10 +165,10 @@ run, mine, theirs = sys.argv[2], sys.argv[3], sys.argv[4]
 tasks = os.path.join(run, "tasks")
 done = []
 for what, act in [
-    ("write", lambda: open(os.path.join(tasks, mine + ".json"), "r+").write("{}")),
-    ("replace", lambda: os.rename(os.path.join(tasks, mine + ".json"), os.path.join(tasks, "x"))),
-    ("plant", lambda: open(os.path.join(tasks, "99.json"), "w")),
-    ("chmod", lambda: os.chmod(os.path.join(tasks, mine + ".json"), 0o666)),
+    ("write", lambda: open(os.path.join(tasks, mine + ".task"), "r+").write("{}")),
+    ("replace", lambda: os.rename(os.path.join(tasks, mine + ".task"), os.path.join(tasks, "x"))),
+    ("plant", lambda: open(os.path.join(tasks, "99.task"), "w")),
+    ("chmod", lambda: os.chmod(os.path.join(tasks, mine + ".task"), 0o666)),
 ]:
     try:
         act()
@@ -180,9 +182,8 @@ except Exception as exc:
     print("refused:", exc)
 evil = sys.argv[5]  # a run_dir of nobody's own, as a GPUSLURM_CONFIG of theirs would name
 os.makedirs(os.path.join(evil, "tasks"))
-with open(os.path.join(evil, "tasks", mine + ".json"), "w") as fh:
-    fh.write('{"version": 1, "job_id": "%s", "uid": %d, "devices": [{"uuid": "GPU-forged", '
-             '"gres_index": 7, "aliases": [], "numa_node": 1, "cpus": "0"}]}' % (mine, os.getuid()))
+with open(os.path.join(evil, "tasks", mine + ".task"), "w") as fh:
+    fh.write("gpuslurm-tasks 2\njob %s\nuid %d\ndevice GPU-forged 7 1 0 -\n" % (mine, os.getuid()))
 try:
     read_task_info(evil, mine, os.getuid())
     done.append("read forged")
@@ -224,7 +225,7 @@ def test_a_file_not_roots_or_linked_twice_is_refused(tmp_path: Path) -> None:
     run.mkdir()
     devices = node_devices(load_node("dgx-h100", links=False))
     write_task_info(str(run), TaskInfo("51", 0, (task_device(devices[1]),)), 0)
-    path = run / "tasks" / "51.json"
+    path = run / "tasks" / "51.task"
     os.link(path, tmp_path / "copy.json")  # a second name where someone else could reach it
     with pytest.raises(UnsafePathError, match="2 links"):
         read_task_info(str(run), "51", 0)
@@ -257,5 +258,5 @@ def test_the_task_prolog_with_a_task_file_parses_nothing(tmp_path: Path) -> None
     assert f"export GPUSLURM_GPU_UUID={site.uuids[2]}" in lines
     loaded = set(lines[-1].split())
     for heavy in ("tomllib", "typing", "gpuslurm.hw.source", "gpuslurm.hw.replay.bundle",
-                  "gpuslurm.hw.live.nvml", "pynvml", "xml.etree.ElementTree"):
+                  "gpuslurm.hw.live.nvml", "pynvml", "xml.etree.ElementTree", "json", "re", "enum"):
         assert heavy not in loaded, heavy

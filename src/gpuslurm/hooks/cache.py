@@ -32,7 +32,6 @@ the same. The prolog initialises NVML for the health gate anyway, so a cache wou
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 
@@ -208,6 +207,8 @@ def _load(directory: str, name: str, warn: Warn | None) -> Any:
         return None
     if data is None:
         return None
+    import json  # here, not at the top: the task prolog imports this module for run_dir_hint only
+
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError):  # RecursionError: nested too deeply
@@ -218,6 +219,8 @@ def _load(directory: str, name: str, warn: Warn | None) -> Any:
 
 
 def _store(directory: str, name: str, doc: dict[str, Any], warn: Warn | None) -> None:
+    import json
+
     from gpuslurm.safedir import write_private_file
 
     doc = {"format": FORMAT, "gpuslurm": __version__, **doc}

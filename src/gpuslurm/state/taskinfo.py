@@ -3,9 +3,11 @@
 The task prolog runs once per task as the job's user (``srun -n 64``: 64 times), so it must not
 pay for NVML or a bundle parse each time, and it cannot read the root-only job map
 (:mod:`gpuslurm.state.jobmap`). The prolog, which has resolved and gated the job's devices
-anyway, writes ``<run_dir>/tasks/<jobid>.json``: each device's UUID, GRES index, NUMA node and
-close CPUs. The file is root's, mode 0640, group the job's primary group, in a directory that is
-root's and 0755: the job's user can read it and can neither change nor replace it.
+anyway, writes ``<run_dir>/tasks/<jobid>.task``: each device's UUID, GRES index, NUMA node and
+close CPUs, as lines of words (:meth:`TaskInfo.to_text`; not JSON: ``json`` brings ``re`` and
+``enum`` with it, ~10 ms of each task prolog's CPU). The file is root's, mode 0640, group the
+job's primary group, in a directory that is root's and 0755: the job's user can read it and can
+neither change nor replace it.
 
 The reader (as the job's user) trusts it only when the directory and the file are root's and
 writable by nobody else, the file is regular, has one link (not another job's file hard-linked
@@ -15,7 +17,6 @@ prolog older than this file) is None: the caller falls back to reading the node.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -25,12 +26,15 @@ from gpuslurm.safedir import UnsafePathError, open_dir, replace_at, why_refused
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from typing import Any
-
     from gpuslurm.state.job import GpuClaim, JobDevice
 
 TASKS_DIR = "tasks"
-FORMAT_VERSION = 1
+SUFFIX = ".task"
+OLD_SUFFIX = ".json"  # format 1, written by the prolog before format 2; removed by the epilog
+FORMAT_VERSION = 2
+HEADER = f"gpuslurm-tasks {FORMAT_VERSION}"
+NONE = "-"  # a field with no value
+MAX_INT_DIGITS = 10
 FILE_MODE = 0o640
 MAX_BYTES = 1 << 18  # a 64-device job is ~10 KiB
 
@@ -52,30 +56,49 @@ class TaskInfo(NamedTuple):
     uid: int
     devices: tuple[TaskDevice, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": FORMAT_VERSION, "job_id": self.job_id, "uid": self.uid,
-                "devices": [{"uuid": d.uuid, "gres_index": d.gres_index, "aliases": list(d.aliases),
-                             "numa_node": d.numa_node, "cpus": d.cpus} for d in self.devices]}
+    def to_text(self) -> str:
+        """The file's text: a header, ``job ID``, ``uid UID``, then one ``device UUID GRES_INDEX
+        NUMA_NODE CPUS ALIASES`` line per device (``-`` for none; aliases joined by ``,``).
+        ValueError for a value that is not one word (it would change the lines' meaning)."""
+        lines = [HEADER, f"job {check_job_id(self.job_id)}", f"uid {int(self.uid)}"]
+        for d in self.devices:
+            if any("," in a for a in d.aliases):
+                raise ValueError(f"an alias of {d.uuid!r} holds a comma")
+            fields = [d.uuid, _field(d.gres_index), _field(d.numa_node), d.cpus or NONE,
+                      ",".join(d.aliases) or NONE]
+            if not all(_word(f) for f in fields):
+                raise ValueError(f"not one word each: {fields!r}")
+            lines.append("device " + " ".join(fields))
+        return "\n".join(lines) + "\n"
 
     @classmethod
-    def from_dict(cls, data: object, source: str) -> TaskInfo:
-        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+    def from_text(cls, text: str, source: str) -> TaskInfo:
+        """Parse :meth:`to_text`'s lines; anything else is an InputError naming ``source``."""
+        lines = text.split("\n")
+        if lines[:1] != [HEADER] or lines[-1:] != [""]:
             raise InputError(f"not a version {FORMAT_VERSION} task file", source=source)
-        items = _get(data, "devices", list, source)
+        job_id: str | None = None
+        uid: int | None = None
         devices = []
-        for item in items:
-            if not isinstance(item, dict):
-                raise InputError("a device must be an object", source=source)
-            aliases = _get(item, "aliases", list, source)
-            if not all(isinstance(a, str) for a in aliases):
-                raise InputError("aliases must be strings", source=source)
-            devices.append(TaskDevice(_get(item, "uuid", str, source),
-                                      _get(item, "gres_index", int, source, optional=True),
-                                      tuple(aliases),
-                                      _get(item, "numa_node", int, source, optional=True),
-                                      _get(item, "cpus", str, source)))
-        return cls(check_job_id(_get(data, "job_id", str, source)), _get(data, "uid", int, source),
-                   tuple(devices))
+        for n, line in enumerate(lines[1:-1], 2):
+            key, _, rest = line.partition(" ")
+            words = rest.split(" ")
+            if not all(_word(w) for w in words):
+                raise InputError(f"line {n}: not single-spaced words", source=source)
+            if key == "job" and job_id is None and len(words) == 1:
+                job_id = check_job_id(words[0])
+            elif key == "uid" and uid is None and len(words) == 1:
+                uid = _int(words[0], source, n, negative=False)
+            elif key == "device" and len(words) == 5:
+                uuid, gres, numa, cpus, aliases = words
+                devices.append(TaskDevice(uuid, _opt_int(gres, source, n), ()
+                                          if aliases == NONE else tuple(aliases.split(",")),
+                                          _opt_int(numa, source, n), "" if cpus == NONE else cpus))
+            else:
+                raise InputError(f"line {n}: unexpected {key[:20]!r} line", source=source)
+        if job_id is None or uid is None:
+            raise InputError("no job or no uid line", source=source)
+        return cls(job_id, uid, tuple(devices))
 
 
 def task_device(dev: JobDevice) -> TaskDevice:
@@ -119,17 +142,17 @@ def tasks_dir(run_dir: str) -> str:
 
 
 def write_task_info(run_dir: str, info: TaskInfo, gid: int) -> str:
-    """Write ``<run_dir>/tasks/<jobid>.json`` atomically (root's, 0640, group ``gid``) through
+    """Write ``<run_dir>/tasks/<jobid>.task`` atomically (root's, 0640, group ``gid``) through
     directories checked component by component (:mod:`gpuslurm.safedir`); returns the path."""
     base = tasks_dir(run_dir)
-    name = f"{check_job_id(info.job_id)}.json"
+    name = f"{check_job_id(info.job_id)}{SUFFIX}"
     dfd = open_dir(base, create_mode=0o755)
     assert dfd is not None
     try:
         st = os.fstat(dfd)
         if st.st_uid != os.geteuid():
             raise UnsafePathError(f"refusing to use: owned by uid {st.st_uid}", source=base)
-        payload = (json.dumps(info.to_dict(), sort_keys=True) + "\n").encode()
+        payload = info.to_text().encode("ascii")
         replace_at(dfd, name, payload, FILE_MODE, source=os.path.join(base, name), group=gid)
     finally:
         os.close(dfd)
@@ -142,7 +165,7 @@ def read_task_info(run_dir: str, job_id: str, uid: int | None) -> TaskInfo | Non
     ``uid``: the user the file must name (the task prolog's own); None (root, reading any job's)
     skips that check. A file or directory that fails a check is an UnsafePathError."""
     base = tasks_dir(run_dir)
-    name = f"{check_job_id(job_id)}.json"
+    name = f"{check_job_id(job_id)}{SUFFIX}"
     path = os.path.join(base, name)
     dfd = open_dir(base)
     if dfd is None:
@@ -168,9 +191,10 @@ def read_task_info(run_dir: str, job_id: str, uid: int | None) -> TaskInfo | Non
     if len(data) > MAX_BYTES:
         raise InputError(f"larger than {MAX_BYTES} bytes: not a file gpuslurm wrote", source=path)
     try:
-        info = TaskInfo.from_dict(json.loads(data), path)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid JSON: {exc}", source=path) from None
+        text = data.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not ASCII (byte {exc.start})", source=path) from None
+    info = TaskInfo.from_text(text, path)
     if info.job_id != job_id:
         raise UnsafePathError(f"names job {info.job_id}, not job {job_id}", source=path)
     if uid is not None and info.uid != uid:
@@ -179,18 +203,22 @@ def read_task_info(run_dir: str, job_id: str, uid: int | None) -> TaskInfo | Non
 
 
 def remove_task_info(run_dir: str, job_id: str) -> bool:
-    """Remove job ``job_id``'s task file; False when there was none."""
-    name = f"{check_job_id(job_id)}.json"
+    """Remove job ``job_id``'s task file (and a format 1 one, from a prolog before the upgrade);
+    False when there was none."""
     dfd = open_dir(tasks_dir(run_dir))
     if dfd is None:
         return False
+    removed = False
     try:
-        os.unlink(name, dir_fd=dfd)  # never follows: a planted symlink just goes away
-        return True
-    except FileNotFoundError:
-        return False
+        for suffix in (SUFFIX, OLD_SUFFIX):
+            try:
+                os.unlink(f"{check_job_id(job_id)}{suffix}", dir_fd=dfd)  # never follows a symlink
+                removed = True
+            except FileNotFoundError:
+                pass
     finally:
         os.close(dfd)
+    return removed
 
 
 def _root_only(st: os.stat_result, source: str, what: str) -> None:
@@ -202,11 +230,21 @@ def _root_only(st: os.stat_result, source: str, what: str) -> None:
                               f"(mode {stat.S_IMODE(st.st_mode):04o})", source=source)
 
 
-def _get(data: dict[str, Any], key: str, kind: type, source: str, optional: bool = False) -> Any:
-    value = data.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise InputError(f"{key!r} missing or of the wrong type", source=source)
-    return value
+def _word(text: str) -> bool:
+    """One non-empty printable word without white space (a field of the file)."""
+    return bool(text) and text.isprintable() and not any(c.isspace() for c in text)
 
+
+def _field(value: int | None) -> str:
+    return NONE if value is None else str(value)
+
+
+def _int(text: str, source: str, line: int, negative: bool = True) -> int:
+    digits = text[1:] if negative and text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > MAX_INT_DIGITS:
+        raise InputError(f"line {line}: not a number: {text[:20]!r}", source=source)
+    return int(text)
+
+
+def _opt_int(text: str, source: str, line: int) -> int | None:
+    return None if text == NONE else _int(text, source, line)
