@@ -44,6 +44,10 @@
 #   GPUSLURM_MULTINODE_PYTHON   the interpreter the installed hooks run (`gpuslurm install --python`);
 #                               the task prolog runs as the job's user, who must be able to run it
 #                               (default: the one running gpuslurm; with a root, the root's venv)
+#   GPUSLURM_MULTINODE_SLURMDBD  1 (default): accounting, one slurmdbd in the controller's namespaces
+#                               (192.0.2.1:6819) on a private MariaDB of the host's (its own datadir
+#                               and unix socket under $STATE/mariadb, no TCP), as cluster.sh
+#                               --with-slurmdbd makes it; 0: none (AccountingStorageType=none)
 #   GPUSLURM_SLURM_ROOT         a Debian root with another Slurm release (tests/helpers/slurm_roots.py
 #                               makes them; docs/compatibility.md): every namespace then mounts the root's
 #                               /dev (the node's own), /proc, /sys, /tmp, /run, the host's /etc at
@@ -68,6 +72,8 @@ EXTRA_CONF=${GPUSLURM_MULTINODE_EXTRA_CONF:-}
 HOOKS_PYTHON=${GPUSLURM_MULTINODE_PYTHON:-}
 PLUGIN=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../plugins/job_submit.lua
 PROMETHEUS=${GPUSLURM_MULTINODE_PROMETHEUS:-/usr/bin/prometheus}
+WITH_DBD=${GPUSLURM_MULTINODE_SLURMDBD:-1}
+[[ $WITH_DBD == 1 ]] || WITH_DBD=""
 ROOT=${GPUSLURM_SLURM_ROOT:-}
 CHECKOUT=${GPUSLURM_CHECKOUT:-}
 ROOT_BINDS=${GPUSLURM_ROOT_BINDS:-}
@@ -84,6 +90,7 @@ CTL_ADDR=$NET.1
 CTL_NAME=mn-ctl
 CTLD_PORT=6817
 SLURMD_PORT=6818
+DBD_PORT=6819
 EXPORTER_PORT=9402
 PROM_PORT=9090
 BRIDGE=mnbr0
@@ -98,6 +105,12 @@ SINFO=/usr/bin/sinfo
 SQUEUE=/usr/bin/squeue
 SCANCEL=/usr/bin/scancel
 IP=/usr/sbin/ip
+SLURMDBD=/usr/sbin/slurmdbd
+SACCTMGR=/usr/bin/sacctmgr
+MARIADBD=/usr/sbin/mariadbd
+MARIADB_INSTALL_DB=/usr/bin/mariadb-install-db
+MARIADB_ADMIN=/usr/bin/mariadb-admin
+DB_USER=mysql
 NSENTER=/usr/bin/nsenter
 UNSHARE=/usr/bin/unshare
 
@@ -110,6 +123,10 @@ MUNGE_SOCKET=$MUNGE_DIR/munge.socket
 VIOLATIONS=$STATE/violations  # every node's monitor writes here (a site's shared directory)
 PROM_DIR=$STATE/prometheus
 HOOKS=$STATE/hooks  # an empty directory here; each node's own hooks are mounted on it
+DBD_CONF=$ETC/slurmdbd.conf
+DB_DIR=$STATE/mariadb
+DB_SOCKET=$DB_DIR/mariadbd.sock
+DB_PIDFILE=$DB_DIR/mariadbd.pid
 MARK_VAR=GPUSLURM_TEST_CLUSTER  # in every daemon's environment (slurmstepd inherits it)
 
 die() { echo "multinode.sh: $*" >&2; exit 1; }
@@ -190,6 +207,16 @@ check_prerequisites() {
         [[ -x $bin ]] || die "$bin is missing: apt-get install -y slurm-wlm munge iproute2 util-linux"
     done
     [[ -r $PLUGIN ]] || die "$PLUGIN is missing (multinode.sh runs from a gpuslurm checkout)"
+    if [[ -n $WITH_DBD ]]; then
+        # slurmdbd and sacctmgr are the root's with a root; MariaDB's server is always the host's.
+        for bin in "$SLURMDBD" "$SACCTMGR"; do
+            [[ -x $ROOT$bin ]] || die "$ROOT$bin is missing: apt-get install -y slurmdbd (or set GPUSLURM_MULTINODE_SLURMDBD=0)"
+        done
+        for bin in "$MARIADBD" "$MARIADB_INSTALL_DB" "$MARIADB_ADMIN"; do
+            [[ -x $bin ]] || die "$bin is missing: apt-get install -y mariadb-server (or set GPUSLURM_MULTINODE_SLURMDBD=0)"
+        done
+        id -u "$DB_USER" >/dev/null 2>&1 || die "no user $DB_USER to run MariaDB as (mariadb-server makes it)"
+    fi
     if [[ -n $ROOT ]]; then
         [[ -s $ROOT/.gpuslurm-root.json ]] || die "$ROOT is not a finished root: python3 tests/helpers/slurm_roots.py build RELEASE"
         # (the venv's python is a link that resolves only inside the root)
@@ -323,7 +350,17 @@ EOF
         echo "ProctrackType=proctrack/cgroup"
         echo "TaskPlugin=task/cgroup,task/affinity"
         echo "JobAcctGatherType=jobacct_gather/none"
-        echo "AccountingStorageType=accounting_storage/none"
+        if [[ -n $WITH_DBD ]]; then
+            echo "AccountingStorageType=accounting_storage/slurmdbd"
+            echo "AccountingStorageHost=$CTL_NAME"
+            echo "AccountingStoragePort=$DBD_PORT"
+            # Clients reach slurmdbd through the munge socket named here, not AuthInfo's.
+            echo "AccountingStoragePass=$MUNGE_SOCKET"
+            # GPUs are not among the TRES Slurm records by default
+            echo "AccountingStorageTRES=gres/gpu"
+        else
+            echo "AccountingStorageType=accounting_storage/none"
+        fi
         echo "MpiDefault=none"
         echo "JobSubmitPlugins=lua"
         echo "MailProg=/bin/true"
@@ -346,6 +383,11 @@ EOF
         echo "PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
     } >"$CONF.tmp"
     mv "$CONF.tmp" "$CONF"
+    if [[ -n $WITH_DBD ]]; then
+        write_dbd_conf
+    else
+        rm -f "$DBD_CONF"
+    fi
     # A root: Slurm's cgroup/v2 plugin on each node's own cgroup2 tree (CgroupAutomount is defunct
     # from 24.05; no systemd makes the stepd scope, slurmd does; devices need no controller, Slurm
     # confines them with BPF), as docker-slurm/cluster.sh runs it.
@@ -583,6 +625,90 @@ EOF
     mv "$RUN/ctl-exec.tmp" "$RUN/ctl-exec"
 }
 
+# --- accounting: one slurmdbd on a private MariaDB ------------------------------------------------
+
+write_dbd_conf() {
+    # slurmdbd refuses a slurmdbd.conf others can read. MariaDB's root is reached through its
+    # socket as the OS user root: no password here.
+    (umask 077 && cat >"$DBD_CONF.tmp" <<EOF
+# Generated by docker-slurm/multinode.sh up; rewritten by every fresh 'up'.
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=$CTL_NAME
+DbdAddr=$CTL_ADDR
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$RUN/slurmdbd.pid
+LogFile=$LOG/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+# localhost: the client library's unix socket, which MYSQL_UNIX_PORT points at ours
+StorageHost=localhost
+StorageUser=root
+StorageLoc=slurm_acct_db
+EOF
+    )
+    chmod 600 "$DBD_CONF.tmp"
+    mv "$DBD_CONF.tmp" "$DBD_CONF"
+}
+
+db_ping() {
+    "$MARIADB_ADMIN" --no-defaults --socket="$DB_SOCKET" --connect-timeout=2 ping >/dev/null 2>&1
+}
+
+# The host's MariaDB server, private to the cluster (--no-defaults, --skip-networking: only its
+# socket under $STATE, which the controller's namespaces and the root see).
+start_mariadb() {
+    local i
+    alive "$DB_PIDFILE" && db_ping && return 0
+    mkdir -p "$DB_DIR"
+    chown "$DB_USER:" "$DB_DIR"
+    chmod 750 "$DB_DIR"
+    if [[ ! -d $DB_DIR/data/mysql ]]; then
+        "$MARIADB_INSTALL_DB" --no-defaults --user="$DB_USER" --datadir="$DB_DIR/data" \
+            --auth-root-authentication-method=socket --skip-test-db >"$LOG/mariadb-install-db.log" 2>&1 \
+            || die "mariadb-install-db failed: $(tail -n 20 "$LOG/mariadb-install-db.log")"
+    fi
+    touch "$LOG/mariadbd.log"
+    chown "$DB_USER:" "$LOG/mariadbd.log"
+    env "$MARK_VAR=$STATE" setsid "$MARIADBD" --no-defaults --user="$DB_USER" --datadir="$DB_DIR/data" \
+        --socket="$DB_SOCKET" --pid-file="$DB_PIDFILE" --skip-networking --log-error="$LOG/mariadbd.log" \
+        --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1 &
+    for ((i = 0; i < TIMEOUT * 5; i++)); do
+        alive "$DB_PIDFILE" && db_ping && return 0
+        sleep 0.2
+    done
+    die "mariadbd did not answer on $DB_SOCKET after ${TIMEOUT}s: $(tail -n 20 "$LOG/mariadbd.log" 2>/dev/null)"
+}
+
+sacctmgr() {
+    in_ns ctl env SLURM_CONF="$CONF" timeout 30 "$SACCTMGR" "$@"
+}
+
+# slurmdbd in the controller's namespaces (a root's, chrooted), then the cluster registered, before
+# slurmctld first starts (so it takes the database's ClusterID).
+start_slurmdbd() {
+    local i said="" out up=""
+    if ! alive "$RUN/slurmdbd.pid"; then
+        in_ns ctl env "$MARK_VAR=$STATE" SLURM_CONF="$CONF" MYSQL_UNIX_PORT="$DB_SOCKET" "$SLURMDBD" \
+            || die "slurmdbd failed to start: $(tail -n 20 "$LOG/slurmdbd.log" 2>/dev/null)"
+    fi
+    for ((i = 0; i < TIMEOUT * 2; i++)); do
+        if said=$(sacctmgr -n -P show cluster format=cluster 2>&1); then
+            up=1
+            break
+        fi
+        alive "$RUN/slurmdbd.pid" || ((i < 20)) || die "slurmdbd exited: $(tail -n 20 "$LOG/slurmdbd.log" 2>/dev/null)"
+        sleep 0.5
+    done
+    [[ -n $up ]] || die "slurmdbd does not answer sacctmgr ($said): $(tail -n 20 "$LOG/slurmdbd.log" 2>/dev/null)"
+    if ! grep -qxF "$CLUSTER_NAME" <<<"$said"; then
+        out=$(sacctmgr -i add cluster "$CLUSTER_NAME" 2>&1) || die "sacctmgr add cluster $CLUSTER_NAME failed: $out"
+        # 23.02+: slurmctld stops on a ClusterID that the new database does not know
+        rm -f "$STATE/spool/ctld/clustername"
+    fi
+}
+
 # --- monitors, exporters and Prometheus ----------------------------------------------------------
 
 # in_ns_bg HOLDER PIDFILE LOGFILE CMD...: CMD started in the holder's namespaces, in the background,
@@ -699,6 +825,10 @@ cmd_up() {
     start_network
     write_ctl_exec
     start_munged
+    if [[ -n $WITH_DBD ]]; then
+        start_mariadb
+        start_slurmdbd
+    fi
     start_daemon ctl slurmctld "$RUN/slurmctld.pid" "$LOG/slurmctld.log" "$SLURMCTLD"
     for ((i = 1; i <= n; i++)); do
         start_daemon "$(node_name "$i")" "slurmd $(node_name "$i")" "$(node_dir "$i")/run/slurmd.pid" \
@@ -806,6 +936,9 @@ cmd_down() {
         stop_pid "slurmd ${name%%:*}" "${name#*:}"
     done
     stop_pidfile slurmctld "$RUN/slurmctld.pid"
+    # After slurmctld, which sends its last job records to slurmdbd as it stops.
+    [[ ! -e $RUN/slurmdbd.pid ]] || stop_pidfile slurmdbd "$RUN/slurmdbd.pid"
+    [[ ! -e $DB_PIDFILE ]] || stop_pidfile mariadbd "$DB_PIDFILE" 60
     # Stray slurmstepd (marked through the daemons' environment) and anything else still in the
     # cluster's network namespaces (a job's tasks carry the job's environment, not the mark).
     pids=$( { pids_with_env "$MARK_VAR=$STATE"; pids_in_namespaces; } | sort -u)
