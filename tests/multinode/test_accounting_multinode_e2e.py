@@ -26,7 +26,10 @@ def _sacct(cluster: MultiNodeCluster, jobid: int, timeout: float = 60) -> dict[s
                               check=False)
         rows = {line.split("|")[0]: dict(zip(FIELDS.split(","), line.split("|"), strict=False))
                 for line in done.stdout.splitlines() if line.count("|") == FIELDS.count(",")}
-        if rows.get(str(jobid), {}).get("State") == "COMPLETED" and f"{jobid}.0" in rows:
+        # Under load, 22.05 once showed the ended job's NodeList as its batch host alone (mnode1,
+        # beside NNodes=2), and both nodes in the next run: wait for the record to name both.
+        job = rows.get(str(jobid), {})
+        if job.get("State") == "COMPLETED" and job.get("NodeList") == "mnode[1-2]" and f"{jobid}.0" in rows:
             return rows
         if time.monotonic() > deadline:
             raise AssertionError(f"sacct -j {jobid}: {done.stdout}{done.stderr}\n{cluster.log_tail()}")
