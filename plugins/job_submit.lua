@@ -10,7 +10,8 @@ src/gpuslurm/slurm/throttle.py): one line per user, seven tab-separated fields
 For a throttled user whose line has not expired, a job that asks for GPUs (--gres=gpu..,
 --gpus, --gpus-per-node, --gpus-per-task, --gpus-per-socket, or mps/shard gres) is
     reject:   refused, with a message saying why, until when and whom to ask;
-    cap:      given at most `value` GPUs in all, per job (see cap_request below);
+    cap:      given at most `value` GPUs in all, per job (see cap_request below; a batch job's
+              SLURM_GPUS* follow; srun and salloc over the cap are refused, see M.decide);
     priority: given `value` more nice (a lower priority).
 Jobs without GPUs pass. `scontrol update` of a job by its throttled owner is judged on the job as
 it will be after the update (see M.modify; docs/throttle.md). The file is read at most every
@@ -326,6 +327,43 @@ function M.cap_request(job_desc, cap)
     return changes
 end
 
+-- The variables sbatch and salloc write from --gpus, --gpus-per-node, --gpus-per-socket and
+-- --gpus-per-task (Slurm's set_env_from_opts), which a bare `srun` in the job reads back as its
+-- own request. --gres writes none.
+local GPU_ENV = { tres_per_job = "SLURM_GPUS", tres_per_node = "SLURM_GPUS_PER_NODE",
+                  tres_per_socket = "SLURM_GPUS_PER_SOCKET", tres_per_task = "SLURM_GPUS_PER_TASK" }
+
+-- A capped field's GPU items in the option's own form ("h100:2,4"), for its variable.
+function M.gpu_option(value)
+    local parts = {}
+    for _, item in ipairs(split(value)) do
+        local r = M.parse_item(item)
+        if r and r.name_l == "gpu" and not r.unparsed then
+            parts[#parts + 1] = (r.type and (r.type .. ":") or "") .. string.format("%d", r.count)
+        end
+    end
+    return table.concat(parts, ",")
+end
+
+-- Is this a batch job (sbatch), whose environment slurmctld keeps and the plugin may rewrite?
+-- srun and salloc send no environment: they build their own from the request they sent.
+local function is_batch(job_desc)
+    local script = job_desc.script
+    return type(script) == "string" and script ~= ""
+end
+
+-- The job's SLURM_GPUS* variables that a lowered field would contradict: variable -> the new
+-- value, only for variables the job's environment holds.
+function M.capped_env(job_desc, changes)
+    local env = job_desc.environment
+    local out = {}
+    if env == nil then return out end
+    for field, var in pairs(GPU_ENV) do
+        if changes[field] and env[var] ~= nil then out[var] = M.gpu_option(changes[field]) end
+    end
+    return out
+end
+
 -- ---------------------------------------------------------------------------------------------
 -- Decisions
 
@@ -363,6 +401,16 @@ function M.decide(t, job_desc)
                                            t.user, t.value, why, t.value, tail)
         end
         if next(changes) == nil then return "pass" end
+        local lowered = false
+        for field in pairs(GPU_ENV) do lowered = lowered or changes[field] ~= nil end
+        if lowered and not is_batch(job_desc) then
+            -- srun and salloc keep the request they sent (their steps, their shell's SLURM_GPUS*):
+            -- a lowered job would fail at its first step. Refused with the count that fits.
+            return "reject", string.format("gpuslurm: user %s is limited to %d GPU(s) per job: srun "
+                                           .. "and salloc requests are not lowered; ask for at most "
+                                           .. "%d (e.g. --gpus=%d) %s",
+                                           t.user, t.value, t.value, t.value, tail)
+        end
         if changes.max_nodes and next(changes, nil) == "max_nodes" and next(changes, "max_nodes") == nil then
             return "cap", string.format("gpuslurm: your GPU job may use at most %d node(s), so that it "
                                         .. "has at most %d GPU(s) %s", changes.max_nodes, t.value, tail),
@@ -428,8 +476,12 @@ local function apply(job_desc, name, action, message, changes)
         slurm.log_user("%s", message)  -- log_user formats its arguments; a "%" in a reason stays text
         return slurm.ERROR
     end
+    local env = M.capped_env(job_desc, changes)
     for field, value in pairs(changes) do
         job_desc[field] = value
+    end
+    for var, value in pairs(env) do
+        job_desc.environment[var] = value   -- the batch step's srun asks for what the job has
     end
     log_info("%s a GPU job of throttled user %s", action == "cap" and "capped" or "reniced", name)
     slurm.log_user("%s", message)  -- log_user formats its arguments; a "%" in a reason stays text

@@ -8,6 +8,7 @@ store is a real SQLite store holding an idle finding.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import pty
@@ -17,12 +18,14 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuslurm.cli import status_cmd
 from gpuslurm.hw.source import load_node
 from gpuslurm.samples import Allocation, Cycle, GpuSample, Violation
 from gpuslurm.state.jobmap import JobMap, MappedDevice, write_map
@@ -148,6 +151,75 @@ def test_watch_exits_0_on_ctrl_c_without_a_terminal(site: Site) -> None:
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "aborted" not in err
+
+
+def test_watch_stops_on_a_ctrl_c_that_comes_just_before_it_clears_its_wakeup(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C between the loop's test of ``stopped`` and its ``clear()`` of the wakeup pipe: the
+    clear ate the handler's byte, and watch slept out a whole interval before it left (hit by the
+    resize storm below on Python 3.14, a 60 s interval against the test's 20 s)."""
+    for name, value in site.env().items():
+        monkeypatch.setenv(name, value)
+    cleared: list[int] = []
+    waits: list[float] = []
+    real_clear = status_cmd._Wakeup.clear
+
+    def clear_after_ctrl_c(self: status_cmd._Wakeup) -> None:
+        if not cleared:
+            os.kill(os.getpid(), signal.SIGINT)  # handled here, before the real clear below
+        cleared.append(1)
+        real_clear(self)
+
+    def wait(self: status_cmd._Wakeup, timeout: float) -> bool:
+        waits.append(timeout)
+        return False  # an interval that passed, without sleeping it
+
+    monkeypatch.setattr(status_cmd._Wakeup, "clear", clear_after_ctrl_c)
+    monkeypatch.setattr(status_cmd._Wakeup, "wait", wait)
+    live = status_cmd._open("dgx-h100", str(site.db))
+    try:
+        frames = status_cmd.run_watch(live, io.StringIO(), 30.0)
+    finally:
+        live.close()
+    assert frames == 1 and cleared == [1]
+    assert waits == []  # it left after the frame, without waiting out the interval
+
+
+def test_watch_wakes_for_a_ctrl_c_that_another_thread_receives(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel hands a process's signal to any thread; the main thread asleep in ``select``
+    learns of it only from the wakeup fd. The same race as a signal between the interpreter's
+    last check and the ``select`` call: a handler that wrote the wakeup byte itself ran only after
+    the whole interval."""
+    for name, value in site.env().items():
+        monkeypatch.setenv(name, value)
+    waiting = threading.Event()
+    woke: list[bool] = []
+    real_wait = status_cmd._Wakeup.wait
+
+    def wait(self: status_cmd._Wakeup, timeout: float) -> bool:
+        waiting.set()
+        woke.append(real_wait(self, timeout))
+        return woke[-1]
+
+    def ctrl_c() -> None:  # this thread takes SIGINT: the main thread blocks it
+        waiting.wait(30)
+        time.sleep(0.2)  # the main thread is in select by now
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(status_cmd._Wakeup, "wait", wait)
+    live = status_cmd._open("dgx-h100", str(site.db))
+    sender = threading.Thread(target=ctrl_c)
+    sender.start()  # before the main thread blocks SIGINT: a new thread inherits the mask
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        frames = status_cmd.run_watch(live, io.StringIO(), 10.0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        sender.join()
+        live.close()
+    assert frames == 1
+    assert woke == [True]  # woken by the Ctrl-C, not by the end of the interval
 
 
 def _read_until(fd: int, needle: bytes, timeout: float = 30.0) -> bytes:

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from tests.helpers.slurm_helpers import job_submit_plugin, slurm_release
-from tests.helpers.throttle_helpers import SETTLE_S, Throttled
+from tests.helpers.throttle_helpers import SBATCH, SETTLE_S, Throttled
 
 if TYPE_CHECKING:
     from tests.helpers.cluster_fixture import SlurmCluster
@@ -144,3 +148,32 @@ def test_every_gpu_spelling_slurm_takes_is_refused_and_caps_are_per_job(throttle
     err = t.refused(a, "--gpus-per-socket=1", "--sockets-per-node=2")
     assert "2 socket(s) with GPUs exceed the cap of 1" in err and "4294967294" not in err, err
     t.gpuslurm("remove", a.name)
+
+
+def test_a_capped_gpus_jobs_bare_srun_asks_for_what_the_job_has(throttled: Throttled) -> None:
+    """sbatch writes SLURM_GPUS=3 into the job's environment before the cap lowers --gpus=3 to 1;
+    the plugin rewrites it, so the job's bare srun asks for 1 (before: "Step requested gres=gpu:3
+    is more than the job's"). srun itself, which keeps the request it sent, is refused."""
+    t, a = throttled, throttled.a
+    t.gpuslurm("add", a.name, "--cap", "1", "--for", "1h")
+    time.sleep(SETTLE_S)
+    outdir = Path(tempfile.mkdtemp(prefix="gpuslurm-capenv-"))
+    try:
+        outdir.chmod(0o755)
+        os.chown(outdir, a.uid, a.gid)
+        proc = subprocess.run([SBATCH, "--parsable", "--chdir=/tmp", f"--output={outdir}/%j.out", "--gpus=3",
+                               "--wrap", 'echo "SLURM_GPUS=$SLURM_GPUS"; srun true && echo "srun ran"'],
+                              env=t.cluster.env, capture_output=True, text=True, timeout=60, check=False,
+                              user=a.uid, group=a.gid, extra_groups=[], cwd="/tmp")
+        assert proc.returncode == 0 and "reduced to 1 GPU" in proc.stderr, proc.stderr
+        job = int(proc.stdout.strip().split(";")[0])
+        state = t.cluster.wait(job, timeout=90)
+        out = (outdir / f"{job}.out").read_text()
+        assert state == "COMPLETED" and "SLURM_GPUS=1\n" in out and "srun ran" in out, (state, out)
+        srun = subprocess.run(["/usr/bin/srun", "--gpus=3", "true"], env=t.cluster.env, capture_output=True,
+                              text=True, timeout=60, check=False, user=a.uid, group=a.gid, extra_groups=[],
+                              cwd="/tmp")
+        assert srun.returncode != 0 and "srun and salloc requests are not lowered" in srun.stderr, srun.stderr
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
+        t.gpuslurm("remove", a.name)

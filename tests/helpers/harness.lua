@@ -19,10 +19,18 @@ slurm = {
 NO_VAL, NO_VAL16 = 4294967294, 65534
 
 -- A job descriptor as the 22.05 plugin shows it: unset numbers are NO_VAL, unset strings nil.
+-- An sbatch job by default (a script and an environment); interactive{} is srun's or salloc's.
 function job(fields)
     local j = { user_id = 1000, user_name = "alice", nice = NO_VAL, num_tasks = NO_VAL,
-                sockets_per_node = NO_VAL16, min_nodes = NO_VAL, max_nodes = NO_VAL }
+                sockets_per_node = NO_VAL16, min_nodes = NO_VAL, max_nodes = NO_VAL,
+                script = "#!/bin/sh\ntrue\n", environment = { HOME = "/home/alice" } }
     for k, v in pairs(fields or {}) do j[k] = v end
+    return j
+end
+
+function interactive(fields)
+    local j = job(fields)
+    j.script, j.environment = nil, nil
     return j
 end
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers import slurm_roots
 from tests.helpers.cluster_fixture import FINAL_STATES, _gpuslurm_bin, users_python
 
 from gpuslurm.hw.source import bundle_path, load_node
@@ -68,6 +69,26 @@ class MultiNodeCluster:
 
     state_dir: Path
     env: dict[str, str] = field(repr=False)
+    release: str = slurm_roots.HOST_RELEASE
+
+    @property
+    def cgroup_v2(self) -> bool:
+        """Whether Slurm runs its cgroup/v2 plugin (a root: each node's own cgroup2 tree), not v1."""
+        return self.release != slurm_roots.HOST_RELEASE
+
+    def node_cgroup(self, node: str) -> Path:
+        """The node's own cgroup in the host's cgroup2 tree (a root only): its slurmd's root."""
+        return Path((self.state_dir / "run" / f"cgroup-{node}").read_text().strip())
+
+    def job_cgroups(self, node: str, jobid: int) -> list[Path]:
+        """The job's cgroups on ``node``, as the host sees them: ``slurm_<node>/uid_*/job_<id>`` in
+        each v1 hierarchy; on v2 every job directory under the node's stepd scope (``job_<id>``, or
+        26.05's ``s<SLUID>``, which names no job id: the tests look when no other job is there)."""
+        if not self.cgroup_v2:
+            return list(Path("/sys/fs/cgroup").glob(f"*/slurm_{node}/uid_*/job_{jobid}"))
+        scope = self.node_cgroup(node) / "system.slice" / f"{node}_slurmstepd.scope"
+        return [path for path in scope.glob("*") if path.is_dir()
+                and (path.name == f"job_{jobid}" or re.fullmatch(r"s[0-9A-Z]+", path.name))]
 
     @property
     def ctl_exec(self) -> str:
@@ -226,6 +247,7 @@ def leftovers(state_dir: Path, held: set[str]) -> list[str]:
         except OSError:
             continue
     found += [f"cgroup {path}" for path in Path("/sys/fs/cgroup").glob("*/slurm_mnode[0-9]")]
+    found += [f"cgroup {path}" for path in Path("/sys/fs/cgroup/unified").glob("gpuslurm-mn-mnode[0-9]-*")]
     links = subprocess.run(["/usr/sbin/ip", "-o", "link"], capture_output=True, text=True, timeout=30,
                            check=False).stdout
     found += [f"host link {name}" for name in re.findall(r"^\d+: ((?:veth-mnode|mnbr)[^:@]*)", links, re.M)]
@@ -257,15 +279,17 @@ def multinode_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeClust
     # directories, not names: the script need not find the Python that has gpuslurm
     env["GPUSLURM_MULTINODE_BUNDLES"] = " ".join(str(bundle_path(name)) for name in BUNDLES)
     env["GPUSLURM_BIN"] = _gpuslurm_bin(state_dir)
-    # the task prolog runs as the job's user, who cannot reach this session's interpreter
-    env["GPUSLURM_MULTINODE_PYTHON"] = users_python(state_dir)
+    release = _use_release(env)
+    if release is None:
+        # the task prolog runs as the job's user, who cannot reach this session's interpreter
+        env["GPUSLURM_MULTINODE_PYTHON"] = users_python(state_dir)
     held: set[str] = set()
     try:
         up = _multinode_sh("up", env)
         if up.returncode != 0:
             pytest.fail(f"multinode.sh up failed ({up.returncode}):\n{up.stderr}{up.stdout}", pytrace=False)
         held = namespaces(state_dir)
-        yield MultiNodeCluster(state_dir, env)
+        yield MultiNodeCluster(state_dir, env, release.name if release else slurm_roots.HOST_RELEASE)
     finally:
         down = _multinode_sh("down", env)
         said = ""
@@ -283,3 +307,25 @@ def multinode_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeClust
             shutil.rmtree(state_dir, ignore_errors=True)
     # Teardown is part of the contract: a namespace, process or cgroup left fails the session.
     assert not left, f"multinode.sh down left: {left}\n{said}"
+
+
+def _use_release(env: dict[str, str]) -> slurm_roots.Release | None:
+    """With ``GPUSLURM_SLURM_RELEASE`` naming a root (26.05): build or reuse it and have multinode.sh
+    run every Slurm program chrooted into it, with Slurm's cgroup/v2 plugin (docs/multinode.md).
+    The hooks, jobs and tests' Python inside it is the root's venv; this checkout and this session's
+    interpreter are mounted into it (jobs run ``gpuslurm`` from them)."""
+    try:
+        release = slurm_roots.selected()
+        if release is None:
+            return None
+        root = slurm_roots.ensure_root(release)
+        preload = slurm_roots.preload_library()
+    except (slurm_roots.RootError, subprocess.SubprocessError, OSError) as exc:
+        pytest.fail(f"no root for the multi-node cluster: {exc}", pytrace=False)
+    checkout = MULTINODE_SH.parents[1]
+    env["GPUSLURM_SLURM_ROOT"] = str(root)
+    env["GPUSLURM_CHECKOUT"] = str(checkout)
+    env["GPUSLURM_ROOT_BINDS"] = ":".join(dict.fromkeys([str(checkout), sys.base_prefix, sys.prefix]))
+    env["GPUSLURM_CLUSTER_PRELOAD"] = str(preload)
+    env["GPUSLURM_MULTINODE_PYTHON"] = slurm_roots.VENV_PYTHON
+    return release

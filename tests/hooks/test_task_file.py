@@ -97,7 +97,7 @@ def test_the_prolog_writes_it_and_the_task_prolog_reads_only_it(tmp_path: Path,
     prolog(site, env)
     path = Path(tasks_dir(str(site.root / "run"))) / "31.task"
     st = path.stat()
-    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 0, 4321)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o400, 0, 0)  # root's job: no ACL
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755
     forbid_the_node(monkeypatch)
     out = io.StringIO()
@@ -196,14 +196,14 @@ print("done:", ",".join(done))
 
 def test_a_user_cannot_change_their_own_or_anothers_task_file(reachable: Path) -> None:
     """As ``nobody``, whose job 41 has GPU 0 and who shares the group of root's job 42 on GPU 7:
-    nobody's writes, renames, plants and chmods all fail, job 42's file is refused, and so is a
+    nobody's writes, renames, plants and chmods all fail, job 42's file cannot be read, and so is a
     forged file for job 41 in a run directory of nobody's own."""
     node = load_node("dgx-h100", links=False)
     devices = node_devices(node)
     run = str(reachable / "run")
     os.mkdir(run, 0o755)
     write_task_info(run, TaskInfo("41", NOBODY, (task_device(devices[0]),)), 65534)
-    write_task_info(run, TaskInfo("42", 0, (task_device(devices[7]),)), 65534)  # readable to nogroup
+    write_task_info(run, TaskInfo("42", 0, (task_device(devices[7]),)), 65534)  # of nobody's group
     evil = reachable / "nobodys"
     evil.mkdir()
     os.chown(evil, NOBODY, 65534)
@@ -213,7 +213,7 @@ def test_a_user_cannot_change_their_own_or_anothers_task_file(reachable: Path) -
     assert done.returncode == 0, done.stderr
     assert f"mine: {devices[0].uuid}" in done.stdout
     assert "done: \n" in done.stdout
-    assert "refused:" in done.stdout and "of uid 0, not of uid 65534" in done.stdout
+    assert "refused:" in done.stdout and "Permission denied" in done.stdout  # root's, 0400
     assert "forged refused:" in done.stdout and "directory owned by uid 65534, not root" in done.stdout
     assert read_task_info(run, "41", NOBODY) == TaskInfo("41", NOBODY, (task_device(devices[0]),))
 
@@ -260,3 +260,49 @@ def test_the_task_prolog_with_a_task_file_parses_nothing(tmp_path: Path) -> None
     for heavy in ("tomllib", "typing", "gpuslurm.hw.source", "gpuslurm.hw.replay.bundle",
                   "gpuslurm.hw.live.nvml", "pynvml", "xml.etree.ElementTree", "json", "re", "enum"):
         assert heavy not in loaded, heavy
+
+
+GROUP_READ = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from gpuslurm.state.taskinfo import read_task_info
+try:
+    with open(os.path.join(sys.argv[2], "tasks", sys.argv[3] + ".task")) as fh:
+        print("read:", fh.read())
+except OSError as exc:
+    print("open refused:", exc.strerror)
+try:
+    print("read:", read_task_info(sys.argv[2], sys.argv[3], None))
+except Exception as exc:
+    print("reader refused:", exc)
+"""
+
+
+def test_another_member_of_the_jobs_group_cannot_read_its_task_file(reachable: Path) -> None:
+    """The task file names the job's devices and their CPUs. It was 0640 to the job's primary
+    group, so every other member of that group read it. Now it is root's 0400 with read for the
+    job's uid alone (a POSIX ACL): ``nobody`` (group nogroup) cannot read the file of a job of
+    uid 12345 in group nogroup, and the job's own uid can."""
+    from gpuslurm.safedir import ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_XATTR, acl_entries
+
+    devices = node_devices(load_node("dgx-h100", links=False))
+    run = str(reachable / "run")
+    os.mkdir(run, 0o755)
+    owner = 12345
+    path = write_task_info(run, TaskInfo("43", owner, (task_device(devices[3]),)), 65534)
+    st = os.stat(path)
+    assert (st.st_uid, st.st_gid) == (0, 0)
+    entries = {(tag, ident): perm for tag, perm, ident in acl_entries(os.getxattr(path, ACL_XATTR))}
+    assert entries[(ACL_USER, owner)] == 0o4
+    assert [perm for (tag, _), perm in entries.items() if tag in (ACL_GROUP_OBJ, ACL_OTHER)] == [0, 0]
+    assert [ident for (tag, ident) in entries if tag == ACL_USER] == [owner]  # no one else named
+    as_member = subprocess.run(["/usr/bin/python3", "-I", "-c", GROUP_READ, SRC, run, "43"], user=NOBODY,
+                               group=65534, extra_groups=[], capture_output=True, text=True, timeout=60,
+                               check=False, cwd="/")
+    assert "open refused: Permission denied" in as_member.stdout, as_member.stdout + as_member.stderr
+    assert "reader refused:" in as_member.stdout and devices[3].uuid not in as_member.stdout
+    as_owner = subprocess.run(["/usr/bin/python3", "-I", "-c", GROUP_READ, SRC, run, "43"], user=owner,
+                              group=65534, extra_groups=[], capture_output=True, text=True, timeout=60,
+                              check=False, cwd="/")
+    assert as_owner.stdout.count(devices[3].uuid) == 2, as_owner.stdout + as_owner.stderr
+

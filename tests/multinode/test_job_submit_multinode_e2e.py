@@ -3,13 +3,15 @@ jobs that span nodes, and the jobs it lets through run with that many GPUs over 
 
 The cap is per job (docs/throttle.md): ``-N2 --gres=gpu:K`` asks for 2K GPUs. Over the cap the
 plugin lowers the per-node count to what fits (floor(cap / nodes)), and refuses a job whose
-nodes alone exceed it; ``--gpus=N`` (per job) is lowered to the cap. ``up`` installs the plugin
+nodes alone exceed it; ``--gpus=N`` (per job) is lowered to the cap, and so is the job's
+``SLURM_GPUS``, which a bare ``srun`` in it reads back. ``up`` installs the plugin
 beside slurm.conf; the test writes its throttle file there and removes it afterwards.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slurm
 
 NOBODY = 65534
-UNSET_SRUN = "unset SLURM_GPUS; srun true"
 
 
 @pytest.fixture
@@ -53,6 +54,7 @@ def _submit(cluster: MultiNodeCluster, *args: str, script: str = "srun true"
     """sbatch as nobody (``script``: ``srun true`` on every node the job gets); the job id in stdout."""
     outdir = cluster.state_dir / "jobs" / str(NOBODY)
     outdir.mkdir(exist_ok=True)
+    os.chown(outdir, NOBODY, NOBODY)  # the module alone: no earlier module made it nobody's
     return cluster.client("/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                           "/usr/bin/sbatch", "--parsable", f"--output={outdir}/slurm-%j.out", *args,
                           "--wrap", script, check=False)
@@ -85,9 +87,8 @@ def test_a_throttled_users_cap_holds_over_two_nodes(multinode_cluster: MultiNode
     under = _submit(cluster, "-N2", "-w", "mnode1,mnode2", "--gres=gpu:2")
     assert under.returncode == 0 and "reduced" not in under.stderr, under.stderr
     assert _gpus_per_node(cluster, int(under.stdout.strip())) == {"mnode1": 2, "mnode2": 2}
-    # --gpus=6 -N2 (per job, uneven over an 8- and a 4-GPU node): lowered to 4 in all. The batch
-    # step still has sbatch's SLURM_GPUS=6, which a bare srun would ask for (the xfail below).
-    uneven = _submit(cluster, "-N2", "-w", "mnode1,mnode2", "--gpus=6", script=UNSET_SRUN)
+    # --gpus=6 -N2 (per job, uneven over an 8- and a 4-GPU node): lowered to 4 in all
+    uneven = _submit(cluster, "-N2", "-w", "mnode1,mnode2", "--gpus=6")
     assert uneven.returncode == 0 and "reduced to 4 GPU(s)" in uneven.stderr, uneven.stderr
     shares = _gpus_per_node(cluster, int(uneven.stdout.strip()))
     assert set(shares) == {"mnode1", "mnode2"} and sum(shares.values()) == 4, shares
@@ -102,13 +103,19 @@ def test_a_throttled_users_cap_holds_over_two_nodes(multinode_cluster: MultiNode
     assert sum(_gpus_per_node(cluster, int(one.stdout.strip())).values()) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="sbatch puts SLURM_GPUS=6 in the job's environment before "
-                   "job_submit.lua lowers --gpus to the cap; a bare srun then asks for 6 of the job's 4 "
-                   "(srun: Step requested gres=gpu:6 is more than the job's gres=gpu:4)")
 def test_a_capped_gpus_jobs_bare_srun_runs(multinode_cluster: MultiNodeCluster, throttle_file: Path) -> None:
+    # sbatch wrote SLURM_GPUS=6 into the job's environment before the plugin lowered --gpus=6 to 4;
+    # the plugin rewrites it, so the batch step's bare srun asks for the job's 4, not 6 (before:
+    # "Step requested gres=gpu:6 is more than the job's gres=gpu:4").
     cluster = multinode_cluster
     _throttle(throttle_file, "--cap", "4")
-    capped = _submit(cluster, "-N2", "-w", "mnode1,mnode2", "--gpus=6")
+    capped = _submit(cluster, "-N2", "-w", "mnode1,mnode2", "--gpus=6",
+                     script='echo "SLURM_GPUS=$SLURM_GPUS"; srun true')
     assert capped.returncode == 0 and "reduced to 4 GPU(s)" in capped.stderr, capped.stderr
-    assert cluster.wait(int(capped.stdout.strip())) == "COMPLETED", cluster.output(int(capped.stdout.strip()),
-                                                                                   NOBODY)
+    job = int(capped.stdout.strip())
+    assert cluster.wait(job) == "COMPLETED", cluster.output(job, NOBODY)
+    assert "SLURM_GPUS=4\n" in cluster.output(job, NOBODY)
+    # srun keeps the request it sent for its own step: over the cap it is refused, not lowered
+    srun = cluster.client("/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                          "/usr/bin/srun", "-N2", "-w", "mnode1,mnode2", "--gpus=6", "true", check=False)
+    assert srun.returncode != 0 and "srun and salloc requests are not lowered" in srun.stderr, srun.stderr

@@ -49,7 +49,11 @@ srun --ntasks-per-node=1 bash -c '
 n=$SLURMD_NODENAME
 /usr/bin/python3 {probe} | sed "s/^/$n /"
 echo "$n HOST=$(hostname)"
-echo "$n CGROUP=$(ls -d /sys/fs/cgroup/devices/slurm_$n/uid_*/job_$SLURM_JOB_ID)"
+if [ -d /sys/fs/cgroup/devices ]; then
+  echo "$n CGROUP=$(ls -d /sys/fs/cgroup/devices/slurm_$n/uid_*/job_$SLURM_JOB_ID)"
+else
+  echo "$n CGROUP=$(grep ^0:: /proc/self/cgroup | cut -d: -f3)"
+fi
 echo "$n GPUS=$SLURM_STEP_GPUS"
 echo "$n UUIDS=$GPUSLURM_GPU_UUIDS"
 echo "$n MAP=$(tr -d "\\n" <{nodes}/$n/run/jobs/$SLURM_JOB_ID.json)"
@@ -75,11 +79,11 @@ def _resolve(cluster: MultiNodeCluster, node: str, indices: tuple[int, ...]) -> 
     return [d.uuid for d in devices]
 
 
-def _job_cgroups_left(node: str, jobid: int, timeout: float = 30) -> list[Path]:
-    """The job's cgroups on ``node`` (slurm_<node> in each v1 hierarchy) left after ``timeout``."""
+def _job_cgroups_left(cluster: MultiNodeCluster, node: str, jobid: int, timeout: float = 30) -> list[Path]:
+    """The job's cgroups on ``node`` (``MultiNodeCluster.job_cgroups``) left after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        left = list(Path("/sys/fs/cgroup").glob(f"*/slurm_{node}/uid_*/job_{jobid}"))
+        left = cluster.job_cgroups(node, jobid)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.3)
@@ -133,8 +137,11 @@ def test_two_node_job_maps_each_nodes_own_gpus(multinode_cluster: MultiNodeClust
         assert _wait_gone(cluster.job_map(node, jobid)), f"{node}: map left\n{cluster.log_tail()}"
         summary = json.loads(cluster.summary(node, jobid).read_text())
         assert [g["uuid"] for g in summary["gpus"]] == own
-        assert report["CGROUP"].startswith(f"/sys/fs/cgroup/devices/slurm_{node}/")  # as it ran
-        assert not _job_cgroups_left(node, jobid)
+        # as it ran: Slurm's job cgroup on this node (v1: slurm_<node>; v2: the node's stepd scope
+        # in its own cgroup namespace)
+        assert report["CGROUP"].startswith(f"/sys/fs/cgroup/devices/slurm_{node}/" if not cluster.cgroup_v2
+                                           else f"/system.slice/{node}_slurmstepd.scope/"), report
+        assert not _job_cgroups_left(cluster, node, jobid)
     # the two nodes' GPU sets are their own bundles' (an H100's UUIDs and an L40S's)
     assert not set(cluster.uuids("mnode1")) & set(cluster.uuids("mnode2"))
     assert not cluster.summary("mnode3", jobid).exists()
@@ -163,7 +170,7 @@ def test_a_prolog_failing_on_one_node_leaves_the_other_clean_and_the_rest_servin
         assert state == "PENDING", f"{state}\n{cluster.log_tail()}"
         assert _wait_gone(cluster.job_map("mnode1", jobid)), f"mnode1 kept the map\n{cluster.log_tail()}"
         assert cluster.summary("mnode1", jobid).exists()
-        assert not _job_cgroups_left("mnode1", jobid)
+        assert not _job_cgroups_left(cluster, "mnode1", jobid)
         cluster.client("/usr/bin/scancel", str(jobid))
         assert not cluster.job_map("mnode2", jobid).exists()
         assert "DRAIN" not in cluster.node_field("mnode1", "State")
@@ -249,7 +256,10 @@ def test_uneven_and_typed_requests_land_on_the_nodes_that_have_them(
     for node, own in shares.items():
         assert [g["uuid"] for g in json.loads(seen[node]["MAP"])["gpus"]] == own, (node, out)
         assert seen[node]["UUIDS"] == ",".join(own)
-        assert {g["uuid"] for g in json.loads(seen[node]["PICK"])["gpus"]} <= set(own)
+        if len(own) >= 2:
+            assert {g["uuid"] for g in json.loads(seen[node]["PICK"])["gpus"]} <= set(own)
+        else:  # 26.05 may split 6 as 5 + 1: pick 2 then refuses, as the job holds one GPU here
+            assert seen[node]["PICK"] == "", (node, out)
     counts = {node: len(own) for node, own in shares.items()}
     assert sum(counts.values()) == 6 and counts["mnode1"] != counts["mnode2"], counts
     mig = cluster.sbatch(["--gres=gpu:nvidia_a100_1g.10gb:1"], _step_script(cluster))

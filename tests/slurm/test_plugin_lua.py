@@ -478,3 +478,60 @@ dump_logs()
     assert got["tasks-known"] == ["0", "", "", "gres:gpu:1", "4294967294"], got
     assert got["per-job"] == ["0", "", "", "", "4294967294"], got
     assert any("at most 1 node(s)" in line for line in lines if line.startswith("USER")), lines
+
+
+def test_a_capped_batch_jobs_gpu_variables_say_what_it_has(tmp_path: Path) -> None:
+    # sbatch wrote SLURM_GPUS* from the request before the cap lowered it; a bare srun in the job
+    # reads them back and would ask for more GPUs than the job has. --gres writes none.
+    path = _file(tmp_path, Throttle("alice", NOW + HOUR, "cap", 2, NOW, "", "idle GPUs"))
+    lines = run_lua(_use(path) + """
+local function show(name, fields, env)
+  local j = job(fields)
+  for k, v in pairs(env) do j.environment[k] = v end
+  local rc = slurm_job_submit(j, {}, 1000)
+  out(name, rc, j.environment.SLURM_GPUS or "-", j.environment.SLURM_GPUS_PER_NODE or "-",
+      j.environment.SLURM_GPUS_PER_TASK or "-", j.environment.SLURM_GPUS_PER_SOCKET or "-")
+end
+show("gpus", {tres_per_job = "gres:gpu:6", min_nodes = 2}, {SLURM_GPUS = "6"})
+show("typed", {tres_per_job = "gres/gpu:h100:2,gres/gpu:a100:2"}, {SLURM_GPUS = "h100:2,a100:2"})
+show("per-node", {tres_per_node = "gres:gpu:h100:4", min_nodes = 2, max_nodes = 2},
+     {SLURM_GPUS_PER_NODE = "h100:4"})
+show("per-task", {tres_per_task = "gres:gpu:2", num_tasks = 2}, {SLURM_GPUS_PER_TASK = "2"})
+show("per-socket", {tres_per_socket = "gres:gpu:2", sockets_per_node = 2, min_nodes = 1, max_nodes = 1},
+     {SLURM_GPUS_PER_SOCKET = "2"})
+show("gres", {tres_per_node = "gres:gpu:4"}, {})
+show("fits", {tres_per_job = "gres:gpu:2"}, {SLURM_GPUS = "2"})
+""")
+    got = {line.split("|")[0]: line.split("|")[1:] for line in lines if "|" in line}
+    assert got["gpus"] == ["0", "2", "-", "-", "-"], got
+    assert got["typed"] == ["0", "h100:2", "-", "-", "-"], got
+    assert got["per-node"] == ["0", "-", "h100:1", "-", "-"], got
+    assert got["per-task"] == ["0", "-", "-", "1", "-"], got
+    assert got["per-socket"] == ["0", "-", "-", "-", "1"], got
+    assert got["gres"] == ["0", "-", "-", "-", "-"], got  # no variable is made up
+    assert got["fits"] == ["0", "2", "-", "-", "-"], got
+
+
+def test_an_over_cap_srun_or_salloc_request_is_refused_not_lowered(tmp_path: Path) -> None:
+    # srun and salloc send no environment: their steps and shell keep the request they sent, so a
+    # lowered job would fail at its first step. Over the cap they are refused with what fits.
+    path = _file(tmp_path, Throttle("alice", NOW + HOUR, "cap", 2, NOW, "", "idle GPUs"))
+    lines = run_lua(_use(path) + """
+local function show(name, fields)
+  local j = interactive(fields)
+  local rc = slurm_job_submit(j, {}, 1000)
+  out(name, rc, j.tres_per_job or "", j.tres_per_node or "", j.max_nodes)
+end
+show("gpus", {tres_per_job = "gres:gpu:6"})
+show("gres", {tres_per_node = "gres:gpu:4", min_nodes = 1, max_nodes = 1})
+show("fits", {tres_per_job = "gres:gpu:2"})
+show("held", {tres_per_node = "gres:gpu:1", num_tasks = 64})
+dump_logs()
+""")
+    got = {line.split("|")[0]: line.split("|")[1:] for line in lines if "|" in line}
+    assert got["gpus"] == ["-1", "gres:gpu:6", "", "4294967294"], got
+    assert got["gres"] == ["-1", "", "gres:gpu:4", "1"], got
+    assert got["fits"] == ["0", "gres:gpu:2", "", "4294967294"], got
+    assert got["held"] == ["0", "", "gres:gpu:1", "1"], got  # only its nodes held: nothing lowered
+    user = [line for line in lines if line.startswith("USER ")]
+    assert "srun and salloc requests are not lowered" in user[0] and "--gpus=2" in user[0], user

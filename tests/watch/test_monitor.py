@@ -209,6 +209,32 @@ def test_sigterm_finishes_the_cycle_and_exits_0(site: Site, sleepers: list[subpr
     assert site.rows("SELECT count(DISTINCT ts) FROM gpu_sample")[0][0] >= 2
 
 
+_SIGTERM_WHILE_LOCKED = """
+import os, signal, sys, threading
+from gpuslurm.watch.monitor import stop_on_signals
+stop = threading.Event()
+restore = stop_on_signals(stop)
+with stop._cond:  # where the main thread is inside Event.wait(), before it sleeps and after it wakes
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(100000))  # bytecodes: a Python handler would run here, and call stop.set()
+print(stop.wait(10))
+restore()
+"""
+
+
+def test_a_sigterm_while_the_main_thread_holds_the_stop_events_lock_stops_the_monitor() -> None:
+    """The signal handler used to call ``stop.set()`` itself: coming while the main thread held
+    the Event's lock, it waited for itself, and the monitor never exited (systemd's stop then
+    ended it with SIGKILL). Here the stop is set by the relay thread, once the lock is free."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _SIGTERM_WHILE_LOCKED], capture_output=True,
+                              text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the monitor's signal handler deadlocked on the stop event's lock")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True"]
+
+
 def test_kill_9_loses_at_most_the_cycle_under_way(site: Site,
                                                   sleepers: list[subprocess.Popen[bytes]]) -> None:
     site.write({"gpus": {U[0]: {"util": 50}},

@@ -353,3 +353,25 @@ def test_gpu_stats_min_means_temperature_and_power(db: Path) -> None:
         assert rolled.util_min_pct is None and rolled.temp_mean_c is None
         assert (rolled.temp_max_c, rolled.power_max_w) == (40.0, 301.0)
         assert rolled.power_mean_w == pytest.approx(301.0)
+
+
+def test_gpu_stats_leave_power_no_gpu_draws_out_and_count_it(db: Path) -> None:
+    """A forged or damaged power reading (1e18 W, infinite, negative, text in the column) once made
+    the epilog's power_mean_w absurd, or, failing the store's checks, cost the job every figure.
+    Each is left out of the power mean and maximum and counted; the other figures stay."""
+    with filled(db, 120) as store:
+        conn = sqlite3.connect(str(db))
+        with conn:
+            dev = conn.execute("SELECT id FROM device WHERE uuid = ?", (G1,)).fetchone()[0]
+            for i, forged in ((20, 1e18), (21, float("inf")), (22, -5.0), (23, "300 W")):
+                conn.execute("UPDATE gpu_sample SET power_w = ? WHERE device = ? AND ts = ?",
+                             (forged, dev, T0 + i))
+        conn.close()
+        s = store.gpu_stats([G1], T0 + 10, T0 + 69)[G1]
+        assert (s.power_mean_w, s.power_max_w, s.power_dropped) == (301.0, 301.0, 4)
+        assert s.samples == 60 and s.temp_max_c == 40.0
+        # rolled up: the minute whose sum holds them is left out whole (its 60 readings)
+        store.rollup(T0 + 3600, raw_window_s=60)
+        rolled = store.gpu_stats([G1], T0, T0 + 119)[G1]
+        assert (rolled.power_mean_w, rolled.power_max_w, rolled.power_dropped) == (301.0, 301.0, 60)
+        assert rolled.samples == 120

@@ -95,13 +95,13 @@ def run_watch(live: LiveView, out: IO[str], interval: float, count: int | None =
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
         stopped.append(signum)
-        wake.poke()
 
     def on_resize(signum: int, frame: FrameType | None) -> None:
-        wake.poke()
+        pass  # the wakeup byte the interpreter wrote is all a resize needs
 
     old = {sig: signal.signal(sig, handler) for sig, handler in
            ((signal.SIGINT, on_stop), (signal.SIGTERM, on_stop), (signal.SIGWINCH, on_resize))}
+    old_wakeup = signal.set_wakeup_fd(wake.write_fd, warn_on_full_buffer=False)
     frames = 0
     if tty:
         out.write(ENTER)
@@ -124,12 +124,15 @@ def run_watch(live: LiveView, out: IO[str], interval: float, count: int | None =
                 out.flush()
             if count is not None and frames >= count:
                 break
+            if stopped:  # a signal between the loop's test and clear() left no byte in the pipe
+                break
             woke = wake.wait(interval)
             # a resize redraws the frame it has; only the interval takes a new sample
             due = not woke or bool(stopped)
     finally:
         for sig, previous in old.items():
             signal.signal(sig, previous)
+        signal.set_wakeup_fd(old_wakeup)
         wake.close()
         if tty:
             out.write(LEAVE)
@@ -138,24 +141,21 @@ def run_watch(live: LiveView, out: IO[str], interval: float, count: int | None =
 
 
 class _Wakeup:
-    """What the signal handlers poke to cut the loop's wait short: a pipe, not a lock.
+    """The pipe that cuts the loop's wait short: the interpreter's signal wakeup fd, not a lock.
 
-    A handler runs in the main thread between any two bytecodes; one that took a lock the loop
+    A Python handler runs in the main thread between two bytecodes; one that took a lock the loop
     held at that moment (an Event's, in clear() or at the start of wait()) waited for itself, and
-    watch hung for good, Ctrl-C included. Writing a byte to a non-blocking pipe takes no lock, and a
-    byte written before the wait begins still ends it.
+    watch hung for good, Ctrl-C included. A handler that wrote the byte itself came too late when
+    the signal arrived after the interpreter's last check and before ``select`` slept: the handler
+    then waits for the select to end (a whole interval; seen on Python 3.14). As the wakeup fd
+    (``signal.set_wakeup_fd``), the pipe gets its byte from the C-level handler the moment the
+    signal arrives, whatever the main thread is doing, so a wait that begins after it ends at once.
     """
 
     def __init__(self) -> None:
-        self._read, self._write = os.pipe()
+        self._read, self.write_fd = os.pipe()
         os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
-
-    def poke(self) -> None:
-        try:
-            os.write(self._write, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: the wait ends anyway
+        os.set_blocking(self.write_fd, False)
 
     def clear(self) -> None:
         try:
@@ -165,12 +165,12 @@ class _Wakeup:
             pass
 
     def wait(self, timeout: float) -> bool:
-        """Whether a poke came (now or since the last clear) within ``timeout`` seconds."""
+        """Whether a signal came (now or since the last clear) within ``timeout`` seconds."""
         return bool(select.select([self._read], [], [], timeout)[0])
 
     def close(self) -> None:
         os.close(self._read)
-        os.close(self._write)
+        os.close(self.write_fd)
 
 
 def _draw(out: IO[str], lines: Sequence[Line], rows: int) -> None:

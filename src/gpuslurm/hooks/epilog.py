@@ -196,6 +196,8 @@ def _monitor_stats(uuids: list[str], start: float | None, now: float, cfg: Confi
     except GpuslurmError as exc:
         log.warning(f"cannot read the monitor store: {exc}")
         return {}, {}
+    if dropped := sum(s.power_dropped for s in stats.values()):  # a damaged or forged sample
+        log.warning(f"left {dropped} power reading(s) no GPU draws out of the job's power figures")
     settings = Settings(max_gap_s=max(3 * cfg.monitor.interval_s, 5.0))
     figures = {u: gpu_figures(s, settings).energy_j for u, s in series.items()}
     return stats, {u: e for u, e in figures.items() if e is not None}

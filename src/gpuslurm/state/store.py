@@ -44,6 +44,8 @@ from gpuslurm.samples import (
     Violation,
     interval_energy_j,
     plausible_counter_mj,
+    plausible_power_sql,
+    plausible_power_sum_sql,
 )
 from gpuslurm.state import store_file
 from gpuslurm.state.store_job import DeviceSeries, JobRecord, read_job, read_series
@@ -131,6 +133,9 @@ class GpuStats(NamedTuple):
     temp_max_c: float | None = None  # raw and minute rows
     power_mean_w: float | None = None  # raw and minute rows
     power_max_w: float | None = None  # raw and minute rows
+    # power readings left out of power_mean_w and power_max_w: not a number one GPU can draw
+    # (samples.plausible_power_w), or a minute row whose sum its readings cannot make
+    power_dropped: int = 0
 
 
 def default_path(state_dir: str) -> str:
@@ -329,8 +334,13 @@ class Store:
         (mean/max) and power (mean/max) in ``[since, until]``.
 
         Beyond the raw window the resolution is one minute: a minute row counts whole when it
-        overlaps the period. Devices without samples are left out.
+        overlaps the period. Devices without samples are left out. Power readings no GPU draws (a
+        damaged or forged sample: negative, infinite, 1e18 W) are left out of the power figures and
+        counted in ``power_dropped``, as the report and jobstats leave them out: the other figures
+        stay, and the mean and maximum stay within 0..MAX_GPU_POWER_W.
         """
+        power_ok = plausible_power_sql("power_w")
+        row_ok = plausible_power_sum_sql("power_sum", "power_n")
         ids = {}
         for uuid in dict.fromkeys(uuids):
             row = self._read("SELECT id FROM device WHERE uuid = ?", (uuid,))
@@ -340,14 +350,19 @@ class Store:
         lo = math.floor(since / 60) * 60
         c = self.checked
         for device, uuid in ids.items():
-            raw = self._read("SELECT count(*), count(util_pct), total(util_pct), max(util_pct), "
+            raw = self._read("SELECT count(*), count(util_pct), total(util_pct), max(util_pct), "  # noqa: S608
                              "max(mem_used_mib), min(util_pct), min(mem_used_mib), avg(mem_used_mib), "
-                             "avg(temp_c), max(temp_c), count(power_w), total(power_w), max(power_w) "
+                             f"avg(temp_c), max(temp_c), count({power_ok}), total({power_ok}), "
+                             f"max({power_ok}), count(power_w) "
                              "FROM gpu_sample WHERE device = ? AND ts BETWEEN ? AND ?",
                              (device, since, until))[0]
-            agg = self._read("SELECT coalesce(sum(n), 0), coalesce(sum(util_n), 0), total(util_sum), "
-                             "max(util_max), max(mem_max), max(temp_max), coalesce(sum(power_n), 0), "
-                             "total(power_sum), max(power_max) FROM gpu_minute "
+            agg = self._read("SELECT coalesce(sum(n), 0), coalesce(sum(util_n), 0), total(util_sum), "  # noqa: S608
+                             f"max(util_max), max(mem_max), max(temp_max), "
+                             f"coalesce(sum(CASE WHEN {row_ok} THEN power_n END), 0), "
+                             f"total(CASE WHEN {row_ok} THEN power_sum END), "
+                             f"max(CASE WHEN {row_ok} THEN {plausible_power_sql('power_max')} END), "
+                             "coalesce(sum(CASE WHEN typeof(power_n) = 'integer' AND power_n > 0 "
+                             "THEN power_n END), 0) FROM gpu_minute "
                              "WHERE device = ? AND minute BETWEEN ? AND ?", (device, lo, until))[0]
             n = raw[0] + c.whole(agg[0], "gpu_minute.n")
             util_n = raw[1] + c.whole(agg[1], "gpu_minute.util_n")
@@ -372,7 +387,8 @@ class Store:
                                 c.opt_number(agg[5], "gpu_minute.temp_max")),
                 power_mean_w=power / power_n if power_n else None,
                 power_max_w=_max(c.opt_number(raw[12], "gpu_sample.power_w", 0.0),
-                                 c.opt_number(agg[8], "gpu_minute.power_max", 0.0)))
+                                 c.opt_number(agg[8], "gpu_minute.power_max", 0.0)),
+                power_dropped=(raw[13] - raw[10]) + (c.whole(agg[9], "gpu_minute.power_n") - agg[6]))
         return out
 
     def job(self, job_id: str) -> JobRecord | None:

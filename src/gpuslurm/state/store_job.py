@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from gpuslurm.samples import plausible_power_w
 from gpuslurm.state.store_values import Checked
 
 MINUTE_S = 60.0
@@ -142,7 +143,7 @@ def _points(read: Read, c: Checked, device: int, start: float, last: float,
             if util_n else None,
             c.opt_pct(util_max, "gpu_minute.util_max"), c.opt_number(mem, "gpu_minute.mem_max", 0.0),
             c.opt_number(total, "gpu_minute.mem_total", 0.0),
-            c.number(power_sum, "gpu_minute.power_sum", 0.0) / power_n if power_n else None,
+            _mean_power(power_sum, power_n),
             c.opt_number(e0, "gpu_minute.energy_first_mj", 0.0),
             c.opt_number(e1, "gpu_minute.energy_last_mj", 0.0),
             c.opt_number(inside, "gpu_minute.energy_inside_mj", 0.0)))
@@ -156,7 +157,20 @@ def _points(read: Read, c: Checked, device: int, start: float, last: float,
         out.append(SeriesPoint(c.time(ts, "gpu_sample.ts"), 0.0, 1, u, u,
                                c.opt_number(mem, "gpu_sample.mem_used_mib", 0.0),
                                c.opt_number(total, "gpu_sample.mem_total_mib", 0.0),
-                               c.opt_number(power, "gpu_sample.power_w", 0.0), e, e,
+                               _power(power), e, e,
                                None if e is None else 0.0))
     out.sort(key=lambda p: p.ts)
     return tuple(out)
+
+
+# A power reading no GPU draws (a damaged or forged sample: negative, infinite, text) is a reading
+# missing, not a damaged store: the job's other figures stay (gpu_stats leaves it out the same way).
+def _power(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return plausible_power_w(float(value))
+
+
+def _mean_power(total: object, readings: int) -> float | None:
+    mean = _power(total)
+    return None if mean is None or not readings else plausible_power_w(mean / readings)

@@ -5,12 +5,16 @@ pay for NVML or a bundle parse each time, and it cannot read the root-only job m
 (:mod:`gpuslurm.state.jobmap`). The prolog, which has resolved and gated the job's devices
 anyway, writes ``<run_dir>/tasks/<jobid>.task``: each device's UUID, GRES index, NUMA node and
 close CPUs, as lines of words (:meth:`TaskInfo.to_text`; not JSON: ``json`` brings ``re`` and
-``enum`` with it, ~10 ms of each task prolog's CPU). The file is root's, mode 0640, group the
-job's primary group, in a directory that is root's and 0755: the job's user can read it and can
-neither change nor replace it.
+``enum`` with it, ~10 ms of each task prolog's CPU). The file is root's, mode 0400, and the job's
+user reads it through a POSIX access ACL of their uid alone (:func:`gpuslurm.safedir.reader_acl`,
+set before the rename), in a directory that is root's and 0755: the job's user can read it and
+can neither change nor replace it, and no one else (another member of the job's group included)
+can read which devices the job has. Where the file system has no ACLs there is no task file: the
+job's tasks read the node instead.
 
 The reader (as the job's user) trusts it only when the directory and the file are root's and
-writable by nobody else, the file is regular, has one link (not another job's file hard-linked
+writable by nobody else (an ACL entry that grants write shows in the group bits, its mask), the
+file is regular, has one link (not another job's file hard-linked
 where the user can reach it) and names this job and this user. A missing file (a job started by a
 prolog older than this file) is None: the caller falls back to reading the node.
 """
@@ -35,7 +39,7 @@ FORMAT_VERSION = 2
 HEADER = f"gpuslurm-tasks {FORMAT_VERSION}"
 NONE = "-"  # a field with no value
 MAX_INT_DIGITS = 10
-FILE_MODE = 0o640
+FILE_MODE = 0o400  # plus read for the job's uid alone, through an ACL
 MAX_BYTES = 1 << 18  # a 64-device job is ~10 KiB
 
 
@@ -141,9 +145,12 @@ def tasks_dir(run_dir: str) -> str:
     return os.path.join(run_dir, TASKS_DIR)
 
 
-def write_task_info(run_dir: str, info: TaskInfo, gid: int) -> str:
-    """Write ``<run_dir>/tasks/<jobid>.task`` atomically (root's, 0640, group ``gid``) through
-    directories checked component by component (:mod:`gpuslurm.safedir`); returns the path."""
+def write_task_info(run_dir: str, info: TaskInfo, gid: int | None = None) -> str:
+    """Write ``<run_dir>/tasks/<jobid>.task`` atomically (root's, 0400, read for ``info.uid``
+    through an ACL) through directories checked component by component (:mod:`gpuslurm.safedir`);
+    returns the path. ``gid`` is unused: the job's group no longer reads the file (a file system
+    without ACLs raises OSError, and the job has no task file)."""
+    del gid
     base = tasks_dir(run_dir)
     name = f"{check_job_id(info.job_id)}{SUFFIX}"
     dfd = open_dir(base, create_mode=0o755)
@@ -153,7 +160,8 @@ def write_task_info(run_dir: str, info: TaskInfo, gid: int) -> str:
         if st.st_uid != os.geteuid():
             raise UnsafePathError(f"refusing to use: owned by uid {st.st_uid}", source=base)
         payload = info.to_text().encode("ascii")
-        replace_at(dfd, name, payload, FILE_MODE, source=os.path.join(base, name), group=gid)
+        replace_at(dfd, name, payload, FILE_MODE, source=os.path.join(base, name),
+                   reader=info.uid if info.uid != 0 else None)  # root reads it anyway
     finally:
         os.close(dfd)
     return os.path.join(base, name)

@@ -15,6 +15,7 @@ running back to back. SIGTERM and SIGINT let the cycle under way finish, then th
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 import time
@@ -269,15 +270,39 @@ def run(monitor: Monitor, interval: float, *, once: bool = False,
 
 
 def stop_on_signals(stop: threading.Event) -> Callable[[], None]:
-    """Make SIGTERM and SIGINT set ``stop``; returns a function that restores the old handlers."""
+    """Make SIGTERM and SIGINT set ``stop``; returns a function that restores the old handlers.
+
+    The handler itself does nothing: a Python handler runs in the main thread between two
+    bytecodes, and one that called ``stop.set()`` while the main thread held the Event's lock (in
+    ``wait()`` before it sleeps, or after it wakes) waited for itself, and the monitor hung for good
+    on a SIGTERM. The signal's number reaches a pipe from the interpreter's C-level handler
+    (``signal.set_wakeup_fd``) at once, and a thread of its own sets ``stop``: the main thread's
+    wait ends even when the signal came just before it began to sleep.
+    """
     def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        pass  # the wakeup fd carries the signal; see the relay below
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    wanted = {int(signal.SIGTERM), int(signal.SIGINT)}
+
+    def relay() -> None:
+        while data := os.read(read_fd, 512):  # empty: the write end was closed by restore()
+            if wanted.intersection(data):
+                stop.set()
 
     old: dict[int, Any] = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    relayer = threading.Thread(target=relay, name="gpuslurm-signals", daemon=True)
+    relayer.start()
 
     def restore() -> None:
         for sig, previous in old.items():
             signal.signal(sig, previous)
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(write_fd)
+        relayer.join(5)
+        os.close(read_fd)
 
     return restore
 
