@@ -41,7 +41,7 @@ def char_majors(proc_devices: str) -> dict[str, int]:
             in_char = text == "Character devices:"
             continue
         number, _, name = text.partition(" ")
-        if in_char and number.isdigit() and name.strip():
+        if in_char and number.isascii() and number.isdigit() and len(number) <= 9 and name.strip():
             majors.setdefault(name.strip(), int(number))
     return majors
 

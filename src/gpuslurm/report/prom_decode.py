@@ -28,7 +28,8 @@ def device(key: Key) -> str:
 
 def proc_order(key: Key) -> tuple[str, str, int, str]:
     pid = label(key, "pid")
-    return (label(key, "node"), device(key), int(pid) if pid.isdigit() else 0, label(key, "job_id"))
+    number = int(pid) if pid.isascii() and pid.isdigit() and len(pid) <= 10 else 0
+    return (label(key, "node"), device(key), number, label(key, "job_id"))
 
 
 def value(item: dict[str, Any]) -> float | None:

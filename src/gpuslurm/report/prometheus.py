@@ -330,7 +330,8 @@ def load_violations(client: PrometheusClient | str, since: float,
 
 
 def _violation(m: dict[str, str], begin: float, duration: float) -> Violation:
-    pid = int(m["pid"]) if m.get("pid", "").isdigit() else None
+    text = m.get("pid", "")
+    pid = int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else None
     who = " and ".join(x for x in (f"user {m['user']}" if m.get("user") else "",
                                    f"job {m['job_id']}" if m.get("job_id") else "") if x)
     proc = f"{m.get('process') or 'process'} (PID {pid})" if pid is not None else ""

@@ -46,7 +46,7 @@ def _layout(parts: Sequence[str]) -> CgroupJob | None:
             rest = parts[i + 1:]
             uid: int | None = None
             if rest and rest[0].startswith("uid_"):
-                if not rest[0][4:].isdigit():
+                if not (rest[0][4:].isascii() and rest[0][4:].isdigit() and len(rest[0]) <= 14):
                     return None
                 uid = int(rest[0][4:])
                 rest = rest[1:]

@@ -89,7 +89,7 @@ def parse_sshare(text: str, source: str = "sshare") -> tuple[ShareRow, ...]:
 def _raw(cell: str, n: int, source: str) -> int | None:
     if cell in ("", PARENT):
         return None
-    if not cell.isdigit():
+    if not (cell.isascii() and cell.isdigit() and len(cell) <= 18):
         raise InputError(f"line {n}: RawShares {cell!r} is not a number or 'parent'", source=source)
     return int(cell)
 

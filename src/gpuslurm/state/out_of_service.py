@@ -187,7 +187,7 @@ def parse_gpu_spec(spec: str) -> tuple[str, str | int]:
     if found := _index_or_minor(text):
         return found
     shown = text if text.isprintable() and len(text) < 80 else repr(text[:80])
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         raise InputError(f"{shown} is ambiguous: say index:{text} (NVML order) or minor:{text} "
                          f"(/dev/nvidia{text})", "GPU")
     raise InputError(f"{shown}: not a GPU (give a UUID, index:N or minor:N)", "GPU")

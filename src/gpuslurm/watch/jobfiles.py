@@ -158,7 +158,7 @@ def job_of(name: str) -> str | None:
     directory entry ``name`` is; None for any other name."""
     if name.startswith(".") and name.endswith(".tmp"):
         stem, _, pid = name[1:-4].rpartition(".")
-        if not pid.isdigit():
+        if not (pid.isascii() and pid.isdigit()):
             return None
         name = stem
     job = name[:-5] if name.endswith(".json") else ""

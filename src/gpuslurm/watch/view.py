@@ -186,12 +186,12 @@ def _severity_rank(severity: str) -> int:
 
 def _job_key(job_id: str) -> tuple[int, str]:
     head = job_id.partition("_")[0].partition(".")[0].partition("[")[0]  # Slurm 12_3, PBS 12[3].server
-    return (int(head) if head.isdigit() else -1, job_id)
+    return (int(head) if head.isascii() and head.isdigit() and len(head) <= 18 else -1, job_id)
 
 
 def _label_key(label: str) -> tuple[int, ...]:
     parts = label.split(".")
-    return tuple(int(p) if p.isdigit() else 1 << 30 for p in parts)
+    return tuple(int(p) if p.isascii() and p.isdigit() and len(p) <= 9 else 1 << 30 for p in parts)
 
 
 def short_bus_id(bus_id: str) -> str:

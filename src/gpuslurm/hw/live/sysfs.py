@@ -97,7 +97,7 @@ def read_meminfo_mib(path: Path = Path(MEMINFO)) -> int | None:
         name, _, rest = line.partition(":")
         if name == "MemTotal":
             fields = rest.split()
-            if len(fields) == 2 and fields[1] == "kB" and fields[0].isdigit():
+            if len(fields) == 2 and fields[1] == "kB" and fields[0].isascii() and fields[0].isdigit():
                 return int(fields[0]) // 1024
             raise HardwareError(f"{path}: unexpected MemTotal line {line!r}")
     return None

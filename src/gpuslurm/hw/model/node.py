@@ -52,7 +52,7 @@ def link_from_text(text: str) -> Link:
     t = text.strip()
     if t == "X":
         return Link(LinkKind.SELF)
-    if t.startswith("NV") and t[2:].isdigit():
+    if t.startswith("NV") and t[2:].isascii() and t[2:].isdigit() and len(t) <= 6:
         return Link(LinkKind.NVLINK, int(t[2:]))
     try:
         return Link(LinkKind(t))
