@@ -157,6 +157,14 @@ def test_numa_cores_on_a_release_without_the_socket_check(a100: Node) -> None:
     plan = plan_gres(a100, GresOptions(mig=mig_naming(SlurmVersion(22, 5, 8), "test")))
     assert {r.cores_text for r in plan.gpu_records} == {"48-63", "112-127"}
     assert not any("whole sockets" in n for n in plan.notes)
+    assert not any("--slurm-version" in n for n in plan.notes)
+
+
+def test_unknown_release_keeps_numa_cores_and_says_why(a100: Node, dgx: Node) -> None:
+    plan = plan_gres(a100, GresOptions())  # no slurmd, no --slurm-version
+    assert {r.cores_text for r in plan.gpu_records} == {"48-63", "112-127"}
+    assert any("INVAL" in n and "--slurm-version" in n for n in plan.notes)
+    assert not any("--slurm-version" in n for n in plan_gres(dgx, GresOptions()).notes)  # whole sockets
 
 
 @pytest.mark.parametrize("release", [SlurmVersion(24, 11, 5), SlurmVersion(26, 5, 5)])

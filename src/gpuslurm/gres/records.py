@@ -180,6 +180,10 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
                           for peer in gpus)
         records.append(GresRecord("gpu", gpu, type=autodetect_type(gpu.name),
                                   files=(f"{dev}{gpu.device_file}",), cores=cores, links=links))
+    release_unknown = opts.mig.release is None or opts.mig.release.startswith("unknown")
+    if release_unknown and any(r.cores is not None and not cmap.is_whole_sockets(r.cores) for r in records):
+        notes.append("Cores= are the GPUs' NUMA cores, which split a socket: Slurm 24.11 and later set "
+                     "such a node INVAL; give --slurm-version to write what your release takes")
     if widened:
         notes.append("Cores= widened to whole sockets: Slurm 24.11 and later set a node INVAL whose "
                      "Cores= splits a socket (\"doesn't match socket boundaries\"); the GPUs' NUMA "
