@@ -128,6 +128,13 @@ gpuslurm_bin() {
     echo "$(dirname "$py")/gpuslurm"
 }
 
+root_release() {  # the Slurm release of $ROOT (its .gpuslurm-root.json, which slurm_roots.py writes)
+    local release
+    release=$(sed -n 's/^ *"release": "\([0-9.]*\)".*/\1/p' "$ROOT/.gpuslurm-root.json" | head -n 1)
+    [[ -n $release ]] || die "$ROOT/.gpuslurm-root.json names no release"
+    echo "$release"
+}
+
 slurm_env() {
     in_root env SLURM_CONF="$CONF" "$@"
 }
@@ -330,7 +337,10 @@ write_configs() {
     local host=$1 gpuslurm node_line
     gpuslurm=$(gpuslurm_bin)
     mkdir -p "$ETC" "$LOG" "$RUN" "$STATE/spool/ctld" "$STATE/spool/slurmd"
-    node_line=$("$gpuslurm" node-conf --from "$BUNDLE" --node-name "$host" | grep '^NodeName=') \
+    # With a root, gres.conf (MIG Types, Cores=) and the node line for the root's Slurm release, not
+    # the host's slurmd -V (22.05): 24.11 and later refuse Cores= that split a socket.
+    node_line=$("$gpuslurm" node-conf --from "$BUNDLE" --node-name "$host" \
+                    ${ROOT:+--slurm-version "$(root_release)"} | grep '^NodeName=') \
         || die "gpuslurm node-conf --from $BUNDLE failed"
     # Loopback only: slurmctld must reach this slurmd at 127.0.0.1 whatever the host name resolves to.
     node_line="${node_line/NodeName=$host /NodeName=$host NodeAddr=127.0.0.1 }"
@@ -340,6 +350,7 @@ write_configs() {
     else
         # shellcheck disable=SC2086  # GRES_ARGS is a list of options
         "$gpuslurm" gres-conf --from "$BUNDLE" --node-name "$host" $GRES_ARGS --output "$ETC/gres.conf" \
+            ${ROOT:+--slurm-version "$(root_release)"} \
             || die "gpuslurm gres-conf --from $BUNDLE $GRES_ARGS failed"
     fi
     local gres_types

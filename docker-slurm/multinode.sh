@@ -281,17 +281,10 @@ write_configs() {
         cp -r "$(bundle_dir "${BUNDLES[$((i - 1))]}")" "$dir/bundle"
         chmod -R go-w "$dir/bundle"
         # With a root, MIG Types as its Slurm names them (the host's slurmd -V is 22.05's), here
-        # and in the node's Gres= below.
+        # and in the node's Gres= below, and Cores= as it takes them (whole sockets from 24.11).
         "$gpuslurm" gres-conf --from "$dir/bundle" --node-name "$name" --output "$dir/gres.conf" \
             ${ROOT:+--slurm-version "$(root_release)"} \
             || die "gpuslurm gres-conf --from ${BUNDLES[$((i - 1))]} failed"
-        if [[ -n $ROOT ]]; then
-            # Slurm 26.05 sets a node INVAL whose GRES Cores= is not whole sockets ("GRES core
-            # specification 48-63 for node mnode3 doesn't match socket boundaries"): the a100-mig
-            # bundle's GPUs sit on NUMA nodes of 16 cores, which gres-conf writes. 22.05 takes them.
-            # No test here reads Cores=, so the root's nodes go without (docs/multinode.md).
-            sed -i -E 's/ Cores=[0-9,-]+//' "$dir/gres.conf"
-        fi
         cat "$dir/gres.conf" >>"$ETC/gres.conf.tmp"
         line=$("$gpuslurm" node-conf --from "$dir/bundle" --node-name "$name" \
                    ${ROOT:+--slurm-version "$(root_release)"} | grep '^NodeName=') \

@@ -11,6 +11,8 @@ from gpuslurm.gres.records import GresOptions, plan_gres
 from gpuslurm.gres.render import gres_summary, render_gres_conf
 from gpuslurm.hw.model.node import Node
 from gpuslurm.hw.source import load_node
+from gpuslurm.slurm.mig_types import mig_naming
+from gpuslurm.slurm.version import SlurmVersion
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +150,45 @@ def test_template_cache_refuses_a_planted_directory(tmp_path, monkeypatch, dgx: 
     text = render_gres_conf(dgx, GresOptions())
     assert "File=/dev/nvidia7" in text
     assert list(elsewhere.iterdir()) == []
+
+
+def test_numa_cores_on_a_release_without_the_socket_check(a100: Node) -> None:
+    """22.05 takes a GPU's NUMA cores (a100-mig: 16 of a socket's 64), the closest affinity."""
+    plan = plan_gres(a100, GresOptions(mig=mig_naming(SlurmVersion(22, 5, 8), "test")))
+    assert {r.cores_text for r in plan.gpu_records} == {"48-63", "112-127"}
+    assert not any("whole sockets" in n for n in plan.notes)
+    assert not any("--slurm-version" in n for n in plan.notes)
+
+
+def test_unknown_release_keeps_numa_cores_and_says_why(a100: Node, dgx: Node) -> None:
+    plan = plan_gres(a100, GresOptions())  # no slurmd, no --slurm-version
+    assert {r.cores_text for r in plan.gpu_records} == {"48-63", "112-127"}
+    assert any("INVAL" in n and "--slurm-version" in n for n in plan.notes)
+    assert not any("--slurm-version" in n for n in plan_gres(dgx, GresOptions()).notes)  # whole sockets
+
+
+@pytest.mark.parametrize("release", [SlurmVersion(24, 11, 5), SlurmVersion(26, 5, 5)])
+def test_cores_are_whole_sockets_where_slurm_checks_them(a100: Node, release: SlurmVersion) -> None:
+    """24.11 and later set the node INVAL on Cores=48-63 ("doesn't match socket boundaries")."""
+    opts = GresOptions(node_name="n1", mig=mig_naming(release, "test"))
+    plan = plan_gres(a100, opts)
+    assert {r.cores_text for r in plan.gpu_records} == {"0-63", "64-127"}
+    assert all(plan.core_map.is_whole_sockets(r.cores or ()) for r in plan.gpu_records)
+    text = render_gres_conf(a100, opts)
+    assert "# Note: Cores= widened to whole sockets" in text and "48-63 -> 0-63" in text
+    assert check_gres_conf(plan, parse_gres_conf(text, "g", "n1")) == []
+
+
+def test_check_flags_numa_cores_as_the_reason_for_inval(a100: Node) -> None:
+    old = render_gres_conf(a100, GresOptions(node_name="n1", mig=mig_naming(SlurmVersion(26, 5, 5), "t")))
+    numa = old.replace("Cores=0-63", "Cores=48-63").replace("Cores=64-127", "Cores=112-127")
+    plan = plan_gres(a100, GresOptions(node_name="n1", mig=mig_naming(SlurmVersion(26, 5, 5), "t")))
+    problems = check_gres_conf(plan, parse_gres_conf(numa, "g", "n1"))
+    assert problems and all(p.kind == "cores" for p in problems)
+    assert len(problems) == len(plan.gpu_records)  # one finding per line
+    assert "not whole sockets (socket 0 is cores 0-63)" in problems[0].message
+    assert "INVAL" in problems[0].message and "Cores=0-63" in problems[0].message
+    # the same file is right for 22.05
+    plan22 = plan_gres(a100, GresOptions(node_name="n1", mig=mig_naming(SlurmVersion(26, 5, 5), "t")
+                                         ._replace(whole_sockets=False)))
+    assert check_gres_conf(plan22, parse_gres_conf(numa, "g", "n1")) == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuslurm.hw.model.node import Cpu
 from gpuslurm.ranges import MAX_CPUS, parse_ranges
@@ -77,3 +79,23 @@ def test_format_ranges(ids: list[int], text: str) -> None:
 def test_parse_ranges_rejects(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_ranges(bad, MAX_CPUS)
+
+
+def test_whole_sockets_widens_a_numa_range_to_its_socket() -> None:
+    cmap = core_map(dgx_h100_cpus())
+    assert cmap.is_whole_sockets(range(0, 56)) and cmap.is_whole_sockets(range(0, 112))
+    assert not cmap.is_whole_sockets(range(48, 56))
+    assert format_ranges(cmap.whole_sockets([48, 49])) == "0-55"
+    assert format_ranges(cmap.whole_sockets([50, 60])) == "0-111"
+
+
+@given(sockets=st.integers(1, 8), per_socket=st.integers(1, 64), data=st.data())
+def test_whole_sockets_properties(sockets: int, per_socket: int, data: st.DataObject) -> None:
+    cpus = [Cpu(n, n, n // per_socket, n // per_socket) for n in range(sockets * per_socket)]
+    cmap = core_map(cpus)
+    cores = data.draw(st.sets(st.integers(0, sockets * per_socket - 1), min_size=1))
+    whole = cmap.whole_sockets(cores)
+    assert set(cores) <= set(whole)  # never narrower than the GPU's cores
+    assert cmap.is_whole_sockets(whole) and cmap.whole_sockets(whole) == whole  # idempotent
+    assert len(whole) % per_socket == 0  # whole sockets only
+    assert cmap.is_whole_sockets(cores) == (tuple(sorted(cores)) == whole)

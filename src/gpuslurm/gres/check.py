@@ -7,7 +7,7 @@ line, the device and what the hardware says instead, so an admin can fix it by h
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuslurm.gres.conf_parse import ConfEntry
 from gpuslurm.gres.records import GresPlan, GresRecord
@@ -44,6 +44,9 @@ def check_gres_conf(plan: GresPlan, entries: tuple[ConfEntry, ...]) -> list[Mism
             out.append(Mismatch("extra", entry.line, f"{_show(entry.files)} is not a GPU of this node"))
             continue
         seen.add(key)
+        if plan.whole_sockets and entry.cores is not None and not plan.core_map.is_whole_sockets(entry.cores):
+            out.append(_split_socket(entry, plan))
+            entry = replace(entry, cores=record.cores)  # one finding per line, not a second one
         out.extend(_compare(entry, record, by_index))
     for key, record in expected.items():
         if key not in seen:
@@ -99,6 +102,16 @@ def _cores_mismatch(entry: ConfEntry, record: GresRecord, by_index: dict[int, Gr
         hint = " (these are OS CPU ids, as nvidia-smi prints them, not Slurm core ids)"
     return Mismatch("cores", entry.line, f"{_show(entry.files)} has {have} but {_describe(record)} is "
                     f"closest to Cores={record.cores_text}{hint}")
+
+
+def _split_socket(entry: ConfEntry, plan: GresPlan) -> Mismatch:
+    cmap = plan.core_map
+    first = min(entry.cores or (0,)) // cmap.cores_per_socket
+    span = cmap.socket_cores(first)
+    return Mismatch("cores", entry.line, f"Cores={format_ranges(entry.cores or ())} is not whole sockets "
+                    f"(socket {first} is cores {span.start}-{span.stop - 1}): Slurm 24.11 and later set the "
+                    "node INVAL (\"GRES core specification ... doesn't match socket boundaries\"); write "
+                    f"Cores={format_ranges(cmap.whole_sockets(entry.cores or ()))}")
 
 
 def _describe(record: GresRecord) -> str:

@@ -4,7 +4,9 @@ Decisions, each also in the README:
 
 - GPUs in PCI bus order (= NVML index order), ``File=/dev/nvidia<minor>``: the minor number is
   what names the device file, and it differs from the index on real machines.
-- ``Cores=`` in Slurm's abstract core numbering (see ``gpuslurm.topo.cores``).
+- ``Cores=`` in Slurm's abstract core numbering (see ``gpuslurm.topo.cores``): the cores of the
+  GPU's NUMA node, or, for Slurm 24.11 and later (``MigNaming.whole_sockets``), the whole sockets
+  that hold them, since those releases set a node INVAL whose Cores= splits a socket.
 - ``Type=`` as AutoDetect=nvml would name it, so a site can switch to AutoDetect later without
   renaming anything in its partitions, QOS or job scripts. MIG Types differ between Slurm
   releases: the caller says which release through ``GresOptions.mig`` (gpuslurm.slurm.mig_types).
@@ -32,12 +34,16 @@ from gpuslurm.topo.cores import CoreMap, LayoutError, core_map, format_ranges
 
 
 class MigNaming(NamedTuple):
-    """What the target Slurm release does with MIG devices (gpuslurm.slurm.mig_types builds it)."""
+    """What the target Slurm release does with MIG devices and ``Cores=`` (gpuslurm.slurm.mig_types
+    builds it)."""
 
     # (parent GPU's NVML name, MIG device) -> the GRES Type AutoDetect=nvml gives it
     type_of: Callable[[str, MigDevice], str] = autodetect_mig_type
     splits_shared: bool = True  # Slurm bug 17482: MultipleFiles split per file with mps/shard
     release: str | None = None  # for the generated file's note; None: not said
+    # Slurm 24.11 and later set a node INVAL whose gres.conf Cores= is not whole sockets ("GRES core
+    # specification ... doesn't match socket boundaries"): widen each GPU's cores to its sockets
+    whole_sockets: bool = False
 
 
 class GresOptions(NamedTuple):
@@ -94,6 +100,7 @@ class GresPlan(NamedTuple):
     records: tuple[GresRecord, ...]
     notes: tuple[str, ...]
     core_map: CoreMap
+    whole_sockets: bool = False  # the target Slurm refuses Cores= that are not whole sockets
 
     @property
     def gpu_records(self) -> tuple[GresRecord, ...]:
@@ -150,8 +157,13 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
         notes.append("Links=: every GPU pair has the same NVLink count (NVSwitch); written as counted")
 
     records: list[GresRecord] = []
+    widened: list[str] = []
     for gpu in gpus:
         cores = gpu_cores(node, cmap, gpu)
+        if opts.mig.whole_sockets and not cmap.is_whole_sockets(cores):
+            whole = cmap.whole_sockets(cores)
+            widened.append(f"GPU {gpu.index} {format_ranges(cores)} -> {format_ranges(whole)}")
+            cores = whole
         if gpu.mig_mode:
             if not gpu.mig_devices:
                 notes.append(f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode with no MIG devices: "
@@ -168,6 +180,14 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
                           for peer in gpus)
         records.append(GresRecord("gpu", gpu, type=autodetect_type(gpu.name),
                                   files=(f"{dev}{gpu.device_file}",), cores=cores, links=links))
+    release_unknown = opts.mig.release is None or opts.mig.release.startswith("unknown")
+    if release_unknown and any(r.cores is not None and not cmap.is_whole_sockets(r.cores) for r in records):
+        notes.append("Cores= are the GPUs' NUMA cores, which split a socket: Slurm 24.11 and later set "
+                     "such a node INVAL; give --slurm-version to write what your release takes")
+    if widened:
+        notes.append("Cores= widened to whole sockets: Slurm 24.11 and later set a node INVAL whose "
+                     "Cores= splits a socket (\"doesn't match socket boundaries\"); the GPUs' NUMA "
+                     f"cores were narrower ({'; '.join(widened)}); see docs/gres.md")
     for name, count in (("mps", opts.mps), ("shard", opts.shard)):
         if count is None:
             continue
@@ -177,7 +197,7 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
         if len(plain) < len(gpus):
             notes.append(f"no {name} on MIG-enabled GPUs")
         records.extend(GresRecord(name, g, files=(f"{dev}{g.device_file}",), count=count) for g in plain)
-    return GresPlan(tuple(records), tuple(notes), cmap)
+    return GresPlan(tuple(records), tuple(notes), cmap, opts.mig.whole_sockets)
 
 
 def _mig_record(node: Node, gpu: Gpu, mig: MigDevice, cores: tuple[int, ...], dev: str,

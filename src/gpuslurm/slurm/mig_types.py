@@ -27,6 +27,9 @@ from gpuslurm.slurm.version import parse_slurm_version as parse_slurm_version
 
 NVML_PROFILE_NAMES = SlurmVersion(23, 2, 6)  # MIG Types take NVIDIA's profile names
 SHARED_MIG_FIXED = SlurmVersion(23, 2, 7)  # bug 17482 fixed
+# The first release we run that sets a node INVAL whose gres.conf Cores= is not whole sockets
+# (24.11.5 and 26.05.5 do, in the test cluster; 22.05.8 takes NUMA ranges; 23.x not tried)
+SOCKET_BOUNDARY_CHECK = SlurmVersion(24, 11, 0)
 
 
 def nvml_profile_type(gpu_name: str, mig: MigDevice) -> str:
@@ -41,7 +44,8 @@ def mig_naming(version: SlurmVersion, source: str) -> MigNaming:
     """How ``version`` names and counts MIG devices; ``source`` says where the version came from."""
     newer = version >= NVML_PROFILE_NAMES
     return MigNaming(type_of=nvml_profile_type if newer else autodetect_mig_type,
-                     splits_shared=version < SHARED_MIG_FIXED, release=f"{version} ({source})")
+                     splits_shared=version < SHARED_MIG_FIXED, release=f"{version} ({source})",
+                     whole_sockets=version >= SOCKET_BOUNDARY_CHECK)
 
 
 def later_naming(naming: MigNaming) -> MigNaming | None:

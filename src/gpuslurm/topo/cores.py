@@ -42,6 +42,20 @@ class CoreMap(NamedTuple):
             raise LayoutError(f"CPU ids {format_ranges(missing)} are not in the CPU list")
         return tuple(sorted({self.core_of_cpu[c] for c in os_cpus}))
 
+    def socket_cores(self, socket: int) -> range:
+        """The Slurm core ids of ``socket`` (Slurm's socket order, from 0)."""
+        return range(socket * self.cores_per_socket, (socket + 1) * self.cores_per_socket)
+
+    def whole_sockets(self, cores: Iterable[int]) -> tuple[int, ...]:
+        """Every Slurm core of the sockets that hold any of ``cores``."""
+        sockets = sorted({c // self.cores_per_socket for c in cores})
+        return tuple(c for s in sockets for c in self.socket_cores(s))
+
+    def is_whole_sockets(self, cores: Iterable[int]) -> bool:
+        """Whether ``cores`` are whole sockets, as Slurm 24.11 and later require of Cores=."""
+        have = sorted(set(cores))
+        return list(self.whole_sockets(have)) == have
+
 
 def core_map(cpus: Iterable[Cpu]) -> CoreMap:
     """Number the cores of ``cpus`` as Slurm does. Raises LayoutError on an unusable layout."""
