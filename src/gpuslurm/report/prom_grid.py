@@ -61,12 +61,11 @@ _RULES = {
     "last_seen": ("max_over_time(job:gpuslurm_job_last_seen_timestamp_seconds:max_5m{m}[{r}])",) * 2,
     "allocated": ("max_over_time(device_job:gpuslurm_gpu_allocated:max_5m{m}[{r}])",) * 2,
     "monitor_interval": _RAW["monitor_interval"],  # one gauge a node: no rule needed
-    "job_util": (_job_util("device_job:gpuslurm_gpu_allocated:max_5m",
-                           "device:gpuslurm_gpu_utilization_ratio:sum_5m", "sum",
-                           round(RULE_STEP_S * 1000))[0],) * 2,
-    "job_samples": (_job_util("device_job:gpuslurm_gpu_allocated:max_5m",
-                              "device:gpuslurm_gpu_utilization_ratio:count_5m", "sum",
-                              round(RULE_STEP_S * 1000))[1],) * 2,
+    # per job: its devices' utilisation while it held them, and their samples (the per-user rules)
+    "job_util": ("sum by (node, job_id) ("
+                 "sum_over_time(job:gpuslurm_gpu_utilization_ratio_held:sum_5m{m}[{r}]))",) * 2,
+    "job_samples": ("sum by (node, job_id) ("
+                    "sum_over_time(job:gpuslurm_gpu_utilization_ratio_held:count_5m{m}[{r}]))",) * 2,
 }
 
 

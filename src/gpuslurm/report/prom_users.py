@@ -40,6 +40,11 @@ from gpuslurm.samples import Violation
 from gpuslurm.state.store_values import MAX_PCT, Checked
 
 D = "node, gpu_uuid, mig_uuid"
+# the shipped per-user 5-minute rules (packaging/gpuslurm-rules.yml, group gpuslurm_5m)
+IN_JOBS = "user:gpuslurm_gpu_utilization_ratio_in_jobs:sum_5m"
+HELD = "user:gpuslurm_gpu_utilization_ratio_held:sum_5m"
+OUTSIDE = "user:gpuslurm_gpu_utilization_ratio_outside_jobs:sum_5m"
+CLUSTER = "cluster:gpuslurm_gpu_utilization_ratio:sum_5m"
 
 
 class UserBuckets(NamedTuple):
@@ -61,21 +66,20 @@ class UserBuckets(NamedTuple):
     job_util: dict[tuple[str, str], float]  # (node, job) → its devices' mean utilisation (0-1)
 
 
-def _templates(grid: Grid, every: float) -> dict[str, tuple[str, str]]:
-    """The per-user sums, as (whole buckets, clipped buckets) templates of :meth:`Grid.matrix`."""
+def _templates(ruled: bool, every: float) -> dict[str, tuple[str, str]]:
+    """The per-user sums, as (whole buckets, clipped buckets) templates of :meth:`Grid.matrix`:
+    whole buckets from the per-user rules where they cover the window (``ruled``), else (and
+    clipped buckets) joined from raw samples."""
 
-    def parts(rules: bool) -> dict[str, str]:
-        r = "[{rr}]" if rules else "[{r}]"
+    def joined() -> dict[str, str]:
+        r = "[{r}]"
 
         def procs(sel: str) -> str:
-            return f"sum_over_time(device_job:gpuslurm_device_processes:count_5m{sel}{r})" if rules \
-                else f"count_over_time(gpuslurm_device_processes{sel}{r})"
-        util = f"sum_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m{{m}}{r})" if rules \
-            else f"sum_over_time(gpuslurm_gpu_utilization_ratio{{m}}{r})"
-        count = f"sum_over_time(device:gpuslurm_gpu_utilization_ratio:count_5m{{m}}{r})" if rules \
-            else f"count_over_time(gpuslurm_gpu_utilization_ratio{{m}}{r})"
-        held = f"max_over_time(device_job:gpuslurm_gpu_allocated:max_5m{{mj}}{r})" if rules \
-            else f"max_over_time(gpuslurm_gpu_allocated{{mj}}{r})"
+            return f"count_over_time(gpuslurm_device_processes{sel}{r})"
+        # by device alone: a scrape's instance and job labels are on some series and not others
+        util = f"sum by ({D}) (sum_over_time(gpuslurm_gpu_utilization_ratio{{m}}{r}))"
+        count = f"sum by ({D}) (count_over_time(gpuslurm_gpu_utilization_ratio{{m}}{r}))"
+        held = f"max by ({D}, job_id, user, account) (max_over_time(gpuslurm_gpu_allocated{{mj}}{r}))"
         # busy seconds: the summed utilisation × the interval (at most the mean × the bucket)
         busy = f"({util} * on ({D}) group_left() clamp_max({{s}} / {count}, {every!r}))"
 
@@ -96,8 +100,36 @@ def _templates(grid: Grid, every: float) -> dict[str, tuple[str, str]]:
             "bad": f"({util} / {count}) > {MAX_PCT / 100!r} or ({util} / {count}) < 0",
         }
 
-    whole, clipped = parts(grid.rules), parts(False)
-    return {k: (whole[k], clipped[k]) for k in whole}
+    clipped = joined()
+    if not ruled:
+        return {k: (v, v) for k, v in clipped.items()}
+    rr, e = "[{rr}]", f" * {every!r}"
+    return {
+        "in_jobs": (f"sum by (user, account) (sum_over_time({IN_JOBS}{rr})){e}", clipped["in_jobs"]),
+        "held": (f"sum by (user, account) (sum_over_time({HELD}{rr})){e}", clipped["held"]),
+        "outside": (f"sum by (user) (sum_over_time({OUTSIDE}{rr})){e}", clipped["outside"]),
+        "total": (f"sum(sum_over_time({CLUSTER}{rr})){e}", clipped["total"]),
+        "bad": ("(sum by (D) (sum_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m{m}[{rr}])) / "
+                "sum by (D) (sum_over_time(device:gpuslurm_gpu_utilization_ratio:count_5m{m}[{rr}]))) "
+                f"> {MAX_PCT / 100!r}".replace("(D)", f"({D})"), clipped["bad"]),
+    }
+
+
+def _user_rules_cover(grid: Grid) -> bool:
+    """Whether the per-user rules cover the window: at its first and last whole bucket, the
+    cluster's sum is the devices' (rules added, or removed, within the window: no)."""
+    whole = [b for b in range(grid.n) if grid.whole(b)]
+    if not grid.rules or not whole:
+        return False
+    rr = f"[{ms(grid.step_s) - 1}ms]"
+    for b in {whole[0], whole[-1]}:
+        sums = [grid.prom.instant(q, grid.span(b)[1]) for q in (
+            f"sum(sum_over_time({CLUSTER}{rr}))",
+            f"sum(sum_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m{rr}))")]
+        got = [value(x[0]) if x else None for x in sums]
+        if got[0] is None or got[1] is None or abs(got[0] - got[1]) > 1e-9 * max(abs(got[1]), 1.0):
+            return False
+    return True
 
 
 def load_user_buckets(url: str, since: float, until: float, step_s: float,
@@ -123,7 +155,8 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
     share = max(1, math.ceil(len(nodes) / NODES_PER_QUERY))
     whole = Grid(prom, since, until, grid.start, step_s, grid.n, [""], grid.chunk_s / share, rules=grid.rules)
     whole.raw_chunk_s = grid.raw_chunk_s / share
-    t = _templates(whole, every)
+    ruled = _user_rules_cover(whole)
+    t = _templates(ruled, every)
     found = _short(whole, every)
     if found is None:
         return None
@@ -139,8 +172,9 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
             mine[b] = mine.get(b, 0.0) + x
     outside = {label(key, "user"): cells for key, cells in whole.matrix(*t["outside"]).items()}
     total = next(iter(whole.matrix(*t["total"]).values()), {})
-    measured = {(m.get("node", ""), m.get("job_id", "")): v for m, v in grid.over_chunks("job_samples")}
-    busy = {(m.get("node", ""), m.get("job_id", "")): v for m, v in grid.over_chunks("job_util")}
+    jobs = grid if ruled else window_grid(prom, since, until, step_s, nodes, every, rules=False)
+    measured = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_samples")}
+    busy = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_util")}
     job_util = {job: busy.get(job, 0.0) / n for job, n in measured.items() if n > 0}
     gaps = _gaps(grid, _node_samples(short, whole, width, every), {node: every for node in nodes})
     return UserBuckets(here, since, until, grid.start, step_s, gpus, allocations,

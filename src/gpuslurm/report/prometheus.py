@@ -136,11 +136,11 @@ def node_groups(nodes: list[str]) -> list[str]:
 
 
 def window_grid(prom: PrometheusClient, since: float, until: float, step_s: float, nodes: list[str],
-                scrape_s: float) -> Grid:
-    """The window's buckets, on the 5-minute rules' grid where the rules cover it, else on the
-    step's own grid from raw samples; requests per node group (:func:`node_groups`)."""
+                scrape_s: float, rules: bool = True) -> Grid:
+    """The window's buckets, on the 5-minute rules' grid where the rules cover it, else (or not
+    ``rules``) on the step's own grid from raw samples; requests per node group (:func:`node_groups`)."""
     groups = node_groups(nodes)
-    phase = _rule_phase(prom, since, until, step_s, groups[0])
+    phase = _rule_phase(prom, since, until, step_s, groups[0]) if rules else None
     start = bucket_start(since, step_s) if phase is None else \
         phase + math.floor((since - phase) / step_s) * step_s
     n = bucket_count(start, until, step_s)

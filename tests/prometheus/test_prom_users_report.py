@@ -1,0 +1,99 @@
+"""The report by user and by account from Prometheus' per-user sums (report/prom_users): the
+per-device report's numbers, and the store's, from points per user instead of per device.
+
+The same three nodes as test_prom_rules_report (jobs that end and start inside buckets, a device
+busy with no job on it, a window not on the scrapes' grid), backfilled with promtool, with the
+shipped rules evaluated over them by promtool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.helpers.prom_backfill import backfilled
+from tests.prometheus.test_prom_rules_report import (
+    EVERY,
+    HOUR,
+    POLICY,
+    RULES,
+    SINCE,
+    STEP,
+    UNTIL,
+    _cluster,
+    _truth,
+    pytestmark,  # noqa: F401  (the same skip without Prometheus)
+)
+
+from gpuslurm.report import prom_users
+from gpuslurm.report.compute import Report, compute
+from gpuslurm.report.prom_client import PrometheusClient
+from gpuslurm.report.prometheus import load_prometheus
+from gpuslurm.report.user_report import compute_users
+
+
+def _answers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    seen: list[tuple[str, str, list[dict[str, Any]]]] = []
+    real = PrometheusClient._get
+
+    def recording(self: PrometheusClient, endpoint: str, params: dict[str, str],
+                  want: str) -> list[dict[str, Any]]:
+        got = real(self, endpoint, params, want)
+        seen.append((endpoint, params.get("query", ""), got))
+        return got
+
+    monkeypatch.setattr(PrometheusClient, "_get", recording)
+    return seen
+
+
+def _same(got: Report, per_device: Report, truth: Report) -> None:
+    """Allocated exact, used within 0.1 % of the per-device report's (and the store's within its
+    own tolerance: test_prom_rules_report), jobs, idle jobs and unmeasured time the same."""
+    mine, theirs = {r.key: r for r in per_device.rows}, {r.key: r for r in truth.rows}
+    assert {r.key for r in got.rows} == set(mine) == set(theirs)
+    for r in got.rows:
+        assert r.allocated_gpu_hours == pytest.approx(mine[r.key].allocated_gpu_hours, rel=1e-9), r.key
+        assert r.allocated_gpu_hours == pytest.approx(theirs[r.key].allocated_gpu_hours, rel=1e-9), r.key
+        # a bucket where a job ends on a device busy after it: the per-user sums split it by the
+        # processes' counts of the bucket, the per-device path by each job's part: two scrapes at most
+        two_scrapes = 2 * EVERY / 3600
+        assert r.used_gpu_hours == pytest.approx(mine[r.key].used_gpu_hours, rel=1e-3, abs=two_scrapes), r.key
+        assert abs(r.used_gpu_hours - theirs[r.key].used_gpu_hours) <= 2 * STEP / 3600, r.key
+        assert r.unmeasured_gpu_hours == pytest.approx(mine[r.key].unmeasured_gpu_hours, abs=1e-9), r.key
+        assert (r.jobs, r.idle_jobs) == (mine[r.key].jobs, mine[r.key].idle_jobs), r.key
+        assert r.idle_gpu_hours == pytest.approx(mine[r.key].idle_gpu_hours, abs=STEP / 3600), r.key
+    assert got.totals.gpus == per_device.totals.gpus
+    assert got.totals.used_gpu_hours == pytest.approx(per_device.totals.used_gpu_hours, rel=1e-9)
+    assert got.totals.allocated_gpu_hours == pytest.approx(per_device.totals.allocated_gpu_hours, rel=1e-12)
+
+
+@pytest.mark.parametrize("rules_start", [HOUR, HOUR + 3600], ids=["per-user rules", "rules begin late: raw"])
+def test_the_report_by_user_from_prometheus_sums_is_the_per_device_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rules_start: float) -> None:
+    """By user and by account: the per-user sums give the per-device report's numbers (and the
+    store's), and no answer to a bucketed query holds a series per device: its points are users
+    (or accounts) × buckets. Where the rules begin inside the window, the sums are joined from raw
+    samples, with the same result."""
+    store = _truth(tmp_path)
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False,
+                    rules=RULES, rules_start=rules_start) as url:
+        answers = _answers(monkeypatch)
+        users = prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
+        asked = list(answers)
+        data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    assert users is not None
+    for by in ("user", "account"):
+        _same(compute_users(users, by, POLICY), compute(data, by, POLICY), compute(store, by, POLICY))
+    ranged = [(q, got) for endpoint, q, got in asked if endpoint == "query_range"]
+    assert ranged
+    assert not any("gpu_uuid" in (r.get("metric") or {}) for _, got in ranged for r in got)
+    assert all(len(got) <= 3 for _, got in ranged)  # alice, bob, carol at most
+    read_rules = any(prom_users.IN_JOBS in q for q, _ in ranged)
+    assert read_rules == (rules_start == HOUR)
+
+
+def test_per_process_series_take_the_per_device_path(tmp_path: Path) -> None:
+    """Per-process series split a device by each process's SM utilisation: the per-user sums
+    cannot, so they answer None (the caller reads per device)."""
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=True) as url:
+        assert prom_users.load_user_buckets(url, SINCE, UNTIL, STEP) is None
