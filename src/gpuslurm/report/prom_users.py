@@ -45,6 +45,9 @@ IN_JOBS = "user:gpuslurm_gpu_utilization_ratio_in_jobs:sum_5m"
 HELD = "user:gpuslurm_gpu_utilization_ratio_held:sum_5m"
 OUTSIDE = "user:gpuslurm_gpu_utilization_ratio_outside_jobs:sum_5m"
 CLUSTER = "cluster:gpuslurm_gpu_utilization_ratio:sum_5m"
+# a sum joined from raw samples reads about this many selectors' samples: its requests cover as
+# much less of the window as the per-device path's
+JOINED = 6
 
 
 class UserBuckets(NamedTuple):
@@ -154,24 +157,26 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
     # no request reads more samples than the per-device path's
     share = max(1, math.ceil(len(nodes) / NODES_PER_QUERY))
     whole = Grid(prom, since, until, grid.start, step_s, grid.n, [""], grid.chunk_s / share, rules=grid.rules)
-    whole.raw_chunk_s = grid.raw_chunk_s / share
+    whole.raw_chunk_s = grid.raw_chunk_s / share / JOINED
     ruled = _user_rules_cover(whole)
     t = _templates(ruled, every)
+    joined = not ruled  # whole buckets joined from raw samples: the shorter requests
     found = _short(whole, every)
     if found is None:
         return None
     short, gpus, width = found
     check = Checked(here, "series")
-    for key, cells in whole.matrix(*t["bad"]).items():  # refused as the per-device path refuses it
+    for key, cells in whole.matrix(*t["bad"], raw=joined).items():  # refused as per device
         checked(check, cells, "gpuslurm_gpu_utilization_ratio", key)
     allocations = _allocations(grid, {node: every for node in nodes})
     in_jobs: dict[tuple[str, str], dict[int, float]] = {}
-    for key, cells in (*whole.matrix(*t["in_jobs"]).items(), *whole.matrix(*t["held"]).items()):
+    for key, cells in (*whole.matrix(*t["in_jobs"], raw=joined).items(),
+                       *whole.matrix(*t["held"], raw=joined).items()):
         mine = in_jobs.setdefault((label(key, "user"), label(key, "account")), {})
         for b, x in cells.items():
             mine[b] = mine.get(b, 0.0) + x
-    outside = {label(key, "user"): cells for key, cells in whole.matrix(*t["outside"]).items()}
-    total = next(iter(whole.matrix(*t["total"]).values()), {})
+    outside = {label(key, "user"): cells for key, cells in whole.matrix(*t["outside"], raw=joined).items()}
+    total = next(iter(whole.matrix(*t["total"], raw=joined).values()), {})
     jobs = grid if ruled else window_grid(prom, since, until, step_s, nodes, every, rules=False)
     measured = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_samples")}
     busy = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_util")}
