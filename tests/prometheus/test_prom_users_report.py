@@ -7,10 +7,12 @@ shipped rules evaluated over them by promtool."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from tests.helpers.prom_backfill import backfilled
 from tests.prometheus.test_prom_rules_report import (
     EVERY,
@@ -25,6 +27,7 @@ from tests.prometheus.test_prom_rules_report import (
     pytestmark,  # noqa: F401  (the same skip without Prometheus)
 )
 
+from gpuslurm.cli.report_cmd import fairshare_report
 from gpuslurm.report import prom_users
 from gpuslurm.report.compute import Report, compute
 from gpuslurm.report.prom_client import PrometheusClient
@@ -97,3 +100,35 @@ def test_per_process_series_take_the_per_device_path(tmp_path: Path) -> None:
     cannot, so they answer None (the caller reads per device)."""
     with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=True) as url:
         assert prom_users.load_user_buckets(url, SINCE, UNTIL, STEP) is None
+
+
+def test_the_report_command_by_account_reads_the_sums(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fairshare-report --by account --source prometheus:`` takes the per-user sums (no bucketed
+    answer holds a series per device); with ``--plot`` (per-device charts), the per-device path
+    (its answers do): the same rows."""
+    (tmp_path / "gpuslurm.toml").write_text("")
+    monkeypatch.setenv("GPUSLURM_CONFIG", str(tmp_path / "gpuslurm.toml"))
+    docs, per_device_answers = [], []
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False,
+                    rules=RULES, rules_start=HOUR) as url:
+        for plot in ((), ("--plot", str(tmp_path / "charts.html"))):
+            answers = _answers(monkeypatch)
+            done = CliRunner().invoke(fairshare_report, [
+                "--since", f"@{SINCE}", "--until", f"@{UNTIL}", "--step", str(STEP), "--by", "account",
+                "--source", f"prometheus:{url}", "--format", "json", *plot], catch_exceptions=False)
+            assert done.exit_code == 0, done.output
+            docs.append(json.loads(done.stdout))
+            per_device_answers.append(any("gpu_uuid" in (r.get("metric") or {})
+                                          for endpoint, _, got in answers if endpoint == "query_range"
+                                          for r in got))
+            monkeypatch.undo()
+            monkeypatch.setenv("GPUSLURM_CONFIG", str(tmp_path / "gpuslurm.toml"))
+    assert per_device_answers == [False, True]
+    sums, per_device = ({r["key"]: r for r in d["rows"]} for d in docs)
+    assert set(sums) == set(per_device) >= {"phys", "chem"}
+    for key, row in sums.items():
+        assert row["allocated_gpu_hours"] == pytest.approx(per_device[key]["allocated_gpu_hours"], abs=1e-4)
+        assert row["used_gpu_hours"] == pytest.approx(per_device[key]["used_gpu_hours"], rel=1e-3,
+                                                      abs=2 * EVERY / 3600 + 1e-4)
+    assert docs[0]["totals"]["gpus"] == docs[1]["totals"]["gpus"] == 6
