@@ -13,9 +13,10 @@
 2. Backfills them with ``promtool tsdb create-blocks-from openmetrics`` into a temporary TSDB and
    starts ``/usr/bin/prometheus`` (2.42 here) on 127.0.0.1 with its default query limits
    (``--query.max-samples`` 50 M, ``--query.timeout`` 2 min).
-3. Runs the report (``load_prometheus`` + ``compute --by user``) in a child process ``--runs``
-   times: wall time, the child's own peak RSS (``getrusage(RUSAGE_SELF)`` in it) and
-   Prometheus' (VmHWM).
+3. Runs the report by user as ``fairshare-report`` does (Prometheus' per-user sums:
+   ``load_user_buckets`` + ``compute_users``; ``--per-device``: ``load_prometheus`` + ``compute``)
+   in a child process ``--runs`` times: wall time, the requests and the points they answered, the
+   child's own peak RSS (``getrusage(RUSAGE_SELF)`` in it) and Prometheus' (VmHWM).
 4. Checks the report against the generator's truth: allocated GPU-hours per user exact (1e-6 h),
    used within 0.1 %.
 
@@ -23,7 +24,7 @@ With ``--rules`` (the default), the shipped 5-minute group (``gpuslurm_5m`` of
 packaging/gpuslurm-rules.yml) is then evaluated over the backfilled samples by ``promtool tsdb
 create-blocks-from rules`` (never by the generator), its blocks join the TSDB, and the report
 reads them (step: a whole number of 5 minutes); ``--raw`` makes the report read the raw samples
-of the same TSDB. Nothing asserts on time.
+of the same TSDB (the per-user sums then joined from them). Nothing asserts on time.
 """
 
 from __future__ import annotations
