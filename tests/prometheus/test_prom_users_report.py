@@ -28,6 +28,7 @@ from tests.prometheus.test_prom_rules_report import (
 )
 
 from gpuslurm.cli.report_cmd import fairshare_report
+from gpuslurm.errors import InputError
 from gpuslurm.report import prom_users
 from gpuslurm.report.compute import Report, compute
 from gpuslurm.report.prom_client import PrometheusClient
@@ -132,3 +133,23 @@ def test_the_report_command_by_account_reads_the_sums(tmp_path: Path,
         assert row["used_gpu_hours"] == pytest.approx(per_device[key]["used_gpu_hours"], rel=1e-3,
                                                       abs=2 * EVERY / 3600 + 1e-4)
     assert docs[0]["totals"]["gpus"] == docs[1]["totals"]["gpus"] == 6
+
+
+@pytest.mark.parametrize("rules_start", [None, "late"], ids=["per-user rules", "joined from raw samples"])
+def test_a_utilisation_above_one_is_refused_by_the_sums_too(tmp_path: Path,
+                                                           rules_start: str | None) -> None:
+    """A broken (or forged) exporter says a GPU was 1.7 busy for 10 minutes: the per-user sums
+    refuse it as the per-device path and the store do (one validation), naming the series, exit 2."""
+    cycles = _cluster()
+    gpu = cycles[200].gpus[1].gpu_uuid
+    for i in range(200, 220):  # node n1's G1, cycles 200-219
+        c = cycles[i]
+        cycles[i] = c._replace(gpus=(c.gpus[0], c.gpus[1]._replace(util_pct=170.0)))
+    with backfilled(tmp_path / "prom", ((c, ()) for c in cycles), per_process=False, rules=RULES,
+                    rules_start=HOUR if rules_start is None else HOUR + 3600) as url, \
+            pytest.raises(InputError) as exc:
+        prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
+    message = str(exc.value)
+    assert "damaged series: gpuslurm_gpu_utilization_ratio{" in message and gpu in message, message
+    assert "not a number in 0..100" in message and "\n" not in message
+    assert exc.value.exit_code == 2

@@ -107,14 +107,14 @@ def _templates(ruled: bool, every: float) -> dict[str, tuple[str, str]]:
     if not ruled:
         return {k: (v, v) for k, v in clipped.items()}
     rr, e = "[{rr}]", f" * {every!r}"
+    mean = (f"(sum by ({D}) (sum_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m{{m}}{rr})) / "
+            f"sum by ({D}) (sum_over_time(device:gpuslurm_gpu_utilization_ratio:count_5m{{m}}{rr})))")
     return {
         "in_jobs": (f"sum by (user, account) (sum_over_time({IN_JOBS}{rr})){e}", clipped["in_jobs"]),
         "held": (f"sum by (user, account) (sum_over_time({HELD}{rr})){e}", clipped["held"]),
         "outside": (f"sum by (user) (sum_over_time({OUTSIDE}{rr})){e}", clipped["outside"]),
         "total": (f"sum(sum_over_time({CLUSTER}{rr})){e}", clipped["total"]),
-        "bad": ("(sum by (D) (sum_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m{m}[{rr}])) / "
-                "sum by (D) (sum_over_time(device:gpuslurm_gpu_utilization_ratio:count_5m{m}[{rr}]))) "
-                f"> {MAX_PCT / 100!r}".replace("(D)", f"({D})"), clipped["bad"]),
+        "bad": (f"{mean} > {MAX_PCT / 100!r} or {mean} < 0", clipped["bad"]),
     }
 
 
@@ -220,8 +220,9 @@ def _short(grid: Grid, every: float) -> tuple[Matrix, int, dict[str, int]] | Non
     fit = math.floor(grid.step_s / every + 1e-9)
     whole = [b for b in range(grid.n) if grid.whole(b)]
     devices = grid.matrix(f"count({count})", f"count({raw})")
-    seen = {c for b, c in next(iter(devices.values()), {}).items() if grid.whole(b)}
-    if not whole or len(seen) != 1 or sum(grid.whole(b) for b in next(iter(devices.values()))) != len(whole):
+    counted = next(iter(devices.values()), {})
+    seen = {c for b, c in counted.items() if grid.whole(b)}
+    if not whole or len(seen) != 1 or sum(grid.whole(b) for b in counted) != len(whole):
         return None
     at = grid.span(whole[0])[1]
     width = {(r.get("metric") or {}).get("node", ""): round(value(r) or 0.0) for r in grid.prom.instant(
