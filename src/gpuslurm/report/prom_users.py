@@ -107,8 +107,8 @@ def _templates(ruled: bool, every: float) -> dict[str, tuple[str, str]]:
     if not ruled:
         return {k: (v, v) for k, v in clipped.items()}
     rr, e = "[{rr}]", f" * {every!r}"
-    mean = (f"(sum by ({D}) (sum_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m{{m}}{rr})) / "
-            f"sum by ({D}) (sum_over_time(device:gpuslurm_gpu_utilization_ratio:count_5m{{m}}{rr})))")
+    mean = (f"(sum_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m{{m}}{rr}) / "
+            f"sum_over_time(device:gpuslurm_gpu_utilization_ratio:count_5m{{m}}{rr}))")
     return {
         "in_jobs": (f"sum by (user, account) (sum_over_time({IN_JOBS}{rr})){e}", clipped["in_jobs"]),
         "held": (f"sum by (user, account) (sum_over_time({HELD}{rr})){e}", clipped["held"]),
