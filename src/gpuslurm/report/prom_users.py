@@ -161,12 +161,13 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
     ruled = _user_rules_cover(whole)
     t = _templates(ruled, every)
     joined = not ruled  # whole buckets joined from raw samples: the shorter requests
-    found = _short(whole, every)
+    found = _short(whole, grid, every)
     if found is None:
         return None
     short, gpus, width = found
     check = Checked(here, "series")
-    for key, cells in whole.matrix(*t["bad"], raw=joined).items():  # refused as per device
+    # per device: in requests of a node group each, as the per-device path's, 4 at a time
+    for key, cells in grid.matrix(*t["bad"], raw=joined).items():  # refused as per device
         checked(check, cells, "gpuslurm_gpu_utilization_ratio", key)
     allocations = _allocations(grid, {node: every for node in nodes})
     in_jobs: dict[tuple[str, str], dict[int, float]] = {}
@@ -210,10 +211,11 @@ def _one_interval(grid: Grid, targets: dict[str, float]) -> float | None:
     return every.pop() if len(every) == 1 and None not in every else None
 
 
-def _short(grid: Grid, every: float) -> tuple[Matrix, int, dict[str, int]] | None:
+def _short(grid: Grid, by_node: Grid, every: float) -> tuple[Matrix, int, dict[str, int]] | None:
     """The device-buckets sampled only in part (whole buckets with fewer samples than fit; every
-    device of a clipped bucket), the devices and each node's; None when a device is missing from
-    whole buckets of the window (a node's monitor down, a node added or gone)."""
+    device of a clipped bucket; read per node group of ``by_node``), the devices and each node's;
+    None when a device is missing from whole buckets of the window (a node's monitor down, a node
+    added or gone)."""
     count = f"sum_over_time({RULE_MEMORY}{{m}}[{{rr}}])" if grid.rules \
         else "count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])"
     raw = "count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])"
@@ -229,7 +231,7 @@ def _short(grid: Grid, every: float) -> tuple[Matrix, int, dict[str, int]] | Non
         f"count by (node) (count_over_time(gpuslurm_gpu_memory_total_bytes[{ms(grid.step_s)}ms]))", at)}
     if sum(width.values()) != seen.pop():
         return None
-    return grid.matrix(f"{count} < {fit}", raw), sum(width.values()), width
+    return by_node.matrix(f"{count} < {fit}", raw), sum(width.values()), width
 
 
 def _node_samples(short: Matrix, grid: Grid, width: dict[str, int], every: float) -> Matrix:
