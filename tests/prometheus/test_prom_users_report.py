@@ -8,24 +8,16 @@ shipped rules evaluated over them by promtool."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from tests.helpers.prom_backfill import backfilled
-from tests.prometheus.test_prom_rules_report import (
-    EVERY,
-    HOUR,
-    POLICY,
-    RULES,
-    SINCE,
-    STEP,
-    UNTIL,
-    _cluster,
-    _truth,
-    pytestmark,  # noqa: F401  (the same skip without Prometheus)
-)
+from tests.helpers.prom_backfill import PROMETHEUS, PROMTOOL, backfilled
+from tests.helpers.prom_rules_cycles import EVERY, HOUR, POLICY, RULES, SINCE, STEP, UNTIL
+from tests.helpers.prom_rules_cycles import cluster as _cluster
+from tests.helpers.prom_rules_cycles import truth as _truth
 
 from gpuslurm.cli.report_cmd import fairshare_report
 from gpuslurm.errors import InputError
@@ -34,6 +26,9 @@ from gpuslurm.report.compute import Report, compute
 from gpuslurm.report.prom_client import PrometheusClient
 from gpuslurm.report.prometheus import load_prometheus
 from gpuslurm.report.user_report import compute_users
+
+pytestmark = pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK)),
+                                reason="needs Debian's prometheus package (.ci/run installs it)")
 
 
 def _answers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, list[dict[str, Any]]]]:
