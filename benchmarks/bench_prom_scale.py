@@ -13,9 +13,10 @@
 2. Backfills them with ``promtool tsdb create-blocks-from openmetrics`` into a temporary TSDB and
    starts ``/usr/bin/prometheus`` (2.42 here) on 127.0.0.1 with its default query limits
    (``--query.max-samples`` 50 M, ``--query.timeout`` 2 min).
-3. Runs the report (``load_prometheus`` + ``compute --by user``) in a child process ``--runs``
-   times: wall time, the child's own peak RSS (``getrusage(RUSAGE_SELF)`` in it) and
-   Prometheus' (VmHWM).
+3. Runs the report by user as ``fairshare-report`` does (Prometheus' per-user sums:
+   ``load_user_buckets`` + ``compute_users``; ``--per-device``: ``load_prometheus`` + ``compute``)
+   in a child process ``--runs`` times: wall time, the requests and the points they answered, the
+   child's own peak RSS (``getrusage(RUSAGE_SELF)`` in it) and Prometheus' (VmHWM).
 4. Checks the report against the generator's truth: allocated GPU-hours per user exact (1e-6 h),
    used within 0.1 %.
 
@@ -23,7 +24,7 @@ With ``--rules`` (the default), the shipped 5-minute group (``gpuslurm_5m`` of
 packaging/gpuslurm-rules.yml) is then evaluated over the backfilled samples by ``promtool tsdb
 create-blocks-from rules`` (never by the generator), its blocks join the TSDB, and the report
 reads them (step: a whole number of 5 minutes); ``--raw`` makes the report read the raw samples
-of the same TSDB. Nothing asserts on time.
+of the same TSDB (the per-user sums then joined from them). Nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -53,21 +54,34 @@ MEM_TOTAL = 85_520_809_984
 REPORT = r"""
 import json, resource, sys, time
 t = time.perf_counter()
+import gpuslurm.report.prometheus as p
 from gpuslurm.report.compute import Policy, compute
-from gpuslurm.report.prometheus import load_prometheus
+from gpuslurm.report.prom_client import PrometheusClient
+from gpuslurm.report.prom_users import load_user_buckets
+from gpuslurm.report.user_report import compute_users
 url, since, until, step = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-if sys.argv[5] == "raw":
-    import gpuslurm.report.prometheus as p
+raw, per_device = "raw" in sys.argv[5], "devices" in sys.argv[5]
+if raw:
     p._rule_phase = lambda *args: None
-data = load_prometheus("prometheus:" + url, since, until, step)
+asked = {"requests": 0, "points": 0}
+real = PrometheusClient._get
+def counting(self, endpoint, params, want):
+    got = real(self, endpoint, params, want)
+    asked["requests"] += 1
+    asked["points"] += sum(len(r.get("values") or ()) or 1 for r in got) if isinstance(got, list) else 0
+    return got
+PrometheusClient._get = counting
+policy = Policy(quota_of=lambda user, account: 0.1, account_quotas={})
+users = None if per_device else load_user_buckets("prometheus:" + url, since, until, step)
+data = None if users is not None else p.load_prometheus("prometheus:" + url, since, until, step)
 t_load = time.perf_counter() - t
-report = compute(data, "user", Policy(quota_of=lambda user, account: 0.1, account_quotas={}))
+report = compute_users(users, "user", policy) if users is not None else compute(data, "user", policy)
 print(json.dumps({"load_s": t_load, "total_s": time.perf_counter() - t,
                   "rows": {r.key: [r.allocated_gpu_hours, r.used_gpu_hours] for r in report.rows},
-                  "gpus": len(data.gpus), "jobs": len(data.allocations),
+                  "path": "per-user sums" if users is not None else "per-device",
+                  "gpus": report.totals.gpus, "jobs": len((users or data).allocations), **asked,
                   "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
-
 
 def generate(path: Path, nodes: int, days: int, gpus: int, seed: int,
              window_days: float | None = None) -> dict[str, list[float]]:
@@ -254,6 +268,8 @@ def main() -> None:
     ap.add_argument("--window-days", type=float, help="report on the first this many days only")
     ap.add_argument("--no-rules", action="store_true", help="backfill no recording-rule series")
     ap.add_argument("--raw", action="store_true", help="the report reads raw samples, not the rules")
+    ap.add_argument("--per-device", action="store_true",
+                    help="the per-device path (a point per device and bucket), not Prometheus' per-user sums")
     ap.add_argument("--jobs", type=int, default=2, help="promtool backfills at once (default 2)")
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
@@ -298,8 +314,9 @@ def main() -> None:
               flush=True)
         for run in range(args.runs):
             t = time.perf_counter()
+            mode = ("raw" if args.raw else "rules") + ("-devices" if args.per_device else "")
             done = subprocess.run([sys.executable, "-c", REPORT, url, str(since), str(until), str(step),
-                                   "raw" if args.raw else "rules"],
+                                   mode],
                                   capture_output=True, text=True)
             wall = time.perf_counter() - t
             if done.returncode:
@@ -311,7 +328,8 @@ def main() -> None:
                         if line.startswith("VmHWM:")), "?")
             worst_alloc = max(abs(got["rows"].get(u, [0, 0])[0] - a) for u, (a, _) in truth.items())
             worst_used = max(abs(got["rows"].get(u, [0, 0])[1] - x) / x for u, (_, x) in truth.items() if x)
-            print(f"run {run + 1}: {wall:.1f} s wall (load {got['load_s']:.1f} s, report "
+            print(f"run {run + 1}: {got['path']}, {got['requests']} requests, {got['points']} points; "
+                  f"{wall:.1f} s wall (load {got['load_s']:.1f} s, report "
                   f"{got['total_s']:.1f} s "
                   f"in the child), child peak RSS {peak:.0f} MiB, Prometheus VmHWM "
                   f"{int(hwm) / 1024 if hwm != '?' else 0:.0f} MiB; {got['gpus']} GPUs, {got['jobs']} jobs; "

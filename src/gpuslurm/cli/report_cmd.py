@@ -11,9 +11,9 @@ from gpuslurm.config import Config, load_config
 from gpuslurm.errors import GpuslurmError, InputError
 from gpuslurm.policy.share import Quotas
 from gpuslurm.report.charts import write_plot
-from gpuslurm.report.compute import BY_CHOICES, Policy, compute, physical_gpus
-from gpuslurm.report.data import ReportData, auto_step
-from gpuslurm.report.query import load_sqlite
+from gpuslurm.report.compute import BY_CHOICES, Policy
+from gpuslurm.report.data import auto_step
+from gpuslurm.report.fairshare import fairshare
 from gpuslurm.report.render import FORMATS, write_report
 from gpuslurm.report.window import resolve_window
 from gpuslurm.slurm.sshare import quotas, read_shares
@@ -43,19 +43,23 @@ def fairshare_report(last: str | None, since: str | None, until: str | None, by:
         raise InputError("the chart file must end in .png or .html", source="--plot")
     cfg = load_config()
     step_s = step if step is not None else auto_step(lo, hi)
-    data = _load(_source(source, db, cfg), lo, hi, step_s)
-    share = cfg.detect.share
-    users, accounts = _slurm_quotas(cfg, data)
-    policy = Policy(Quotas(share, users).of, {**accounts, **dict(share.accounts)},
-                    busy_pct=share.threshold_pct, idle_pct=cfg.detect.idle.threshold_pct)
-    report = compute(data, by, policy)
+    report, data = fairshare(_source(source, db, cfg), lo, hi, step_s, by, lambda gpus: _policy(cfg, gpus),
+                             series=plot is not None)
     write_report(report, fmt, sys.stdout)
-    if plot is not None:
+    if plot is not None and data is not None:
         write_plot(plot, data, report)
         click.echo(f"wrote {plot}", err=True)
 
 
-def _slurm_quotas(cfg: Config, data: ReportData) -> tuple[dict[str, float] | None, dict[str, float]]:
+def _policy(cfg: Config, gpus: int) -> Policy:
+    """The config's (and, with ``quota_source = "slurm"``, Slurm's) judgement of ``gpus`` GPUs."""
+    share = cfg.detect.share
+    users, accounts = _slurm_quotas(cfg, gpus)
+    return Policy(Quotas(share, users).of, {**accounts, **dict(share.accounts)},
+                  busy_pct=share.threshold_pct, idle_pct=cfg.detect.idle.threshold_pct)
+
+
+def _slurm_quotas(cfg: Config, gpus: int) -> tuple[dict[str, float] | None, dict[str, float]]:
     """With ``quota_source = "slurm"``: Slurm's user and account quotas on the report's GPUs.
 
     A failed ``sshare`` is said on stderr; the report then judges by the config alone.
@@ -68,7 +72,7 @@ def _slurm_quotas(cfg: Config, data: ReportData) -> tuple[dict[str, float] | Non
         click.echo(f"gpuslurm fairshare-report: cannot read Slurm's shares, judging by [detect.share] "
                    f"alone: {exc}", err=True)
         return None, {}
-    q = quotas(found, cfg.detect.share.slurm_cluster_gpus, physical_gpus(data))
+    q = quotas(found, cfg.detect.share.slurm_cluster_gpus, gpus)
     return dict(q.users), dict(q.accounts)
 
 
@@ -80,16 +84,3 @@ def _source(source: str | None, db: str | None, cfg: Config) -> str:
     if db is not None:
         return f"sqlite:{db}"
     return f"sqlite:{cfg.monitor.db or default_path(cfg.paths.state_dir)}"
-
-
-def _load(source: str, since: float, until: float, step_s: float) -> ReportData:
-    kind, sep, where = source.partition(":")
-    if not sep or not where:
-        raise InputError(f"bad source {source!r}: use sqlite:PATH or prometheus:URL", source="--source")
-    if kind == "sqlite":
-        return load_sqlite(where, since, until, step_s)
-    if kind == "prometheus":
-        from gpuslurm.report.prometheus import load_prometheus  # urllib.request: ~0.1 s, only for this source
-
-        return load_prometheus(where, since, until, step_s)
-    raise InputError(f"unknown source kind {kind!r}: use sqlite:PATH or prometheus:URL", source="--source")

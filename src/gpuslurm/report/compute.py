@@ -31,147 +31,36 @@ Definitions (GPU-hours count a MIG device as its fraction of the physical GPU):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import NamedTuple, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
-from gpuslurm.policy.wording import pct, tenths
-from gpuslurm.report.data import AllocationSpan, Gap, GpuSeries, ProcSeries, ReportData, Sparse
-from gpuslurm.samples import Violation
+from gpuslurm.report.data import AllocationSpan, GpuSeries, ProcSeries, ReportData, Sparse
+from gpuslurm.report.rows import (
+    BY_CHOICES,
+    J_PER_KWH,
+    NO_ACCOUNT,
+    NO_JOB,
+    NOBODY,
+    Acc,
+    Groups,
+    Policy,
+    Report,
+    Row,
+    Totals,
+    Who,
+    make_row,
+    overlap,
+    proc_label,
+    recommendations,
+)
 
-BY_CHOICES = ("user", "account", "job", "process")
-NOBODY = "(nobody)"  # busy time with neither a process nor a job to pin it on
-NO_ACCOUNT = "(no account)"
-NO_JOB = "(no job)"
-
-
-J_PER_KWH = 3.6e6
-
-
-class Policy(NamedTuple):
-    """Quotas and thresholds the report judges by (built from the config by the CLI)."""
-
-    quota_of: Callable[[str, str | None], float]  # (user, account) → fraction of capacity, 0–1
-    account_quotas: Mapping[str, float]
-    busy_pct: float = 80.0  # a process above this is "hogging" (evidence lines)
-    idle_pct: float = 5.0  # an allocation whose mean utilisation is below this is idle
-    min_idle_gpu_hours: float = 0.25  # idle allocations smaller than this are not worth a word
-
-
-class Row(NamedTuple):
-    key: str  # the user, account, job id, or ``python (PID 12345, job 812)``
-    user: str | None
-    account: str | None
-    job_id: str | None
-    pid: int | None
-    node: str | None
-    allocated_gpu_hours: float
-    used_gpu_hours: float
-    idle_gpu_hours: float
-    unmeasured_gpu_hours: float
-    share_pct: float  # used / capacity
-    quota_pct: float | None  # None: no quota applies (an account without an entry)
-    over_quota: bool
-    jobs: int
-    idle_jobs: int
-    violations: int
-    rogue_processes: int  # distinct processes found running outside any job
-    evidence: tuple[str, ...]
-    outside_gpu_hours: float = 0.0  # of used: by processes in no job, or by nobody
-    # the energy of the GPUs the row's jobs held, shared by the time each job held them (whole
-    # GPUs; None: no energy known, and for process rows)
-    energy_kwh: float | None = None
-
-
-class Totals(NamedTuple):
-    hours: float
-    gpus: int  # physical GPUs seen in the window
-    capacity_gpu_hours: float
-    allocated_gpu_hours: float
-    used_gpu_hours: float
-    idle_gpu_hours: float
-    unmeasured_gpu_hours: float
-    utilisation_pct: float  # used / capacity
-    allocated_pct: float  # allocated / capacity
-    violations: int
-    outside_gpu_hours: float = 0.0  # of used: outside any job
-    energy_kwh: float | None = None  # every GPU's, allocated or not; None: unknown
-
-
-class Report(NamedTuple):
-    source: str
-    since: float
-    until: float
-    step_s: float
-    by: str
-    totals: Totals
-    rows: tuple[Row, ...]  # most used first
-    recommendations: tuple[str, ...]
-    times: tuple[float, ...]  # bucket midpoints, for charts
-    user_gpus: tuple[tuple[str, tuple[float, ...]], ...]  # per user: GPUs busy on average per bucket
-    gaps: tuple[Gap, ...] = ()  # a node's monitor down inside the window: its time there is unmeasured
-
-
-
-class Who(NamedTuple):
-    """Whom some GPU time belongs to; a row keeps the fields its grouping is about."""
-
-    user: str | None
-    account: str | None
-    job: str | None
-    pid: int | None
-    node: str | None
-    name: str | None
-
-
-class _Acc:
-    __slots__ = ("allocated", "busy_h", "energy_j", "idle", "jobs", "outside", "unmeasured", "used",
-                 "violations", "who")
-
-    def __init__(self, who: Who) -> None:
-        self.who = who
-        self.allocated = self.used = self.idle = self.unmeasured = self.outside = 0.0
-        self.energy_j: float | None = None
-        self.jobs: dict[tuple[str, str], bool] = {}  # (node, job id) → idle?
-        self.busy_h: dict[str, float] = {}  # process label → hours above busy_pct
-        self.violations: list[Violation] = []
-
-
-class _Groups:
-    """Accumulators keyed by the row they feed: user, account, job or process."""
-
-    def __init__(self, by: str) -> None:
-        self.by = by
-        self.accs: dict[str, _Acc] = {}
-
-    def key(self, w: Who) -> str:
-        if self.by == "user":
-            return w.user or NOBODY
-        if self.by == "account":
-            return w.account or (NO_ACCOUNT if w.user else NOBODY)
-        if self.by == "job":
-            return w.job or (NO_JOB if w.user else NOBODY)
-        if w.pid is None:
-            return f"(no process, job {w.job})" if w.job else NOBODY
-        return _label(w.name, w.pid, w.job)
-
-    def get(self, w: Who) -> _Acc:
-        k = self.key(w)
-        acc = self.accs.get(k)
-        if acc is None:
-            if self.by == "user":
-                w = Who(w.user, None, None, None, None, None)
-            elif self.by == "account":
-                w = Who(None, w.account, None, None, None, None)
-            elif self.by == "job":
-                w = Who(w.user, w.account, w.job, None, w.node if w.job else None, None)
-            acc = self.accs[k] = _Acc(w)
-        return acc
+__all__ = ["BY_CHOICES", "NOBODY", "NO_ACCOUNT", "NO_JOB", "Policy", "Report", "Row", "Totals", "compute",
+           "physical_gpus"]
 
 
 def physical_gpus(data: ReportData) -> int:
     """The physical GPUs the window saw: the capacity a share (and a quota) is a fraction of."""
     return len({(g.node, g.gpu_uuid) for g in data.gpus})
-
 
 def compute(data: ReportData, by: str, policy: Policy) -> Report:
     """Turn the window's series into rows grouped ``by`` user, account, job or process."""
@@ -205,10 +94,10 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
         user = p.user or (alloc.user if alloc else None) or (str(p.uid) if p.uid is not None else None)
         return Who(user, alloc.account if alloc else None, p.job_id, p.pid, p.node, p.name)
 
-    groups = _Groups(by)
+    groups = Groups(by)
     user_series: dict[str, list[float]] = {}
     # the totals: one computation whatever the grouping (the jobs' allocations, the devices' use)
-    total = _Acc(Who(None, None, None, None, None, None))
+    total = Acc(Who(None, None, None, None, None, None))
     for g in data.gpus:
         dev = (g.node, g.uuid)
         if g.uuid == g.gpu_uuid and dev in migs:
@@ -247,7 +136,7 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
             busy = None if util is None else util / 100.0 * cover * dur_h[b] * w
             overlaps: list[tuple[AllocationSpan, float]] = []
             for a in held:
-                f = _overlap(a.start, a.end, lo, hi) / (hi - lo)
+                f = overlap(a.start, a.end, lo, hi) / (hi - lo)
                 if f <= 0:
                     continue
                 overlaps.append((a, f))
@@ -294,7 +183,7 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                 mine = p.util[b]
                 if (mine if mine is not None else util / len(present)) > policy.busy_pct:
                     acc = groups.get(whos[id(p)])
-                    label = _label(p.name, p.pid, p.job_id)
+                    label = proc_label(p.name, p.pid, p.job_id)
                     acc.busy_h[label] = acc.busy_h.get(label, 0.0) + p.seen[b] * dur_h[b]
 
     for v in data.violations:
@@ -302,7 +191,7 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
         groups.get(Who(v.user or (alloc.user if alloc else None), alloc.account if alloc else None,
                        v.job_id, v.pid, v.node, v.process)).violations.append(v)
 
-    rows = tuple(sorted((_row(k, acc, by, capacity, policy, data) for k, acc in groups.accs.items()
+    rows = tuple(sorted((make_row(k, acc, by, capacity, policy, data) for k, acc in groups.accs.items()
                          if acc.allocated or acc.used or acc.violations),
                         key=lambda r: (-r.used_gpu_hours, -r.allocated_gpu_hours, r.key)))
     totals = Totals(hours, physical, capacity, total.allocated, total.used, total.idle, total.unmeasured,
@@ -310,13 +199,13 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                     100.0 * total.allocated / capacity if capacity else 0.0, len(data.violations),
                     total.outside, None if total.energy_j is None else total.energy_j / J_PER_KWH)
     return Report(data.source, data.since, data.until, data.step_s, by, totals, rows,
-                  _recommendations(rows), tuple((lo + hi) / 2 for lo, hi in spans),
+                  recommendations(rows), tuple((lo + hi) / 2 for lo, hi in spans),
                   tuple((u, tuple(s)) for u, s in sorted(user_series.items())), data.gaps)
 
 
 def _steady_run(b: int, held_at: list[list[AllocationSpan]], present_at: list[list[ProcSeries]],
                 g: GpuSeries, w: float, dur_h: list[float], spans: list[tuple[float, float]],
-                whos: dict[int, Who], groups: _Groups, total: _Acc, user_series: dict[str, list[float]],
+                whos: dict[int, Who], groups: Groups, total: Acc, user_series: dict[str, list[float]],
                 idle_jobs: set[tuple[str, str]], policy: Policy) -> int:
     """Count the steady bucket ``b`` and those after it with the same single job and process
     (see compute); the first bucket after the run."""
@@ -327,7 +216,7 @@ def _steady_run(b: int, held_at: list[list[AllocationSpan]], present_at: list[li
     mine_acc = groups.get(who)
     n = len(dur_h)
     series = user_series.setdefault(who.user, [0.0] * n) if who.user is not None else None
-    label = _label(p.name, p.pid, p.job_id)
+    label = proc_label(p.name, p.pid, p.job_id)
     while True:
         util = g.util[b]
         util = 0.0 if util is None else util  # never: checked before the bucket joins the run
@@ -396,12 +285,6 @@ def _seen_range(seen: Sequence[float]) -> tuple[int, int]:
     return (hits[0], hits[-1]) if hits else (len(seen), -1)
 
 
-def _label(name: str | None, pid: int, job: str | None) -> str:
-    return f"{name or 'process'} (PID {pid}, {'job ' + job if job else 'no job'})"
-
-
-def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
-    return max(0.0, min(a1, b1) - max(a0, b0))
 
 
 def _mig_util(present: list[ProcSeries], b: int) -> float | None:
@@ -469,74 +352,10 @@ def _idle_jobs(data: ReportData, policy: Policy) -> set[tuple[str, str]]:
                 if u is None:
                     continue
                 lo, hi = data.bucket_span(b)
-                t = _overlap(a.start, a.end, lo, hi) * (g.cover[b] if g.cover else 1.0)
+                t = overlap(a.start, a.end, lo, hi) * (g.cover[b] if g.cover else 1.0)
                 measured += t
                 busy += t * u / 100.0
         if measured and 100.0 * busy / measured < policy.idle_pct \
                 and (measured - busy) / 3600.0 >= policy.min_idle_gpu_hours:
             out.add((a.node, a.job_id))
     return out
-
-
-def _row(key: str, acc: _Acc, by: str, capacity: float, policy: Policy, data: ReportData) -> Row:
-    w = acc.who
-    share = 100.0 * acc.used / capacity if capacity else 0.0
-    quota: float | None = None
-    if by == "account":
-        q = policy.account_quotas.get(w.account) if w.account else None
-        quota = None if q is None else q * 100.0
-    elif w.user is not None:
-        quota = policy.quota_of(w.user, w.account) * 100.0
-    over = quota is not None and share > quota + 1e-9
-    merged = _merged(acc.violations, data)
-    evidence = [_violation_line(v) for v in merged]
-    if over and quota is not None:
-        for label, h in sorted(acc.busy_h.items(), key=lambda kv: (-kv[1], kv[0])):
-            evidence.append(f"{label}: {tenths(h)} h at >{pct(policy.busy_pct)} "
-                            f"(expected quota: {pct(quota)})")
-    rogue = len({(v.node, v.pid) for v in merged if v.kind == "rogue"})
-    return Row(key, w.user, w.account, w.job, w.pid, w.node, acc.allocated, acc.used, acc.idle,
-               acc.unmeasured, share, quota, over, len(acc.jobs), sum(acc.jobs.values()),
-               len(merged), rogue, tuple(evidence), acc.outside,
-               None if acc.energy_j is None else acc.energy_j / J_PER_KWH)
-
-
-def _merged(vs: list[Violation], data: ReportData) -> list[Violation]:
-    """One finding per (kind, process, device), its time clipped to the window and summed."""
-    out: dict[tuple[object, ...], Violation] = {}
-    for v in vs:
-        k = (v.kind, v.node, v.pid, v.job_id, v.gpu_uuid, v.user)
-        t = _overlap(v.start, v.start + v.duration_s, data.since, data.until)
-        old = out.get(k)
-        out[k] = v._replace(duration_s=t + (old.duration_s if old else 0.0),
-                            start=min(v.start, old.start) if old else v.start)
-    return sorted(out.values(), key=lambda v: (-v.duration_s, v.kind, v.pid or 0))
-
-
-def _violation_line(v: Violation) -> str:
-    hours = f"{tenths(v.duration_s / 3600)} h in the window"
-    if v.evidence:  # the detector's sentence already names the process, job and GPU
-        return f"{v.kind} ({hours}): {v.evidence}"
-    who = (_label(v.process, v.pid, v.job_id) if v.pid is not None
-           else f"job {v.job_id}" if v.job_id else v.user or "?")
-    where = f" on {v.gpu_uuid}" if v.gpu_uuid else ""
-    return f"{v.kind} ({hours}): {who}{where}"
-
-
-def _recommendations(rows: tuple[Row, ...]) -> tuple[str, ...]:
-    out: list[str] = []
-    for r in rows:
-        if r.key == NOBODY:
-            continue
-        if r.idle_jobs:
-            what = "idle allocation" if r.idle_jobs == 1 else "idle allocations"
-            out.append(f"{r.key}: {r.idle_jobs} {what}, {tenths(r.idle_gpu_hours)} idle GPU-hours"
-                       " — ask to release GPUs or use --time")
-        if r.over_quota and r.quota_pct is not None:
-            out.append(f"{r.key}: used {pct(r.share_pct)} of GPU capacity against a {pct(r.quota_pct)}"
-                       " quota — lower its priority or cap its GPUs (gpuslurm throttle)")
-        if r.rogue_processes:
-            n = r.rogue_processes
-            out.append(f"{r.key}: {n} GPU process{'es' if n > 1 else ''} outside any job"
-                       " — stop them; GPU work goes through the scheduler (sbatch/srun, qsub)")
-    return tuple(out)

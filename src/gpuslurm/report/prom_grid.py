@@ -20,6 +20,16 @@ RULE_STEP_S = 300.0  # the shipped 5-minute recording rules (packaging/gpuslurm-
 RULE_MEMORY = "device:gpuslurm_gpu_memory_total_bytes:count_5m"
 
 
+def _job_util(held: str, util_sum: str, counted: str, every_ms: int) -> tuple[str, str]:
+    """A job's devices' utilisation summed, and their samples counted, while it held them: each
+    ``every_ms`` (the series' own interval, 1 ms short, so that each sample counts once)."""
+    d, r = "node, gpu_uuid, mig_uuid", f"[{every_ms - 1}ms]"
+    parts = [f"sum by (node, job_id) (sum_over_time((max_over_time({held}{{mj}}{r}) * on ({d}) group_left() "
+             f"{inner}_over_time({series}{{m}}{r}))[{{r}}:{every_ms}ms]))"
+             for inner, series in (("sum", util_sum), (counted, util_sum))]
+    return parts[0], parts[1]
+
+
 # What the report reads, as (whole buckets, clipped buckets) query templates: from the raw samples,
 # (``{r}``: the bucket; ``{rr}``: the bucket less 1 ms, so that a rule sample on its left edge,
 # which Prometheus 2's closed ranges hold, counts in one bucket only)
@@ -33,6 +43,11 @@ _RAW = {
     "last_seen": ("max_over_time(gpuslurm_job_last_seen_timestamp_seconds{m}[{r}])",) * 2,
     "allocated": ("max_over_time(gpuslurm_gpu_allocated{m}[{r}])",) * 2,
     "monitor_interval": ("max_over_time(gpuslurm_monitor_interval_seconds{m}[{r}])",) * 2,
+    # per job (the per-user report's idle jobs): its devices' utilisation while held, and samples
+    "job_util": (_job_util("gpuslurm_gpu_allocated", "gpuslurm_gpu_utilization_ratio", "count",
+                           round(DEFAULT_SCRAPE_S * 1000))[0],) * 2,
+    "job_samples": (_job_util("gpuslurm_gpu_allocated", "gpuslurm_gpu_utilization_ratio", "count",
+                              round(DEFAULT_SCRAPE_S * 1000))[1],) * 2,
 }
 _RULES = {
     "samples": (f"sum_over_time({RULE_MEMORY}{{m}}[{{rr}}])", _RAW["samples"][1]),
@@ -46,6 +61,11 @@ _RULES = {
     "last_seen": ("max_over_time(job:gpuslurm_job_last_seen_timestamp_seconds:max_5m{m}[{r}])",) * 2,
     "allocated": ("max_over_time(device_job:gpuslurm_gpu_allocated:max_5m{m}[{r}])",) * 2,
     "monitor_interval": _RAW["monitor_interval"],  # one gauge a node: no rule needed
+    # per job: its devices' utilisation while it held them, and their samples (the per-user rules)
+    "job_util": ("sum by (node, job_id) ("
+                 "sum_over_time(job:gpuslurm_gpu_utilization_ratio_held:sum_5m{m}[{r}]))",) * 2,
+    "job_samples": ("sum by (node, job_id) ("
+                    "sum_over_time(job:gpuslurm_gpu_utilization_ratio_held:count_5m{m}[{r}]))",) * 2,
 }
 
 
@@ -68,7 +88,8 @@ class Grid:
         self._clipped = {b for b in {0, n - 1} if 0 <= b < n and self.span(b) != self._full(b)}
 
     def matrix(self, template: str, clipped_template: str | None = None, raw: bool = False) -> Matrix:
-        """``template`` with ``{m}`` the selector's matchers and ``{r}`` the range, per series and
+        """``template`` with ``{m}`` the selector's matchers (``{mj}``, ``{mn}``: and a job's, none's),
+        ``{r}`` the range and ``{s}`` it in seconds, per series and
         bucket (``clipped_template`` for a clipped bucket; ``raw``: a template of raw samples);
         buckets without data left out."""
         matchers: tuple[str, ...] = ()
@@ -84,12 +105,15 @@ class Grid:
             got: list[tuple[Key, int, float]] = []
             if isinstance(which, int):
                 lo, hi = self.span(which)
-                for r in self.prom.instant(clipped_template.format(m=sel, r=f"{ms(hi - lo)}ms"), hi):
+                query = clipped_template.format(m=sel, r=f"{ms(hi - lo)}ms", s=repr(float(hi - lo)),
+                                                **_job_selectors(group))
+                for r in self.prom.instant(query, hi):
                     x = value(r)
                     if x is not None:
                         got.append((series_key(r), which, x))
                 return got
-            query = template.format(m=sel, r=f"{ms(self.step_s)}ms", rr=f"{ms(self.step_s) - 1}ms")
+            query = template.format(m=sel, r=f"{ms(self.step_s)}ms", rr=f"{ms(self.step_s) - 1}ms",
+                                    s=repr(float(self.step_s)), **_job_selectors(group))
             first, last = self._full(which[0])[1], self._full(which[-1])[1]
             for r in self.prom.range(query, first, last, self.step_s):
                 key = series_key(r)
@@ -126,7 +150,8 @@ class Grid:
 
         def part(job: tuple[str, tuple[float, float, str]]) -> list[tuple[dict[str, str], float]]:
             group, (lo, hi, template) = job
-            query = template.format(m=selector(*matchers, group), r=f"{ms(hi - lo)}ms")
+            query = template.format(m=selector(*matchers, group), r=f"{ms(hi - lo)}ms",
+                                    **_job_selectors(group))
             return [(r.get("metric") or {}, v) for r in self.prom.instant(query, hi)
                     if (v := value(r)) is not None]
 
@@ -143,6 +168,11 @@ class Grid:
 
     def whole(self, b: int) -> bool:
         return b not in self._clipped
+
+
+def _job_selectors(group: str) -> dict[str, str]:
+    """A template's ``{mj}`` and ``{mn}``: the group's series of some job, and of none."""
+    return {"mj": selector('job_id!=""', group), "mn": selector('job_id=""', group)}
 
 
 T = TypeVar("T")

@@ -102,21 +102,8 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
     if not nodes:
         raise PrometheusError(f"no gpuslurm GPU samples between {iso(since)} and {iso(until)} "
                               "(is the monitor's exporter scraped?)", source=here)
-    groups = [""] if len(nodes) <= NODES_PER_QUERY else \
-        [node_matcher(nodes[i:i + NODES_PER_QUERY]) for i in range(0, len(nodes), NODES_PER_QUERY)]
-    scrape_s = min(targets.values(), default=DEFAULT_SCRAPE_S)
-    phase = _rule_phase(prom, since, until, step_s, groups[0])
-    start = bucket_start(since, step_s) if phase is None else \
-        phase + math.floor((since - phase) / step_s) * step_s
-    n = bucket_count(start, until, step_s)
-    raw = Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(scrape_s, step_s))
-    grid = raw if phase is None or not _rules_cover(raw, nodes) else \
-        Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(RULE_STEP_S, step_s), rules=True)
-    if grid is raw and phase is not None:  # the rules miss part of the window: the raw grid
-        start = bucket_start(since, step_s)
-        n = bucket_count(start, until, step_s)
-        grid = Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(scrape_s, step_s))
-
+    grid = window_grid(prom, since, until, step_s, nodes, min(targets.values(), default=DEFAULT_SCRAPE_S))
+    n, start = grid.n, grid.start
     samples = grid.matrix(*grid.read["samples"])
     if not samples:
         raise PrometheusError(f"no gpuslurm GPU samples between {iso(since)} and {iso(until)} "
@@ -140,6 +127,32 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
                       _allocations(grid, intervals),
                       tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until),
                       _gaps(grid, samples, intervals))
+
+
+def node_groups(nodes: list[str]) -> list[str]:
+    """A node matcher per :data:`NODES_PER_QUERY` nodes ("" alone: every node, when that few)."""
+    return [""] if len(nodes) <= NODES_PER_QUERY else \
+        [node_matcher(nodes[i:i + NODES_PER_QUERY]) for i in range(0, len(nodes), NODES_PER_QUERY)]
+
+
+def window_grid(prom: PrometheusClient, since: float, until: float, step_s: float, nodes: list[str],
+                scrape_s: float, rules: bool = True) -> Grid:
+    """The window's buckets, on the 5-minute rules' grid where the rules cover it, else (or not
+    ``rules``) on the step's own grid from raw samples; requests per node group (:func:`node_groups`)."""
+    groups = node_groups(nodes)
+    phase = _rule_phase(prom, since, until, step_s, groups[0]) if rules else None
+    start = bucket_start(since, step_s) if phase is None else \
+        phase + math.floor((since - phase) / step_s) * step_s
+    n = bucket_count(start, until, step_s)
+    raw = Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(scrape_s, step_s))
+    if phase is not None and _rules_cover(raw, nodes):
+        return Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(RULE_STEP_S, step_s),
+                    rules=True)
+    if phase is None:
+        return raw
+    start = bucket_start(since, step_s)  # the rules miss part of the window: the raw grid
+    n = bucket_count(start, until, step_s)
+    return Grid(prom, since, until, start, step_s, n, groups, chunk_seconds(scrape_s, step_s))
 
 
 def _rule_phase(prom: PrometheusClient, since: float, until: float, step_s: float,

@@ -1,0 +1,150 @@
+"""The report by user and by account from Prometheus' per-user sums (report/prom_users): the
+per-device report's numbers, and the store's, from points per user instead of per device.
+
+The same three nodes as test_prom_rules_report (jobs that end and start inside buckets, a device
+busy with no job on it, a window not on the scrapes' grid), backfilled with promtool, with the
+shipped rules evaluated over them by promtool."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from tests.helpers.prom_backfill import PROMETHEUS, PROMTOOL, backfilled
+from tests.helpers.prom_rules_cycles import EVERY, HOUR, POLICY, RULES, SINCE, STEP, UNTIL
+from tests.helpers.prom_rules_cycles import cluster as _cluster
+from tests.helpers.prom_rules_cycles import truth as _truth
+
+from gpuslurm.cli.report_cmd import fairshare_report
+from gpuslurm.errors import InputError
+from gpuslurm.report import prom_users
+from gpuslurm.report.compute import Report, compute
+from gpuslurm.report.prom_client import PrometheusClient
+from gpuslurm.report.prometheus import load_prometheus
+from gpuslurm.report.user_report import compute_users
+
+pytestmark = pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK)),
+                                reason="needs Debian's prometheus package (.ci/run installs it)")
+
+
+def _answers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    seen: list[tuple[str, str, list[dict[str, Any]]]] = []
+    real = PrometheusClient._get
+
+    def recording(self: PrometheusClient, endpoint: str, params: dict[str, str],
+                  want: str) -> list[dict[str, Any]]:
+        got = real(self, endpoint, params, want)
+        seen.append((endpoint, params.get("query", ""), got))
+        return got
+
+    monkeypatch.setattr(PrometheusClient, "_get", recording)
+    return seen
+
+
+def _same(got: Report, per_device: Report, truth: Report) -> None:
+    """Allocated exact, used within 0.1 % of the per-device report's (and the store's within its
+    own tolerance: test_prom_rules_report), jobs, idle jobs and unmeasured time the same."""
+    mine, theirs = {r.key: r for r in per_device.rows}, {r.key: r for r in truth.rows}
+    assert {r.key for r in got.rows} == set(mine) == set(theirs)
+    for r in got.rows:
+        assert r.allocated_gpu_hours == pytest.approx(mine[r.key].allocated_gpu_hours, rel=1e-9), r.key
+        assert r.allocated_gpu_hours == pytest.approx(theirs[r.key].allocated_gpu_hours, rel=1e-9), r.key
+        # a bucket where a job ends on a device busy after it: the per-user sums split it by the
+        # processes' counts of the bucket, the per-device path by each job's part: two scrapes at most
+        two_scrapes = 2 * EVERY / 3600
+        assert r.used_gpu_hours == pytest.approx(mine[r.key].used_gpu_hours, rel=1e-3, abs=two_scrapes), r.key
+        assert abs(r.used_gpu_hours - theirs[r.key].used_gpu_hours) <= 2 * STEP / 3600, r.key
+        assert r.unmeasured_gpu_hours == pytest.approx(mine[r.key].unmeasured_gpu_hours, abs=1e-9), r.key
+        assert (r.jobs, r.idle_jobs) == (mine[r.key].jobs, mine[r.key].idle_jobs), r.key
+        assert r.idle_gpu_hours == pytest.approx(mine[r.key].idle_gpu_hours, abs=STEP / 3600), r.key
+    assert got.totals.gpus == per_device.totals.gpus
+    assert got.totals.used_gpu_hours == pytest.approx(per_device.totals.used_gpu_hours, rel=1e-9)
+    assert got.totals.allocated_gpu_hours == pytest.approx(per_device.totals.allocated_gpu_hours, rel=1e-12)
+
+
+@pytest.mark.parametrize("rules_start", [HOUR, HOUR + 3600], ids=["per-user rules", "rules begin late: raw"])
+def test_the_report_by_user_from_prometheus_sums_is_the_per_device_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rules_start: float) -> None:
+    """By user and by account: the per-user sums give the per-device report's numbers (and the
+    store's), and no answer to a bucketed query holds a series per device: its points are users
+    (or accounts) × buckets. Where the rules begin inside the window, the sums are joined from raw
+    samples, with the same result."""
+    store = _truth(tmp_path)
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False,
+                    rules=RULES, rules_start=rules_start) as url:
+        answers = _answers(monkeypatch)
+        users = prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
+        asked = list(answers)
+        data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    assert users is not None
+    for by in ("user", "account"):
+        _same(compute_users(users, by, POLICY), compute(data, by, POLICY), compute(store, by, POLICY))
+    ranged = [(q, got) for endpoint, q, got in asked if endpoint == "query_range"]
+    assert ranged
+    assert not any("gpu_uuid" in (r.get("metric") or {}) for _, got in ranged for r in got)
+    assert all(len(got) <= 3 for _, got in ranged)  # alice, bob, carol at most
+    read_rules = any(prom_users.IN_JOBS in q for q, _ in ranged)
+    assert read_rules == (rules_start == HOUR)
+
+
+def test_per_process_series_take_the_per_device_path(tmp_path: Path) -> None:
+    """Per-process series split a device by each process's SM utilisation: the per-user sums
+    cannot, so they answer None (the caller reads per device)."""
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=True) as url:
+        assert prom_users.load_user_buckets(url, SINCE, UNTIL, STEP) is None
+
+
+def test_the_report_command_by_account_reads_the_sums(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fairshare-report --by account --source prometheus:`` takes the per-user sums (no bucketed
+    answer holds a series per device); with ``--plot`` (per-device charts), the per-device path
+    (its answers do): the same rows."""
+    (tmp_path / "gpuslurm.toml").write_text("")
+    monkeypatch.setenv("GPUSLURM_CONFIG", str(tmp_path / "gpuslurm.toml"))
+    docs, per_device_answers = [], []
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False,
+                    rules=RULES, rules_start=HOUR) as url:
+        for plot in ((), ("--plot", str(tmp_path / "charts.html"))):
+            answers = _answers(monkeypatch)
+            done = CliRunner().invoke(fairshare_report, [
+                "--since", f"@{SINCE}", "--until", f"@{UNTIL}", "--step", str(STEP), "--by", "account",
+                "--source", f"prometheus:{url}", "--format", "json", *plot], catch_exceptions=False)
+            assert done.exit_code == 0, done.output
+            docs.append(json.loads(done.stdout))
+            per_device_answers.append(any("gpu_uuid" in (r.get("metric") or {})
+                                          for endpoint, _, got in answers if endpoint == "query_range"
+                                          for r in got))
+            monkeypatch.undo()
+            monkeypatch.setenv("GPUSLURM_CONFIG", str(tmp_path / "gpuslurm.toml"))
+    assert per_device_answers == [False, True]
+    sums, per_device = ({r["key"]: r for r in d["rows"]} for d in docs)
+    assert set(sums) == set(per_device) >= {"phys", "chem"}
+    for key, row in sums.items():
+        assert row["allocated_gpu_hours"] == pytest.approx(per_device[key]["allocated_gpu_hours"], abs=1e-4)
+        assert row["used_gpu_hours"] == pytest.approx(per_device[key]["used_gpu_hours"], rel=1e-3,
+                                                      abs=2 * EVERY / 3600 + 1e-4)
+    assert docs[0]["totals"]["gpus"] == docs[1]["totals"]["gpus"] == 6
+
+
+@pytest.mark.parametrize("rules_start", [None, "late"], ids=["per-user rules", "joined from raw samples"])
+def test_a_utilisation_above_one_is_refused_by_the_sums_too(tmp_path: Path,
+                                                           rules_start: str | None) -> None:
+    """A broken (or forged) exporter says a GPU was 1.7 busy for 10 minutes: the per-user sums
+    refuse it as the per-device path and the store do (one validation), naming the series, exit 2."""
+    cycles = _cluster()
+    gpu = cycles[200].gpus[1].gpu_uuid
+    for i in range(200, 220):  # node n1's G1, cycles 200-219
+        c = cycles[i]
+        cycles[i] = c._replace(gpus=(c.gpus[0], c.gpus[1]._replace(util_pct=170.0)))
+    with backfilled(tmp_path / "prom", ((c, ()) for c in cycles), per_process=False, rules=RULES,
+                    rules_start=HOUR if rules_start is None else HOUR + 3600) as url, \
+            pytest.raises(InputError) as exc:
+        prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
+    message = str(exc.value)
+    assert "damaged series: gpuslurm_gpu_utilization_ratio{" in message and gpu in message, message
+    assert "not a number in 0..100" in message and "\n" not in message
+    assert exc.value.exit_code == 2
