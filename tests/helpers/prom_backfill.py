@@ -63,10 +63,14 @@ def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
     with _serving(root, data, flags) as url:
         first, last = min(c.ts for c, _ in listed), max(c.ts for c, _ in listed)
         first = first if rules_start is None else rules_start
+        # Prometheus offsets a group's evaluations by a hash of its file's name as given and the
+        # group's name, so the recorded series moved with the checkout's path (and the report's
+        # figures with them, within their tolerance of the store's): one relative name, from root
+        (root / rules.name).write_bytes(rules.read_bytes())
         subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
                         f"--start={int(first)}", f"--end={int(last) + 1}", "--eval-interval=30s",
-                        f"--output-dir={root / 'rules'}", str(rules)],
-                       check=True, capture_output=True, timeout=300)
+                        "--output-dir=rules", rules.name],
+                       check=True, capture_output=True, timeout=300, cwd=root)
     for block in (root / "rules").iterdir():
         block.rename(data / block.name)
     with _serving(root, data, flags) as url:
