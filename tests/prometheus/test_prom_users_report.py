@@ -19,7 +19,7 @@ from tests.helpers.prom_rules_cycles import HOUR, POLICY, RULES, SINCE, STEP, UN
 from tests.helpers.prom_rules_cycles import cluster as _cluster
 from tests.helpers.prom_rules_cycles import truth as _truth
 
-from gpuslurm.cli.report_cmd import fairshare_report
+from gpuslurm.cli.main import cli
 from gpuslurm.errors import InputError
 from gpuslurm.report import prom_users
 from gpuslurm.report.compute import Report, compute
@@ -120,8 +120,11 @@ def test_the_report_command_by_account_reads_the_sums(tmp_path: Path,
                     rules=RULES, rules_start=HOUR) as url:
         for plot in ((), ("--plot", str(tmp_path / "charts.html"))):
             answers = _answers(monkeypatch)
-            done = CliRunner().invoke(fairshare_report, [
-                "--since", f"@{SINCE}", "--until", f"@{UNTIL}", "--step", str(STEP), "--by", "account",
+            # through the root group, as a user runs it: a command invoked alone keeps a help option
+            # without -h, which later --help output in this process would show
+            done = CliRunner().invoke(cli, [
+                "fairshare-report", "--since", f"@{SINCE}", "--until", f"@{UNTIL}", "--step", str(STEP),
+                "--by", "account",
                 "--source", f"prometheus:{url}", "--format", "json", *plot], catch_exceptions=False)
             assert done.exit_code == 0, done.output
             docs.append(json.loads(done.stdout))
