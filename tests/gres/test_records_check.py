@@ -192,3 +192,14 @@ def test_check_flags_numa_cores_as_the_reason_for_inval(a100: Node) -> None:
     plan22 = plan_gres(a100, GresOptions(node_name="n1", mig=mig_naming(SlurmVersion(26, 5, 5), "t")
                                          ._replace(whole_sockets=False)))
     assert check_gres_conf(plan22, parse_gres_conf(numa, "g", "n1")) == []
+
+
+def test_check_names_the_hardware_cores_when_a_split_range_is_on_the_wrong_socket(a100: Node) -> None:
+    """A line whose NUMA range is another socket's: widening the file's own range would advise the
+    wrong socket (Cores=0-63 for a GPU on socket 1); the finding names the hardware's cores."""
+    opts = GresOptions(node_name="n1", mig=mig_naming(SlurmVersion(26, 5, 5), "t"))
+    wrong = render_gres_conf(a100, opts).replace("Cores=64-127", "Cores=48-63")
+    plan = plan_gres(a100, opts)
+    problems = check_gres_conf(plan, parse_gres_conf(wrong, "g", "n1"))
+    assert len(problems) == 1 and problems[0].kind == "cores"
+    assert "Cores=64-127" in problems[0].message and "Cores=0-63" not in problems[0].message

@@ -44,10 +44,14 @@ def check_gres_conf(plan: GresPlan, entries: tuple[ConfEntry, ...]) -> list[Mism
             out.append(Mismatch("extra", entry.line, f"{_show(entry.files)} is not a GPU of this node"))
             continue
         seen.add(key)
+        widened = None
         if plan.whole_sockets and entry.cores is not None and not plan.core_map.is_whole_sockets(entry.cores):
-            out.append(_split_socket(entry, plan))
-            entry = replace(entry, cores=record.cores)  # one finding per line, not a second one
-        out.extend(_compare(entry, record, by_index))
+            widened = plan.core_map.whole_sockets(entry.cores)
+            if widened == record.cores:  # the right GPU's NUMA cores: one finding, naming the fix
+                out.append(_split_socket(entry, record, plan))
+                entry = replace(entry, cores=record.cores)
+            # else wrong beyond the split: the cores (or numbering) finding says what to write
+        out.extend(_compare(entry, record, by_index, widened))
     for key, record in expected.items():
         if key not in seen:
             out.append(Mismatch("missing", None, f"no line for {_describe(record)} ({_show(record.files)})"))
@@ -68,7 +72,8 @@ def renamed_later(entries: tuple[ConfEntry, ...], later: GresPlan, release: str)
     return out
 
 
-def _compare(entry: ConfEntry, record: GresRecord, by_index: dict[int, GresRecord]) -> list[Mismatch]:
+def _compare(entry: ConfEntry, record: GresRecord, by_index: dict[int, GresRecord],
+             widened: tuple[int, ...] | None = None) -> list[Mismatch]:
     out: list[Mismatch] = []
     want_type = record.type or ""
     if entry.type is None:
@@ -78,20 +83,23 @@ def _compare(entry: ConfEntry, record: GresRecord, by_index: dict[int, GresRecor
         out.append(Mismatch("type", entry.line, f"Type={entry.type} would not match AutoDetect's "
                             f"{want_type} (a Type must equal it or be a part of it)"))
     if record.cores is not None and entry.cores != record.cores:
-        out.append(_cores_mismatch(entry, record, by_index))
+        out.append(_cores_mismatch(entry, record, by_index, widened))
     if record.links is not None and entry.links is not None and entry.links != record.links:
         out.append(Mismatch("links", entry.line, f"Links={','.join(map(str, entry.links))} but the hardware "
                             f"has Links={record.links_text}"))
     return out
 
 
-def _cores_mismatch(entry: ConfEntry, record: GresRecord, by_index: dict[int, GresRecord]) -> Mismatch:
+def _cores_mismatch(entry: ConfEntry, record: GresRecord, by_index: dict[int, GresRecord],
+                    widened: tuple[int, ...] | None = None) -> Mismatch:
+    """``widened``: the line's cores as whole sockets, where the release wants them (the records'
+    cores are whole sockets then, so a line numbered by index matches another GPU's only so)."""
     have = "no Cores=" if entry.cores is None else f"Cores={format_ranges(entry.cores)}"
     m = _MINOR_RE.search(entry.files[0])
     if m and record.mig is None:
         number = int(m.group(1))
         other = by_index.get(number)
-        if other is not None and other is not record and other.cores == entry.cores:
+        if other is not None and other is not record and other.cores in (entry.cores, widened):
             return Mismatch("file", entry.line,
                             f"File={entry.files[0]} looks numbered by GPU index: index {number} is "
                             f"{other.gpu.bus_id} at /dev/nvidia{other.gpu.minor}, and /dev/nvidia{number} "
@@ -104,14 +112,14 @@ def _cores_mismatch(entry: ConfEntry, record: GresRecord, by_index: dict[int, Gr
                     f"closest to Cores={record.cores_text}{hint}")
 
 
-def _split_socket(entry: ConfEntry, plan: GresPlan) -> Mismatch:
+def _split_socket(entry: ConfEntry, record: GresRecord, plan: GresPlan) -> Mismatch:
     cmap = plan.core_map
     first = min(entry.cores or (0,)) // cmap.cores_per_socket
     span = cmap.socket_cores(first)
     return Mismatch("cores", entry.line, f"Cores={format_ranges(entry.cores or ())} is not whole sockets "
                     f"(socket {first} is cores {span.start}-{span.stop - 1}): Slurm 24.11 and later set the "
                     "node INVAL (\"GRES core specification ... doesn't match socket boundaries\"); write "
-                    f"Cores={format_ranges(cmap.whole_sockets(entry.cores or ()))}")
+                    f"Cores={record.cores_text}")
 
 
 def _describe(record: GresRecord) -> str:
