@@ -26,13 +26,18 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]], per_process: bool = True) -> str:
-    """The exporter's gauges of every cycle, stamped with the cycle's time, family by family."""
+def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]], per_process: bool = True,
+                twice: frozenset[str] = frozenset()) -> str:
+    """The exporter's gauges of every cycle, stamped with the cycle's time, family by family; the
+    nodes in ``twice`` as two scrape targets would give them (instance labels a and b)."""
     rows: dict[str, list[str]] = {name: [] for name in FAMILIES}
     for cycle, violations in cycles:
+        instances = ('instance="a",', 'instance="b",') if cycle.node in twice else ("",)
         for s in cycle_samples(cycle, violations, per_process):
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels)
-            rows[s.family].append(f"{PREFIX}{s.family}{{{labels}}} {s.value!r} {cycle.ts:.3f}\n")
+            for instance in instances:
+                line = f"{PREFIX}{s.family}{{{instance}{labels}}} {s.value!r} {cycle.ts:.3f}\n"
+                rows[s.family].append(line)
     out = []
     for name, lines in rows.items():
         if lines:
@@ -45,7 +50,7 @@ def openmetrics(cycles: Iterable[tuple[Cycle, Sequence[Violation]]], per_process
 @contextlib.contextmanager
 def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
                *flags: str, per_process: bool = True, rules: Path | None = None,
-               rules_start: float | None = None) -> Iterator[str]:
+               rules_start: float | None = None, twice: frozenset[str] = frozenset()) -> Iterator[str]:
     """A Prometheus on 127.0.0.1 serving ``cycles`` (started with ``flags`` too); yields its URL.
     With ``rules``: their recorded series too, evaluated every 30 s (a group's own interval where it
     has one) over the cycles' span by ``promtool tsdb create-blocks-from rules`` (as a site
@@ -53,7 +58,7 @@ def backfilled(root: Path, cycles: Iterable[tuple[Cycle, Sequence[Violation]]],
     root.mkdir(parents=True, exist_ok=True)
     source, data = root / "cycles.om", root / "data"
     listed = list(cycles)
-    source.write_text(openmetrics(listed, per_process))
+    source.write_text(openmetrics(listed, per_process, twice))
     subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
                    check=True, capture_output=True, timeout=300)
     if rules is None:

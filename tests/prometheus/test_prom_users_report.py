@@ -108,6 +108,17 @@ def test_per_process_series_take_the_per_device_path(tmp_path: Path) -> None:
         assert prom_users.load_user_buckets(url, SINCE, UNTIL, STEP) is None
 
 
+def test_a_node_scraped_by_two_targets_takes_the_per_device_path(tmp_path: Path) -> None:
+    """One exporter in two scrape jobs: every series of node n2.x twice (instances a and b). The
+    sums over its series would count its use twice (the review's finding: used over allocated);
+    the per-user path answers None, and the per-device path's means take it once. (The shipped
+    per-job rules do not evaluate over such series at all: "many-to-many matching not allowed",
+    which stops promtool's backfill, so this is the raw samples' case.)"""
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False,
+                    twice=frozenset({"n2.x"})) as url:
+        assert prom_users.load_user_buckets(url, SINCE, UNTIL, STEP) is None
+
+
 def test_the_report_command_by_account_reads_the_sums(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """``fairshare-report --by account --source prometheus:`` takes the per-user sums (no bucketed

@@ -191,7 +191,8 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
 def _one_interval(grid: Grid, targets: dict[str, float]) -> float | None:
     """Every node's scrape interval, when they share one (by their targets, else a whole bucket
     over the most samples a node's device had in the window's first, middle or last whole bucket);
-    None when they differ or cannot be told."""
+    None when they differ or cannot be told, or when a node has more than one target (two scrape
+    jobs of one exporter: its series twice, which the per-device path's means take once)."""
     whole = [b for b in range(grid.n) if grid.whole(b)]
     if not whole:
         return None
@@ -205,6 +206,8 @@ def _one_interval(grid: Grid, targets: dict[str, float]) -> float | None:
             node, count = (r.get("metric") or {}).get("node", ""), value(r) or 0.0
             most[node] = max(most.get(node, 0.0), count)
             instances.setdefault(node, set()).add((r.get("metric") or {}).get("instance", ""))
+    if any(len(ins) > 1 for ins in instances.values()):
+        return None  # a node scraped by two targets: sums over its series would count it twice
     told = {node: {targets[i] for i in ins if i in targets} for node, ins in instances.items()}
     every = {next(iter(t)) if len(t) == 1 else grid.step_s / most[node] if most.get(node) else None
              for node, t in told.items()}
