@@ -235,6 +235,24 @@ def test_a_sigterm_while_the_main_thread_holds_the_stop_events_lock_stops_the_mo
     assert proc.stdout.split() == ["True"]
 
 
+def test_stop_on_signals_off_the_main_thread_refuses_and_leaves_no_pipe_open() -> None:
+    from gpuslurm.watch.monitor import stop_on_signals
+
+    before = set(os.listdir("/proc/self/fd"))
+    failed: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            stop_on_signals(threading.Event())
+        except ValueError as exc:  # signal handlers are the main thread's only
+            failed.append(exc)
+
+    worker = threading.Thread(target=attempt)
+    worker.start()
+    worker.join()
+    assert failed and set(os.listdir("/proc/self/fd")) == before
+
+
 def test_kill_9_loses_at_most_the_cycle_under_way(site: Site,
                                                   sleepers: list[subprocess.Popen[bytes]]) -> None:
     site.write({"gpus": {U[0]: {"util": 50}},

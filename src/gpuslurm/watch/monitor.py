@@ -282,17 +282,25 @@ def stop_on_signals(stop: threading.Event) -> Callable[[], None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         pass  # the wakeup fd carries the signal; see the relay below
 
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
     wanted = {int(signal.SIGTERM), int(signal.SIGINT)}
+    # the handlers first: off the main thread this raises ValueError before anything is made
+    old: dict[int, Any] = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    read_fd, write_fd = os.pipe()
 
     def relay() -> None:
         while data := os.read(read_fd, 512):  # empty: the write end was closed by restore()
             if wanted.intersection(data):
                 stop.set()
 
-    old: dict[int, Any] = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    try:
+        os.set_blocking(write_fd, False)
+        old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except BaseException:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
     relayer = threading.Thread(target=relay, name="gpuslurm-signals", daemon=True)
     relayer.start()
 
@@ -302,7 +310,8 @@ def stop_on_signals(stop: threading.Event) -> Callable[[], None]:
         signal.set_wakeup_fd(old_wakeup)
         os.close(write_fd)
         relayer.join(5)
-        os.close(read_fd)
+        if not relayer.is_alive():  # else its read still holds the number: never reuse it under it
+            os.close(read_fd)
 
     return restore
 
