@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslurm.errors import CommandError, InputError
-from gpuslurm.trust import check_config_path, check_interpreter, check_trusted_dir
+from gpuslurm.trust import check_code_dirs, check_config_path, check_interpreter, check_trusted_dir
 
 DEFAULT_PREFIX = Path("/usr/local/libexec/gpuslurm")
 MANIFEST_NAME = "install-manifest.json"
@@ -356,6 +356,7 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
     want_uid = 0 if os.geteuid() == 0 else None
     check_interpreter(python)  # before running it as root
     sys_path = hook_sys_path(python)
+    check_code_dirs(sys_path)  # written into root's hooks: an import-line finder's directory too
     actions = [decide(a, inspect(a.path), recorded.get(str(a.path)), force, want_uid)
                for a in desired_files(prefix, slurm_etc, python, config, capture, health_check, sys_path)]
     blocked = [a for a in actions if a.verb in ("conflict", "refuse")]

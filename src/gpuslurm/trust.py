@@ -138,6 +138,18 @@ def check_interpreter(python: str) -> None:
     _check_code_trees(roots)
 
 
+def check_code_dirs(dirs: list[str]) -> None:
+    """Refuse code directories another user could change: each directory, the path to it, and
+    everything under it (as check_interpreter checks the interpreter's own ``sys.path``)."""
+    roots = []
+    for entry in dirs:
+        p = Path(entry)
+        check_trusted_dir(p if p.is_dir() else p.parent, "code")
+        if p.is_dir():
+            roots.append(p)
+    _check_code_trees(roots)
+
+
 def _check_link_chain(path: Path) -> Path:
     """Check ``path`` and, if it is a symlink, every link on the way to its target and the
     directories holding them; return the final target. A dangling link is refused: whoever can

@@ -378,3 +378,22 @@ def test_the_hooks_sys_path_is_a_python_list_inside_one_sh_word() -> None:
     for bad in (["/opt/it's"], ["relative/dir"], ["/opt/a\nb"], []):
         with pytest.raises(InputError):
             lib.render_hook(template, "/usr/bin/python3", sys_path=bad)
+
+
+def test_a_directory_written_into_the_hooks_sys_path_that_others_can_change_is_refused(
+        dirs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The directories the hooks put on sys.path themselves (an import-line finder's source folder,
+    say) are checked like the interpreter's own: a module another user can rewrite would run as
+    root in every prolog."""
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    module = code / "pkg" / "m.py"
+    module.write_text("")
+    trust.check_code_dirs([str(code)])  # root's and closed: accepted
+    module.chmod(0o666)
+    with pytest.raises(InputError):
+        trust.check_code_dirs([str(code)])
+    monkeypatch.setattr(lib, "hook_sys_path", lambda python: [*HOOK_DIRS, str(code)])
+    etc, prefix = dirs
+    assert str(module) in str(refused(run(etc, prefix)))
+    assert not prefix.exists()  # nothing written
