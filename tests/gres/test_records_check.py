@@ -203,3 +203,16 @@ def test_check_names_the_hardware_cores_when_a_split_range_is_on_the_wrong_socke
     problems = check_gres_conf(plan, parse_gres_conf(wrong, "g", "n1"))
     assert len(problems) == 1 and problems[0].kind == "cores"
     assert "Cores=64-127" in problems[0].message and "Cores=0-63" not in problems[0].message
+
+
+@pytest.mark.parametrize("release", [SlurmVersion(23, 2, 7), SlurmVersion(23, 11, 10),
+                                     SlurmVersion(24, 5, 8)])
+def test_a_release_between_the_tried_ones_keeps_numa_cores_and_says_what_to_do(
+        a100: Node, release: SlurmVersion) -> None:
+    """23.02-24.05 were not tried: NUMA Cores= as 22.05 takes them, with a note on the INVAL a
+    24.11-like check would cause and the option that widens them (the review: no word before)."""
+    plan = plan_gres(a100, GresOptions(mig=mig_naming(release, "test")))
+    assert {r.cores_text for r in plan.gpu_records} == {"48-63", "112-127"}
+    assert any("not tried" in n and "--slurm-version 24.11" in n for n in plan.notes)
+    assert not any("not tried" in n for n in plan_gres(a100, GresOptions(
+        mig=mig_naming(SlurmVersion(22, 5, 8), "test"))).notes)

@@ -44,6 +44,9 @@ class MigNaming(NamedTuple):
     # Slurm 24.11 and later set a node INVAL whose gres.conf Cores= is not whole sockets ("GRES core
     # specification ... doesn't match socket boundaries"): widen each GPU's cores to its sockets
     whole_sockets: bool = False
+    # a release between the last that took NUMA Cores= (22.05) and the first seen refusing them
+    # (24.11): not tried, so the generated file says what to do if the node goes INVAL
+    socket_check_untried: bool = False
 
 
 class GresOptions(NamedTuple):
@@ -181,9 +184,14 @@ def plan_gres(node: Node, opts: GresOptions) -> GresPlan:
         records.append(GresRecord("gpu", gpu, type=autodetect_type(gpu.name),
                                   files=(f"{dev}{gpu.device_file}",), cores=cores, links=links))
     release_unknown = opts.mig.release is None or opts.mig.release.startswith("unknown")
-    if release_unknown and any(r.cores is not None and not cmap.is_whole_sockets(r.cores) for r in records):
+    split = any(r.cores is not None and not cmap.is_whole_sockets(r.cores) for r in records)
+    if release_unknown and split:
         notes.append("Cores= are the GPUs' NUMA cores, which split a socket: Slurm 24.11 and later set "
                      "such a node INVAL; give --slurm-version to write what your release takes")
+    elif opts.mig.socket_check_untried and split:
+        notes.append("Cores= are the GPUs' NUMA cores, which split a socket: Slurm 22.05 takes them and "
+                     "24.11 sets such a node INVAL; this release was not tried: if the node goes INVAL "
+                     "(\"doesn't match socket boundaries\"), write this file with --slurm-version 24.11")
     if widened:
         notes.append("Cores= widened to whole sockets: Slurm 24.11 and later set a node INVAL whose "
                      "Cores= splits a socket (\"doesn't match socket boundaries\"); the GPUs' NUMA "

@@ -30,6 +30,7 @@ SHARED_MIG_FIXED = SlurmVersion(23, 2, 7)  # bug 17482 fixed
 # The first release we run that sets a node INVAL whose gres.conf Cores= is not whole sockets
 # (24.11.5 and 26.05.5 do, in the test cluster; 22.05.8 takes NUMA ranges; 23.x not tried)
 SOCKET_BOUNDARY_CHECK = SlurmVersion(24, 11, 0)
+UNTRIED_FROM = SlurmVersion(23, 0, 0)  # the releases after 22.05 (22.05.8 takes NUMA Cores=)
 
 
 def nvml_profile_type(gpu_name: str, mig: MigDevice) -> str:
@@ -45,7 +46,8 @@ def mig_naming(version: SlurmVersion, source: str) -> MigNaming:
     newer = version >= NVML_PROFILE_NAMES
     return MigNaming(type_of=nvml_profile_type if newer else autodetect_mig_type,
                      splits_shared=version < SHARED_MIG_FIXED, release=f"{version} ({source})",
-                     whole_sockets=version >= SOCKET_BOUNDARY_CHECK)
+                     whole_sockets=version >= SOCKET_BOUNDARY_CHECK,
+                     socket_check_untried=UNTRIED_FROM <= version < SOCKET_BOUNDARY_CHECK)
 
 
 def later_naming(naming: MigNaming) -> MigNaming | None:
