@@ -31,9 +31,9 @@ from gpuslurm.report.prom_grid import DEFAULT_SCRAPE_S, RULE_MEMORY, Grid
 from gpuslurm.report.prometheus import (
     HORIZON_S,
     NODES_PER_QUERY,
-    _allocations,
-    _gaps,
+    job_allocations,
     load_violations,
+    node_gaps,
     window_grid,
 )
 from gpuslurm.samples import Violation
@@ -169,7 +169,7 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
     # per device: in requests of a node group each, as the per-device path's, 4 at a time
     for key, cells in grid.matrix(*t["bad"], raw=joined).items():  # refused as per device
         checked(check, cells, "gpuslurm_gpu_utilization_ratio", key)
-    allocations = _allocations(grid, {node: every for node in nodes})
+    allocations = job_allocations(grid, {node: every for node in nodes})
     in_jobs: dict[tuple[str, str], dict[int, float]] = {}
     for key, cells in (*whole.matrix(*t["in_jobs"], raw=joined).items(),
                        *whole.matrix(*t["held"], raw=joined).items()):
@@ -182,7 +182,7 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
     measured = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_samples")}
     busy = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_util")}
     job_util = {job: busy.get(job, 0.0) / n for job, n in measured.items() if n > 0}
-    gaps = _gaps(grid, _node_samples(short, whole, width, every), {node: every for node in nodes})
+    gaps = node_gaps(grid, _node_samples(short, whole, width, every), {node: every for node in nodes})
     return UserBuckets(here, since, until, grid.start, step_s, gpus, allocations,
                        tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until),
                        gaps, in_jobs, outside, total, _unmeasured(short, whole, allocations, every), job_util)
@@ -239,7 +239,7 @@ def _short(grid: Grid, by_node: Grid, every: float) -> tuple[Matrix, int, dict[s
 
 def _node_samples(short: Matrix, grid: Grid, width: dict[str, int], every: float) -> Matrix:
     """Per node, its devices' most samples per bucket, where short (else as many as fit): what
-    :func:`gpuslurm.report.prometheus._gaps` reads to find a node's gaps."""
+    :func:`gpuslurm.report.prometheus.node_gaps` reads to find a node's gaps."""
     fit = grid.step_s / every
     per_node: dict[str, dict[int, list[float]]] = {}
     for key, cells in short.items():

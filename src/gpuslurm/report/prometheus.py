@@ -124,9 +124,9 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
         gpus.append(GpuSeries(node, device, parent or device, tuple(u.get(b) for b in range(n)), cover))
 
     return ReportData(here, since, until, start, step_s, tuple(gpus), _processes(grid, check, device_samples),
-                      _allocations(grid, intervals),
+                      job_allocations(grid, intervals),
                       tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until),
-                      _gaps(grid, samples, intervals))
+                      node_gaps(grid, samples, intervals))
 
 
 def node_groups(nodes: list[str]) -> list[str]:
@@ -233,7 +233,7 @@ def _processes(grid: Grid, check: Checked, device_samples: dict[tuple[str, str],
     return tuple(procs)
 
 
-def _allocations(grid: Grid, intervals: dict[str, float]) -> tuple[AllocationSpan, ...]:
+def job_allocations(grid: Grid, intervals: dict[str, float]) -> tuple[AllocationSpan, ...]:
     """Jobs seen in the window: start, the end of the last scrape that saw them (:func:`held_until`;
     up to HORIZON_S after ``until``), devices. Chunk by chunk, each job's series only where it is."""
     ends: dict[tuple[str, str], tuple[dict[str, str], float]] = {}
@@ -279,7 +279,7 @@ def _cycle_intervals(grid: Grid) -> dict[str, float]:
     return out
 
 
-def _gaps(grid: Grid, samples: Matrix, intervals: dict[str, float]) -> tuple[Gap, ...]:
+def node_gaps(grid: Grid, samples: Matrix, intervals: dict[str, float]) -> tuple[Gap, ...]:
     """Times inside the window a node's exporter went unscraped (its monitor down): scrapes more
     than :data:`GAP_INTERVALS` scrape intervals apart. Only buckets short of scrapes are read
     sample by sample (with their neighbours, where a gap may begin or end), so a cluster whose
