@@ -48,7 +48,7 @@ from gpuslurm.report.rows import (
     Row,
     Totals,
     Who,
-    make_row,
+    finish_rows,
     overlap,
     proc_label,
     recommendations,
@@ -186,14 +186,7 @@ def compute(data: ReportData, by: str, policy: Policy) -> Report:
                     label = proc_label(p.name, p.pid, p.job_id)
                     acc.busy_h[label] = acc.busy_h.get(label, 0.0) + p.seen[b] * dur_h[b]
 
-    for v in data.violations:
-        alloc = jobs.get((v.node, v.job_id)) if v.job_id is not None else None
-        groups.get(Who(v.user or (alloc.user if alloc else None), alloc.account if alloc else None,
-                       v.job_id, v.pid, v.node, v.process)).violations.append(v)
-
-    rows = tuple(sorted((make_row(k, acc, by, capacity, policy, data) for k, acc in groups.accs.items()
-                         if acc.allocated or acc.used or acc.violations),
-                        key=lambda r: (-r.used_gpu_hours, -r.allocated_gpu_hours, r.key)))
+    rows = finish_rows(groups, data.violations, jobs, by, capacity, policy, data)
     totals = Totals(hours, physical, capacity, total.allocated, total.used, total.idle, total.unmeasured,
                     100.0 * total.used / capacity if capacity else 0.0,
                     100.0 * total.allocated / capacity if capacity else 0.0, len(data.violations),

@@ -6,11 +6,11 @@ computation and the per-user one from Prometheus' aggregates (:mod:`gpuslurm.rep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from gpuslurm.policy.wording import pct, tenths
-from gpuslurm.report.data import Gap, ReportData
+from gpuslurm.report.data import AllocationSpan, Gap, ReportData
 from gpuslurm.samples import Violation
 
 BY_CHOICES = ("user", "account", "job", "process")
@@ -172,6 +172,20 @@ def make_row(key: str, acc: Acc, by: str, capacity: float, policy: Policy, data:
                acc.unmeasured, share, quota, over, len(acc.jobs), sum(acc.jobs.values()),
                len(merged), rogue, tuple(evidence), acc.outside,
                None if acc.energy_j is None else acc.energy_j / J_PER_KWH)
+
+
+def finish_rows(groups: Groups, violations: Sequence[Violation],
+                jobs: Mapping[tuple[str, str], AllocationSpan], by: str, capacity: float,
+                policy: Policy, data: ReportData) -> tuple[Row, ...]:
+    """Each finding to its row (the job's user and account where it names a job), then the rows
+    that hold anything, busiest first: the last step of both fair-share computations."""
+    for v in violations:
+        alloc = jobs.get((v.node, v.job_id)) if v.job_id is not None else None
+        groups.get(Who(v.user or (alloc.user if alloc else None), alloc.account if alloc else None,
+                       v.job_id, v.pid, v.node, v.process)).violations.append(v)
+    return tuple(sorted((make_row(k, acc, by, capacity, policy, data) for k, acc in groups.accs.items()
+                         if acc.allocated or acc.used or acc.violations),
+                        key=lambda r: (-r.used_gpu_hours, -r.allocated_gpu_hours, r.key)))
 
 
 def _merged(vs: list[Violation], data: ReportData) -> list[Violation]:

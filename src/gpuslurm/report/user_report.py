@@ -19,7 +19,7 @@ from gpuslurm.report.rows import (
     Report,
     Totals,
     Who,
-    make_row,
+    finish_rows,
     overlap,
     recommendations,
 )
@@ -90,14 +90,7 @@ def compute_users(u: UserBuckets, by: str, policy: Policy) -> Report:
         acc.idle = max(acc.allocated - acc.unmeasured - in_jobs.get(id(acc), 0.0), 0.0)
         total.idle += acc.idle
 
-    for v in u.violations:
-        alloc = jobs.get((v.node, v.job_id)) if v.job_id is not None else None
-        groups.get(Who(v.user or (alloc.user if alloc else None), alloc.account if alloc else None,
-                       v.job_id, v.pid, v.node, v.process)).violations.append(v)
-
-    rows = tuple(sorted((make_row(k, acc, by, capacity, policy, data) for k, acc in groups.accs.items()
-                         if acc.allocated or acc.used or acc.violations),
-                        key=lambda r: (-r.used_gpu_hours, -r.allocated_gpu_hours, r.key)))
+    rows = finish_rows(groups, u.violations, jobs, by, capacity, policy, data)
     totals = Totals(hours, u.gpus, capacity, total.allocated, total.used, total.idle, total.unmeasured,
                     100.0 * total.used / capacity if capacity else 0.0,
                     100.0 * total.allocated / capacity if capacity else 0.0, len(u.violations),
