@@ -8,7 +8,6 @@ import os
 import stat
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import click
@@ -27,8 +26,9 @@ HOOK_NAMES = ("gpuslurm-prolog", "gpuslurm-epilog", "gpuslurm-task-prolog")
 # What the installed hooks exec: the hooks' own entry point, not the click CLI.
 # Where this interpreter's gpuslurm and its dependencies are (an editable install: the source
 # folder, then site-packages), which install writes into the hooks they start with -I -S.
-HOOK_DIRS = list(dict.fromkeys([str(Path(gpuslurm.__file__).resolve().parents[1]),
-                                os.path.realpath(sysconfig.get_paths()["purelib"])]))
+# (Not this venv's purelib: where the venv's .pth names another site-packages, as the Python
+# matrix's does, the dependencies live there.) What the probe finds is checked on its own below.
+HOOK_DIRS = lib.hook_sys_path(sys.executable)
 HOOK_CODE = f"'import sys; sys.path += {json.dumps(HOOK_DIRS)}; from gpuslurm.slurm.entry import run; run()'"
 
 
@@ -397,3 +397,13 @@ def test_a_directory_written_into_the_hooks_sys_path_that_others_can_change_is_r
     etc, prefix = dirs
     assert str(module) in str(refused(run(etc, prefix)))
     assert not prefix.exists()  # nothing written
+
+
+def test_the_hooks_sys_path_holds_gpuslurm_and_its_dependencies_where_they_are() -> None:
+    import click
+    import jinja2
+
+    assert str(Path(gpuslurm.__file__).resolve().parents[1]) == HOOK_DIRS[0]
+    for module in (click, jinja2):  # dependencies the hooks' imports may reach
+        assert os.path.dirname(os.path.dirname(os.path.realpath(module.__file__))) in HOOK_DIRS
+    assert all(os.path.isabs(d) for d in HOOK_DIRS) and len(set(HOOK_DIRS)) == len(HOOK_DIRS)
