@@ -2,11 +2,14 @@
 
 Two jobs of two GPUs each run at once on the emulated DGX H100; outside any job pick 2 would
 choose GPUs 0 and 1, so the second job (given other GPUs) shows that pick kept to its own.
+Each job waits (at most 60 s) until the other has started too: under load the first could end
+before the second is scheduled, and Slurm would give the second the same two GPUs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import sys
 from pathlib import Path
@@ -26,20 +29,27 @@ BIN = str(Path(sys.executable).parent / "gpuslurm")
 
 SCRIPT = f"""
 echo "GPUS=$SLURM_JOB_GPUS"
+touch "$MEET/$SLURM_JOB_ID"
+met=no
+for _ in $(seq 600); do [ "$(ls "$MEET" | wc -l)" -ge 2 ] && met=yes && break; sleep 0.1; done
 {BIN} pick 2 --from dgx-h100 --format json | tr -d '\\n'; echo
 {BIN} pick 3 --from dgx-h100 2>&1; echo "rc=$?"
 {BIN} pick 1 --from dgx-h100 -- sh -c 'echo "CVD=$CUDA_VISIBLE_DEVICES"'
-sleep 2
+echo "met=$met"
 """
 
 
 def test_pick_keeps_to_the_jobs_gpus(slurm_cluster: SlurmCluster) -> None:
     node = load_node("dgx-h100")
-    jobs = [slurm_cluster.sbatch(["--gres=gpu:2"], SCRIPT) for _ in range(2)]
+    meet = slurm_cluster.state_dir / f"pick-meet-{os.getpid()}"
+    meet.mkdir()
+    script = SCRIPT.replace("$MEET", str(meet))
+    jobs = [slurm_cluster.sbatch(["--gres=gpu:2"], script) for _ in range(2)]
     seen: set[str] = set()
     for job in jobs:
         assert slurm_cluster.wait(job, timeout=90) == "COMPLETED", slurm_cluster.log_tail()
         lines = slurm_cluster.output(job).splitlines()
+        assert lines[-1] == "met=yes", ("the two jobs never ran at once", lines)
         indices = tuple(int(i) for i in lines[0].removeprefix("GPUS=").split(","))
         own = {d.uuid for d in resolve_job_gpus(HookEnv(job_gpus=indices), node)}
         assert len(own) == 2
