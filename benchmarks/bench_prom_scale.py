@@ -52,7 +52,7 @@ G0 = 1_700_000_000 // 86400 * 86400  # a whole day (UTC)
 MEM_TOTAL = 85_520_809_984
 
 REPORT = r"""
-import json, resource, sys, time
+import json, re, resource, sys, time
 t = time.perf_counter()
 import gpuslurm.report.prometheus as p
 from gpuslurm.report.compute import Policy, compute
@@ -64,9 +64,15 @@ raw, per_device = "raw" in sys.argv[5], "devices" in sys.argv[5]
 if raw:
     p._rule_phase = lambda *args: None
 asked = {"requests": 0, "points": 0}
+spent = {}  # (endpoint, the query's first series name) -> [requests, seconds]: where the time goes
 real = PrometheusClient._get
 def counting(self, endpoint, params, want):
+    t0 = time.perf_counter()
     got = real(self, endpoint, params, want)
+    name = re.search(r"[a-z_:]*gpuslurm_[a-z_:0-9]+", dict(params).get("query", "") or dict(params).get("match[]", ""))
+    kind = spent.setdefault(endpoint.rsplit("/", 1)[-1] + " " + (name.group(0) if name else "-"), [0, 0.0])
+    kind[0] += 1
+    kind[1] += time.perf_counter() - t0
     asked["requests"] += 1
     asked["points"] += sum(len(r.get("values") or ()) or 1 for r in got) if isinstance(got, list) else 0
     return got
@@ -80,7 +86,8 @@ print(json.dumps({"load_s": t_load, "total_s": time.perf_counter() - t,
                   "rows": {r.key: [r.allocated_gpu_hours, r.used_gpu_hours] for r in report.rows},
                   "path": "per-user sums" if users is not None else "per-device",
                   "gpus": report.totals.gpus, "jobs": len((users or data).allocations), **asked,
-                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "spent": sorted(([k, n, round(sec, 2)] for k, (n, sec) in spent.items()), key=lambda x: -x[2])}))
 """
 
 def generate(path: Path, nodes: int, days: int, gpus: int, seed: int,
@@ -230,10 +237,18 @@ def _backfill(part: Path, data: Path) -> None:
     part.unlink()
 
 
-def _five_minute_group() -> str:
-    """The shipped rules' ``gpuslurm_5m`` group alone (the others are for dashboards)."""
+def _five_minute_group(only: set[str] | None = None) -> str:
+    """The shipped rules' ``gpuslurm_5m`` group alone (the others are for dashboards); ``only``:
+    those of its rules that record these names."""
     text = (Path(__file__).resolve().parents[1] / "packaging" / "gpuslurm-rules.yml").read_text()
-    return "groups:\n" + text[text.index("  - name: gpuslurm_5m"):]
+    group = text[text.index("  - name: gpuslurm_5m"):]
+    if only is not None:
+        head, *rules = group.split("\n      - record: ")
+        kept = [r for r in rules if r.split("\n", 1)[0].strip() in only]
+        if len(kept) != len(only):
+            raise SystemExit(f"--add-rules: not all of {sorted(only)} are rules of gpuslurm_5m")
+        group = "\n      - record: ".join([head, *kept])
+    return "groups:\n" + group
 
 
 def _serve(root: Path, data: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -270,6 +285,8 @@ def main() -> None:
     ap.add_argument("--raw", action="store_true", help="the report reads raw samples, not the rules")
     ap.add_argument("--per-device", action="store_true",
                     help="the per-device path (a point per device and bucket), not Prometheus' per-user sums")
+    ap.add_argument("--add-rules", help="with --data and the --keep directory that made it: have promtool "
+                    "add these rules of gpuslurm_5m (comma-separated names) to the TSDB first")
     ap.add_argument("--jobs", type=int, default=2, help="promtool backfills at once (default 2)")
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
@@ -290,10 +307,10 @@ def main() -> None:
                 list(pool.map(lambda f: _backfill(f, data), parts))
             print(f"backfilled in {time.perf_counter() - t:.0f} s", flush=True)
         proc, url = _serve(root, data)
-        if not args.data and not args.no_rules:
+        if (not args.data and not args.no_rules) or args.add_rules:
             t = time.perf_counter()
-            rules = root / "rules-5m.yml"
-            rules.write_text(_five_minute_group())
+            rules = root / "rules-5m.yml"  # the same path and group as before: the same phase
+            rules.write_text(_five_minute_group(set(args.add_rules.split(",")) if args.add_rules else None))
             subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
                             f"--start={G0}", f"--end={G0 + args.days * 86400}",
                             f"--output-dir={root / 'rules'}", str(rules)],
@@ -337,6 +354,8 @@ def main() -> None:
                   f"({'exact' if worst_alloc < 1e-6 else 'NOT EXACT'}), used by at most "
                   f"{100 * worst_used:.3f} % "
                   f"({'ok' if worst_used <= 1e-3 else 'OVER 0.1 %'})", flush=True)
+            print("  requests' time (summed over the client's parallel requests), by kind: " + "; ".join(
+                f"{k}: {n} in {sec} s" for k, n, sec in got["spent"][:8]), flush=True)
     finally:
         if proc is not None:
             proc.terminate()

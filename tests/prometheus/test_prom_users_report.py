@@ -24,8 +24,11 @@ from gpuslurm.errors import InputError
 from gpuslurm.report import prom_users
 from gpuslurm.report.compute import Report, compute
 from gpuslurm.report.prom_client import PrometheusClient
+from gpuslurm.report.prom_grid import RULE_MEMORY
 from gpuslurm.report.prometheus import load_prometheus
+from gpuslurm.report.query import load_sqlite
 from gpuslurm.report.user_report import compute_users
+from gpuslurm.state.store import Store
 
 pytestmark = pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK)),
                                 reason="needs Debian's prometheus package (.ci/run installs it)")
@@ -45,6 +48,7 @@ def _answers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, list[dict[
     return seen
 
 
+DEVICE_UTIL = "device:gpuslurm_gpu_utilization_ratio:sum_5m"
 RULE_WINDOW_H = 300 / 3600  # the gpuslurm_5m group's interval
 JOBS = 9  # tests.helpers.prom_rules_cycles: three jobs on each of three nodes
 
@@ -99,6 +103,63 @@ def test_the_report_by_user_from_prometheus_sums_is_the_per_device_report(
     assert all(len(got) <= 3 for _, got in ranged)  # alice, bob, carol at most
     read_rules = any(prom_users.IN_JOBS in q for q, _ in ranged)
     assert read_rules == (rules_start == HOUR)
+    # every device sampled throughout and in range, as the cluster's check rules say: no device's
+    # series is read to check the whole buckets (the cost that grew with nodes x days)
+    if rules_start == HOUR:
+        assert not [q for q, _ in ranged if DEVICE_UTIL in q or RULE_MEMORY in q]
+
+
+def test_rules_older_than_the_check_rules_are_checked_device_by_device(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site whose rules file predates the cluster's check rules: the sums still come from the
+    per-user rules, the checks read each device's series, and the rows are the per-device path's."""
+    text = RULES.read_text()
+    head, tail = text.split("      - record: cluster:gpuslurm_gpu_utilization_out_of_range:count_5m", 1)
+    older = tmp_path / "older" / RULES.name
+    older.parent.mkdir()
+    older.write_text(head + tail[tail.index("      # every device's, and per job"):])
+    assert prom_users.OUT_OF_RANGE not in older.read_text() and prom_users.FEWEST not in older.read_text()
+    store = _truth(tmp_path)
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False,
+                    rules=older, rules_start=HOUR) as url:
+        answers = _answers(monkeypatch)
+        users = prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
+        asked = [q for endpoint, q, _ in answers if endpoint == "query_range"]
+        data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    assert users is not None
+    assert any(prom_users.IN_JOBS in q for q in asked)
+    assert any(DEVICE_UTIL in q for q in asked) and any(RULE_MEMORY in q for q in asked)
+    for by in ("user", "account"):
+        _same(compute_users(users, by, POLICY), compute(data, by, POLICY), compute(store, by, POLICY))
+
+
+def test_a_node_down_for_4_minutes_is_read_device_by_device_and_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """n3's monitor down for 4 minutes inside the window (less than a bucket: a device missing
+    from a whole bucket takes the per-device path): the cluster's rules count too few samples
+    there, so the sums read the devices' counts node group by node group (as before the check
+    rules), and name n3's gap as the per-device path does; the rows are the per-device path's and
+    the store's."""
+    down = (HOUR + 2 * 3600 + 100, HOUR + 2 * 3600 + 340)
+    kept = [c for c in _cluster() if not (c.node == "n3" and down[0] <= c.ts < down[1])]
+    with Store.open(str(tmp_path / "monitor.db")) as db:
+        for c in kept:
+            db.write_cycle(c)
+    store = load_sqlite(str(tmp_path / "monitor.db"), SINCE, UNTIL, STEP)
+    with backfilled(tmp_path / "prom", ((c, ()) for c in kept), per_process=False,
+                    rules=RULES, rules_start=HOUR) as url:
+        answers = _answers(monkeypatch)
+        users = prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
+        asked = [q for endpoint, q, _ in answers if endpoint == "query_range"]
+        data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    assert users is not None
+    assert any(RULE_MEMORY in q for q in asked)
+    assert not any(DEVICE_UTIL in q for q in asked)  # no utilisation out of range: not read
+    assert [g.node for g in users.gaps] == [g.node for g in data.gaps] == ["n3"], (users.gaps, data.gaps)
+    assert users.gaps[0].start == pytest.approx(data.gaps[0].start, abs=STEP)
+    assert users.gaps[0].end == pytest.approx(data.gaps[0].end, abs=STEP)
+    for by in ("user", "account"):
+        _same(compute_users(users, by, POLICY), compute(data, by, POLICY), compute(store, by, POLICY))
 
 
 def test_per_process_series_take_the_per_device_path(tmp_path: Path) -> None:

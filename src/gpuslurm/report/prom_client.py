@@ -86,6 +86,14 @@ class PrometheusClient:
         data = self._data(f"label/{urllib.parse.quote(label)}/values", params, want=list)
         return sorted(v for v in data if isinstance(v, str))
 
+    def series(self, metric: str, first: float, last: float) -> list[dict[str, str]]:
+        """``/api/v1/series``: the label sets of ``metric``'s series with samples in ``[first,
+        last]`` (from the index, at its blocks' granularity: a series just outside may be named too)."""
+        params = {"match[]": metric, "start": _ts(first), "end": _ts(last)}
+        data = self._data("series", params, want=list)
+        return [{k: v for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
+                for d in data if isinstance(d, dict)]
+
     def scrape_intervals(self) -> dict[str, float]:
         """``/api/v1/targets``: each active target's scrape interval in seconds, by its ``instance``
         label; {} when Prometheus does not say (an old version, a proxy that refuses the call)."""

@@ -87,11 +87,12 @@ class Grid:
         # only the first and the last bucket can be clipped by the window
         self._clipped = {b for b in {0, n - 1} if 0 <= b < n and self.span(b) != self._full(b)}
 
-    def matrix(self, template: str, clipped_template: str | None = None, raw: bool = False) -> Matrix:
+    def matrix(self, template: str, clipped_template: str | None = None, raw: bool = False,
+               only: str = "") -> Matrix:
         """``template`` with ``{m}`` the selector's matchers (``{mj}``, ``{mn}``: and a job's, none's),
         ``{r}`` the range and ``{s}`` it in seconds, per series and
         bucket (``clipped_template`` for a clipped bucket; ``raw``: a template of raw samples);
-        buckets without data left out."""
+        buckets without data left out. ``only``: ``"whole"`` or ``"clipped"`` buckets alone."""
         matchers: tuple[str, ...] = ()
         clipped_template = clipped_template or template
         whole = [b for b in range(self.n) if b not in self._clipped]
@@ -124,7 +125,8 @@ class Grid:
                         got.append((key, b, x))
             return got
 
-        parts: list[list[int] | int] = [*runs, *clipped]
+        parts: list[list[int] | int] = [*(runs if only != "clipped" else ()),
+                                        *(clipped if only != "whole" else ())]
         jobs = [(g, w) for g in self.groups for w in parts]
         out: Matrix = {}
         for got in parallel(part, jobs):

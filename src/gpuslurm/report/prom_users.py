@@ -22,12 +22,13 @@ busy hours as an over-quota user's evidence (``--by process`` has them).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 from gpuslurm.report.data import AllocationSpan, Gap, ReportData
 from gpuslurm.report.prom_client import PrometheusClient, PrometheusError
 from gpuslurm.report.prom_decode import Matrix, checked, iso, label, ms, value
-from gpuslurm.report.prom_grid import DEFAULT_SCRAPE_S, RULE_MEMORY, Grid
+from gpuslurm.report.prom_grid import DEFAULT_SCRAPE_S, RULE_MEMORY, RULE_STEP_S, Grid
 from gpuslurm.report.prometheus import (
     HORIZON_S,
     NODES_PER_QUERY,
@@ -45,6 +46,10 @@ IN_JOBS = "user:gpuslurm_gpu_utilization_ratio_in_jobs:sum_5m"
 HELD = "user:gpuslurm_gpu_utilization_ratio_held:sum_5m"
 OUTSIDE = "user:gpuslurm_gpu_utilization_ratio_outside_jobs:sum_5m"
 CLUSTER = "cluster:gpuslurm_gpu_utilization_ratio:sum_5m"
+# the window's checks, one series for the whole cluster (the same group)
+OUT_OF_RANGE = "cluster:gpuslurm_gpu_utilization_out_of_range:count_5m"
+SAMPLED = "cluster:gpuslurm_gpu_memory_total_bytes:count_5m"
+FEWEST = "cluster:gpuslurm_gpu_memory_total_bytes:min_count_5m"
 # a sum joined from raw samples reads about this many selectors' samples: its requests cover as
 # much less of the window as the per-device path's
 JOINED = 6
@@ -161,14 +166,16 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
     ruled = _user_rules_cover(whole)
     t = _templates(ruled, every)
     joined = not ruled  # whole buckets joined from raw samples: the shorter requests
-    found = _short(whole, grid, every)
+    in_range, sampled = _window_checks(whole, every) if ruled else (False, None)
+    found = _short(whole, grid, every, sampled)
     if found is None:
         return None
     short, gpus, width = found
     check = Checked(here, "series")
-    # per device: in requests of a node group each, as the per-device path's, 4 at a time
-    for key, cells in grid.matrix(*t["bad"], raw=joined).items():  # refused as per device
-        checked(check, cells, "gpuslurm_gpu_utilization_ratio", key)
+    # per device: in requests of a node group each, as the per-device path's, 4 at a time; the
+    # whole buckets not where the cluster's rule counted no device out of range in any of them
+    for key, cells in grid.matrix(*t["bad"], raw=joined, only="clipped" if in_range else "").items():
+        checked(check, cells, "gpuslurm_gpu_utilization_ratio", key)  # refused as per device
     allocations = job_allocations(grid, {node: every for node in nodes})
     in_jobs: dict[tuple[str, str], dict[int, float]] = {}
     for key, cells in (*whole.matrix(*t["in_jobs"], raw=joined).items(),
@@ -214,27 +221,68 @@ def _one_interval(grid: Grid, targets: dict[str, float]) -> float | None:
     return every.pop() if len(every) == 1 and None not in every else None
 
 
-def _short(grid: Grid, by_node: Grid, every: float) -> tuple[Matrix, int, dict[str, int]] | None:
+def _window_checks(grid: Grid, every: float) -> tuple[bool, int | None]:
+    """What the cluster's check rules say of the window's whole buckets: whether no device's
+    5-minute mean utilisation was out of range (so neither was a bucket's, a mean of them); and
+    the number of device series, where every one the window names was sampled in each 5 minutes
+    as many times as fit at the scrape interval (so in each bucket: only where the interval
+    divides 5 minutes), else None. False and None where a rule is missing (rules older than it)."""
+    whole = [b for b in range(grid.n) if grid.whole(b)]
+    if not whole:
+        return False, None
+    one = Grid(grid.prom, grid.since, grid.until, grid.start, grid.step_s, grid.n, [""],
+               grid.until - grid.since + grid.step_s, rules=True)  # one series: the window at once
+    k = round(grid.step_s / RULE_STEP_S)
+
+    def per_bucket(template: str) -> dict[int, float]:
+        return next(iter(one.matrix(template, only="whole").values()), {})
+
+    def every_bucket(cells: dict[int, float], ok: Callable[[float], bool]) -> bool:
+        return len(cells) == len(whole) and all(ok(x) for x in cells.values())
+
+    in_range = every_bucket(per_bucket(f"count_over_time({OUT_OF_RANGE}[{{rr}}])"), lambda n: n == k) and \
+        every_bucket(per_bucket(f"max_over_time({OUT_OF_RANGE}[{{rr}}])"), lambda n: n == 0)
+    per_5m = RULE_STEP_S / every
+    if abs(per_5m - round(per_5m)) > 1e-9:
+        return in_range, None
+    names = {tuple(sorted(d.items())) for d in grid.prom.series("gpuslurm_gpu_memory_total_bytes",
+                                                                grid.since, grid.until)}
+    sampled = every_bucket(per_bucket(f"count_over_time({SAMPLED}[{{rr}}])"), lambda n: n == k) and \
+        every_bucket(per_bucket(f"min_over_time({SAMPLED}[{{rr}}])"), lambda n: n == len(names)) and \
+        every_bucket(per_bucket(f"max_over_time({SAMPLED}[{{rr}}])"), lambda n: n == len(names)) and \
+        every_bucket(per_bucket(f"min_over_time({FEWEST}[{{rr}}])"), lambda n: n >= round(per_5m))
+    return in_range, len(names) if sampled else None
+
+
+def _short(grid: Grid, by_node: Grid, every: float, sampled: int | None = None
+           ) -> tuple[Matrix, int, dict[str, int]] | None:
     """The device-buckets sampled only in part (whole buckets with fewer samples than fit; every
     device of a clipped bucket; read per node group of ``by_node``), the devices and each node's;
     None when a device is missing from whole buckets of the window (a node's monitor down, a node
-    added or gone)."""
+    added or gone). ``sampled``: the device series the cluster's rules found sampled throughout
+    the whole buckets (:func:`_window_checks`), so only the clipped ones are read device by device."""
     count = f"sum_over_time({RULE_MEMORY}{{m}}[{{rr}}])" if grid.rules \
         else "count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])"
     raw = "count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])"
     fit = math.floor(grid.step_s / every + 1e-9)
     whole = [b for b in range(grid.n) if grid.whole(b)]
-    devices = grid.matrix(f"count({count})", f"count({raw})")
-    counted = next(iter(devices.values()), {})
-    seen = {c for b, c in counted.items() if grid.whole(b)}
-    if not whole or len(seen) != 1 or sum(grid.whole(b) for b in counted) != len(whole):
+    if not whole:
         return None
+    if sampled is not None:
+        seen: set[float] = {sampled}
+    else:
+        devices = grid.matrix(f"count({count})", f"count({raw})")
+        counted = next(iter(devices.values()), {})
+        seen = {c for b, c in counted.items() if grid.whole(b)}
+        if len(seen) != 1 or sum(grid.whole(b) for b in counted) != len(whole):
+            return None
     at = grid.span(whole[0])[1]
     width = {(r.get("metric") or {}).get("node", ""): round(value(r) or 0.0) for r in grid.prom.instant(
         f"count by (node) (count_over_time(gpuslurm_gpu_memory_total_bytes[{ms(grid.step_s)}ms]))", at)}
     if sum(width.values()) != seen.pop():
         return None
-    return by_node.matrix(f"{count} < {fit}", raw), sum(width.values()), width
+    short = by_node.matrix(f"{count} < {fit}", raw, only="" if sampled is None else "clipped")
+    return short, sum(width.values()), width
 
 
 def _node_samples(short: Matrix, grid: Grid, width: dict[str, int], every: float) -> Matrix:
