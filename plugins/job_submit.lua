@@ -11,7 +11,8 @@ For a throttled user whose line has not expired, a job that asks for GPUs (--gre
 --gpus, --gpus-per-node, --gpus-per-task, --gpus-per-socket, or mps/shard gres) is
     reject:   refused, with a message saying why, until when and whom to ask;
     cap:      given at most `value` GPUs in all, per job (see cap_request below; a batch job's
-              SLURM_GPUS* follow; srun and salloc over the cap are refused, see M.decide);
+              SLURM_GPUS* and SLURM_TRES_PER_TASK follow; srun and salloc over the cap are
+              refused, see M.decide);
     priority: given `value` more nice (a lower priority).
 Jobs without GPUs pass. `scontrol update` of a job by its throttled owner is judged on the job as
 it will be after the update (see M.modify; docs/throttle.md). The file is read at most every
@@ -352,14 +353,40 @@ local function is_batch(job_desc)
     return type(script) == "string" and script ~= ""
 end
 
--- The job's SLURM_GPUS* variables that a lowered field would contradict: variable -> the new
--- value, only for variables the job's environment holds.
+-- SLURM_TRES_PER_TASK ("cpu=4,gres/gpu=3"), which sbatch writes for --gpus-per-task on
+-- releases that fold it into --tres-per-task (24.11 and later; SLURM_GPUS_PER_TASK is then
+-- unset): its GPU items take the lowered field's counts, type by type; its other items stay.
+function M.capped_tres_per_task(text, lowered)
+    local counts = {}
+    for _, item in ipairs(split(lowered)) do
+        local r = M.parse_item(item)
+        if r and r.name_l == "gpu" and not r.unparsed then counts[r.type or ""] = r.count end
+    end
+    local items = {}
+    for _, item in ipairs(split(text)) do
+        local r = M.parse_item(item)
+        local count = r and r.prefix ~= "" and r.name_l == "gpu" and not r.unparsed and counts[r.type or ""]
+        if count then
+            r.count = count
+            item = M.format_item(r)
+        end
+        items[#items + 1] = item
+    end
+    return table.concat(items, ",")
+end
+
+-- The job's SLURM_GPUS* (and SLURM_TRES_PER_TASK) variables that a lowered field would
+-- contradict: variable -> the new value, only for variables the job's environment holds.
 function M.capped_env(job_desc, changes)
     local env = job_desc.environment
     local out = {}
     if env == nil then return out end
     for field, var in pairs(GPU_ENV) do
         if changes[field] and env[var] ~= nil then out[var] = M.gpu_option(changes[field]) end
+    end
+    local tres = env.SLURM_TRES_PER_TASK
+    if changes.tres_per_task and type(tres) == "string" and #tres <= MAX_LINE then
+        out.SLURM_TRES_PER_TASK = M.capped_tres_per_task(tres, changes.tres_per_task)
     end
     return out
 end

@@ -177,3 +177,35 @@ def test_a_capped_gpus_jobs_bare_srun_asks_for_what_the_job_has(throttled: Throt
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
         t.gpuslurm("remove", a.name)
+
+
+def test_a_capped_gpus_per_task_jobs_bare_srun_asks_for_what_the_job_has(throttled: Throttled) -> None:
+    """The same for --gpus-per-task=3 lowered to 1: sbatch writes SLURM_GPUS_PER_TASK=3 (22.05) or,
+    on releases that fold it into --tres-per-task, SLURM_TRES_PER_TASK=gres/gpu=3 (24.11, 26.05;
+    before the fix their bare srun failed: "Invalid generic resource (gres) specification"); the
+    plugin rewrites either, and the job's bare srun runs."""
+    t, a = throttled, throttled.a
+    t.gpuslurm("add", a.name, "--cap", "1", "--for", "1h")
+    time.sleep(SETTLE_S)
+    outdir = Path(tempfile.mkdtemp(prefix="gpuslurm-capenv-"))
+    try:
+        outdir.chmod(0o755)
+        os.chown(outdir, a.uid, a.gid)
+        proc = subprocess.run([SBATCH, "--parsable", "--chdir=/tmp", f"--output={outdir}/%j.out", "-n1",
+                               "--gpus-per-task=3", "--wrap",
+                               'echo "PER_TASK=$SLURM_GPUS_PER_TASK TRES=${SLURM_TRES_PER_TASK-unset}"; '
+                               'srun true && echo "srun ran"'],
+                              env=t.cluster.env, capture_output=True, text=True, timeout=60, check=False,
+                              user=a.uid, group=a.gid, extra_groups=[], cwd="/tmp")
+        assert proc.returncode == 0 and "reduced to 1 GPU" in proc.stderr, proc.stderr
+        job = int(proc.stdout.strip().split(";")[0])
+        state = t.cluster.wait(job, timeout=90)
+        out = (outdir / f"{job}.out").read_text()
+        assert state == "COMPLETED" and "srun ran" in out, (state, out)
+        line = next(x for x in out.splitlines() if x.startswith("PER_TASK="))
+        per_task, tres = line.removeprefix("PER_TASK=").split(" TRES=", 1)
+        # 22.05 writes SLURM_GPUS_PER_TASK; 24.11 and 26.05 write SLURM_TRES_PER_TASK instead
+        assert (per_task, tres) in {("1", "unset"), ("", "gres/gpu=1")}, out
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
+        t.gpuslurm("remove", a.name)

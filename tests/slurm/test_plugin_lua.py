@@ -490,7 +490,8 @@ local function show(name, fields, env)
   for k, v in pairs(env) do j.environment[k] = v end
   local rc = slurm_job_submit(j, {}, 1000)
   out(name, rc, j.environment.SLURM_GPUS or "-", j.environment.SLURM_GPUS_PER_NODE or "-",
-      j.environment.SLURM_GPUS_PER_TASK or "-", j.environment.SLURM_GPUS_PER_SOCKET or "-")
+      j.environment.SLURM_GPUS_PER_TASK or "-", j.environment.SLURM_GPUS_PER_SOCKET or "-",
+      j.environment.SLURM_TRES_PER_TASK or "-")
 end
 show("gpus", {tres_per_job = "gres:gpu:6", min_nodes = 2}, {SLURM_GPUS = "6"})
 show("typed", {tres_per_job = "gres/gpu:h100:2,gres/gpu:a100:2"}, {SLURM_GPUS = "h100:2,a100:2"})
@@ -501,15 +502,24 @@ show("per-socket", {tres_per_socket = "gres:gpu:2", sockets_per_node = 2, min_no
      {SLURM_GPUS_PER_SOCKET = "2"})
 show("gres", {tres_per_node = "gres:gpu:4"}, {})
 show("fits", {tres_per_job = "gres:gpu:2"}, {SLURM_GPUS = "2"})
+-- 24.11 and later: --gpus-per-task=3 -c4 as sbatch writes it (no SLURM_GPUS_PER_TASK)
+show("tres-per-task", {tres_per_task = "cpu=4,gres/gpu=3", num_tasks = 1},
+     {SLURM_TRES_PER_TASK = "cpu=4,gres/gpu=3"})
+show("tres-typed", {tres_per_task = "gres/gpu:h100=3", num_tasks = 1},
+     {SLURM_TRES_PER_TASK = "gres/gpu:h100=3,license/x=1"})
+show("tres-fits", {tres_per_task = "gres/gpu=1", num_tasks = 2}, {SLURM_TRES_PER_TASK = "gres/gpu=1"})
 """)
     got = {line.split("|")[0]: line.split("|")[1:] for line in lines if "|" in line}
-    assert got["gpus"] == ["0", "2", "-", "-", "-"], got
-    assert got["typed"] == ["0", "h100:2", "-", "-", "-"], got
-    assert got["per-node"] == ["0", "-", "h100:1", "-", "-"], got
-    assert got["per-task"] == ["0", "-", "-", "1", "-"], got
-    assert got["per-socket"] == ["0", "-", "-", "-", "1"], got
-    assert got["gres"] == ["0", "-", "-", "-", "-"], got  # no variable is made up
-    assert got["fits"] == ["0", "2", "-", "-", "-"], got
+    assert got["gpus"] == ["0", "2", "-", "-", "-", "-"], got
+    assert got["typed"] == ["0", "h100:2", "-", "-", "-", "-"], got
+    assert got["per-node"] == ["0", "-", "h100:1", "-", "-", "-"], got
+    assert got["per-task"] == ["0", "-", "-", "1", "-", "-"], got
+    assert got["per-socket"] == ["0", "-", "-", "-", "1", "-"], got
+    assert got["gres"] == ["0", "-", "-", "-", "-", "-"], got  # no variable is made up
+    assert got["fits"] == ["0", "2", "-", "-", "-", "-"], got
+    assert got["tres-per-task"] == ["0", "-", "-", "-", "-", "cpu=4,gres/gpu=2"], got
+    assert got["tres-typed"] == ["0", "-", "-", "-", "-", "gres/gpu:h100=2,license/x=1"], got
+    assert got["tres-fits"] == ["0", "-", "-", "-", "-", "gres/gpu=1"], got
 
 
 def test_an_over_cap_srun_or_salloc_request_is_refused_not_lowered(tmp_path: Path) -> None:
