@@ -69,8 +69,9 @@ real = PrometheusClient._get
 def counting(self, endpoint, params, want):
     t0 = time.perf_counter()
     got = real(self, endpoint, params, want)
-    name = re.search(r"[a-z_:]*gpuslurm_[a-z_:0-9]+", dict(params).get("query", "") or dict(params).get("match[]", ""))
-    kind = spent.setdefault(endpoint.rsplit("/", 1)[-1] + " " + (name.group(0) if name else "-"), [0, 0.0])
+    text = params.get("query", "") or params.get("match[]", "")
+    name = re.search(r"[a-z_:]*gpuslurm_[a-z_:0-9]+", text)
+    kind = spent.setdefault(endpoint + " " + (name.group(0) if name else "-"), [0, 0.0])
     kind[0] += 1
     kind[1] += time.perf_counter() - t0
     asked["requests"] += 1
@@ -87,7 +88,8 @@ print(json.dumps({"load_s": t_load, "total_s": time.perf_counter() - t,
                   "path": "per-user sums" if users is not None else "per-device",
                   "gpus": report.totals.gpus, "jobs": len((users or data).allocations), **asked,
                   "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "spent": sorted(([k, n, round(sec, 2)] for k, (n, sec) in spent.items()), key=lambda x: -x[2])}))
+                  "spent": sorted(([k, n, round(sec, 2)] for k, (n, sec) in spent.items()),
+                                  key=lambda x: -x[2])}))
 """
 
 def generate(path: Path, nodes: int, days: int, gpus: int, seed: int,
@@ -237,18 +239,23 @@ def _backfill(part: Path, data: Path) -> None:
     part.unlink()
 
 
-def _five_minute_group(only: set[str] | None = None) -> str:
-    """The shipped rules' ``gpuslurm_5m`` group alone (the others are for dashboards); ``only``:
-    those of its rules that record these names."""
+def _five_minute_group(only: set[str] | None = None) -> list[str]:
+    """The shipped rules' ``gpuslurm_5m`` group alone (the others are for dashboards; ``only``:
+    those of its rules that record these names), as the rules files of promtool's runs: those
+    over raw series, then those over the first ones' series (promtool cannot evaluate a rule over
+    rules of the same run)."""
     text = (Path(__file__).resolve().parents[1] / "packaging" / "gpuslurm-rules.yml").read_text()
-    group = text[text.index("  - name: gpuslurm_5m"):]
+    head, *rules = text[text.index("  - name: gpuslurm_5m"):].split("\n      - record: ")
+    names = {r.split("\n", 1)[0].strip() for r in rules}
     if only is not None:
-        head, *rules = group.split("\n      - record: ")
-        kept = [r for r in rules if r.split("\n", 1)[0].strip() in only]
-        if len(kept) != len(only):
+        rules = [r for r in rules if r.split("\n", 1)[0].strip() in only]
+        if len(rules) != len(only):
             raise SystemExit(f"--add-rules: not all of {sorted(only)} are rules of gpuslurm_5m")
-        group = "\n      - record: ".join([head, *kept])
-    return "groups:\n" + group
+
+    def over_rules(rule: str) -> bool:
+        return any(name in rule.split("\n", 1)[1] for name in names)
+    runs = [[r for r in rules if not over_rules(r)], [r for r in rules if over_rules(r)]]
+    return ["groups:\n" + "\n      - record: ".join([head, *run]) + "\n" for run in runs if run]
 
 
 def _serve(root: Path, data: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -309,18 +316,19 @@ def main() -> None:
         proc, url = _serve(root, data)
         if (not args.data and not args.no_rules) or args.add_rules:
             t = time.perf_counter()
-            rules = root / "rules-5m.yml"  # the same path and group as before: the same phase
-            rules.write_text(_five_minute_group(set(args.add_rules.split(",")) if args.add_rules else None))
-            subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
-                            f"--start={G0}", f"--end={G0 + args.days * 86400}",
-                            f"--output-dir={root / 'rules'}", str(rules)],
-                           check=True, stdout=subprocess.DEVNULL)
-            proc.terminate()
-            proc.wait()
-            for block in (root / "rules").iterdir():
-                block.rename(data / block.name)
+            rules = root / "rules-5m.yml"  # the same path and group each run: the same phase
+            for run in _five_minute_group(set(args.add_rules.split(",")) if args.add_rules else None):
+                rules.write_text(run)
+                subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--url={url}",
+                                f"--start={G0}", f"--end={G0 + args.days * 86400}",
+                                f"--output-dir={root / 'rules'}", str(rules)],
+                               check=True, stdout=subprocess.DEVNULL)
+                proc.terminate()
+                proc.wait()
+                for block in (root / "rules").iterdir():
+                    block.rename(data / block.name)
+                proc, url = _serve(root, data)
             print(f"rules' series made by promtool in {time.perf_counter() - t:.0f} s", flush=True)
-            proc, url = _serve(root, data)
         since, until = float(G0), float(G0 + (args.window_days or args.days) * 86400)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         from gpuslurm.report.data import auto_step

@@ -233,3 +233,26 @@ def test_a_utilisation_above_one_is_refused_by_the_sums_too(tmp_path: Path,
     assert "damaged series: gpuslurm_gpu_utilization_ratio{" in message and gpu in message, message
     assert "not a number in 0..100" in message and "\n" not in message
     assert exc.value.exit_code == 2
+
+
+def test_a_node_down_for_whole_buckets_takes_the_per_device_path(tmp_path: Path) -> None:
+    """n3's monitor down for exactly six of the rules' 5-minute windows (its scrapes missing from
+    one evaluation's range to another's, so that the devices still sampled have their full
+    counts around it): the cluster's rules count fewer device series there, and the sums answer
+    None as before the check rules (the per-device path names the gap); the fewest samples of the
+    devices still sampled would say nothing."""
+    with backfilled(tmp_path / "whole", ((c, ()) for c in _cluster()), per_process=False,
+                    rules=RULES, rules_start=HOUR) as url:
+        last = PrometheusClient(url).instant(f"max(timestamp({RULE_MEMORY}))", UNTIL)
+    phase = float(last[0]["value"][1]) % 300
+    edge = HOUR + 2 * 3600 + phase  # an evaluation's time
+    kept = [c for c in _cluster() if not (c.node == "n3" and edge < c.ts <= edge + 1800)]
+    with backfilled(tmp_path / "prom", ((c, ()) for c in kept), per_process=False,
+                    rules=RULES, rules_start=HOUR) as url:
+        prom = PrometheusClient(url)
+        fewest = prom.instant(f"min_over_time({prom_users.FEWEST}[1800s])", edge + 1800)
+        sampled = prom.instant(f"min_over_time({prom_users.SAMPLED}[1800s])", edge + 1800)
+        assert float(fewest[0]["value"][1]) >= 10 and float(sampled[0]["value"][1]) == 4, (fewest, sampled)
+        assert prom_users.load_user_buckets(url, SINCE, UNTIL, STEP) is None
+        data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    assert [g.node for g in data.gaps] == ["n3"], data.gaps

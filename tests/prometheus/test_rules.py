@@ -48,3 +48,25 @@ def test_a_wrong_expectation_fails_the_rule_tests(tmp_path: Path) -> None:
     (here / TESTS.name).write_text(wrong)
     done = _promtool("test", "rules", TESTS.name, cwd=here)
     assert done.returncode != 0 and "FAILED" in done.stdout + done.stderr
+
+
+def test_the_out_of_range_rule_uses_the_stores_bound() -> None:
+    """The cluster's check rule and the store refuse the same utilisation: above MAX_PCT (a mean
+    of stored percentages may round just above 100), or below 0."""
+    from gpuslurm.state.store_values import MAX_PCT
+
+    rule = RULES.read_text().split("record: cluster:gpuslurm_gpu_utilization_out_of_range:count_5m", 1)[1]
+    rule = rule.split("- record:", 1)[0]
+    assert f"> {MAX_PCT / 100!r}" in rule and "< 0" in rule, rule
+
+
+def test_backfill_runs_the_rules_over_rules_second() -> None:
+    """promtool's backfill cannot evaluate a rule over rules of the same run: the tests' backfill
+    (and the benchmark's) runs the cluster's check rules after the device rules they read."""
+    from tests.helpers.prom_backfill import rule_runs
+
+    first, second = rule_runs(RULES.read_text())
+    assert "record: device:gpuslurm_gpu_memory_total_bytes:count_5m" in first
+    assert "cluster:gpuslurm_gpu_memory_total_bytes:min_count_5m" not in first
+    assert "record: cluster:gpuslurm_gpu_memory_total_bytes:min_count_5m" in second
+    assert "record: device:" not in second and "name: gpuslurm_5m" in second

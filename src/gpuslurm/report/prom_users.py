@@ -222,11 +222,13 @@ def _one_interval(grid: Grid, targets: dict[str, float]) -> float | None:
 
 
 def _window_checks(grid: Grid, every: float) -> tuple[bool, int | None]:
-    """What the cluster's check rules say of the window's whole buckets: whether no device's
-    5-minute mean utilisation was out of range (so neither was a bucket's, a mean of them); and
-    the number of device series, where every one the window names was sampled in each 5 minutes
-    as many times as fit at the scrape interval (so in each bucket: only where the interval
-    divides 5 minutes), else None. False and None where a rule is missing (rules older than it)."""
+    """What the cluster's check rules say of the window's whole buckets: whether no device
+    series' 5-minute mean utilisation was out of range (so neither was a bucket's, a mean of
+    them); and the number of device series, where every one the window names was sampled in each
+    5 minutes as many times as fit at the scrape interval (so in each bucket: only where the
+    interval divides 5 minutes), else None. False and None where a rule is missing (rules older
+    than them, a failed evaluation) or evaluated at other times than the device rules (a copy
+    in another group): each must have a sample at every whole bucket's end and k in it."""
     whole = [b for b in range(grid.n) if grid.whole(b)]
     if not whole:
         return False, None
@@ -234,23 +236,28 @@ def _window_checks(grid: Grid, every: float) -> tuple[bool, int | None]:
                grid.until - grid.since + grid.step_s, rules=True)  # one series: the window at once
     k = round(grid.step_s / RULE_STEP_S)
 
-    def per_bucket(template: str) -> dict[int, float]:
-        return next(iter(one.matrix(template, only="whole").values()), {})
+    def holds(rule: str, fold: str, ok: Callable[[float], bool]) -> bool:
+        """Every whole bucket has the rule's k samples, one on its end, and ``ok`` of them folded."""
+        for template, want in ((f"count_over_time({rule}[{{rr}}])", lambda n: n == k),
+                               (f"count_over_time({rule}[1ms])", lambda n: n == 1),
+                               (f"{fold}_over_time({rule}[{{rr}}])", ok)):
+            cells = next(iter(one.matrix(template, only="whole").values()), {})
+            if len(cells) != len(whole) or not all(want(x) for x in cells.values()):
+                return False
+        return True
 
-    def every_bucket(cells: dict[int, float], ok: Callable[[float], bool]) -> bool:
-        return len(cells) == len(whole) and all(ok(x) for x in cells.values())
-
-    in_range = every_bucket(per_bucket(f"count_over_time({OUT_OF_RANGE}[{{rr}}])"), lambda n: n == k) and \
-        every_bucket(per_bucket(f"max_over_time({OUT_OF_RANGE}[{{rr}}])"), lambda n: n == 0)
+    in_range = holds(OUT_OF_RANGE, "max", lambda n: n == 0)
     per_5m = RULE_STEP_S / every
     if abs(per_5m - round(per_5m)) > 1e-9:
         return in_range, None
-    names = {tuple(sorted(d.items())) for d in grid.prom.series("gpuslurm_gpu_memory_total_bytes",
-                                                                grid.since, grid.until)}
-    sampled = every_bucket(per_bucket(f"count_over_time({SAMPLED}[{{rr}}])"), lambda n: n == k) and \
-        every_bucket(per_bucket(f"min_over_time({SAMPLED}[{{rr}}])"), lambda n: n == len(names)) and \
-        every_bucket(per_bucket(f"max_over_time({SAMPLED}[{{rr}}])"), lambda n: n == len(names)) and \
-        every_bucket(per_bucket(f"min_over_time({FEWEST}[{{rr}}])"), lambda n: n >= round(per_5m))
+    try:
+        names = {tuple(sorted(d.items())) for d in grid.prom.series("gpuslurm_gpu_memory_total_bytes",
+                                                                    grid.since, grid.until)}
+    except PrometheusError:  # a proxy that refuses /api/v1/series: checked device by device
+        return in_range, None
+    sampled = holds(SAMPLED, "min", lambda n: n == len(names)) and \
+        holds(SAMPLED, "max", lambda n: n == len(names)) and \
+        holds(FEWEST, "min", lambda n: n >= round(per_5m))
     return in_range, len(names) if sampled else None
 
 
