@@ -150,6 +150,28 @@ def test_every_gpu_spelling_slurm_takes_is_refused_and_caps_are_per_job(throttle
     t.gpuslurm("remove", a.name)
 
 
+def _capped_batch_job(t: Throttled, args: list[str], script: str) -> str:
+    """A batch job of user a, capped at 1 GPU, with ``args`` lowered to it: its output, once it
+    has completed."""
+    a = t.a
+    outdir = Path(tempfile.mkdtemp(prefix="gpuslurm-capenv-"))
+    try:
+        outdir.chmod(0o755)
+        os.chown(outdir, a.uid, a.gid)
+        proc = subprocess.run([SBATCH, "--parsable", "--chdir=/tmp", f"--output={outdir}/%j.out", *args,
+                               "--wrap", script],
+                              env=t.cluster.env, capture_output=True, text=True, timeout=60, check=False,
+                              user=a.uid, group=a.gid, extra_groups=[], cwd="/tmp")
+        assert proc.returncode == 0 and "reduced to 1 GPU" in proc.stderr, proc.stderr
+        job = int(proc.stdout.strip().split(";")[0])
+        state = t.cluster.wait(job, timeout=90)
+        out = (outdir / f"{job}.out").read_text()
+        assert state == "COMPLETED" and "srun ran" in out, (state, out)
+        return out
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
+
+
 def test_a_capped_gpus_jobs_bare_srun_asks_for_what_the_job_has(throttled: Throttled) -> None:
     """sbatch writes SLURM_GPUS=3 into the job's environment before the cap lowers --gpus=3 to 1;
     the plugin rewrites it, so the job's bare srun asks for 1 (before: "Step requested gres=gpu:3
@@ -157,25 +179,15 @@ def test_a_capped_gpus_jobs_bare_srun_asks_for_what_the_job_has(throttled: Throt
     t, a = throttled, throttled.a
     t.gpuslurm("add", a.name, "--cap", "1", "--for", "1h")
     time.sleep(SETTLE_S)
-    outdir = Path(tempfile.mkdtemp(prefix="gpuslurm-capenv-"))
     try:
-        outdir.chmod(0o755)
-        os.chown(outdir, a.uid, a.gid)
-        proc = subprocess.run([SBATCH, "--parsable", "--chdir=/tmp", f"--output={outdir}/%j.out", "--gpus=3",
-                               "--wrap", 'echo "SLURM_GPUS=$SLURM_GPUS"; srun true && echo "srun ran"'],
-                              env=t.cluster.env, capture_output=True, text=True, timeout=60, check=False,
-                              user=a.uid, group=a.gid, extra_groups=[], cwd="/tmp")
-        assert proc.returncode == 0 and "reduced to 1 GPU" in proc.stderr, proc.stderr
-        job = int(proc.stdout.strip().split(";")[0])
-        state = t.cluster.wait(job, timeout=90)
-        out = (outdir / f"{job}.out").read_text()
-        assert state == "COMPLETED" and "SLURM_GPUS=1\n" in out and "srun ran" in out, (state, out)
+        out = _capped_batch_job(t, ["--gpus=3"],
+                                'echo "SLURM_GPUS=$SLURM_GPUS"; srun true && echo "srun ran"')
+        assert "SLURM_GPUS=1\n" in out, out
         srun = subprocess.run(["/usr/bin/srun", "--gpus=3", "true"], env=t.cluster.env, capture_output=True,
                               text=True, timeout=60, check=False, user=a.uid, group=a.gid, extra_groups=[],
                               cwd="/tmp")
         assert srun.returncode != 0 and "srun and salloc requests are not lowered" in srun.stderr, srun.stderr
     finally:
-        shutil.rmtree(outdir, ignore_errors=True)
         t.gpuslurm("remove", a.name)
 
 
@@ -184,28 +196,16 @@ def test_a_capped_gpus_per_task_jobs_bare_srun_asks_for_what_the_job_has(throttl
     on releases that fold it into --tres-per-task, SLURM_TRES_PER_TASK=gres/gpu=3 (24.11, 26.05;
     before the fix their bare srun failed: "Invalid generic resource (gres) specification"); the
     plugin rewrites either, and the job's bare srun runs."""
-    t, a = throttled, throttled.a
-    t.gpuslurm("add", a.name, "--cap", "1", "--for", "1h")
+    t = throttled
+    t.gpuslurm("add", t.a.name, "--cap", "1", "--for", "1h")
     time.sleep(SETTLE_S)
-    outdir = Path(tempfile.mkdtemp(prefix="gpuslurm-capenv-"))
     try:
-        outdir.chmod(0o755)
-        os.chown(outdir, a.uid, a.gid)
-        proc = subprocess.run([SBATCH, "--parsable", "--chdir=/tmp", f"--output={outdir}/%j.out", "-n1",
-                               "--gpus-per-task=3", "--wrap",
-                               'echo "PER_TASK=$SLURM_GPUS_PER_TASK TRES=${SLURM_TRES_PER_TASK-unset}"; '
-                               'srun true && echo "srun ran"'],
-                              env=t.cluster.env, capture_output=True, text=True, timeout=60, check=False,
-                              user=a.uid, group=a.gid, extra_groups=[], cwd="/tmp")
-        assert proc.returncode == 0 and "reduced to 1 GPU" in proc.stderr, proc.stderr
-        job = int(proc.stdout.strip().split(";")[0])
-        state = t.cluster.wait(job, timeout=90)
-        out = (outdir / f"{job}.out").read_text()
-        assert state == "COMPLETED" and "srun ran" in out, (state, out)
+        out = _capped_batch_job(t, ["-n1", "--gpus-per-task=3"],
+                                'echo "PER_TASK=$SLURM_GPUS_PER_TASK TRES=${SLURM_TRES_PER_TASK-unset}"; '
+                                'srun true && echo "srun ran"')
         line = next(x for x in out.splitlines() if x.startswith("PER_TASK="))
         per_task, tres = line.removeprefix("PER_TASK=").split(" TRES=", 1)
         # 22.05 writes SLURM_GPUS_PER_TASK; 24.11 and 26.05 write SLURM_TRES_PER_TASK instead
         assert (per_task, tres) in {("1", "unset"), ("", "gres/gpu=1")}, out
     finally:
-        shutil.rmtree(outdir, ignore_errors=True)
-        t.gpuslurm("remove", a.name)
+        t.gpuslurm("remove", t.a.name)

@@ -23,11 +23,13 @@ from gpuslurm.cli.main import cli
 from gpuslurm.errors import InputError
 from gpuslurm.report import prom_users
 from gpuslurm.report.compute import Report, compute
+from gpuslurm.report.data import ReportData
 from gpuslurm.report.prom_client import PrometheusClient
 from gpuslurm.report.prom_grid import RULE_MEMORY
 from gpuslurm.report.prometheus import load_prometheus
 from gpuslurm.report.query import load_sqlite
 from gpuslurm.report.user_report import compute_users
+from gpuslurm.samples import Cycle
 from gpuslurm.state.store import Store
 
 pytestmark = pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK)),
@@ -109,6 +111,18 @@ def test_the_report_by_user_from_prometheus_sums_is_the_per_device_report(
         assert not [q for q, _ in ranged if DEVICE_UTIL in q or RULE_MEMORY in q]
 
 
+def _both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cycles: list[Cycle], rules: Path
+                ) -> tuple[prom_users.UserBuckets | None, list[str], ReportData]:
+    """``cycles`` backfilled with ``rules`` from the first hour: the per-user sums, the queries
+    of their ranged requests, and the per-device path's data."""
+    with backfilled(tmp_path / "prom", ((c, ()) for c in cycles), per_process=False,
+                    rules=rules, rules_start=HOUR) as url:
+        answers = _answers(monkeypatch)
+        users = prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
+        asked = [q for endpoint, q, _ in answers if endpoint == "query_range"]
+        return users, asked, load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+
+
 def test_rules_older_than_the_check_rules_are_checked_device_by_device(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A site whose rules file predates the cluster's check rules: the sums still come from the
@@ -120,12 +134,7 @@ def test_rules_older_than_the_check_rules_are_checked_device_by_device(
     older.write_text(head + tail[tail.index("      # every device's, and per job"):])
     assert prom_users.OUT_OF_RANGE not in older.read_text() and prom_users.FEWEST not in older.read_text()
     store = _truth(tmp_path)
-    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False,
-                    rules=older, rules_start=HOUR) as url:
-        answers = _answers(monkeypatch)
-        users = prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
-        asked = [q for endpoint, q, _ in answers if endpoint == "query_range"]
-        data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    users, asked, data = _both_paths(tmp_path, monkeypatch, _cluster(), older)
     assert users is not None
     assert any(prom_users.IN_JOBS in q for q in asked)
     assert any(DEVICE_UTIL in q for q in asked) and any(RULE_MEMORY in q for q in asked)
@@ -146,12 +155,7 @@ def test_a_node_down_for_4_minutes_is_read_device_by_device_and_named(
         for c in kept:
             db.write_cycle(c)
     store = load_sqlite(str(tmp_path / "monitor.db"), SINCE, UNTIL, STEP)
-    with backfilled(tmp_path / "prom", ((c, ()) for c in kept), per_process=False,
-                    rules=RULES, rules_start=HOUR) as url:
-        answers = _answers(monkeypatch)
-        users = prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
-        asked = [q for endpoint, q, _ in answers if endpoint == "query_range"]
-        data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    users, asked, data = _both_paths(tmp_path, monkeypatch, kept, RULES)
     assert users is not None
     assert any(RULE_MEMORY in q for q in asked)
     assert not any(DEVICE_UTIL in q for q in asked)  # no utilisation out of range: not read
