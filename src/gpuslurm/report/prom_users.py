@@ -236,17 +236,20 @@ def _window_checks(grid: Grid, every: float) -> tuple[bool, int | None]:
                grid.until - grid.since + grid.step_s, rules=True)  # one series: the window at once
     k = round(grid.step_s / RULE_STEP_S)
 
-    def holds(rule: str, fold: str, ok: Callable[[float], bool]) -> bool:
-        """Every whole bucket has the rule's k samples, one on its end, and ``ok`` of them folded."""
-        for template, want in ((f"count_over_time({rule}[{{rr}}])", lambda n: n == k),
-                               (f"count_over_time({rule}[1ms])", lambda n: n == 1),
-                               (f"{fold}_over_time({rule}[{{rr}}])", ok)):
+    def holds(rule: str, *folds: tuple[str, Callable[[float], bool]]) -> bool:
+        """Every whole bucket has the rule's k samples, one on its end, and each ``(fold, ok)``:
+        ``ok`` of its samples folded (``max``, ``min``)."""
+        checks: list[tuple[str, Callable[[float], bool]]] = [
+            (f"count_over_time({rule}[{{rr}}])", lambda n: n == k),
+            (f"count_over_time({rule}[1ms])", lambda n: n == 1),
+            *((f"{fold}_over_time({rule}[{{rr}}])", ok) for fold, ok in folds)]
+        for template, want in checks:
             cells = next(iter(one.matrix(template, only="whole").values()), {})
             if len(cells) != len(whole) or not all(want(x) for x in cells.values()):
                 return False
         return True
 
-    in_range = holds(OUT_OF_RANGE, "max", lambda n: n == 0)
+    in_range = holds(OUT_OF_RANGE, ("max", lambda n: n == 0))
     per_5m = RULE_STEP_S / every
     if abs(per_5m - round(per_5m)) > 1e-9:
         return in_range, None
@@ -255,9 +258,11 @@ def _window_checks(grid: Grid, every: float) -> tuple[bool, int | None]:
                                                                     grid.since, grid.until)}
     except PrometheusError:  # a proxy that refuses /api/v1/series: checked device by device
         return in_range, None
-    sampled = holds(SAMPLED, "min", lambda n: n == len(names)) and \
-        holds(SAMPLED, "max", lambda n: n == len(names)) and \
-        holds(FEWEST, "min", lambda n: n >= round(per_5m))
+    def every_series(n: float) -> bool:
+        return n == len(names)
+
+    sampled = holds(SAMPLED, ("min", every_series), ("max", every_series)) and \
+        holds(FEWEST, ("min", lambda n: n >= round(per_5m)))
     return in_range, len(names) if sampled else None
 
 
