@@ -131,6 +131,7 @@ MARK_VAR=GPUSLURM_TEST_CLUSTER  # in every daemon's environment (slurmstepd inhe
 
 die() { echo "multinode.sh: $*" >&2; exit 1; }
 note() { echo "multinode.sh: $*" >&2; }
+. "$(dirname "${BASH_SOURCE[0]}")/mariadb.sh"
 
 node_name() { echo "mnode$1"; }
 node_addr() { echo "$NET.$((10 + $1))"; }
@@ -643,35 +644,6 @@ EOF
     )
     chmod 600 "$DBD_CONF.tmp"
     mv "$DBD_CONF.tmp" "$DBD_CONF"
-}
-
-db_ping() {
-    "$MARIADB_ADMIN" --no-defaults --socket="$DB_SOCKET" --connect-timeout=2 ping >/dev/null 2>&1
-}
-
-# The host's MariaDB server, private to the cluster (--no-defaults, --skip-networking: only its
-# socket under $STATE, which the controller's namespaces and the root see).
-start_mariadb() {
-    local i
-    alive "$DB_PIDFILE" && db_ping && return 0
-    mkdir -p "$DB_DIR"
-    chown "$DB_USER:" "$DB_DIR"
-    chmod 750 "$DB_DIR"
-    if [[ ! -d $DB_DIR/data/mysql ]]; then
-        "$MARIADB_INSTALL_DB" --no-defaults --user="$DB_USER" --datadir="$DB_DIR/data" \
-            --auth-root-authentication-method=socket --skip-test-db >"$LOG/mariadb-install-db.log" 2>&1 \
-            || die "mariadb-install-db failed: $(tail -n 20 "$LOG/mariadb-install-db.log")"
-    fi
-    touch "$LOG/mariadbd.log"
-    chown "$DB_USER:" "$LOG/mariadbd.log"
-    env "$MARK_VAR=$STATE" setsid "$MARIADBD" --no-defaults --user="$DB_USER" --datadir="$DB_DIR/data" \
-        --socket="$DB_SOCKET" --pid-file="$DB_PIDFILE" --skip-networking --log-error="$LOG/mariadbd.log" \
-        --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1 &
-    for ((i = 0; i < TIMEOUT * 5; i++)); do
-        alive "$DB_PIDFILE" && db_ping && return 0
-        sleep 0.2
-    done
-    die "mariadbd did not answer on $DB_SOCKET after ${TIMEOUT}s: $(tail -n 20 "$LOG/mariadbd.log" 2>/dev/null)"
 }
 
 sacctmgr() {

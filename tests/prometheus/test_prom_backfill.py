@@ -8,6 +8,7 @@ one definition of a job's end, one validation of utilisation.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -33,16 +34,16 @@ STEP = 300.0
 SINCE, UNTIL = T0 - 7 + 450.0, T0 - 7 + 6900.0  # neither on the 5-minute grid
 
 
-def _cycles(broken: range = range(0)) -> list[Cycle]:
+def _cycles(broken: range = range(0), bad: float = 170.0) -> list[Cycle]:
     """alice's job 1 on G0 seen until 50 min, bob's job 2 on G1 from 10 min to 95 min; a cycle
-    every 30 s for 2 h. ``broken``: those cycles say G1 was 170 % busy (a broken exporter)."""
+    every 30 s for 2 h. ``broken``: those cycles say G1 was ``bad`` % busy (a broken exporter)."""
     a = Allocation("1", "alice", 1001, (G0,), T0, "phys")
     b = Allocation("2", "bob", 1002, (G1,), T0 + 600, "chem")
     out = []
     for i in range(240):
         ts = T0 + EVERY * i
         allocs = tuple(x for x, last in ((a, 3000), (b, 5700)) if x.start <= ts <= T0 + last)
-        util1 = 170.0 if i in broken else float((i * 7) % 101)
+        util1 = bad if i in broken else float((i * 7) % 101)
         gpus = (GpuSample(ts, G0, util_pct=float((i * 13) % 101), mem_total_mib=80000.0),
                 GpuSample(ts, G1, util_pct=util1, mem_total_mib=80000.0))
         procs = tuple(ProcSample(ts, x.uuids[0], 100 + int(x.job_id), name="python", uid=x.uid,
@@ -94,6 +95,28 @@ def test_a_utilisation_above_one_is_refused_by_both_sources(tmp_path: Path) -> N
     assert "damaged series: gpuslurm_gpu_utilization_ratio{" in message and G1 in message, message
     assert "not a number in 0..100" in message and "\n" not in message
     assert prom.value.exit_code == lite.value.exit_code == 2
+
+
+@pytest.mark.parametrize("per_process", [False, True], ids=["devices", "and processes"])
+def test_a_nan_utilisation_is_refused_not_dropped(tmp_path: Path, per_process: bool) -> None:
+    """A forged exporter's samples say NaN for G1's utilisation over 10 minutes (and, with
+    per-process series, NaN for its process' SM share): Prometheus keeps NaN, and a mean over it
+    is NaN. Were it dropped as a gap, G1 would just look idle there; it is refused as damaged,
+    naming the series, exit 2, as the store refuses a value out of its range."""
+    cycles = _cycles(broken=range(100, 120), bad=math.nan)
+    if per_process:
+        cycles = [c._replace(gpus=(c.gpus[0], c.gpus[1]._replace(util_pct=10.0)),
+                             procs=tuple(p._replace(sm_util_pct=math.nan) if p.gpu_uuid == G1
+                                         and 100 <= i < 120 else p for p in c.procs))
+                  for i, c in enumerate(cycles)]
+    with backfilled(tmp_path / "prom", ((c, ()) for c in cycles), per_process=per_process) as url, \
+            pytest.raises(InputError) as exc:
+        load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    message = str(exc.value)
+    name = "gpuslurm_process_sm_utilization_ratio" if per_process else "gpuslurm_gpu_utilization_ratio"
+    assert f"damaged series: {name}{{" in message and G1 in message, message
+    assert "holds float nan, not a number in 0..100" in message and "\n" not in message
+    assert exc.value.exit_code == 2
 
 
 NODES = ["n1", "n2.x", "n(3)|n1"]  # regular-expression characters in names: each is only itself

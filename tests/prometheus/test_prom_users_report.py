@@ -8,12 +8,14 @@ shipped rules evaluated over them by promtool."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from tests.helpers import prom_backfill
 from tests.helpers.prom_backfill import PROMETHEUS, PROMTOOL, backfilled
 from tests.helpers.prom_rules_cycles import HOUR, POLICY, RULES, SINCE, STEP, UNTIL
 from tests.helpers.prom_rules_cycles import cluster as _cluster
@@ -176,12 +178,15 @@ def test_per_process_series_take_the_per_device_path(tmp_path: Path) -> None:
 def test_a_node_scraped_by_two_targets_takes_the_per_device_path(tmp_path: Path) -> None:
     """One exporter in two scrape jobs: every series of node n2.x twice (instances a and b). The
     sums over its series would count its use twice (the review's finding: used over allocated);
-    the per-user path answers None, and the per-device path's means take it once. (The shipped
+    the per-user path answers None, and the per-device path takes each device once. (The shipped
     per-job rules do not evaluate over such series at all: "many-to-many matching not allowed",
     which stops promtool's backfill, so this is the raw samples' case.)"""
+    store = _truth(tmp_path)
     with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False,
                     twice=frozenset({"n2.x"})) as url:
         assert prom_users.load_user_buckets(url, SINCE, UNTIL, STEP) is None
+        data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
+    _one_row_per_device(data, store)
 
 
 def test_the_report_command_by_account_reads_the_sums(tmp_path: Path,
@@ -219,44 +224,141 @@ def test_the_report_command_by_account_reads_the_sums(tmp_path: Path,
     assert docs[0]["totals"]["gpus"] == docs[1]["totals"]["gpus"] == 6
 
 
-@pytest.mark.parametrize("rules_start", [None, "late"], ids=["per-user rules", "joined from raw samples"])
-def test_a_utilisation_above_one_is_refused_by_the_sums_too(tmp_path: Path,
-                                                           rules_start: str | None) -> None:
-    """A broken (or forged) exporter says a GPU was 1.7 busy for 10 minutes: the per-user sums
-    refuse it as the per-device path and the store do (one validation), naming the series, exit 2."""
+def _without_nan_check(tmp_path: Path) -> Path:
+    """The shipped rules with the cluster's out-of-range count as it was before it counted NaN
+    (a site that has not updated its rules file): the same file name, so the same phase."""
+    text = RULES.read_text()
+    nan = ("\n            or\n            last_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m[1s])\n"
+           "              != last_over_time(device:gpuslurm_gpu_utilization_ratio:sum_5m[1s]))")
+    assert nan in text
+    older = tmp_path / "older" / RULES.name
+    older.parent.mkdir()
+    older.write_text(text.replace(nan, ")"))
+    return older
+
+
+@pytest.mark.parametrize(("bad", "rules"), [
+    (170.0, "per-user rules"), (170.0, "joined from raw samples"),
+    (math.nan, "per-user rules"), (math.nan, "joined from raw samples"),
+    (math.nan, "check rule blind to NaN")], ids=lambda x: "NaN" if x != x else str(x))
+def test_a_utilisation_above_one_or_nan_is_refused_by_the_sums_too(tmp_path: Path, bad: float,
+                                                                  rules: str) -> None:
+    """A broken (or forged) exporter says a GPU was 1.7 busy, or NaN, for 10 minutes: the per-user
+    sums refuse it as the per-device path and the store do (one validation), naming the series,
+    exit 2. A NaN sample makes its buckets' sums NaN, never a gap; with a rules file whose check
+    rule does not count NaN, the NaN in the sums sends the report to every device's series."""
     cycles = _cluster()
     gpu = cycles[200].gpus[1].gpu_uuid
     for i in range(200, 220):  # node n1's G1, cycles 200-219
         c = cycles[i]
-        cycles[i] = c._replace(gpus=(c.gpus[0], c.gpus[1]._replace(util_pct=170.0)))
-    with backfilled(tmp_path / "prom", ((c, ()) for c in cycles), per_process=False, rules=RULES,
-                    rules_start=HOUR if rules_start is None else HOUR + 3600) as url, \
+        cycles[i] = c._replace(gpus=(c.gpus[0], c.gpus[1]._replace(util_pct=bad)))
+    with backfilled(tmp_path / "prom", ((c, ()) for c in cycles), per_process=False,
+                    rules=_without_nan_check(tmp_path) if rules == "check rule blind to NaN" else RULES,
+                    rules_start=HOUR + 3600 if rules == "joined from raw samples" else HOUR) as url, \
             pytest.raises(InputError) as exc:
         prom_users.load_user_buckets(url, SINCE, UNTIL, STEP)
     message = str(exc.value)
     assert "damaged series: gpuslurm_gpu_utilization_ratio{" in message and gpu in message, message
     assert "not a number in 0..100" in message and "\n" not in message
+    assert ("float nan" in message) == (bad != bad)
     assert exc.value.exit_code == 2
 
 
-def test_a_node_down_for_whole_buckets_takes_the_per_device_path(tmp_path: Path) -> None:
-    """n3's monitor down for exactly six of the rules' 5-minute windows (its scrapes missing from
-    one evaluation's range to another's, so that the devices still sampled have their full
-    counts around it): the cluster's rules count fewer device series there, and the sums answer
-    None as before the check rules (the per-device path names the gap); the fewest samples of the
-    devices still sampled would say nothing."""
+CASES = ["n3 down for six rule windows", "n3's G1 gone while G0 is sampled", "n3 added late"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_devices_missing_from_whole_buckets_are_summed_as_the_per_device_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Devices missing from whole buckets inside the window, as a site of 64 nodes over 30 days
+    always has somewhere: n3's monitor down for exactly six of the rules' 5-minute windows (its
+    scrapes missing from one evaluation's range to another's, so that the fewest samples of the
+    devices still sampled say nothing and only the count of device series catches it); n3's G1
+    fallen off the bus for those 30 minutes while G0 and the monitor go on (NVML sees neither
+    the GPU nor its process; the job still holds it); n3 joining the cluster 2 hours in. The
+    sums answer, with the per-device path's and the store's rows, each job's unmeasured time,
+    and the gap only where a monitor was down inside its node's span."""
     with backfilled(tmp_path / "whole", ((c, ()) for c in _cluster()), per_process=False,
                     rules=RULES, rules_start=HOUR) as url:
         last = PrometheusClient(url).instant(f"max(timestamp({RULE_MEMORY}))", UNTIL)
     phase = float(last[0]["value"][1]) % 300
     edge = HOUR + 2 * 3600 + phase  # an evaluation's time
-    kept = [c for c in _cluster() if not (c.node == "n3" and edge < c.ts <= edge + 1800)]
-    with backfilled(tmp_path / "prom", ((c, ()) for c in kept), per_process=False,
-                    rules=RULES, rules_start=HOUR) as url:
-        prom = PrometheusClient(url)
-        fewest = prom.instant(f"min_over_time({prom_users.FEWEST}[1800s])", edge + 1800)
-        sampled = prom.instant(f"min_over_time({prom_users.SAMPLED}[1800s])", edge + 1800)
+    kept = []
+    for c in _cluster():
+        inside = c.node == "n3" and edge < c.ts <= edge + 1800
+        if (case == CASES[0] and inside) or (case == CASES[2] and c.node == "n3" and c.ts <= edge):
+            continue
+        if case == CASES[1] and inside:
+            g0 = c.gpus[0].gpu_uuid
+            c = c._replace(gpus=c.gpus[:1], procs=tuple(p for p in c.procs if p.gpu_uuid == g0))
+        kept.append(c)
+    with Store.open(str(tmp_path / "monitor.db")) as db:
+        for c in kept:
+            db.write_cycle(c)
+    store = load_sqlite(str(tmp_path / "monitor.db"), SINCE, UNTIL, STEP)
+    if case == CASES[0]:
+        with backfilled(tmp_path / "prom", ((c, ()) for c in kept), per_process=False,
+                        rules=RULES, rules_start=HOUR) as url:
+            prom = PrometheusClient(url)
+            fewest = prom.instant(f"min_over_time({prom_users.FEWEST}[1800s])", edge + 1800)
+            sampled = prom.instant(f"min_over_time({prom_users.SAMPLED}[1800s])", edge + 1800)
         assert float(fewest[0]["value"][1]) >= 10 and float(sampled[0]["value"][1]) == 4, (fewest, sampled)
+    users, asked, data = _both_paths(tmp_path / "both", monkeypatch, kept, RULES)
+    assert users is not None
+    assert any(RULE_MEMORY in q for q in asked)  # the cluster's rules did not vouch: counts read
+    assert not any(DEVICE_UTIL in q for q in asked)  # no utilisation out of range: not read
+    gaps = ["n3"] if case == CASES[0] else []
+    assert [g.node for g in users.gaps] == [g.node for g in data.gaps] == gaps, (users.gaps, data.gaps)
+    for mine, theirs in zip(users.gaps, data.gaps, strict=True):
+        assert (mine.start, mine.end) == pytest.approx((theirs.start, theirs.end), abs=STEP)
+    assert users.gpus == len({(g.node, g.uuid) for g in data.gpus}) == 6
+    # bob's job on n3's G1 (job 22) held it unsampled, in each case (the rows: _same)
+    assert users.unmeasured_s.get(("n3", "22"), 0.0) >= 1800 - STEP, users.unmeasured_s
+    for by in ("user", "account"):
+        _same(compute_users(users, by, POLICY), compute(data, by, POLICY), compute(store, by, POLICY))
+
+
+
+def test_a_device_under_two_label_sets_takes_the_per_device_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """n3's scrape job renamed 3 hours in (or a target label added by relabelling): each of its
+    devices has two series, each absent from half the window. Taken as missing devices, the sums
+    would count 8 GPUs and each of n3's jobs unmeasured for its whole span; the window's device
+    names hold two label sets for one device, so the sums answer None (the caller reads per device)."""
+    edge = HOUR + 3 * 3600 + 100
+    plain = prom_backfill.openmetrics
+
+    def relabelled(*args: Any) -> str:
+        out = []
+        for line in plain(*args).splitlines(keepends=True):
+            at = line.rsplit(" ", 1)[-1]
+            if 'node="n3"' in line and at.strip().replace(".", "").isdigit() and float(at) > edge:
+                line = line.replace("{", '{job="gpu-nodes",', 1)
+            out.append(line)
+        return "".join(out)
+
+    monkeypatch.setattr(prom_backfill, "openmetrics", relabelled)
+    store = _truth(tmp_path)
+    with backfilled(tmp_path / "prom", ((c, ()) for c in _cluster()), per_process=False) as url:
+        names = prom_users._device_names(PrometheusClient(url), SINCE, UNTIL)
+        assert names is None
+        assert len(PrometheusClient(url).series("gpuslurm_gpu_memory_total_bytes", SINCE, UNTIL)) == 8
         assert prom_users.load_user_buckets(url, SINCE, UNTIL, STEP) is None
         data = load_prometheus(f"prometheus:{url}", SINCE, UNTIL, STEP)
-    assert [g.node for g in data.gaps] == ["n3"], data.gaps
+    _one_row_per_device(data, store)
+
+
+def _one_row_per_device(data: ReportData, store: ReportData) -> None:
+    """The per-device path holds each device once (its series joined), so a job holding it is
+    counted once: allocated as the store's, exactly; used, idle and unmeasured within a bucket's
+    rounding of the store's."""
+    assert len(data.gpus) == len({(g.node, g.uuid) for g in data.gpus}) == 6
+    for by in ("user", "account"):
+        got, want = compute(data, by, POLICY), compute(store, by, POLICY)
+        theirs = {r.key: r for r in want.rows}
+        assert {r.key for r in got.rows} == set(theirs)
+        for r in got.rows:
+            assert r.allocated_gpu_hours == pytest.approx(theirs[r.key].allocated_gpu_hours, rel=1e-9), r.key
+            assert r.used_gpu_hours == pytest.approx(theirs[r.key].used_gpu_hours, abs=2 * STEP / 3600), r.key
+            assert r.unmeasured_gpu_hours == pytest.approx(theirs[r.key].unmeasured_gpu_hours, abs=1e-6), r.key
+        assert got.totals.used_gpu_hours == pytest.approx(want.totals.used_gpu_hours, rel=1e-3)

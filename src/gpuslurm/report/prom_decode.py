@@ -32,19 +32,21 @@ def proc_order(key: Key) -> tuple[str, str, int, str]:
     return (label(key, "node"), device(key), number, label(key, "job_id"))
 
 
-def value(item: dict[str, Any]) -> float | None:
+def value(item: dict[str, Any], nan: bool = False) -> float | None:
     value = item.get("value")
-    return as_float(value[1]) if isinstance(value, list) and len(value) == 2 else None
+    return as_float(value[1], nan) if isinstance(value, list) and len(value) == 2 else None
 
 
-def as_float(text: object) -> float | None:
+def as_float(text: object, nan: bool = False) -> float | None:
+    """A JSON value as a number; NaN as None unless ``nan`` (where a NaN is a damaged sample to
+    refuse, not a gap)."""
     if not isinstance(text, (str, int, float)):  # what float() takes of JSON's values
         return None
     try:
         value = float(text)
     except ValueError:
         return None
-    return None if math.isnan(value) else value
+    return None if math.isnan(value) and not nan else value
 
 
 def sample_times(item: dict[str, Any]) -> Iterator[float]:

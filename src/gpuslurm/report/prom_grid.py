@@ -88,11 +88,12 @@ class Grid:
         self._clipped = {b for b in {0, n - 1} if 0 <= b < n and self.span(b) != self._full(b)}
 
     def matrix(self, template: str, clipped_template: str | None = None, raw: bool = False,
-               only: str = "") -> Matrix:
+               only: str = "", nan: bool = False) -> Matrix:
         """``template`` with ``{m}`` the selector's matchers (``{mj}``, ``{mn}``: and a job's, none's),
         ``{r}`` the range and ``{s}`` it in seconds, per series and
         bucket (``clipped_template`` for a clipped bucket; ``raw``: a template of raw samples);
-        buckets without data left out. ``only``: ``"whole"`` or ``"clipped"`` buckets alone."""
+        buckets without data left out. ``only``: ``"whole"`` or ``"clipped"`` buckets alone.
+        ``nan``: a NaN kept (for the caller to refuse), not left out."""
         matchers: tuple[str, ...] = ()
         clipped_template = clipped_template or template
         whole = [b for b in range(self.n) if b not in self._clipped]
@@ -109,7 +110,7 @@ class Grid:
                 query = clipped_template.format(m=sel, r=f"{ms(hi - lo)}ms", s=repr(float(hi - lo)),
                                                 **_job_selectors(group))
                 for r in self.prom.instant(query, hi):
-                    x = value(r)
+                    x = value(r, nan)
                     if x is not None:
                         got.append((series_key(r), which, x))
                 return got
@@ -120,7 +121,7 @@ class Grid:
                 key = series_key(r)
                 for t, v in r.get("values") or ():
                     b = round((float(t) - self.start) / self.step_s) - 1
-                    x = as_float(v)
+                    x = as_float(v, nan)
                     if 0 <= b < self.n and x is not None:
                         got.append((key, b, x))
             return got

@@ -14,9 +14,11 @@ by Prometheus: only those come back) are unmeasured for the jobs holding it, as 
 
 Where a bucket's split would differ from the per-device path's (per-process series, whose SM
 utilisation splits the device; MIG devices, a fraction of their GPU; nodes scraped at different
-intervals; a device missing from whole buckets inside the window), :func:`load_user_buckets`
-returns None and the caller takes the per-device path. What this path does not give: per-process
-busy hours as an over-quota user's evidence (``--by process`` has them).
+intervals), :func:`load_user_buckets` returns None and the caller takes the per-device path. A
+device missing from buckets (a node down, added or gone) counts 0 samples there, as per device,
+where Prometheus' index names the window's devices once each (else None there too).
+What this path does not give: per-process busy hours as an over-quota user's evidence (``--by
+process`` has them).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from gpuslurm.report.data import AllocationSpan, Gap, ReportData
-from gpuslurm.report.prom_client import PrometheusClient, PrometheusError
-from gpuslurm.report.prom_decode import Matrix, checked, iso, label, ms, value
+from gpuslurm.report.prom_client import Key, PrometheusClient, PrometheusError
+from gpuslurm.report.prom_decode import Matrix, checked, iso, label, ms, node_matcher, value
 from gpuslurm.report.prom_grid import DEFAULT_SCRAPE_S, RULE_MEMORY, RULE_STEP_S, Grid
 from gpuslurm.report.prometheus import (
     HORIZON_S,
@@ -105,7 +107,7 @@ def _templates(ruled: bool, every: float) -> dict[str, tuple[str, str]]:
                     f"* on ({D}) group_left() ({busy} unless on ({D}) {procs('{m}')}))",
             "outside": f"sum by (user) ({share('user', '{mn}')})",
             "total": f"sum({busy})",
-            "bad": f"({util} / {count}) > {MAX_PCT / 100!r} or ({util} / {count}) < 0",
+            "bad": _out_of_range(f"({util} / {count})"),
         }
 
     clipped = joined()
@@ -119,8 +121,14 @@ def _templates(ruled: bool, every: float) -> dict[str, tuple[str, str]]:
         "held": (f"sum by (user, account) (sum_over_time({HELD}{rr})){e}", clipped["held"]),
         "outside": (f"sum by (user) (sum_over_time({OUTSIDE}{rr})){e}", clipped["outside"]),
         "total": (f"sum(sum_over_time({CLUSTER}{rr})){e}", clipped["total"]),
-        "bad": (f"{mean} > {MAX_PCT / 100!r} or {mean} < 0", clipped["bad"]),
+        "bad": (_out_of_range(mean), clipped["bad"]),
     }
+
+
+def _out_of_range(mean: str) -> str:
+    """The device-buckets whose ``mean`` utilisation the store would refuse: above MAX_PCT, below 0,
+    or NaN (which no comparison but ``!=`` with itself holds)."""
+    return f"{mean} > {MAX_PCT / 100!r} or {mean} < 0 or {mean} != {mean}"
 
 
 def _user_rules_cover(grid: Grid) -> bool:
@@ -166,25 +174,35 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
     ruled = _user_rules_cover(whole)
     t = _templates(ruled, every)
     joined = not ruled  # whole buckets joined from raw samples: the shorter requests
-    in_range, sampled = _window_checks(whole, every) if ruled else (False, None)
-    found = _short(whole, grid, every, sampled)
+    names = _device_names(prom, since, until)
+    in_range, sampled = _window_checks(whole, every, names) if ruled else (False, False)
+    found = _short(whole, grid, every, names, sampled)
     if found is None:
         return None
     short, gpus, width = found
+    # the sums, NaN kept: a NaN sample makes its bucket's sums NaN, and is refused below
+    sums = {what: whole.matrix(*t[what], raw=joined, nan=True)
+            for what in ("in_jobs", "held", "outside", "total")}
+    in_range = in_range and not any(math.isnan(x) for m in sums.values() for cells in m.values()
+                                    for x in cells.values())  # rules older than their NaN count
     check = Checked(here, "series")
     # per device: in requests of a node group each, as the per-device path's, 4 at a time; the
     # whole buckets not where the cluster's rule counted no device out of range in any of them
-    for key, cells in grid.matrix(*t["bad"], raw=joined, only="clipped" if in_range else "").items():
+    bad = grid.matrix(*t["bad"], raw=joined, only="clipped" if in_range else "", nan=True)
+    for key, cells in bad.items():
         checked(check, cells, "gpuslurm_gpu_utilization_ratio", key)  # refused as per device
+    for what, m in sums.items():  # a NaN no device's mean explains: a forged answer
+        for key, cells in m.items():
+            for x in cells.values():
+                check.number(x, f"{what} sum {dict(key)}"[:200])
     allocations = job_allocations(grid, {node: every for node in nodes})
     in_jobs: dict[tuple[str, str], dict[int, float]] = {}
-    for key, cells in (*whole.matrix(*t["in_jobs"], raw=joined).items(),
-                       *whole.matrix(*t["held"], raw=joined).items()):
+    for key, cells in (*sums["in_jobs"].items(), *sums["held"].items()):
         mine = in_jobs.setdefault((label(key, "user"), label(key, "account")), {})
         for b, x in cells.items():
             mine[b] = mine.get(b, 0.0) + x
-    outside = {label(key, "user"): cells for key, cells in whole.matrix(*t["outside"], raw=joined).items()}
-    total = next(iter(whole.matrix(*t["total"], raw=joined).values()), {})
+    outside = {label(key, "user"): cells for key, cells in sums["outside"].items()}
+    total = next(iter(sums["total"].values()), {})
     jobs = grid if ruled else window_grid(prom, since, until, step_s, nodes, every, rules=False)
     measured = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_samples")}
     busy = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_util")}
@@ -221,17 +239,17 @@ def _one_interval(grid: Grid, targets: dict[str, float]) -> float | None:
     return every.pop() if len(every) == 1 and None not in every else None
 
 
-def _window_checks(grid: Grid, every: float) -> tuple[bool, int | None]:
+def _window_checks(grid: Grid, every: float, names: set[Key] | None) -> tuple[bool, bool]:
     """What the cluster's check rules say of the window's whole buckets: whether no device
     series' 5-minute mean utilisation was out of range (so neither was a bucket's, a mean of
-    them); and the number of device series, where every one the window names was sampled in each
-    5 minutes as many times as fit at the scrape interval (so in each bucket: only where the
-    interval divides 5 minutes), else None. False and None where a rule is missing (rules older
-    than them, a failed evaluation) or evaluated at other times than the device rules (a copy
-    in another group): each must have a sample at every whole bucket's end and k in it."""
+    them); and whether every device series the window ``names`` was sampled in each 5 minutes
+    as many times as fit at the scrape interval (so in each bucket: only where the interval
+    divides 5 minutes). False where a rule is missing (rules older than them, a failed
+    evaluation) or evaluated at other times than the device rules (a copy in another group):
+    each must have a sample at every whole bucket's end and k in it."""
     whole = [b for b in range(grid.n) if grid.whole(b)]
     if not whole:
-        return False, None
+        return False, False
     one = Grid(grid.prom, grid.since, grid.until, grid.start, grid.step_s, grid.n, [""],
                grid.until - grid.since + grid.step_s, rules=True)  # one series: the window at once
     k = round(grid.step_s / RULE_STEP_S)
@@ -251,28 +269,42 @@ def _window_checks(grid: Grid, every: float) -> tuple[bool, int | None]:
 
     in_range = holds(OUT_OF_RANGE, ("max", lambda n: n == 0))
     per_5m = RULE_STEP_S / every
-    if abs(per_5m - round(per_5m)) > 1e-9:
-        return in_range, None
-    try:
-        names = {tuple(sorted(d.items())) for d in grid.prom.series("gpuslurm_gpu_memory_total_bytes",
-                                                                    grid.since, grid.until)}
-    except PrometheusError:  # a proxy that refuses /api/v1/series: checked device by device
-        return in_range, None
+    if names is None or abs(per_5m - round(per_5m)) > 1e-9:
+        return in_range, False
+
     def every_series(n: float) -> bool:
         return n == len(names)
 
     sampled = holds(SAMPLED, ("min", every_series), ("max", every_series)) and \
         holds(FEWEST, ("min", lambda n: n >= round(per_5m)))
-    return in_range, len(names) if sampled else None
+    return in_range, sampled
 
 
-def _short(grid: Grid, by_node: Grid, every: float, sampled: int | None = None
+def _device_names(prom: PrometheusClient, since: float, until: float) -> set[Key] | None:
+    """The device series of the window, from Prometheus' index (``/api/v1/series``: no sample
+    read; a series of a block that only touches the window may be named too); None where the
+    call is refused (a proxy's rules) or a device has more than one series: the caller then
+    reads without them."""
+    try:
+        found = prom.series("gpuslurm_gpu_memory_total_bytes", since, until)
+    except PrometheusError:
+        return None
+    names = {tuple(sorted((k, v) for k, v in d.items() if k != "__name__")) for d in found}
+    devices = {(label(key, "node"), label(key, "gpu_uuid"), label(key, "mig_uuid")) for key in names}
+    # a device under two label sets (a scrape job renamed, a target label added by relabelling):
+    # one device, two series, each absent half the window; not this path's to join
+    return names if len(devices) == len(names) else None
+
+
+def _short(grid: Grid, by_node: Grid, every: float, names: set[Key] | None, sampled: bool = False
            ) -> tuple[Matrix, int, dict[str, int]] | None:
-    """The device-buckets sampled only in part (whole buckets with fewer samples than fit; every
-    device of a clipped bucket; read per node group of ``by_node``), the devices and each node's;
-    None when a device is missing from whole buckets of the window (a node's monitor down, a node
-    added or gone). ``sampled``: the device series the cluster's rules found sampled throughout
-    the whole buckets (:func:`_window_checks`), so only the clipped ones are read device by device."""
+    """The device-buckets sampled only in part or not at all (whole buckets with fewer samples
+    than fit; every device of a clipped bucket; read per node group of ``by_node``), the devices
+    and each node's. ``names``: the window's device series (:func:`_device_names`): a device
+    missing from buckets (its node's monitor down, a node added or gone) counts 0 samples there.
+    Without them, None where a device is missing from whole buckets. ``sampled``: the cluster's
+    rules found every device sampled throughout the whole buckets (:func:`_window_checks`), so
+    only the clipped ones are read device by device."""
     count = f"sum_over_time({RULE_MEMORY}{{m}}[{{rr}}])" if grid.rules \
         else "count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])"
     raw = "count_over_time(gpuslurm_gpu_memory_total_bytes{m}[{r}])"
@@ -280,21 +312,93 @@ def _short(grid: Grid, by_node: Grid, every: float, sampled: int | None = None
     whole = [b for b in range(grid.n) if grid.whole(b)]
     if not whole:
         return None
-    if sampled is not None:
-        seen: set[float] = {sampled}
-    else:
+    missing: list[int] = []  # whole buckets where fewer devices were sampled than the window names
+    if not sampled:
         devices = grid.matrix(f"count({count})", f"count({raw})")
         counted = next(iter(devices.values()), {})
-        seen = {c for b, c in counted.items() if grid.whole(b)}
-        if len(seen) != 1 or sum(grid.whole(b) for b in counted) != len(whole):
+        seen = {counted.get(b, 0.0) for b in whole}
+        if names is None:
+            if len(seen) != 1:
+                return None
+        else:
+            if max(seen) > len(names):
+                return None  # more devices sampled than the index names: not this path's to explain
+            missing = [b for b in whole if counted.get(b, 0.0) < len(names)]
+    if names is None:
+        at = grid.span(whole[0])[1]
+        width = {(r.get("metric") or {}).get("node", ""): round(value(r) or 0.0) for r in grid.prom.instant(
+            f"count by (node) (count_over_time(gpuslurm_gpu_memory_total_bytes[{ms(grid.step_s)}ms]))", at)}
+        if sum(width.values()) != seen.pop():
             return None
-    at = grid.span(whole[0])[1]
-    width = {(r.get("metric") or {}).get("node", ""): round(value(r) or 0.0) for r in grid.prom.instant(
-        f"count by (node) (count_over_time(gpuslurm_gpu_memory_total_bytes[{ms(grid.step_s)}ms]))", at)}
-    if sum(width.values()) != seen.pop():
-        return None
-    short = by_node.matrix(f"{count} < {fit}", raw, only="" if sampled is None else "clipped")
+        devices_of: dict[str, list[Key]] = {}
+    else:
+        devices_of = {}
+        for key in sorted(names):
+            devices_of.setdefault(label(key, "node"), []).append(key)
+    short = by_node.matrix(f"{count} < {fit}", raw, only="clipped" if sampled else "")
+    if names is not None:
+        absent = _absent(grid, by_node, count, devices_of, missing, short)
+        if absent is None:
+            return None
+        read = sum(1 for b in range(grid.n) if _read(grid, b))
+        for key, buckets in absent.items():
+            if len(buckets) == read:  # named by the index, sampled in no bucket: not the window's
+                devices_of[label(key, "node")].remove(key)
+                continue
+            for b in buckets:
+                short.setdefault(key, {})[b] = 0.0
+        width = {node: len(keys) for node, keys in devices_of.items() if keys}
     return short, sum(width.values()), width
+
+
+def _absent(grid: Grid, by_node: Grid, count: str, devices_of: dict[str, list[Key]], missing: list[int],
+            short: Matrix) -> dict[Key, list[int]] | None:
+    """Per device of the window, the buckets it has no sample in: in a clipped bucket, those
+    ``short`` does not hold (it holds every device sampled there); in the whole buckets where
+    fewer devices were sampled than named (``missing``), those of a node sampled there not at all
+    (read per node and bucket), and, where a node had some of its devices sampled, those its
+    own devices' counts lack (read for that node alone). None where a node had more devices
+    sampled than named."""
+    absent: dict[Key, list[int]] = {}
+    for b in range(grid.n):
+        if not grid.whole(b) and _read(grid, b):
+            held = {key for key, cells in short.items() if b in cells}
+            for keys in devices_of.values():
+                for key in keys:
+                    if key not in held:
+                        absent.setdefault(key, []).append(b)
+    if not missing:
+        return absent
+    per_node = by_node.matrix(f"count by (node) ({count})", only="whole")
+    partly: list[str] = []
+    for node, keys in devices_of.items():
+        cells = per_node.get((("node", node),), {})
+        if any(cells.get(b, 0.0) > len(keys) for b in missing):
+            return None
+        if any(0 < cells.get(b, 0.0) < len(keys) for b in missing):
+            partly.append(node)
+            continue
+        for b in missing:
+            if not cells.get(b):
+                for key in keys:
+                    absent.setdefault(key, []).append(b)
+    if partly:  # a device gone while the rest of its node was sampled: those nodes' devices
+        groups = [node_matcher(partly[i:i + NODES_PER_QUERY]) for i in range(0, len(partly), NODES_PER_QUERY)]
+        counts = Grid(grid.prom, grid.since, grid.until, grid.start, grid.step_s, grid.n, groups,
+                      by_node.chunk_s, rules=by_node.rules).matrix(count, only="whole")
+        for node in partly:
+            for key in devices_of[node]:
+                cells = counts.get(key, {})
+                for b in missing:
+                    if b not in cells:
+                        absent.setdefault(key, []).append(b)
+    return absent
+
+
+def _read(grid: Grid, b: int) -> bool:
+    """Whether bucket ``b`` is read at all (:meth:`Grid.matrix` reads no empty clipped bucket)."""
+    lo, hi = grid.span(b)
+    return grid.whole(b) or hi - lo >= 0.001
 
 
 def _node_samples(short: Matrix, grid: Grid, width: dict[str, int], every: float) -> Matrix:
@@ -312,7 +416,10 @@ def _node_samples(short: Matrix, grid: Grid, width: dict[str, int], every: float
         for b, counts in buckets.items():
             if len(counts) < width.get(node, 0):
                 continue  # some of its devices were sampled throughout: its monitor was up
-            row[b] = max(counts)
+            if max(counts):
+                row[b] = max(counts)
+            else:  # none sampled: as the per-device path's samples, no bucket (a gap inside)
+                del row[b]
         out[(("node", node),)] = row
     return out
 

@@ -108,17 +108,21 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
     if not samples:
         raise PrometheusError(f"no gpuslurm GPU samples between {iso(since)} and {iso(until)} "
                               "(is the monitor's exporter scraped?)", source=here)
-    util = grid.matrix(*grid.read["util"])
+    util = grid.matrix(*grid.read["util"], nan=True)  # a NaN mean: refused below, as the store does
     durations = [hi - lo for lo, hi in (grid.span(b) for b in range(n))]
     intervals = _intervals(samples, grid, targets)
     check = Checked(here, "series")
     device_samples: dict[tuple[str, str], dict[int, float]] = {}
     gpus = []
-    for key in sorted(samples, key=lambda k: (_device(k), _label(k, "node"))):
-        node, device, parent = _label(key, "node"), _device(key), _label(key, "gpu_uuid")
-        device_samples[(node, device)] = samples[key]
-        u = _checked(check, util.get(key, {}), "gpuslurm_gpu_utilization_ratio", key)
-        c, every = samples[key], intervals.get(node)
+    series_of: dict[tuple[str, str], list[Key]] = {}
+    for key in samples:
+        series_of.setdefault((_label(key, "node"), _device(key)), []).append(key)
+    for (node, device), keys in sorted(series_of.items(), key=lambda item: (item[0][1], item[0][0])):
+        parent = _label(keys[0], "gpu_uuid")
+        means = [_checked(check, util.get(key, {}), "gpuslurm_gpu_utilization_ratio", key) for key in keys]
+        c, u = _one_device([samples[key] for key in keys], means)
+        device_samples[(node, device)] = c
+        every = intervals.get(node)
         cover = tuple(0.0 if b not in c or durations[b] <= 0 else 1.0 if every is None
                       else min(c[b] * every / durations[b], 1.0) for b in range(n))
         gpus.append(GpuSeries(node, device, parent or device, tuple(u.get(b) for b in range(n)), cover))
@@ -127,6 +131,28 @@ def load_prometheus(url: str, since: float, until: float, step_s: float,
                       job_allocations(grid, intervals),
                       tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until),
                       node_gaps(grid, samples, intervals))
+
+
+def _one_device(counts: list[dict[int, float]], means: list[dict[int, float]]
+                ) -> tuple[dict[int, float], dict[int, float]]:
+    """One device's samples and mean utilisation per bucket from its series: one, or several
+    where its labels changed inside the window (a scrape job renamed, a target label added) or
+    two targets scrape it. Counts add up; means are weighted by each series' samples. Each
+    device is then one row of the report, so a job holding it is counted once."""
+    if len(counts) == 1:
+        return counts[0], means[0]
+    total: dict[int, float] = {}
+    for cells in counts:
+        for b, x in cells.items():
+            total[b] = total.get(b, 0.0) + x
+    weighted: dict[int, list[float]] = {}
+    for cells, mean in zip(counts, means, strict=True):
+        for b, x in mean.items():
+            w = cells.get(b, 0.0) or 1.0  # a mean without a count of its own: one sample
+            acc = weighted.setdefault(b, [0.0, 0.0])
+            acc[0] += x * w
+            acc[1] += w
+    return total, {b: s / w for b, (s, w) in weighted.items()}
 
 
 def node_groups(nodes: list[str]) -> list[str]:
@@ -203,8 +229,8 @@ def _processes(grid: Grid, check: Checked, device_samples: dict[tuple[str, str],
     # a process is present in a scrape when either of its gauges is (an unknown value is absent)
     counts = grid.matrix("count_over_time(gpuslurm_process_gpu_memory_bytes{m}[{r}]) "
                          "or count_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])", raw=True)
-    sm = grid.matrix("avg_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])", raw=True) \
-        if counts else {}
+    sm = grid.matrix("avg_over_time(gpuslurm_process_sm_utilization_ratio{m}[{r}])", raw=True,
+                     nan=True) if counts else {}
     per_process = {_label(key, "node") for key in counts}
     devices = grid.matrix(*grid.read["processes"])
     grouped = {key: cells for key, cells in devices.items()
