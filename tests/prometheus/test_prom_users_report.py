@@ -360,5 +360,34 @@ def _one_row_per_device(data: ReportData, store: ReportData) -> None:
         for r in got.rows:
             assert r.allocated_gpu_hours == pytest.approx(theirs[r.key].allocated_gpu_hours, rel=1e-9), r.key
             assert r.used_gpu_hours == pytest.approx(theirs[r.key].used_gpu_hours, abs=2 * STEP / 3600), r.key
-            assert r.unmeasured_gpu_hours == pytest.approx(theirs[r.key].unmeasured_gpu_hours, abs=1e-6), r.key
+            unmeasured = theirs[r.key].unmeasured_gpu_hours
+            assert r.unmeasured_gpu_hours == pytest.approx(unmeasured, abs=1e-6), r.key
         assert got.totals.used_gpu_hours == pytest.approx(want.totals.used_gpu_hours, rel=1e-3)
+
+
+def test_a_job_idle_but_for_its_last_minutes_is_idle_on_both_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """carol's job on n1's GPU 0 idle for 3 hours, then busy for the window's last 5 minutes: 2.7 %
+    over the window, an idle allocation. Her devices' utilisation is read from the rules up to the
+    last whole bucket and from raw samples after it; her mean is the two parts' sum over both
+    counts (were the raw part's to replace the rules', she would be 77 % busy)."""
+    cycles = []
+    for c in _cluster():
+        if c.node == "n1" and c.ts >= HOUR + 3 * 3600:
+            busy = 100.0 if UNTIL - 300 <= c.ts < UNTIL else 0.0
+            c = c._replace(gpus=(c.gpus[0]._replace(util_pct=busy), c.gpus[1]))
+        cycles.append(c)
+    with Store.open(str(tmp_path / "monitor.db")) as db:
+        for c in cycles:
+            db.write_cycle(c)
+    store = load_sqlite(str(tmp_path / "monitor.db"), SINCE, UNTIL, STEP)
+    users, _, data = _both_paths(tmp_path, monkeypatch, cycles, RULES)
+    assert users is not None
+    last_whole_end = users.start + math.floor((UNTIL - users.start) / STEP) * STEP
+    assert UNTIL - 300 < last_whole_end < UNTIL  # the busy minutes straddle the rules' end
+    # 10 busy samples of about 373 (a rule window's and a subquery step's samples at the edges)
+    assert 0.02 < users.job_util[("n1", "03")] < 0.04, users.job_util[("n1", "03")]
+    for by in ("user", "account"):
+        got = {r.key: r for r in compute_users(users, by, POLICY).rows}
+        assert got["carol" if by == "user" else "chem"].idle_jobs >= 1
+        _same(compute_users(users, by, POLICY), compute(data, by, POLICY), compute(store, by, POLICY))

@@ -204,13 +204,23 @@ def load_user_buckets(url: str, since: float, until: float, step_s: float,
     outside = {label(key, "user"): cells for key, cells in sums["outside"].items()}
     total = next(iter(sums["total"].values()), {})
     jobs = grid if ruled else window_grid(prom, since, until, step_s, nodes, every, rules=False)
-    measured = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_samples")}
-    busy = {(m.get("node", ""), m.get("job_id", "")): v for m, v in jobs.over_chunks("job_util")}
+    measured, busy = _per_job(jobs, "job_samples"), _per_job(jobs, "job_util")
     job_util = {job: busy.get(job, 0.0) / n for job, n in measured.items() if n > 0}
     gaps = node_gaps(grid, _node_samples(short, whole, width, every), {node: every for node in nodes})
     return UserBuckets(here, since, until, grid.start, step_s, gpus, allocations,
                        tuple(v for v in load_violations(prom, since, until + HORIZON_S) if v.start <= until),
                        gaps, in_jobs, outside, total, _unmeasured(short, whole, allocations, every), job_util)
+
+
+def _per_job(grid: Grid, what: str) -> dict[tuple[str, str], float]:
+    """A per-job sum (:attr:`Grid.read`'s ``job_util``, ``job_samples``) over the window: the sum of
+    its chunks' (a job running across a chunk's end, or into the raw samples after the rules'
+    last whole bucket, has a part in each)."""
+    out: dict[tuple[str, str], float] = {}
+    for m, v in grid.over_chunks(what):
+        job = (m.get("node", ""), m.get("job_id", ""))
+        out[job] = out.get(job, 0.0) + v
+    return out
 
 
 def _one_interval(grid: Grid, targets: dict[str, float]) -> float | None:
