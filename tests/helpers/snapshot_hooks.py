@@ -178,7 +178,8 @@ def _corrupt_map(site: Any) -> None:
 def _pbs_site(world_root: Path, health: Callable[[list[str]], dict[str, Any]] | None
               ) -> tuple[Path, dict[str, str]]:
     """tests/hooks' site (a replayed DGX H100) with a PBS config of its own: node ``pbshost``, a
-    stand-in qstat answering the real ``qstat -f -F json`` capture, no cgroup hierarchy."""
+    stand-in qstat answering the real ``qstat -f -F json`` capture, a stand-in qmgr whose server
+    is down, no cgroup hierarchy."""
     site = _site(world_root)
     if health:
         site.set_health(health(site.uuids))
@@ -186,9 +187,13 @@ def _pbs_site(world_root: Path, health: Callable[[list[str]], dict[str, Any]] | 
     qstat = root / "qstat"
     qstat.write_text(f"#!/bin/sh\nexec /bin/cat {QSTAT_JOB}\n")
     qstat.chmod(0o755)
+    # a qmgr that cannot reach its server, whether or not this host has PBS (/opt/pbs/bin/qmgr)
+    qmgr = root / "qmgr"
+    qmgr.write_text("#!/bin/sh\necho 'qmgr obj= svr=default: Connection refused' >&2\nexit 2\n")
+    qmgr.chmod(0o755)
     config = root / "gpuslurm-pbs.toml"
     config.write_text(f'[paths]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
-                      f'cgroup_root = "{root}/no-cgroup"\nqstat = "{qstat}"\n'
+                      f'cgroup_root = "{root}/no-cgroup"\nqstat = "{qstat}"\nqmgr = "{qmgr}"\n'
                       f'[monitor]\nnode_name = "pbshost"\n')
     return root, {"GPUSLURM_CONFIG": str(config), "GPUSLURM_CAPTURE": str(site.bundle)}
 
