@@ -113,6 +113,14 @@ def test_the_report_by_user_from_prometheus_sums_is_the_per_device_report(
         assert not [q for q, _ in ranged if DEVICE_UTIL in q or RULE_MEMORY in q]
 
 
+def _stored(tmp_path: Path, cycles: list[Cycle]) -> ReportData:
+    """``cycles`` as the monitor's store holds them, read for the window: the truth."""
+    with Store.open(str(tmp_path / "monitor.db")) as db:
+        for c in cycles:
+            db.write_cycle(c)
+    return load_sqlite(str(tmp_path / "monitor.db"), SINCE, UNTIL, STEP)
+
+
 def _both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cycles: list[Cycle], rules: Path
                 ) -> tuple[prom_users.UserBuckets | None, list[str], ReportData]:
     """``cycles`` backfilled with ``rules`` from the first hour: the per-user sums, the queries
@@ -153,10 +161,7 @@ def test_a_node_down_for_4_minutes_is_read_device_by_device_and_named(
     the store's."""
     down = (HOUR + 2 * 3600 + 100, HOUR + 2 * 3600 + 340)
     kept = [c for c in _cluster() if not (c.node == "n3" and down[0] <= c.ts < down[1])]
-    with Store.open(str(tmp_path / "monitor.db")) as db:
-        for c in kept:
-            db.write_cycle(c)
-    store = load_sqlite(str(tmp_path / "monitor.db"), SINCE, UNTIL, STEP)
+    store = _stored(tmp_path, kept)
     users, asked, data = _both_paths(tmp_path, monkeypatch, kept, RULES)
     assert users is not None
     assert any(RULE_MEMORY in q for q in asked)
@@ -292,10 +297,7 @@ def test_devices_missing_from_whole_buckets_are_summed_as_the_per_device_path(
             g0 = c.gpus[0].gpu_uuid
             c = c._replace(gpus=c.gpus[:1], procs=tuple(p for p in c.procs if p.gpu_uuid == g0))
         kept.append(c)
-    with Store.open(str(tmp_path / "monitor.db")) as db:
-        for c in kept:
-            db.write_cycle(c)
-    store = load_sqlite(str(tmp_path / "monitor.db"), SINCE, UNTIL, STEP)
+    store = _stored(tmp_path, kept)
     if case == CASES[0]:
         with backfilled(tmp_path / "prom", ((c, ()) for c in kept), per_process=False,
                         rules=RULES, rules_start=HOUR) as url:
@@ -377,10 +379,7 @@ def test_a_job_idle_but_for_its_last_minutes_is_idle_on_both_paths(
             busy = 100.0 if UNTIL - 300 <= c.ts < UNTIL else 0.0
             c = c._replace(gpus=(c.gpus[0]._replace(util_pct=busy), c.gpus[1]))
         cycles.append(c)
-    with Store.open(str(tmp_path / "monitor.db")) as db:
-        for c in cycles:
-            db.write_cycle(c)
-    store = load_sqlite(str(tmp_path / "monitor.db"), SINCE, UNTIL, STEP)
+    store = _stored(tmp_path, cycles)
     users, _, data = _both_paths(tmp_path, monkeypatch, cycles, RULES)
     assert users is not None
     last_whole_end = users.start + math.floor((UNTIL - users.start) / STEP) * STEP
