@@ -258,14 +258,20 @@ def _five_minute_group(only: set[str] | None = None) -> list[str]:
     return ["groups:\n" + "\n      - record: ".join([head, *run]) + "\n" for run in runs if run]
 
 
-def _serve(root: Path, data: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Prometheus on 127.0.0.1 over ``data``, with its default query limits, once ready."""
+def _serve(root: Path, data: Path, compact: bool = True) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus on 127.0.0.1 over ``data``, with its default query limits, once ready. Not
+    ``compact``: its blocks stay 2 hours long (while promtool reads it for the rules: compacted
+    raw blocks spanning days overlap every rule block of them, and Prometheus 2.42 merges such a
+    group's symbols in a chain as deep as the group, over 20 minutes at 64 x 30 d; 2-hour blocks
+    make groups of a raw block and its rules' 16)."""
     port = _free_port()
     (root / "prometheus.yml").write_text("scrape_configs: []\n")
     log = (root / "prometheus.log").open("ab")
+    hold = [] if compact else ["--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h"]
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={root / 'prometheus.yml'}",
                              f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
-                             "--storage.tsdb.retention.time=100y"], stdout=log, stderr=subprocess.STDOUT)
+                             "--storage.tsdb.retention.time=100y", *hold],
+                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -275,6 +281,30 @@ def _serve(root: Path, data: Path) -> tuple[subprocess.Popen[bytes], str]:
         except OSError:
             time.sleep(0.5)
     return proc, url
+
+
+def _compacted(root: Path, data: Path, proc: subprocess.Popen[bytes], url: str,
+               quiet_s: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Serve ``data`` until Prometheus has compacted it: no block in the making and the count of
+    blocks unchanged for ``quiet_s`` (a site's Prometheus compacts promtool's blocks, one per
+    rule and 2 hours, into a few; the report's cost on them is the one that stands for a site)."""
+    def blocks() -> tuple[int, bool]:
+        names = [p.name for p in data.iterdir() if p.is_dir() and p.name not in ("wal", "chunks_head")]
+        return sum(not n.endswith((".tmp-for-creation", ".tmp-for-deletion")) for n in names), \
+            any(n.endswith(".tmp-for-creation") for n in names)
+    t, last, since = time.perf_counter(), blocks()[0], time.perf_counter()
+    print(f"compacting {last} blocks ...", flush=True)
+    while True:
+        time.sleep(5)
+        count, making = blocks()
+        if count != last or making:
+            last, since = count, time.perf_counter()
+        elif time.perf_counter() - since >= quiet_s:
+            break
+    print(f"compacted to {last} blocks in {time.perf_counter() - t - quiet_s:.0f} s", flush=True)
+    proc.terminate()
+    proc.wait()
+    return _serve(root, data)  # restarted: the report's figures without compaction's own load
 
 
 def main() -> None:
@@ -295,6 +325,8 @@ def main() -> None:
     ap.add_argument("--add-rules", help="with --data and the --keep directory that made it: have promtool "
                     "add these rules of gpuslurm_5m (comma-separated names) to the TSDB first")
     ap.add_argument("--jobs", type=int, default=2, help="promtool backfills at once (default 2)")
+    ap.add_argument("--compact", action="store_true", help="before the runs, serve the TSDB until "
+                    "Prometheus has compacted it (no change for 2 minutes), then restart it")
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -313,8 +345,9 @@ def main() -> None:
             with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
                 list(pool.map(lambda f: _backfill(f, data), parts))
             print(f"backfilled in {time.perf_counter() - t:.0f} s", flush=True)
-        proc, url = _serve(root, data)
-        if (not args.data and not args.no_rules) or args.add_rules:
+        rules_next = (not args.data and not args.no_rules) or bool(args.add_rules)
+        proc, url = _serve(root, data, compact=not rules_next)
+        if rules_next:
             t = time.perf_counter()
             rules = root / "rules-5m.yml"  # the same path and group each run: the same phase
             for run in _five_minute_group(set(args.add_rules.split(",")) if args.add_rules else None):
@@ -327,8 +360,14 @@ def main() -> None:
                 proc.wait()
                 for block in (root / "rules").iterdir():
                     block.rename(data / block.name)
-                proc, url = _serve(root, data)
+                proc, url = _serve(root, data, compact=False)
             print(f"rules' series made by promtool in {time.perf_counter() - t:.0f} s", flush=True)
+        if args.compact or rules_next:  # a site's Prometheus compacts; so does this one, before the runs
+            proc.terminate()
+            proc.wait()
+            proc, url = _serve(root, data)
+            if args.compact:
+                proc, url = _compacted(root, data, proc, url)
         since, until = float(G0), float(G0 + (args.window_days or args.days) * 86400)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         from gpuslurm.report.data import auto_step
