@@ -266,7 +266,7 @@ def _serve(root: Path, data: Path, compact: bool = True) -> tuple[subprocess.Pop
     ``compact``: its blocks stay 2 hours long (while promtool reads it for the rules: compacted
     raw blocks spanning days overlap every rule block of them, and Prometheus 2.42 merges such a
     group's symbols in a chain as deep as the group, over 20 minutes at 64 x 30 d; 2-hour blocks
-    make groups of a raw block and its rules' 16)."""
+    make groups of a raw block and its 2 hours' rule blocks)."""
     port = _free_port()
     (root / "prometheus.yml").write_text("scrape_configs: []\n")
     log = (root / "prometheus.log").open("ab")
@@ -276,14 +276,27 @@ def _serve(root: Path, data: Path, compact: bool = True) -> tuple[subprocess.Pop
                              "--storage.tsdb.retention.time=100y", *hold],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+    except BaseException:  # Ctrl-C while it starts: not left running (the caller's has no handle yet)
+        _stop(proc)
+        raise
     return proc, url
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _compacted(root: Path, data: Path, proc: subprocess.Popen[bytes], url: str,
@@ -305,8 +318,7 @@ def _compacted(root: Path, data: Path, proc: subprocess.Popen[bytes], url: str,
         elif time.perf_counter() - since >= quiet_s:
             break
     print(f"compacted to {last} blocks in {time.perf_counter() - t - quiet_s:.0f} s", flush=True)
-    proc.terminate()
-    proc.wait()
+    _stop(proc)
     return _serve(root, data)  # restarted: the report's figures without compaction's own load
 
 
@@ -329,7 +341,10 @@ def main() -> None:
                     "add these rules of gpuslurm_5m (comma-separated names) to the TSDB first")
     ap.add_argument("--jobs", type=int, default=2, help="promtool backfills at once (default 2)")
     ap.add_argument("--compact", action="store_true", help="before the runs, serve the TSDB until "
-                    "Prometheus has compacted it (no change for 2 minutes), then restart it")
+                    "Prometheus has compacted it (no change for 2 minutes), then restart it; without "
+                    "it, the runs read the blocks as they are (2 hours each after the rules). With "
+                    "--add-rules on a compacted TSDB, the new rule blocks overlap its long blocks, "
+                    "which Prometheus 2.42 merges slowly (docs/prometheus.md, At scale)")
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-prom-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -359,18 +374,15 @@ def main() -> None:
                                 f"--start={G0}", f"--end={G0 + args.days * 86400}",
                                 f"--output-dir={root / 'rules'}", str(rules)],
                                check=True, stdout=subprocess.DEVNULL)
-                proc.terminate()
-                proc.wait()
+                _stop(proc)
                 for block in (root / "rules").iterdir():
                     block.rename(data / block.name)
                 proc, url = _serve(root, data, compact=False)
             print(f"rules' series made by promtool in {time.perf_counter() - t:.0f} s", flush=True)
-        if args.compact or rules_next:  # a site's Prometheus compacts; so does this one, before the runs
-            proc.terminate()
-            proc.wait()
+        if args.compact:  # a site's Prometheus compacts; so does this one, before the runs
+            _stop(proc)
             proc, url = _serve(root, data)
-            if args.compact:
-                proc, url = _compacted(root, data, proc, url)
+            proc, url = _compacted(root, data, proc, url)
         since, until = float(G0), float(G0 + (args.window_days or args.days) * 86400)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         from gpuslurm.report.data import auto_step
@@ -408,8 +420,7 @@ def main() -> None:
                 f"{k}: {n} in {sec} s" for k, n, sec in got["spent"][:8]), flush=True)
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait()
+            _stop(proc)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
