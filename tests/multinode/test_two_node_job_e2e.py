@@ -43,10 +43,7 @@ def _step_script(cluster: MultiNodeCluster) -> str:
     nodes = cluster.state_dir / "nodes"
     probe = cluster.state_dir / "jobs" / "probe.py"
     probe.write_text(PROBE)
-    return f"""
-/usr/bin/scontrol -d show job $SLURM_JOB_ID | grep -E "^ +Nodes=mnode" | sed "s/^ */SLURM /"
-srun --ntasks-per-node=1 bash -c '
-n=$SLURMD_NODENAME
+    return _SHOW_SHARES + _each_node(cluster.state_dir / "jobs", f"""
 /usr/bin/python3 {probe} | sed "s/^/$n /"
 echo "$n HOST=$(hostname)"
 if [ -d /sys/fs/cgroup/devices ]; then
@@ -59,7 +56,25 @@ echo "$n UUIDS=$GPUSLURM_GPU_UUIDS"
 echo "$n MAP=$(tr -d "\\n" <{nodes}/$n/run/jobs/$SLURM_JOB_ID.json)"
 echo "$n PICK=$({gpuslurm} pick 2 --from {nodes}/$n/bundle --format json | tr -d "\\n")"
 {gpuslurm} pick 3 --from {nodes}/$n/bundle >/dev/null 2>&1; echo "$n PICK3=$?"
-'
+""")
+
+
+_SHOW_SHARES = \
+    '/usr/bin/scontrol -d show job $SLURM_JOB_ID | grep -E "^ +Nodes=mnode" | sed "s/^ */SLURM /"\n'
+
+
+def _each_node(outdir: Path, body: str) -> str:
+    """An ``srun`` step that runs the shell ``body`` once on each node (``$n``: the node's name);
+    each node's lines reach the job's output whole.
+
+    srun forwards a task's output in chunks, so two nodes' long lines can interleave (CI saw a
+    1,000-character PICK line cut by the other node's HOST line). Each node writes a file of its
+    own in ``outdir`` and the batch step prints them one after the other."""
+    return f"""srun --ntasks-per-node=1 bash -c '
+n=$SLURMD_NODENAME
+exec >{outdir}/step-$SLURM_JOB_ID.$n
+{body}'
+/usr/bin/cat {outdir}/step-$SLURM_JOB_ID.*
 """
 
 
@@ -279,16 +294,13 @@ def test_a_two_node_job_of_nobody_is_confined_to_its_share_on_each_node(
     probe = cluster.state_dir / "jobs" / "probe.py"
     probe.write_text(PROBE)
     nodes, python = cluster.state_dir / "nodes", cluster.users_python
-    script = f"""
-/usr/bin/scontrol -d show job $SLURM_JOB_ID | grep -E "^ +Nodes=mnode" | sed "s/^ */SLURM /"
-srun --ntasks-per-node=1 bash -c '
-n=$SLURMD_NODENAME
+    outdir = cluster.state_dir / "jobs" / str(nobody)  # sbatch(uid=) makes it nobody's
+    script = _SHOW_SHARES + _each_node(outdir, f"""
 /usr/bin/python3 {probe} | sed "s/^/$n /"
 echo "$n ID=$(id -u)"
 echo "$n UUIDS=$GPUSLURM_GPU_UUIDS"
 echo "$n PICK=$({python} -m gpuslurm pick 1 --from {nodes}/$n/bundle --format json | tr -d "\\n")"
-'
-"""
+""")
     jobid = cluster.sbatch(["-N2", "-w", "mnode1,mnode2", "--gres=gpu:2"], script, uid=nobody)
     state = cluster.wait(jobid)
     out = cluster.output(jobid, uid=nobody)
