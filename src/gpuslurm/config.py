@@ -1,7 +1,8 @@
 """gpuslurm's site configuration: ``/etc/gpuslurm/gpuslurm.toml``, or the file ``$GPUSLURM_CONFIG`` names.
 
 Every key is documented in ``docs/config.md``. The hooks and ``pick`` import this on every job,
-so it uses only ``os`` and :mod:`gpuslurm.tuples` (typing's NamedTuple without importing typing);
+so it uses only ``os``, :mod:`gpuslurm.tuples` (typing's NamedTuple without importing typing) and
+:mod:`gpuslurm.configfile` (where the file is and its text: all the task prolog needs of it);
 ``tomllib`` is imported only to parse (the hooks keep a parse in a cache,
 :mod:`gpuslurm.hooks.configcache`) and ``gpuslurm.errors`` only to raise.
 A missing default file means all defaults; a file named by ``$GPUSLURM_CONFIG`` must exist.
@@ -14,15 +15,14 @@ bounds and its default are read and changed in one place; split, each half would
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
+from gpuslurm.configfile import DEFAULT_RUN_DIR, config_path, read_config_text
+from gpuslurm.configfile import fail as _fail
 from gpuslurm.tuples import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
-
-DEFAULT_PATH = "/etc/gpuslurm/gpuslurm.toml"
-ENV_VAR = "GPUSLURM_CONFIG"
+    from collections.abc import Mapping
+    from typing import Any
 
 ACTIONS = ("drain", "gpu_out", "log", "off")
 MPS_TRIGGERS = ("gres", "comment", "feature")
@@ -101,7 +101,7 @@ class GpuOutConfig(NamedTuple):
 
 
 class PathsConfig(NamedTuple):
-    run_dir: str = "/run/gpuslurm"
+    run_dir: str = DEFAULT_RUN_DIR
     state_dir: str = "/var/lib/gpuslurm"
     nvidia_smi: str = "/usr/bin/nvidia-smi"
     mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
@@ -450,13 +450,6 @@ RULES: dict[str, Rule] = {
 }
 
 
-def config_path(environ: Mapping[str, str] | None = None) -> tuple[str, bool]:
-    """The config file to read, and whether it was named explicitly (so must exist)."""
-    env = os.environ if environ is None else environ
-    named = env.get(ENV_VAR, "")
-    return (named, True) if named else (DEFAULT_PATH, False)
-
-
 def load_config(path: str | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Read the config file (``path``, else ``$GPUSLURM_CONFIG``, else the default)."""
     explicit = path is not None
@@ -464,24 +457,6 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
         path, explicit = config_path(environ)
     text = read_config_text(path, explicit)
     return Config() if text is None else parse_config(text, path)
-
-
-def read_config_text(path: str, explicit: bool) -> str | None:
-    """The text of the config file; None when it is absent and was not ``explicit``ly named."""
-    try:
-        from gpuslurm.safedir import read_regular  # a FIFO or device here would hang every hook
-
-        data = read_regular(path, MAX_CONFIG_BYTES)
-    except FileNotFoundError:
-        if explicit:
-            _fail("no such file", path)
-        return None
-    except OSError as exc:
-        _fail(f"cannot read: {exc.strerror}", path)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        _fail(f"not valid TOML: not UTF-8 (byte {exc.start})", path)
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
@@ -538,7 +513,6 @@ def _build(cls: Any, table: Mapping[str, Any], where: str, source: str) -> Any:
     return cls(**values)
 
 
-MAX_CONFIG_BYTES = 1 << 20
 _INT_LIMIT = 2**63 - 1  # what a C long holds: sqlite, time_t and Slurm all stop there
 
 
@@ -581,9 +555,3 @@ def _describe(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     return repr(value)
-
-
-def _fail(message: str, source: str) -> NoReturn:
-    from gpuslurm.errors import InputError  # only on the error path: keeps the hooks' import light
-
-    raise InputError(message, source=source)

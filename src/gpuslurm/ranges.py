@@ -7,7 +7,10 @@ in microseconds instead of a 3 GB list.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from gpuslurm.tuples import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 # What a list can name. Linux's NR_CPUS stops at 8192 today; GPU indices and device-file minors
 # (nvidia-caps included) stay far below these.

@@ -10,6 +10,7 @@ import pytest
 
 import gpuslurm
 from gpuslurm import config as cfgmod
+from gpuslurm import configfile
 from gpuslurm.config import Config, load_config, parse_config
 from gpuslurm.errors import InputError
 
@@ -32,7 +33,7 @@ def _keys(value: object, prefix: str = "") -> list[str]:
 
 
 def test_defaults_when_default_file_absent(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cfgmod, "DEFAULT_PATH", str(tmp_path / "absent.toml"))
+    monkeypatch.setattr(configfile, "DEFAULT_PATH", str(tmp_path / "absent.toml"))
     cfg = load_config(environ={})
     assert cfg == Config()
     assert cfg.source is None

@@ -33,20 +33,20 @@ the same. The prolog initialises NVML for the health gate anyway, so a cache wou
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
 
 from gpuslurm import __version__
 from gpuslurm.errors import GpuslurmError
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from gpuslurm.config import Config
     from gpuslurm.hw.model.node import Node
     from gpuslurm.hw.source import HardwareSource
 
-Warn = Callable[[str], None]
+    Warn = Callable[[str], None]  # a name for type checkers alone: collections.abc is ~1.5 ms a hook start
 CACHE_DIR = "cache"
 CONFIG_FILE = "config.json"
 NODE_FILE = "node-identity.json"
@@ -61,7 +61,8 @@ NOT_KEYED = frozenset({"health.json"})  # read by the health check itself on eve
 
 def load_hook_config(environ: Mapping[str, str], warn: Warn | None = None) -> Config:
     """``gpuslurm.config.load_config(environ=environ)``, with the TOML parse cached."""
-    from gpuslurm.config import Config, config_from_doc, config_path, parse_toml, read_config_text
+    from gpuslurm.config import Config, config_from_doc, parse_toml
+    from gpuslurm.configfile import config_path, read_config_text
 
     path, explicit = config_path(environ)
     text = read_config_text(path, explicit)
@@ -81,7 +82,7 @@ def load_hook_config(environ: Mapping[str, str], warn: Warn | None = None) -> Co
 def run_dir_hint(text: str) -> str:
     """Where to look for the cached parse of config ``text``: its ``[paths]`` ``run_dir = "..."``,
     else the default. Only a hint: the cache is trusted for nothing but this very text."""
-    from gpuslurm.config import PathsConfig
+    from gpuslurm.configfile import DEFAULT_RUN_DIR
 
     section = ""
     for raw in text.splitlines():
@@ -95,7 +96,7 @@ def run_dir_hint(text: str) -> str:
             end = value.find(value[0], 1)
             if end > 1 and "\\" not in value[:end]:
                 return value[1:end]
-    return PathsConfig().run_dir
+    return DEFAULT_RUN_DIR
 
 
 # --- the node ---------------------------------------------------------------------------------

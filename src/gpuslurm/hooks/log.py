@@ -4,12 +4,12 @@ and the policy are :mod:`gpuslurm.errors`, which the CLI uses too)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 from gpuslurm.errors import one_line, run_entry
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import TextIO
 
 

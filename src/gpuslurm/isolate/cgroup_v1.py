@@ -23,12 +23,13 @@ which only root joins and the task prolog never does; the epilog removes it with
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
 from gpuslurm.isolate import cgroupfs
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gpuslurm.isolate.denylist import Device
 
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
@@ -114,25 +115,36 @@ def scheduler_devices_procs(cgroup_root: str, relative_dirs: Sequence[str]) -> s
     return None
 
 
+def configured_cgroup_root() -> str:
+    """``[paths] cgroup_root`` of the site's config file at the default path (never the file a
+    job's ``$GPUSLURM_CONFIG`` names); the standard root when the file is absent or sets none.
+
+    This runs before every task, so the file is parsed (the schema and ``tomllib``: 3-15 ms of
+    CPU a task) only when its text can name the key: a file without ``cgroup_root`` and without a
+    TOML ``\\u``/``\\U`` escape (which could spell it in a quoted key) cannot set it."""
+    from gpuslurm.configfile import DEFAULT_PATH, read_config_text
+
+    text = read_config_text(DEFAULT_PATH, False)
+    if text is None or not any(word in text for word in ("cgroup_root", "\\u", "\\U")):
+        return DEFAULT_CGROUP_ROOT
+    from gpuslurm.config import parse_config
+
+    return parse_config(text, DEFAULT_PATH).paths.cgroup_root
+
+
 def join_job_cgroup(job_id: str, pid: int) -> str | None:
     """The task prolog's step (v1): move the task ``pid`` into job ``job_id``'s devices cgroup, if
     there is one (the scheduler's adapter reads both from its hook environment).
 
-    The standard cgroup root is always tried, besides the one the site config file names. The
+    The standard cgroup root is tried first, then the one the site config file names. The
     task prolog's environment is the job's, so ``$GPUSLURM_CONFIG`` is ignored here: a job's own
     config file must not steer the task away from its cgroup.
     """
-    roots = [DEFAULT_CGROUP_ROOT]
+    path = join_v1(DEFAULT_CGROUP_ROOT, job_id, pid)
+    if path is not None:
+        return path
     try:
-        from gpuslurm.config import load_config
-
-        configured = load_config(environ={}).paths.cgroup_root  # the site's file, never the job's
-        if configured != DEFAULT_CGROUP_ROOT:
-            roots.append(configured)
-    except Exception:  # a bad config must not stop the join at the standard root
-        roots = [DEFAULT_CGROUP_ROOT]
-    for root in roots:
-        path = join_v1(root, job_id, pid)
-        if path is not None:
-            return path
-    return None
+        configured = configured_cgroup_root()
+    except Exception:  # a bad config must not stop the join at the standard root (tried above)
+        return None
+    return None if configured == DEFAULT_CGROUP_ROOT else join_v1(configured, job_id, pid)

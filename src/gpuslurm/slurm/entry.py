@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 
 from gpuslurm.errors import EXIT_USAGE, exit_now
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import NoReturn
 
 # hook name -> its --help line

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 
 from gpuslurm.hooks.log import HookLog, guarded
 from gpuslurm.tuples import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import TextIO
 
     from gpuslurm.config import Config
@@ -104,7 +104,7 @@ def task_prolog_lines(environ: Mapping[str, str]) -> list[str]:
 
 def _hinted(environ: Mapping[str, str], job_id: str | None, uid: int | None) -> tuple[str, TaskInfo] | None:
     """The run directory of the config's ``run_dir`` line and this job's task file in it, if any."""
-    from gpuslurm.config import config_path, read_config_text
+    from gpuslurm.configfile import config_path, read_config_text
     from gpuslurm.hooks.cache import run_dir_hint
     from gpuslurm.state.taskinfo import read_task_info
 
