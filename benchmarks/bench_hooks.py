@@ -19,7 +19,12 @@ target "prolog median <= 3 x floor median" is met. --profile adds where the prol
 The first prolog and epilog (not timed) fill the hooks' caches in run_dir (the parsed config and
 the replayed node, see gpuslurm.hooks.cache), as the first job on a node does.
 
+--site-file also writes the config to the default path, /etc/gpuslurm/gpuslurm.toml, for the run
+(refused when a file is there; removed afterwards), as a site installs it: the task prolog's
+cgroup v1 join reads the site's file there whatever $GPUSLURM_CONFIG says.
+
     python benchmarks/bench_hooks.py [--runs 30] [--gpus 0,1,2,3] [--clean-venv] [--profile]
+        [--site-file]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 3.0
+SITE_FILE = "/etc/gpuslurm/gpuslurm.toml"  # gpuslurm.configfile.DEFAULT_PATH
 # What the installed hooks run (see prolog/gpuslurm-prolog), for the profiles
 ENTRY = "from gpuslurm.slurm.entry import run; run()"
 
@@ -189,9 +195,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also time the hooks started as before issue 22 (python -I, with site), "
                              "interleaved")
     parser.add_argument("--top", type=int, default=15, help="rows of each profile to show")
+    parser.add_argument("--site-file", action="store_true",
+                        help=f"also put the config at {SITE_FILE} for the run, as a site does")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.site_file and os.path.lexists(SITE_FILE):
+        parser.error(f"{SITE_FILE} exists: this run would replace a real site's config")
+    made_dir = args.site_file and not os.path.isdir(os.path.dirname(SITE_FILE))
+    try:
+        return run(args)
+    finally:
+        if args.site_file:
+            Path(SITE_FILE).unlink(missing_ok=True)
+        if made_dir:
+            os.rmdir(os.path.dirname(SITE_FILE))
+
+
+def run(args: argparse.Namespace) -> int:
 
     # run_dir on a tmpfs, as /run is on a real node (the maps' fsync is free there); state_dir on
     # disk, as /var/lib is (the epilog's summary pays for its fsync).
@@ -205,6 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         arms = {"": hooks, **({" (site)": hook_scripts(dest / "with-site", python, with_site=True)}
                               if args.with_site else {})}
         config = write_config(dest, run_dir)
+        if args.site_file:
+            os.makedirs(os.path.dirname(SITE_FILE), mode=0o755, exist_ok=True)
+            Path(SITE_FILE).write_text(config.read_text())
         floor_cmd = [python, "-c", "pass"]
         job = 1000
         # Warm the page cache and .pyc files once; this also fails early on a broken hook.
