@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if args.site_file:
             Path(SITE_FILE).unlink(missing_ok=True)
-        if made_dir:
+        if made_dir and os.path.isdir(os.path.dirname(SITE_FILE)):
             os.rmdir(os.path.dirname(SITE_FILE))
 
 

@@ -28,7 +28,7 @@ MANIFEST_NAME = "install-manifest.json"
 CGROUP_SNIPPET_NAME = "gpuslurm-cgroup.conf"
 PLACEHOLDER = "@PYTHON@"
 SYS_PATH_PLACEHOLDER = "@SYSPATH@"  # the hooks' own sys.path entries (they start with -I -S)
-CONFIG_VAR = "GPUSLURM_CONFIG"  # gpuslurm.config.ENV_VAR, not imported: install stays light
+CONFIG_VAR = "GPUSLURM_CONFIG"  # gpuslurm.configfile.ENV_VAR, not imported: install stays light
 CAPTURE_VAR = "GPUSLURM_CAPTURE"  # gpuslurm.hw.source.ENV_VAR
 MANIFEST_FORMAT = 1
 

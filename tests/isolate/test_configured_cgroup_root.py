@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpuslurm import configfile
-from gpuslurm.errors import InputError
+from gpuslurm.errors import HardwareError, InputError
+from gpuslurm.isolate import cgroup_v1
 from gpuslurm.isolate.cgroup_v1 import DEFAULT_CGROUP_ROOT, configured_cgroup_root
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -72,3 +73,69 @@ def test_the_jobs_own_config_file_is_not_read(site_file: Path, tmp_path: Path,
     assert configured_cgroup_root() == DEFAULT_CGROUP_ROOT
     site_file.write_text('[paths]\ncgroup_root = "/srv/cg"\n')
     assert configured_cgroup_root() == "/srv/cg"
+
+
+def test_a_key_spelt_with_a_toml_1_1_escape_is_parsed_not_skipped(site_file: Path) -> None:
+    """TOML 1.1 (Python 3.15's tomllib) adds ``\\xHH``: any backslash means the file is parsed."""
+    site_file.write_text('[paths]\n"cgroup\\x5Froot" = "/srv/cg"\n')
+    try:
+        got = configured_cgroup_root()
+    except InputError:  # TOML 1.0's parsers (tomllib before 3.15) refuse the escape: damaged
+        return
+    assert got == "/srv/cg"
+
+
+class _Joins:
+    """join_v1 as the join sees it: the roots it was asked for, in order; ``at``: the root where
+    the job has its devices cgroup; ``fail``: a root where the join raises (cannot join)."""
+
+    def __init__(self, at: str | None = None, fail: str | None = None) -> None:
+        self.at, self.fail = at, fail
+        self.asked: list[str] = []
+
+    def __call__(self, root: str, job_id: str, pid: int) -> str | None:
+        self.asked.append(root)
+        if root == self.fail:
+            raise HardwareError(f"cannot join at {root}")
+        return f"{root}/devices/gpuslurm/job_{job_id}" if root == self.at else None
+
+
+class _Configured:
+    """configured_cgroup_root as the join sees it: ``value`` (or raising it), counting reads."""
+
+    def __init__(self, value: str | Exception) -> None:
+        self.value, self.reads = value, 0
+
+    def __call__(self) -> str:
+        self.reads += 1
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+@pytest.mark.parametrize(("joins", "configured", "joined", "asked", "reads"), [
+    # the job's cgroup at the standard root: the site's file is not even read
+    (_Joins(at=DEFAULT_CGROUP_ROOT), _Configured("/srv/cg"), True, [DEFAULT_CGROUP_ROOT], 0),
+    (_Joins(at="/srv/cg"), _Configured("/srv/cg"), True, [DEFAULT_CGROUP_ROOT, "/srv/cg"], 1),
+    (_Joins(), _Configured(DEFAULT_CGROUP_ROOT), False, [DEFAULT_CGROUP_ROOT], 1),
+    # a damaged site file: the standard root alone (tried already), never an error for the task
+    (_Joins(at="/srv/cg"), _Configured(InputError("not valid TOML")), False, [DEFAULT_CGROUP_ROOT], 1),
+], ids=["standard-root", "configured-root", "no-cgroup", "damaged-site-file"])
+def test_the_join_tries_the_standard_root_then_the_sites(monkeypatch: pytest.MonkeyPatch, joins: _Joins,
+                                                          configured: _Configured, joined: bool,
+                                                          asked: list[str], reads: int) -> None:
+    monkeypatch.setattr(cgroup_v1, "join_v1", joins)
+    monkeypatch.setattr(cgroup_v1, "configured_cgroup_root", configured)
+    assert (cgroup_v1.join_job_cgroup("77", 4242) is not None) is joined
+    assert joins.asked == asked
+    assert configured.reads == reads
+
+
+@pytest.mark.parametrize("fail", [DEFAULT_CGROUP_ROOT, "/srv/cg"])
+def test_a_job_cgroup_the_task_cannot_join_refuses_it_at_either_root(monkeypatch: pytest.MonkeyPatch,
+                                                                     fail: str) -> None:
+    """Fail closed: the join's error reaches the task prolog, which refuses the task."""
+    monkeypatch.setattr(cgroup_v1, "join_v1", _Joins(fail=fail))
+    monkeypatch.setattr(cgroup_v1, "configured_cgroup_root", _Configured("/srv/cg"))
+    with pytest.raises(HardwareError):
+        cgroup_v1.join_job_cgroup("77", 4242)

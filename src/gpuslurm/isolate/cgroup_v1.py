@@ -119,13 +119,14 @@ def configured_cgroup_root() -> str:
     """``[paths] cgroup_root`` of the site's config file at the default path (never the file a
     job's ``$GPUSLURM_CONFIG`` names); the standard root when the file is absent or sets none.
 
-    This runs before every task, so the file is parsed (the schema and ``tomllib``: 3-15 ms of
-    CPU a task) only when its text can name the key: a file without ``cgroup_root`` and without a
-    TOML ``\\u``/``\\U`` escape (which could spell it in a quoted key) cannot set it."""
+    This runs before every task that has no devices cgroup at the standard root, so the file is
+    parsed (the schema and ``tomllib``: 3-15 ms of CPU a task) only when its text can name the
+    key: a file without ``cgroup_root`` and without a backslash (an escape in a quoted key can
+    spell it: TOML 1.0's ``\\u``, ``\\U``, TOML 1.1's ``\\x``) cannot set it."""
     from gpuslurm.configfile import DEFAULT_PATH, read_config_text
 
     text = read_config_text(DEFAULT_PATH, False)
-    if text is None or not any(word in text for word in ("cgroup_root", "\\u", "\\U")):
+    if text is None or ("cgroup_root" not in text and "\\" not in text):
         return DEFAULT_CGROUP_ROOT
     from gpuslurm.config import parse_config
 
