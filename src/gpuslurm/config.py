@@ -4,7 +4,7 @@ Every key is documented in ``docs/config.md``. The hooks and ``pick`` import thi
 so it uses only ``os``, :mod:`gpuslurm.tuples` (typing's NamedTuple without importing typing) and
 :mod:`gpuslurm.configfile` (where the file is and its text: all the task prolog needs of it);
 ``tomllib`` is imported only to parse (the hooks keep a parse in a cache,
-:mod:`gpuslurm.hooks.configcache`) and ``gpuslurm.errors`` only to raise.
+:mod:`gpuslurm.hooks.cache`) and ``gpuslurm.errors`` only to raise.
 A missing default file means all defaults; a file named by ``$GPUSLURM_CONFIG`` must exist.
 
 Over 500 lines on purpose: it is one schema (a NamedTuple per TOML table, each field with its
