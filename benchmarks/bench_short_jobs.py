@@ -11,6 +11,8 @@ the bundle and a config baked in), applied with ``scontrol reconfigure`` before 
 * ``flags``: no gpuslurm hook at all;
 * ``site`` (with ``--site-arm``): the same hooks started as before ``-S`` (``python -I``, with
   ``site`` and its ``.pth`` files, no sys.path written);
+* ``served`` (with ``--server-arm``): the same hooks with ``gpuslurm hook-server`` running for
+  them (docs/hooks.md, "The hook server"): the prolog and the epilog are its clients;
 * ``before`` (with ``--before-python PY``): the hooks installed with another Python, e.g. a venv
   whose gpuslurm is an older checkout (``git archive main src``), for before/after in one run.
 
@@ -30,7 +32,7 @@ Runs as root, takes the test cluster's host lock (it waits while a test session 
 stops the cluster at the end. No assertion on time: the figures are for people to read.
 
     python benchmarks/bench_short_jobs.py [--jobs 40] [--rounds 10] [--tasks 16] [--steps 5]
-        [--site-arm] [--before-python PY] [--json F]
+        [--site-arm] [--server-arm] [--before-python PY] [--json F]
 """
 
 from __future__ import annotations
@@ -131,6 +133,21 @@ def start_with_site(prefix: Path) -> None:
         path.write_text(new)
 
 
+def start_server(sock: Path) -> subprocess.Popen[str]:
+    """``gpuslurm hook-server`` for the served arm, where slurmd runs (in the release's root, if
+    any), on the socket `gpuslurm install` wrote into that arm's prolog and epilog."""
+    from tests.helpers import slurm_roots
+
+    python = sys.executable if slurm_roots.active() is None else slurm_roots.VENV_PYTHON
+    argv = [python, "-m", "gpuslurm", "hook-server", "--socket", str(sock)]
+    proc = subprocess.Popen(slurm_roots.on_node(argv), stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    if "serving" not in line:
+        raise SystemExit(f"gpuslurm hook-server did not start: {line}{proc.stderr.read()}")
+    return proc
+
+
 def summaries(root: Path) -> int:
     jobs = root / "state" / "jobs"
     return len(list(jobs.glob("*-summary.json"))) if jobs.is_dir() else 0
@@ -152,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(e.g. a venv whose gpuslurm is another checkout, to compare versions)")
     ap.add_argument("--site-arm", action="store_true",
                     help="an arm whose installed hooks start `python -I` with site, as before -S")
+    ap.add_argument("--server-arm", action="store_true",
+                    help="an arm whose prolog and epilog are served by `gpuslurm hook-server`")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench_short_jobs: run as root (it starts a Slurm cluster)")
@@ -170,9 +189,11 @@ def run(args: argparse.Namespace) -> int:
     _use_release(env, state_dir)
     cluster = SlurmCluster(state_dir, {**env, "SLURM_CONF": str(state_dir / "etc" / "slurm.conf")})
     pythons = {"hooks": None, **({"site": None} if args.site_arm else {}),
+               **({"served": None} if args.server_arm else {}),
                **({"before": args.before_python} if args.before_python else {})}
     arms = (*pythons, "flags")
     roots: dict[str, Path] = {}
+    server: subprocess.Popen[str] | None = None
     try:
         cluster_sh("up", env)
         plain = cluster.conf.read_text()
@@ -184,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
             prefix = install_hooks(roots[arm], config, bundle, python)
             if arm == "site":
                 start_with_site(prefix)
+            if arm == "served":
+                server = start_server(roots[arm] / "run" / "hooks.sock")
             confs[arm] = conf_with(plain, hook_lines(prefix))
         bench = Bench(cluster, short_hostname())
         rates: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -230,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
                                              "tasks": args.tasks, "steps": steps}, indent=1))
         return 0
     finally:
+        if server is not None:
+            server.terminate()
+            print(server.communicate(timeout=60)[1].strip().splitlines()[-1], file=sys.stderr)
         cluster_sh("down", env)
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)

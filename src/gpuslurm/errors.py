@@ -3,10 +3,9 @@ each Slurm and PBS hook) uses to turn an exception into an exit code and a one-l
 
 from __future__ import annotations
 
-import os  # loaded by every interpreter at start; pathlib is not, and the hooks avoid it
-
 TYPE_CHECKING = False  # mypy takes any name TYPE_CHECKING as true; only typing's costs an import
 if TYPE_CHECKING:
+    import os
     from collections.abc import Callable
     from typing import NoReturn
 
@@ -44,6 +43,7 @@ def exit_now(code: int, run_atexit: bool = True) -> NoReturn:
     """Exit a hook process with ``code`` at once: the atexit functions run (unless not
     ``run_atexit``; what interpreter shutdown would run first), stdout and stderr flushed, and no
     interpreter shutdown after (``os._exit``)."""
+    import os
     import sys
 
     if run_atexit:

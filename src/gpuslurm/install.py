@@ -30,6 +30,8 @@ PLACEHOLDER = "@PYTHON@"
 SYS_PATH_PLACEHOLDER = "@SYSPATH@"  # the hooks' own sys.path entries (they start with -I -S)
 CONFIG_VAR = "GPUSLURM_CONFIG"  # gpuslurm.configfile.ENV_VAR, not imported: install stays light
 CAPTURE_VAR = "GPUSLURM_CAPTURE"  # gpuslurm.hw.source.ENV_VAR
+SOCKET_VAR = "GPUSLURM_HOOK_SOCKET"  # gpuslurm.slurm.hookclient.SOCKET_VAR
+SERVED_HOOKS = ("gpuslurm-prolog", "gpuslurm-epilog")  # the hook server's clients (hookclient.SERVED)
 MANIFEST_FORMAT = 1
 
 # Installed name -> (template folder, slurm.conf key).
@@ -118,7 +120,7 @@ class InstallPlan:
 
 
 def render_hook(template: str, python: str, source: str = "<template>", config: str = "",
-                capture: str = "", sys_path: Sequence[str] = ()) -> str:
+                capture: str = "", sys_path: Sequence[str] = (), socket: str = "") -> str:
     """The hook script: ``template`` with its one placeholder replaced by the quoted interpreter,
     and, given a ``config`` path (or a ``capture`` bundle to replay), ``GPUSLURM_CONFIG`` (or
     ``GPUSLURM_CAPTURE``) set to it just before the ``exec`` line. A template that starts Python
@@ -137,7 +139,8 @@ def render_hook(template: str, python: str, source: str = "<template>", config: 
                              "directories were given for it", source)
         text = text.replace(SYS_PATH_PLACEHOLDER, sys_path_literal(sys_path))
     baked = "".join(f"{var}={shlex.quote(value)}\nexport {var}\n"
-                    for var, value in ((CONFIG_VAR, config), (CAPTURE_VAR, capture)) if value)
+                    for var, value in ((CONFIG_VAR, config), (CAPTURE_VAR, capture), (SOCKET_VAR, socket))
+                    if value)
     if baked:
         if text.count("\nexec ") != 1:
             raise InputError("hook template must have exactly one exec line", source)
@@ -273,14 +276,16 @@ def template_text(name: str) -> tuple[str, Path]:
 
 def desired_files(prefix: Path, slurm_etc: Path, python: str, config: str = "",
                   capture: str = "", health_check: bool = False,
-                  sys_path: Sequence[str] = ()) -> list[Artifact]:
+                  sys_path: Sequence[str] = (), socket: str = "") -> list[Artifact]:
     """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter and its
     ``sys_path`` (and config path, when one is given); with ``health_check``, the
-    HealthCheckProgram wrapper too."""
+    HealthCheckProgram wrapper too. ``socket``: the hook server's, written into the prolog and the
+    epilog (:func:`hook_socket`)."""
     files = []
     for name in (*HOOKS, *((HEALTH_CHECK,) if health_check else ())):
         text, source = template_text(name)
-        rendered = render_hook(text, python, str(source), config, capture, sys_path)
+        rendered = render_hook(text, python, str(source), config, capture, sys_path,
+                               socket if name in SERVED_HOOKS else "")
         files.append(Artifact(prefix / name, rendered.encode(), 0o755))
     files.append(Artifact(slurm_etc / CGROUP_SNIPPET_NAME, CGROUP_SNIPPET.encode(), 0o644))
     return files
@@ -358,7 +363,8 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
     sys_path = hook_sys_path(python)
     check_code_dirs(sys_path)  # written into root's hooks: an import-line finder's directory too
     actions = [decide(a, inspect(a.path), recorded.get(str(a.path)), force, want_uid)
-               for a in desired_files(prefix, slurm_etc, python, config, capture, health_check, sys_path)]
+               for a in desired_files(prefix, slurm_etc, python, config, capture, health_check, sys_path,
+                                      hook_socket(config))]
     blocked = [a for a in actions if a.verb in ("conflict", "refuse")]
     if blocked:
         more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
@@ -367,6 +373,22 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
     return InstallPlan(prefix, slurm_etc, manifest_path, manifest, manifest != recorded,
                        tuple(missing_dirs(prefix)), tuple(actions), python, config, capture,
                        tuple(sys_path))
+
+
+def hook_socket(config: str) -> str:
+    """The hook server's socket for the hooks of ``config`` (``hooks.sock`` in its run_dir, where
+    ``gpuslurm hook-server`` listens); empty for the default run_dir, which the client knows."""
+    if not config:
+        return ""
+    from gpuslurm.config import load_config
+    from gpuslurm.configfile import DEFAULT_RUN_DIR
+
+    run_dir = load_config(config).paths.run_dir
+    if os.path.normpath(run_dir) == DEFAULT_RUN_DIR:
+        return ""
+    if not os.path.isabs(run_dir) or not run_dir.isprintable():
+        raise InputError("[paths] run_dir must be an absolute path without control characters", config)
+    return os.path.join(run_dir, "hooks.sock")
 
 
 def atomic_write(path: Path, content: bytes, mode: int) -> None:

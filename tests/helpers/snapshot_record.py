@@ -214,6 +214,7 @@ BAD_COMMANDS: tuple[tuple[str, ...], ...] = (
 COMMANDS: tuple[tuple[str, ...], ...] = (
     (), ("capture",), ("demo",), ("discover",), ("epilog",), ("fairshare-report",), ("gpu",),
     ("gpu", "list"), ("gpu", "offline"), ("gpu", "online"), ("gres-conf",), ("health",), ("hogs",),
+    ("hook-server",),
     ("install",), ("jobstats",), ("man-pages",), ("mig",), ("mig", "apply"), ("mig", "assert"),
     ("mig", "show"),
     ("monitor",), ("node-conf",), ("pbs-conf",), ("pick",), ("placement",), ("prolog",), ("status",),

@@ -79,6 +79,8 @@ def test_installed_hook_is_roots_and_names_the_config(site: HookSite) -> None:
     prefix = site.install_hooks()
     text = (prefix / "gpuslurm-prolog").read_text()
     assert (f"\nGPUSLURM_CONFIG={site.config}\nexport GPUSLURM_CONFIG\n"
-            f"GPUSLURM_CAPTURE={site.bundle}\nexport GPUSLURM_CAPTURE\nexec ") in text
+            f"GPUSLURM_CAPTURE={site.bundle}\nexport GPUSLURM_CAPTURE\n"
+            f"GPUSLURM_HOOK_SOCKET={site.root / 'run' / 'hooks.sock'}\n"
+            "export GPUSLURM_HOOK_SOCKET\nexec ") in text
     st = os.stat(prefix / "gpuslurm-prolog")
     assert st.st_uid == os.geteuid() and not st.st_mode & 0o022

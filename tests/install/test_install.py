@@ -30,6 +30,9 @@ HOOK_NAMES = ("gpuslurm-prolog", "gpuslurm-epilog", "gpuslurm-task-prolog")
 # matrix's does, the dependencies live there.) What the probe finds is checked on its own below.
 HOOK_DIRS = lib.hook_sys_path(sys.executable)
 HOOK_CODE = f"'import sys; sys.path += {json.dumps(HOOK_DIRS)}; from gpuslurm.slurm.entry import run; run()'"
+# The prolog and the epilog start as clients of the hook server (which run the hook themselves
+# when it is not there); the task prolog runs as the job's user and starts the hook directly.
+CLIENT_CODE = HOOK_CODE.replace("gpuslurm.slurm.entry", "gpuslurm.slurm.hookclient")
 
 
 def refused(result: Result) -> InputError:
@@ -58,7 +61,8 @@ def test_first_install_writes_hooks_snippet_and_manifest(dirs: tuple[Path, Path]
         assert stat.S_IMODE(hook.stat().st_mode) == 0o755
         assert hook.read_text().startswith("#!/bin/sh\n")
         command = name.removeprefix("gpuslurm-")
-        assert f'exec {sys.executable} -I -S -c {HOOK_CODE} {command} "$@"' in hook.read_text()
+        code = HOOK_CODE if command == "task-prolog" else CLIENT_CODE
+        assert f'exec {sys.executable} -I -S -c {code} {command} "$@"' in hook.read_text()
         assert hook.stat().st_uid == os.geteuid()
     assert stat.S_IMODE(prefix.stat().st_mode) == 0o755
     snippet = etc / lib.CGROUP_SNIPPET_NAME
@@ -106,7 +110,7 @@ def test_dry_run_shows_diffs_and_changes_nothing(dirs: tuple[Path, Path]) -> Non
     out = ok(run(etc, prefix, "--dry-run"))
     assert f"would create directory {prefix}" in out
     assert f"+++ {prefix}/gpuslurm-prolog" in out
-    assert f"+exec {sys.executable} -I -S -c {HOOK_CODE} prolog" in out
+    assert f"+exec {sys.executable} -I -S -c {CLIENT_CODE} prolog" in out
     assert not prefix.parent.exists()
     assert list(etc.iterdir()) == []
 
@@ -126,7 +130,7 @@ def test_new_interpreter_updates_our_files_without_force(dirs: tuple[Path, Path]
     out = ok(run(etc, prefix, "--python", str(other)))
     assert f"update {prefix}/gpuslurm-epilog" in out
     assert f"update {etc}" not in out  # the snippet did not change
-    assert f"exec {other} -I -S -c {HOOK_CODE} epilog" in (prefix / "gpuslurm-epilog").read_text()
+    assert f"exec {other} -I -S -c {CLIENT_CODE} epilog" in (prefix / "gpuslurm-epilog").read_text()
     assert "nothing to change" in ok(run(etc, prefix, "--python", str(other)))
 
 

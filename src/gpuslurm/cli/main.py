@@ -73,6 +73,7 @@ LAZY_COMMANDS = {
     "prolog": "gpuslurm.cli.hook_cmds:prolog",
     "epilog": "gpuslurm.cli.hook_cmds:epilog",
     "task-prolog": "gpuslurm.cli.hook_cmds:task_prolog",
+    "hook-server": "gpuslurm.cli.hook_cmds:hook_server",
     "mig": "gpuslurm.cli.mig_cmd:mig",
     "throttle": "gpuslurm.cli.throttle_cmd:throttle",
     "monitor": "gpuslurm.cli.monitor_cmd:monitor",
@@ -99,6 +100,8 @@ LAZY_SHORT_HELP = {
     "epilog": "Slurm Epilog (root): check the GPUs were released, remove the job map, write a summary.",
     "task-prolog": "Slurm TaskProlog (the job's user): print CUDA_VISIBLE_DEVICES and NUMA hints as "
                    "export lines.",
+    "hook-server": "Run the node's prolog and epilog for slurmd's hooks from one resident process "
+                   "(root).",
     "mig": "Show, check and apply a MIG layout (which GPUs get which MIG profiles) on this node.",
     "throttle": "Throttle users' GPU submissions through Slurm's job_submit/lua (see docs/throttle.md).",
     "monitor": "Sample every GPU and GPU process, attribute them to Slurm or PBS jobs, detect hogs, "

@@ -1,0 +1,405 @@
+"""The hook server (``gpuslurm hook-server``) and the installed prolog and epilog as its clients.
+
+Each test installs the hooks as an admin does (``gpuslurm install --config --replay``, the site's
+run_dir not the default, so install writes the server's socket path into the prolog and the
+epilog), starts the real server as root and runs the installed executables as slurmd runs them.
+The attackers: the job's user (nobody) at the socket, and a socket planted by someone who is
+not root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.helpers.cgroup_helpers import NOBODY, SRC, SYSTEM_PYTHON, as_nobody
+from tests.helpers.hook_helpers import HookSite, make_site
+
+from gpuslurm.errors import EXIT_INTERNAL
+from gpuslurm.slurm import hookclient
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hook server runs as root")
+
+
+def job(n: int) -> str:
+    jid = f"{n}{os.getpid()}"
+    assert not Path(f"/sys/fs/cgroup/devices/gpuslurm/job_{jid}").exists()
+    return jid
+
+
+class Server:
+    def __init__(self, sock: Path, *args: str) -> None:
+        self.sock = sock
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpuslurm", "hook-server", "--socket", str(sock),
+                                      *args], stderr=subprocess.PIPE, text=True)
+        assert self.proc.stderr is not None
+        line = self.proc.stderr.readline()
+        assert "serving the prolog and the epilog" in line, line
+
+    def stop(self) -> str:
+        """SIGTERM; the server's last line (how many hooks its forks ran)."""
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        assert self.proc.returncode == 0, err
+        return err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> HookSite:
+    return make_site(tmp_path)
+
+
+@pytest.fixture
+def server(site: HookSite) -> Iterator[Server]:
+    srv = Server(site.root / "run" / "hooks.sock")
+    yield srv
+    if srv.proc.poll() is None:
+        srv.stop()
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory the job's user can reach (pytest's own is root's 0700): root's, 0755."""
+    path = Path(tempfile.mkdtemp(prefix="gpuslurm-hook-server-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def open_server(open_dir: Path) -> Iterator[Server]:
+    """The server with its socket where the job's user can reach the socket file itself."""
+    srv = Server(open_dir / "hooks.sock")
+    yield srv
+    if srv.proc.poll() is None:
+        srv.stop()
+
+
+def served(line: str) -> int:
+    return int(line.split("stopped after ")[1].split()[0])
+
+
+def test_install_writes_the_socket_of_the_configs_run_dir_into_the_prolog_and_epilog(site: HookSite) -> None:
+    prefix = site.install_hooks()
+    line = f"\nGPUSLURM_HOOK_SOCKET={site.root / 'run' / 'hooks.sock'}\nexport GPUSLURM_HOOK_SOCKET\n"
+    assert line in (prefix / "gpuslurm-prolog").read_text()
+    assert line in (prefix / "gpuslurm-epilog").read_text()
+    assert "GPUSLURM_HOOK_SOCKET" not in (prefix / "gpuslurm-task-prolog").read_text()
+
+
+def test_served_prolog_and_epilog_do_what_the_hooks_do_without_the_server(site: HookSite) -> None:
+    prefix = site.install_hooks()
+    here, there = job(601), job(602)
+    # Without a server: the hook runs in its own process, as before the server existed.
+    alone = site.run_installed(prefix, "prolog", site.slurm_environ(here, gpus="2,3"))
+    assert alone.returncode == 0, alone.stderr
+    srv = Server(site.root / "run" / "hooks.sock")
+    try:
+        prolog = site.run_installed(prefix, "prolog", site.slurm_environ(there, gpus="2,3"))
+        assert prolog.returncode == 0, prolog.stderr
+        # The server's fork wrote to the client's own stderr, passed along with the request.
+        assert f"gpuslurm prolog job {there}: 2 device(s)" in prolog.stderr
+        maps = [json.loads((site.jobs_dir / f"{j}.json").read_text()) for j in (here, there)]
+        for m in maps:
+            m.pop("job_id"), m.pop("start", None), m.pop("written", None)
+        assert maps[0] == maps[1]
+        tasks = [(site.root / "run" / "tasks" / f"{j}.task").read_text().replace(j, "JOB")
+                 for j in (here, there)]
+        assert tasks[0] == tasks[1]
+        epilog = site.run_installed(prefix, "epilog", site.slurm_environ(there, gpus="2,3"))
+        assert epilog.returncode == 0, epilog.stderr
+        assert not (site.jobs_dir / f"{there}.json").exists()
+    finally:
+        last = srv.stop()
+    assert served(last) == 2, last
+    epilog = site.run_installed(prefix, "epilog", site.slurm_environ(here, gpus="2,3"))
+    assert epilog.returncode == 0, epilog.stderr
+    summaries = [json.loads((site.summaries / f"{j}-summary.json").read_text()) for j in (here, there)]
+    assert summaries[0]["gpus"] == summaries[1]["gpus"]
+    assert summaries[0].keys() == summaries[1].keys()
+
+
+def test_a_served_hooks_exit_code_is_the_hooks_own(site: HookSite, server: Server) -> None:
+    prefix = site.install_hooks()
+    site.write_config("[bogus]\n")
+    broken = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(603)))
+    assert broken.returncode == 2 and "unknown section [bogus]" in broken.stderr
+    assert not (site.jobs_dir / f"{jid}.json").exists()
+    assert served(server.stop()) == 1
+
+
+def test_usage_and_help_never_reach_the_server(site: HookSite, server: Server) -> None:
+    prefix = site.install_hooks()
+    bad = site.run_installed(prefix, "prolog", site.slurm_environ(job(604)), "--verbose")
+    assert bad.returncode == 2 and bad.stderr.startswith("usage: ")
+    assert served(server.stop()) == 0
+
+
+def test_a_served_hook_imports_nothing_the_server_did_not(site: HookSite) -> None:
+    """What keeps a served hook cheap: everything it imports is imported once, before the fork."""
+    code = f"""
+import os, sys
+from gpuslurm.slurm import hookserver
+hookserver.warm()
+before = set(sys.modules)
+fd = os.open("/dev/null", os.O_WRONLY); os.dup2(fd, 1); os.dup2(fd, 2)
+from gpuslurm.slurm.entry import main
+codes = []
+for hook in ("prolog", "epilog"):
+    os.environ.clear()
+    os.environ.update({site.environ(job(605), gpus="0,1")!r})
+    codes.append(main([hook]))
+os.write(int(sys.argv[1]), repr((codes, sorted(set(sys.modules) - before))).encode())
+"""
+    r, w = os.pipe()
+    try:
+        subprocess.run([sys.executable, "-c", code, str(w)], pass_fds=(w,), check=True, timeout=60)
+    finally:
+        os.close(w)
+    with os.fdopen(r) as f:
+        codes, new = eval(f.read())
+    assert codes == [0, 0]
+    assert new == []
+
+
+# --- as the attacker: the job's user at the socket ---------------------------------------------
+
+
+ATTACK = """
+import errno, os, socket, sys
+from gpuslurm.slurm import hookclient
+raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+try:
+    raw.connect(sys.argv[1])
+    print("connected")
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+raw.close()
+print(hookclient.ask("prolog", sys.argv[1], {k.encode(): v.encode() for k, v in os.environ.items()}))
+"""
+
+
+def _attack_as_nobody(sock: Path, env: dict[str, str]) -> list[str]:
+    """The job's user's own client at the socket: how a bare connect ends, and what ``ask`` got."""
+    proc = as_nobody([SYSTEM_PYTHON, "-c", ATTACK, str(sock)], env={**env, "PYTHONPATH": SRC})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return out.split()
+
+
+def test_the_jobs_user_cannot_reach_the_socket(site: HookSite, open_server: Server) -> None:
+    """The job's user sends a prolog of their own making (their job id, GPUs and config): the
+    socket is root's 0600, so the connect is refused, nothing is sent and nothing runs."""
+    jid = job(606)
+    assert _attack_as_nobody(open_server.sock, site.environ(jid)) == ["EACCES", "None"]
+    assert not (site.jobs_dir / f"{jid}.json").exists()
+    assert served(open_server.stop()) == 0
+
+
+def test_a_socket_opened_to_everyone_still_serves_root_alone(site: HookSite, open_server: Server) -> None:
+    """A mode gone wrong (0666): the job's user connects, and the server closes the connection
+    before reading a byte and names the uid; the request runs nowhere."""
+    os.chmod(open_server.sock, 0o666)
+    jid = job(607)
+    # Sent into the socket's buffer, then closed unanswered: the client's fail-closed answer.
+    assert _attack_as_nobody(open_server.sock, site.environ(jid)) == ["connected", str(EXIT_INTERNAL)]
+    assert not (site.jobs_dir / f"{jid}.json").exists()
+    open_server.proc.send_signal(signal.SIGTERM)
+    _, err = open_server.proc.communicate(timeout=30)
+    assert open_server.proc.returncode == 0
+    assert err.count(f"refused a client of uid {NOBODY} (only root's hooks are served)") == 2, err
+    assert "stopped after 0 hook(s)" in err
+
+
+def test_a_socket_planted_by_another_user_gets_nothing_and_the_hook_runs_here(
+        site: HookSite, open_dir: Path) -> None:
+    """Someone other than root listens where the prolog looks: the prolog sends them nothing
+    (not the job's environment, not its descriptors) and runs the hook itself."""
+    plant = open_dir / "plant"
+    plant.mkdir()
+    os.chown(plant, NOBODY, NOBODY)  # how an impostor could get there at all
+    got = plant / "got"
+    impostor = as_nobody([SYSTEM_PYTHON, "-c", IMPOSTOR, str(plant / "hooks.sock"), str(got)])
+    assert impostor.stdout is not None
+    assert impostor.stdout.readline().strip() == "listening"
+    env = {**site.environ(jid := job(609)), hookclient.SOCKET_VAR: str(plant / "hooks.sock")}
+    try:
+        prolog = subprocess.run([sys.executable, "-I", "-c", CLIENT, "prolog"], env=env, capture_output=True,
+                                text=True, timeout=60, check=False)
+    finally:
+        _, err = impostor.communicate(timeout=30)
+    assert prolog.returncode == 0, prolog.stderr
+    assert "is not root's hook server; running the hook here" in prolog.stderr
+    assert (site.jobs_dir / f"{jid}.json").is_file()
+    assert got.read_text() == "b'' []", err  # connected, then nothing received
+
+
+CLIENT = "from gpuslurm.slurm.hookclient import run; run()"  # what the installed prolog runs
+IMPOSTOR = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(sys.argv[1]); s.listen(1); print("listening", flush=True)
+s.settimeout(20)
+c, _ = s.accept(); c.settimeout(5)
+try:
+    data, anc, _, _ = c.recvmsg(65536, socket.CMSG_SPACE(12))
+except OSError:
+    data, anc = b"", []
+open(sys.argv[2], "w").write(repr(data) + " " + repr(anc))
+"""
+
+
+# --- the client's rule: fall back before sending, fail closed after ---------------------------
+
+
+def _fake_server(sock: Path, answer: bytes | None) -> tuple[socket.socket, list[bytes]]:
+    """A root listener that takes one request and answers ``answer`` (None: closes unanswered)."""
+    import threading
+
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    srv.bind(str(sock))
+    srv.listen(1)
+    got: list[bytes] = []
+
+    def one() -> None:
+        conn, _ = srv.accept()
+        data, anc, _, _ = conn.recvmsg(hookclient.MAX_REQUEST, socket.CMSG_SPACE(12))
+        for _, _, fds in anc:
+            for i in range(0, len(fds), 4):
+                os.close(int.from_bytes(fds[i:i + 4], sys.byteorder))
+        got.append(data)
+        if answer is not None:
+            conn.send(answer)
+        conn.close()
+
+    threading.Thread(target=one, daemon=True).start()
+    return srv, got
+
+
+def test_a_request_sent_and_unanswered_fails_the_hook_closed(site: HookSite) -> None:
+    prefix = site.install_hooks()
+    run = site.root / "run"
+    run.mkdir(exist_ok=True)
+    srv, got = _fake_server(run / "hooks.sock", None)
+    try:
+        prolog = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(610)))
+    finally:
+        srv.close()
+    assert prolog.returncode == EXIT_INTERNAL
+    assert prolog.stderr.strip() == ("gpuslurm prolog: the hook server took the request but gave no "
+                                     "exit code; failing closed")
+    assert got and hookclient.parse_request(got[0])[0] == "prolog"
+    # The server may have done part of the work; the hook does not do it again here.
+    assert not (site.jobs_dir / f"{jid}.json").exists()
+
+
+@pytest.mark.parametrize("answer", [b"rc 300", b"rc -1", b"rc 1x", b"", b"rc"])
+def test_an_answer_that_is_not_an_exit_code_fails_closed(site: HookSite, answer: bytes) -> None:
+    prefix = site.install_hooks()
+    run = site.root / "run"
+    run.mkdir(exist_ok=True)
+    srv, _ = _fake_server(run / "hooks.sock", answer)
+    try:
+        prolog = site.run_installed(prefix, "prolog", site.slurm_environ(job(611)))
+    finally:
+        srv.close()
+    assert prolog.returncode == EXIT_INTERNAL, prolog.stderr
+
+
+def test_a_busy_server_leaves_the_hook_to_run_here(site: HookSite) -> None:
+    prefix = site.install_hooks()
+    run = site.root / "run"
+    run.mkdir(exist_ok=True)
+    srv, got = _fake_server(run / "hooks.sock", hookclient.BUSY)
+    try:
+        prolog = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(612)))
+    finally:
+        srv.close()
+    assert prolog.returncode == 0, prolog.stderr
+    assert got and (site.jobs_dir / f"{jid}.json").is_file()
+
+
+def test_at_its_cap_the_server_answers_busy_and_the_hook_runs_here(site: HookSite) -> None:
+    """One fork at a time: a root client holds the only one (it connects and sends nothing), and
+    the next prolog runs in its own process."""
+    prefix = site.install_hooks()
+    srv = Server(site.root / "run" / "hooks.sock", "--max-children", "1")
+    try:
+        holder = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        holder.connect(str(srv.sock))
+        time.sleep(0.3)  # accepted and forked: that fork waits for a request (5 s at most)
+        prolog = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(613)))
+        assert prolog.returncode == 0, prolog.stderr
+        assert (site.jobs_dir / f"{jid}.json").is_file()
+        holder.close()
+    finally:
+        last = srv.stop()
+    assert served(last) <= 1, last  # the holder's fork, if reaped; never the prolog
+
+
+def test_a_request_that_is_not_one_runs_nothing_and_the_server_goes_on(site: HookSite,
+                                                                        server: Server) -> None:
+    prefix = site.install_hooks()
+    for junk in (b"hello", b"gpuslurm-hook/1\0task-prolog\x0022", b"gpuslurm-hook/1\0prolog\x0099"):
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        raw.connect(str(server.sock))
+        raw.sendmsg([junk], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                              b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2)))])
+        raw.settimeout(10)
+        assert raw.recv(64) == b""  # closed, unanswered
+        raw.close()
+    prolog = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(614)))
+    assert prolog.returncode == 0 and (site.jobs_dir / f"{jid}.json").is_file()
+    assert served(server.stop()) == 4
+
+
+def test_no_server_means_the_hook_runs_here(site: HookSite) -> None:
+    prefix = site.install_hooks()
+    prolog = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(615)))
+    assert prolog.returncode == 0 and prolog.stderr.count("\n") == 1, prolog.stderr
+    assert (site.jobs_dir / f"{jid}.json").is_file()
+
+
+# --- where the server listens -------------------------------------------------------------------
+
+
+def _start(sock: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuslurm", "hook-server", "--socket", str(sock)],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_server_refuses_a_directory_others_can_write(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o777)
+    os.chmod(run, 0o1777)
+    done = _start(run / "hooks.sock")
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("its directory must be root's and writable by root alone")
+
+
+def test_the_server_refuses_to_replace_what_is_not_a_socket(tmp_path: Path) -> None:
+    (tmp_path / "hooks.sock").write_text("keep me")
+    done = _start(tmp_path / "hooks.sock")
+    assert done.returncode == 2 and "something other than a socket is there" in done.stderr
+    assert (tmp_path / "hooks.sock").read_text() == "keep me"
+
+
+def test_the_server_removes_its_socket_on_stop_and_replaces_a_stale_one(tmp_path: Path) -> None:
+    sock = tmp_path / "hooks.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stale.bind(str(sock))
+    stale.close()
+    srv = Server(sock)
+    assert sock.stat().st_mode & 0o777 == 0o600
+    srv.stop()
+    assert not sock.exists()
