@@ -24,13 +24,15 @@ docs/hooks.md), interleaved with the rest: the same installed executables, told 
 listens. Their CPU is the client's (this process's children) plus the server's fork, which the
 server reaps: one server for the prologs and one for the epilogs, each asked on SIGTERM for what
 its forks cost, give each hook's mean fork CPU (the figure printed is client median + fork mean).
+With --c-client the served prolog and epilog start the C client `gpuslurm install --c-client`
+builds (with /usr/bin/cc), as that install writes them.
 
 --site-file also writes the config to the default path, /etc/gpuslurm/gpuslurm.toml, for the run
 (refused when a file is there; removed afterwards), as a site installs it: the task prolog's
 cgroup v1 join reads the site's file there whatever $GPUSLURM_CONFIG says.
 
     python benchmarks/bench_hooks.py [--runs 30] [--gpus 0,1,2,3] [--clean-venv] [--profile]
-        [--site-file] [--server]
+        [--site-file] [--server [--c-client]]
 """
 
 from __future__ import annotations
@@ -189,6 +191,27 @@ def profile(python: str, hooks: dict[str, Path], config: Path, bundle: str, gpus
               f"{Path(file).name}:{line} {func}")
 
 
+def c_client_hooks(dest: Path, python: str) -> dict[str, Path]:
+    """The prolog and the epilog as `gpuslurm install --c-client` writes them: the C client built
+    with the node's cc, the Python hook as its fallback."""
+    from gpuslurm.install import C_CLIENT, build_c_client, hook_sys_path, render_hook
+
+    dest.mkdir(parents=True, exist_ok=True)
+    client = dest / C_CLIENT
+    client.write_bytes(build_c_client())
+    client.chmod(0o755)
+    out = {}
+    sys_path = hook_sys_path(python)
+    for hook, template in (("prolog", ROOT / "prolog" / "gpuslurm-prolog"),
+                           ("epilog", ROOT / "epilog" / "gpuslurm-epilog")):
+        path = dest / template.name
+        path.write_text(render_hook(template.read_text(), python, str(template), sys_path=sys_path,
+                                    client=(str(client), hook)))
+        path.chmod(0o755)
+        out[hook] = path
+    return out
+
+
 def start_servers(python: str, where: Path) -> dict[str, tuple[subprocess.Popen[str], Path]]:
     """One hook server for the prologs and one for the epilogs, sockets in ``where`` (root's)."""
     servers = {}
@@ -229,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=15, help="rows of each profile to show")
     parser.add_argument("--server", action="store_true",
                         help="also time the prolog and the epilog served by `gpuslurm hook-server`")
+    parser.add_argument("--c-client", action="store_true",
+                        help="with --server: the served prolog and epilog start the C client "
+                             "(`gpuslurm install --c-client`) instead of the Python one")
     parser.add_argument("--site-file", action="store_true",
                         help=f"also put the config at {SITE_FILE} for the run, as a site does")
     args = parser.parse_args(argv)
@@ -264,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
             os.makedirs(os.path.dirname(SITE_FILE), mode=0o755, exist_ok=True)
             Path(SITE_FILE).write_text(config.read_text())
         servers = start_servers(python, Path(run_tmp)) if args.server else {}
+        served_hooks = c_client_hooks(dest / "c-client", python) if args.c_client else hooks
         floor_cmd = [python, "-c", "pass"]
         job = 1000
         # Warm the page cache and .pyc files once; this also fails early on a broken hook.
@@ -292,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
                 job += 1
                 for hook, (_, sock) in servers.items():
                     env = job_env(config, args.bundle, args.gpus, job, f"{hook}_slurmd")
-                    run(f"{hook} (served)", [str(hooks[hook])], {**env, SOCKET_VAR: str(sock)})
+                    run(f"{hook} (served)", [str(served_hooks[hook])], {**env, SOCKET_VAR: str(sock)})
         forks = {f"{hook} (served)": stop_server(proc) for hook, (proc, _) in servers.items()}
         if leftovers := list((run_dir / "jobs").glob("*.json")):
             raise SystemExit(f"the epilog left job maps behind: {leftovers}")

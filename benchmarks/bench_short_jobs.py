@@ -13,6 +13,8 @@ the bundle and a config baked in), applied with ``scontrol reconfigure`` before 
   ``site`` and its ``.pth`` files, no sys.path written);
 * ``served`` (with ``--server-arm``): the same hooks with ``gpuslurm hook-server`` running for
   them (docs/hooks.md, "The hook server"): the prolog and the epilog are its clients;
+* ``served-c`` (with ``--c-client-arm``): as ``served``, the hooks installed with
+  ``--c-client`` (the prolog and the epilog start the C client);
 * ``before`` (with ``--before-python PY``): the hooks installed with another Python, e.g. a venv
   whose gpuslurm is an older checkout (``git archive main src``), for before/after in one run.
 
@@ -32,7 +34,7 @@ Runs as root, takes the test cluster's host lock (it waits while a test session 
 stops the cluster at the end. No assertion on time: the figures are for people to read.
 
     python benchmarks/bench_short_jobs.py [--jobs 40] [--rounds 10] [--tasks 16] [--steps 5]
-        [--site-arm] [--server-arm] [--before-python PY] [--json F]
+        [--site-arm] [--server-arm] [--c-client-arm] [--before-python PY] [--json F]
 """
 
 from __future__ import annotations
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="an arm whose installed hooks start `python -I` with site, as before -S")
     ap.add_argument("--server-arm", action="store_true",
                     help="an arm whose prolog and epilog are served by `gpuslurm hook-server`")
+    ap.add_argument("--c-client-arm", action="store_true",
+                    help="an arm served as --server-arm's, its hooks installed with --c-client")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench_short_jobs: run as root (it starts a Slurm cluster)")
@@ -190,10 +194,11 @@ def run(args: argparse.Namespace) -> int:
     cluster = SlurmCluster(state_dir, {**env, "SLURM_CONF": str(state_dir / "etc" / "slurm.conf")})
     pythons = {"hooks": None, **({"site": None} if args.site_arm else {}),
                **({"served": None} if args.server_arm else {}),
+               **({"served-c": None} if args.c_client_arm else {}),
                **({"before": args.before_python} if args.before_python else {})}
     arms = (*pythons, "flags")
     roots: dict[str, Path] = {}
-    server: subprocess.Popen[str] | None = None
+    servers: list[subprocess.Popen[str]] = []
     try:
         cluster_sh("up", env)
         plain = cluster.conf.read_text()
@@ -202,11 +207,11 @@ def run(args: argparse.Namespace) -> int:
             roots[arm], bundle = hooks_root(f"gpuslurm-bench-{arm}-")
             config = roots[arm] / "gpuslurm.toml"
             config.write_text(hooks_paths(roots[arm], cluster) + "[hooks]\ncommand_timeout_s = 20\n")
-            prefix = install_hooks(roots[arm], config, bundle, python)
+            prefix = install_hooks(roots[arm], config, bundle, python, c_client=arm == "served-c")
             if arm == "site":
                 start_with_site(prefix)
-            if arm == "served":
-                server = start_server(roots[arm] / "run" / "hooks.sock")
+            if arm.startswith("served"):
+                servers.append(start_server(roots[arm] / "run" / "hooks.sock"))
             confs[arm] = conf_with(plain, hook_lines(prefix))
         bench = Bench(cluster, short_hostname())
         rates: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -253,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
                                              "tasks": args.tasks, "steps": steps}, indent=1))
         return 0
     finally:
-        if server is not None:
+        for server in servers:
             server.terminate()
             print(server.communicate(timeout=60)[1].strip().splitlines()[-1], file=sys.stderr)
         cluster_sh("down", env)

@@ -32,6 +32,8 @@ CONFIG_VAR = "GPUSLURM_CONFIG"  # gpuslurm.configfile.ENV_VAR, not imported: ins
 CAPTURE_VAR = "GPUSLURM_CAPTURE"  # gpuslurm.hw.source.ENV_VAR
 SOCKET_VAR = "GPUSLURM_HOOK_SOCKET"  # gpuslurm.slurm.hookclient.SOCKET_VAR
 SERVED_HOOKS = ("gpuslurm-prolog", "gpuslurm-epilog")  # the hook server's clients (hookclient.SERVED)
+CLIENT_MODULE = "gpuslurm.slurm.hookclient"  # what the prolog's and epilog's templates start
+ENTRY_MODULE = "gpuslurm.slurm.entry"  # the hooks themselves
 MANIFEST_FORMAT = 1
 
 # Installed name -> (template folder, slurm.conf key).
@@ -40,6 +42,12 @@ HOOKS: dict[str, tuple[str, str]] = {
     "gpuslurm-epilog": ("epilog", "Epilog"),
     "gpuslurm-task-prolog": ("prolog", "TaskProlog"),
 }
+
+# The hook server's client in C (`install --c-client`): built from this source with the node's cc.
+C_CLIENT = "gpuslurm-hook-client"
+C_CLIENT_SOURCE = Path(__file__).resolve().parent / "slurm" / "hookclient.c"
+CC = "/usr/bin/cc"
+CC_FLAGS = ("-O2", "-Wall", "-Wextra", "-Werror")
 
 # slurm.conf's HealthCheckProgram (`install --health-check`): installed like the hooks, not a hook.
 HEALTH_CHECK = "gpuslurm-health-check"
@@ -120,7 +128,8 @@ class InstallPlan:
 
 
 def render_hook(template: str, python: str, source: str = "<template>", config: str = "",
-                capture: str = "", sys_path: Sequence[str] = (), socket: str = "") -> str:
+                capture: str = "", sys_path: Sequence[str] = (), socket: str = "",
+                client: tuple[str, str] = ("", "")) -> str:
     """The hook script: ``template`` with its one placeholder replaced by the quoted interpreter,
     and, given a ``config`` path (or a ``capture`` bundle to replay), ``GPUSLURM_CONFIG`` (or
     ``GPUSLURM_CAPTURE``) set to it just before the ``exec`` line. A template that starts Python
@@ -128,10 +137,22 @@ def render_hook(template: str, python: str, source: str = "<template>", config: 
     list ``sys_path`` (:func:`hook_sys_path`), which must then not be empty.
 
     Slurm passes the hooks only the job's variables, so a config path other than the default
-    reaches them only this way: written into the executable root runs.
+    reaches them only this way: written into the executable root runs. So does ``socket``, the hook
+    server's (``GPUSLURM_HOOK_SOCKET``), for a config whose run_dir is not the default.
+    ``client``: (the C client's path, the hook's name): the exec line starts that client, with the
+    Python hook (``gpuslurm.slurm.entry``, not the Python client) as what it runs when the server
+    does not answer.
     """
     if template.count(PLACEHOLDER) != 1:
         raise InputError(f"hook template must contain {PLACEHOLDER} exactly once", source)
+    if client[0]:
+        started = f"\nexec {PLACEHOLDER} "
+        if template.count(started) != 1:
+            raise InputError("hook template must have exactly one exec line", source)
+        template = template.replace(started, f"\nexec {shlex.quote(client[0])} {client[1]} {PLACEHOLDER} ")
+        # what the C client runs when the server does not answer: the hook itself, not the
+        # Python client (which would ask the server a second time)
+        template = template.replace(CLIENT_MODULE, ENTRY_MODULE)
     text = template.replace(PLACEHOLDER, shlex.quote(python))
     if SYS_PATH_PLACEHOLDER in text:
         if text.count(SYS_PATH_PLACEHOLDER) != 1 or not sys_path:
@@ -253,7 +274,10 @@ def describe(plan: InstallPlan, dry_run: bool) -> list[str]:
 
 
 def diff(action: Action) -> str:
-    """A unified diff from what is on disk to what install writes."""
+    """A unified diff from what is on disk to what install writes (for the built client, one line)."""
+    if action.artifact.path.name == C_CLIENT:
+        return (f"{action.artifact.path}: built from {C_CLIENT_SOURCE.name}, "
+                f"{len(action.artifact.content)} bytes, sha256 {action.artifact.sha256[:12]}\n")
     old = action.old.decode("utf-8", "replace").splitlines(keepends=True)
     new = action.artifact.content.decode("utf-8", "replace").splitlines(keepends=True)
     before = "/dev/null" if action.verb == "create" else str(action.artifact.path)
@@ -276,17 +300,22 @@ def template_text(name: str) -> tuple[str, Path]:
 
 def desired_files(prefix: Path, slurm_etc: Path, python: str, config: str = "",
                   capture: str = "", health_check: bool = False,
-                  sys_path: Sequence[str] = (), socket: str = "") -> list[Artifact]:
+                  sys_path: Sequence[str] = (), socket: str = "", c_client: bytes = b"") -> list[Artifact]:
     """The hooks (0755) and the cgroup.conf snippet (0644), rendered for this interpreter and its
     ``sys_path`` (and config path, when one is given); with ``health_check``, the
     HealthCheckProgram wrapper too. ``socket``: the hook server's, written into the prolog and the
-    epilog (:func:`hook_socket`)."""
+    epilog (:func:`hook_socket`); ``c_client``: the built C client (:func:`build_c_client`), installed
+    beside them and started by the prolog and the epilog."""
     files = []
     for name in (*HOOKS, *((HEALTH_CHECK,) if health_check else ())):
         text, source = template_text(name)
+        served = name in SERVED_HOOKS
+        client = (str(prefix / C_CLIENT), HOOKS[name][0]) if served and c_client else ("", "")
         rendered = render_hook(text, python, str(source), config, capture, sys_path,
-                               socket if name in SERVED_HOOKS else "")
+                               socket if served else "", client)
         files.append(Artifact(prefix / name, rendered.encode(), 0o755))
+    if c_client:
+        files.append(Artifact(prefix / C_CLIENT, c_client, 0o755))
     files.append(Artifact(slurm_etc / CGROUP_SNIPPET_NAME, CGROUP_SNIPPET.encode(), 0o644))
     return files
 
@@ -337,7 +366,7 @@ def missing_dirs(path: Path) -> list[Path]:
 
 def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "",
                  force: bool = False, config: str = "", capture: str = "",
-                 health_check: bool = False) -> InstallPlan:
+                 health_check: bool = False, c_client: bool = False) -> InstallPlan:
     """Decide every action; raise InputError (naming the file) if any destination must be left alone."""
     python = python or os.path.abspath(sys.executable)
     prefix = Path(os.path.abspath(prefix))
@@ -364,7 +393,7 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
     check_code_dirs(sys_path)  # written into root's hooks: an import-line finder's directory too
     actions = [decide(a, inspect(a.path), recorded.get(str(a.path)), force, want_uid)
                for a in desired_files(prefix, slurm_etc, python, config, capture, health_check, sys_path,
-                                      hook_socket(config))]
+                                      hook_socket(config), build_c_client() if c_client else b"")]
     blocked = [a for a in actions if a.verb in ("conflict", "refuse")]
     if blocked:
         more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
@@ -373,6 +402,26 @@ def plan_install(slurm_etc: Path, prefix: Path = DEFAULT_PREFIX, python: str = "
     return InstallPlan(prefix, slurm_etc, manifest_path, manifest, manifest != recorded,
                        tuple(missing_dirs(prefix)), tuple(actions), python, config, capture,
                        tuple(sys_path))
+
+
+def build_c_client() -> bytes:
+    """The hook server's C client (``slurm/hookclient.c``) built with ``/usr/bin/cc``: the
+    executable's bytes (the same source and compiler give the same bytes, so a second install
+    keeps it)."""
+    import tempfile
+
+    from gpuslurm.runner import run_command
+
+    if not os.access(CC, os.X_OK):
+        raise InputError("--c-client needs a C compiler there (apt-get install gcc)", CC)
+    with tempfile.TemporaryDirectory(prefix="gpuslurm-c-client-") as tmp:
+        out = os.path.join(tmp, C_CLIENT)
+        try:
+            run_command([CC, *CC_FLAGS, "-o", out, str(C_CLIENT_SOURCE)], timeout=120)
+        except CommandError as exc:
+            raise InputError(f"cannot build the hook client: {exc}", str(C_CLIENT_SOURCE)) from None
+        with open(out, "rb") as built:
+            return built.read()
 
 
 def hook_socket(config: str) -> str:

@@ -162,3 +162,24 @@ def test_with_the_server_killed_the_hooks_run_on_their_own(served: Served) -> No
     jobid, out = _two_gpu_job(served)
     assert json.loads(served.summary(jobid).read_text())["gpus"]
     assert "GPUSLURM_GPU_UUIDS=" in out
+
+
+def test_the_c_client_has_a_job_served(served: Served) -> None:
+    """`gpuslurm install --c-client` (the host's Slurm: the releases' roots carry no C compiler):
+    slurmd's prolog and epilog start the C client, which the server serves."""
+    if slurm_roots.active() is not None:
+        pytest.skip("the release's root has no C compiler for --c-client")
+    config = served.root / "gpuslurm.toml"
+    prefix = install_hooks(served.root, config, served.bundle, c_client=True)
+    try:
+        assert "gpuslurm-hook-client prolog " in (prefix / "gpuslurm-prolog").read_text()
+        served.start()
+        try:
+            jobid, out = _two_gpu_job(served)
+        finally:
+            err = served.stop()
+        assert _hooks_served(err) == 2, err
+        assert json.loads(served.summary(jobid).read_text())["gpus"]
+        assert "GPUSLURM_GPU_UUIDS=" in out
+    finally:
+        install_hooks(served.root, config, served.bundle)  # the module's hooks, as they were

@@ -194,13 +194,15 @@ class SlurmCluster:
         return "\n".join(parts)
 
 
-def install_hooks(root: Path, config: Path, bundle: Path | None, python: str | None = None) -> Path:
+def install_hooks(root: Path, config: Path, bundle: Path | None, python: str | None = None,
+                  c_client: bool = False) -> Path:
     """``gpuslurm install --config CONFIG --replay BUNDLE [--python PYTHON]`` as an admin runs it,
     into a prefix below ``root`` (root's, 0755); that prefix, whose executables slurm.conf then names.
 
     slurmd passes hooks only SLURM_* variables, so the config and the replayed capture reach them
     only because install wrote both paths into the executables. ``bundle`` None: no ``--replay``,
     the hooks of a live node (NVML, found through the config's ``paths.nvml_library`` if set).
+    ``c_client``: ``--c-client`` (needs a C compiler where install runs).
     """
     prefix = root / "libexec" / "gpuslurm"
     etc = root / "slurm-etc"
@@ -213,7 +215,8 @@ def install_hooks(root: Path, config: Path, bundle: Path | None, python: str | N
     done = subprocess.run([*runner, "-m", "gpuslurm", "install", "--slurm-etc", str(etc),
                            "--prefix", str(prefix), "--config", str(config),
                            *(["--replay", str(bundle)] if bundle is not None else []),
-                           *(["--python", python] if python else [])],
+                           *(["--python", python] if python else []),
+                           *(["--c-client"] if c_client else [])],
                           capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"gpuslurm install failed: {done.stderr}")

@@ -46,17 +46,17 @@ class HookSite:
         del env["GPUSLURM_CONFIG"], env["GPUSLURM_CAPTURE"]
         return env
 
-    def install_hooks(self) -> Path:
+    def install_hooks(self, c_client: bool = False) -> Path:
         """``gpuslurm install --config CONFIG --replay BUNDLE`` into a fresh prefix below ``root``:
         the executables the hook tests run. ``root`` is root's (pytest's tmp_path), so the
-        directory rule holds."""
+        directory rule holds. ``c_client``: with ``--c-client`` (the hook server's client in C)."""
         from gpuslurm import install
 
         etc = self.root / "slurm-etc"
         etc.mkdir(exist_ok=True)
         prefix = self.root / "libexec" / "gpuslurm"
         plan = install.plan_install(etc, prefix, os.path.abspath(sys.executable), config=str(self.config),
-                                    capture=str(self.bundle))
+                                    capture=str(self.bundle), c_client=c_client)
         install.apply_plan(plan)
         return prefix
 

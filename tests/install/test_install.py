@@ -411,3 +411,48 @@ def test_the_hooks_sys_path_holds_gpuslurm_and_its_dependencies_where_they_are()
     for module in (click, jinja2):  # dependencies the hooks' imports may reach
         assert os.path.dirname(os.path.dirname(os.path.realpath(module.__file__))) in HOOK_DIRS
     assert all(os.path.isabs(d) for d in HOOK_DIRS) and len(set(HOOK_DIRS)) == len(HOOK_DIRS)
+
+
+# --- --c-client: the hook server's client in C --------------------------------------------------
+
+
+def test_c_client_is_built_and_the_prolog_and_epilog_start_it(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    out = ok(run(etc, prefix, "--c-client"))
+    client = prefix / lib.C_CLIENT
+    assert f"create {client}" in out
+    assert client.read_bytes()[:4] == b"\x7fELF"
+    assert stat.S_IMODE(client.stat().st_mode) == 0o755 and client.stat().st_uid == os.geteuid()
+    for hook in ("prolog", "epilog"):
+        # the C client, then the hook itself (the entry point, not the Python client) as its fallback
+        assert (f'exec {client} {hook} {sys.executable} -I -S -c {HOOK_CODE} {hook} "$@"'
+                in (prefix / f"gpuslurm-{hook}").read_text())
+    assert lib.C_CLIENT not in (prefix / "gpuslurm-task-prolog").read_text()
+    again = ok(run(etc, prefix, "--c-client"))  # the same source and compiler: the same bytes
+    assert "nothing to change" in again and "update" not in again
+    back = ok(run(etc, prefix))  # without the flag: the hooks start the Python client again
+    assert f"update {prefix}/gpuslurm-prolog" in back
+    assert f"-c {CLIENT_CODE} prolog" in (prefix / "gpuslurm-prolog").read_text()
+
+
+def test_c_client_dry_run_describes_the_binary_in_one_line(dirs: tuple[Path, Path]) -> None:
+    etc, prefix = dirs
+    out = ok(run(etc, prefix, "--c-client", "--dry-run"))
+    lines = [line for line in out.splitlines() if lib.C_CLIENT in line and "built from" in line]
+    assert len(lines) == 1 and "hookclient.c" in lines[0] and "bytes, sha256" in lines[0]
+    assert "\x7fELF" not in out and not prefix.exists()
+
+
+def test_c_client_without_a_compiler_is_refused_and_nothing_is_written(
+        dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    etc, prefix = dirs
+    monkeypatch.setattr(lib, "CC", "/nonexistent/cc")
+    err = refused(run(etc, prefix, "--c-client"))
+    assert "--c-client needs a C compiler there" in str(err) and "/nonexistent/cc" in str(err)
+    assert not prefix.exists()
+
+
+def test_c_client_is_slurms_not_pbs() -> None:
+    # through the CLI group, as a user runs it (a bare `install` would cache a help option without -h)
+    result = CliRunner().invoke(cli, ["install", "--pbs", "--c-client"], standalone_mode=False)
+    assert isinstance(result.exception, click.UsageError) and "--c-client" in str(result.exception)

@@ -59,6 +59,19 @@ def site(tmp_path: Path) -> HookSite:
     return make_site(tmp_path)
 
 
+@pytest.fixture(params=["python", "c"])
+def client(request: pytest.FixtureRequest) -> str:
+    """Which client the installed prolog and epilog start: the Python one (the default) or the
+    one `gpuslurm install --c-client` builds."""
+    return str(request.param)
+
+
+def install(site: HookSite, client: str) -> Path:
+    prefix = site.install_hooks(c_client=client == "c")
+    assert ("gpuslurm-hook-client prolog " in (prefix / "gpuslurm-prolog").read_text()) == (client == "c")
+    return prefix
+
+
 @pytest.fixture
 def server(site: HookSite) -> Iterator[Server]:
     srv = Server(site.root / "run" / "hooks.sock")
@@ -89,23 +102,28 @@ def served(line: str) -> int:
     return int(line.split("stopped after ")[1].split()[0])
 
 
-def test_install_writes_the_socket_of_the_configs_run_dir_into_the_prolog_and_epilog(site: HookSite) -> None:
-    prefix = site.install_hooks()
+def test_install_writes_the_socket_of_the_configs_run_dir_into_the_prolog_and_epilog(site: HookSite,
+                                                                                      client: str) -> None:
+    prefix = install(site, client)
     line = f"\nGPUSLURM_HOOK_SOCKET={site.root / 'run' / 'hooks.sock'}\nexport GPUSLURM_HOOK_SOCKET\n"
     assert line in (prefix / "gpuslurm-prolog").read_text()
     assert line in (prefix / "gpuslurm-epilog").read_text()
     assert "GPUSLURM_HOOK_SOCKET" not in (prefix / "gpuslurm-task-prolog").read_text()
 
 
-def test_served_prolog_and_epilog_do_what_the_hooks_do_without_the_server(site: HookSite) -> None:
-    prefix = site.install_hooks()
+def test_served_prolog_and_epilog_do_what_the_hooks_do_without_the_server(site: HookSite,
+                                                                          client: str) -> None:
+    prefix = install(site, client)
     here, there = job(601), job(602)
     # Without a server: the hook runs in its own process, as before the server existed.
-    alone = site.run_installed(prefix, "prolog", site.slurm_environ(here, gpus="2,3"))
+    # An account that is not UTF-8 (slurmd passes what the job gave): the bytes reach the fork as
+    # they reach the hook's own process.
+    odd = {"SLURM_JOB_ACCOUNT": "phys\udcffics"}
+    alone = site.run_installed(prefix, "prolog", site.slurm_environ(here, gpus="2,3", **odd))
     assert alone.returncode == 0, alone.stderr
     srv = Server(site.root / "run" / "hooks.sock")
     try:
-        prolog = site.run_installed(prefix, "prolog", site.slurm_environ(there, gpus="2,3"))
+        prolog = site.run_installed(prefix, "prolog", site.slurm_environ(there, gpus="2,3", **odd))
         assert prolog.returncode == 0, prolog.stderr
         # The server's fork wrote to the client's own stderr, passed along with the request.
         assert f"gpuslurm prolog job {there}: 2 device(s)" in prolog.stderr
@@ -129,8 +147,8 @@ def test_served_prolog_and_epilog_do_what_the_hooks_do_without_the_server(site: 
     assert summaries[0].keys() == summaries[1].keys()
 
 
-def test_a_served_hooks_exit_code_is_the_hooks_own(site: HookSite, server: Server) -> None:
-    prefix = site.install_hooks()
+def test_a_served_hooks_exit_code_is_the_hooks_own(site: HookSite, server: Server, client: str) -> None:
+    prefix = install(site, client)
     site.write_config("[bogus]\n")
     broken = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(603)))
     assert broken.returncode == 2 and "unknown section [bogus]" in broken.stderr
@@ -138,8 +156,8 @@ def test_a_served_hooks_exit_code_is_the_hooks_own(site: HookSite, server: Serve
     assert served(server.stop()) == 1
 
 
-def test_usage_and_help_never_reach_the_server(site: HookSite, server: Server) -> None:
-    prefix = site.install_hooks()
+def test_usage_and_help_never_reach_the_server(site: HookSite, server: Server, client: str) -> None:
+    prefix = install(site, client)
     bad = site.run_installed(prefix, "prolog", site.slurm_environ(job(604)), "--verbose")
     assert bad.returncode == 2 and bad.stderr.startswith("usage: ")
     assert served(server.stop()) == 0
@@ -211,8 +229,10 @@ def test_a_socket_opened_to_everyone_still_serves_root_alone(site: HookSite, ope
     before reading a byte and names the uid; the request runs nowhere."""
     os.chmod(open_server.sock, 0o666)
     jid = job(607)
-    # Sent into the socket's buffer, then closed unanswered: the client's fail-closed answer.
-    assert _attack_as_nobody(open_server.sock, site.environ(jid)) == ["connected", str(EXIT_INTERNAL)]
+    # Closed unanswered: the client's fail-closed answer if its request got into the socket's
+    # buffer first, else nothing sent (the server closed before the send): nothing ran either way.
+    connected, asked = _attack_as_nobody(open_server.sock, site.environ(jid))
+    assert connected == "connected" and asked in (str(EXIT_INTERNAL), "None")
     assert not (site.jobs_dir / f"{jid}.json").exists()
     open_server.proc.send_signal(signal.SIGTERM)
     _, err = open_server.proc.communicate(timeout=30)
@@ -222,7 +242,7 @@ def test_a_socket_opened_to_everyone_still_serves_root_alone(site: HookSite, ope
 
 
 def test_a_socket_planted_by_another_user_gets_nothing_and_the_hook_runs_here(
-        site: HookSite, open_dir: Path) -> None:
+        site: HookSite, open_dir: Path, client: str) -> None:
     """Someone other than root listens where the prolog looks: the prolog sends them nothing
     (not the job's environment, not its descriptors) and runs the hook itself."""
     plant = open_dir / "plant"
@@ -233,9 +253,11 @@ def test_a_socket_planted_by_another_user_gets_nothing_and_the_hook_runs_here(
     assert impostor.stdout is not None
     assert impostor.stdout.readline().strip() == "listening"
     env = {**site.environ(jid := job(609)), hookclient.SOCKET_VAR: str(plant / "hooks.sock")}
+    argv = [sys.executable, "-I", "-c", CLIENT, "prolog"]
+    if client == "c":  # the built client, with the Python hook as its fallback, as install writes it
+        argv = [str(install(site, client) / "gpuslurm-hook-client"), "prolog", *argv]
     try:
-        prolog = subprocess.run([sys.executable, "-I", "-c", CLIENT, "prolog"], env=env, capture_output=True,
-                                text=True, timeout=60, check=False)
+        prolog = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
     finally:
         _, err = impostor.communicate(timeout=30)
     assert prolog.returncode == 0, prolog.stderr
@@ -262,8 +284,11 @@ open(sys.argv[2], "w").write(repr(data) + " " + repr(anc))
 # --- the client's rule: fall back before sending, fail closed after ---------------------------
 
 
-def _fake_server(sock: Path, answer: bytes | None) -> tuple[socket.socket, list[bytes]]:
-    """A root listener that takes one request and answers ``answer`` (None: closes unanswered)."""
+def _fake_server(sock: Path, answer: bytes | None, ready: bytes | None = hookclient.READY
+                 ) -> tuple[socket.socket, list[bytes]]:
+    """A root listener that takes one request, says ``ready`` (None: closes instead), and after
+    the client's GO answers ``answer`` (None: closes unanswered). ``got``: the request, then what
+    the client said after READY."""
     import threading
 
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -278,16 +303,23 @@ def _fake_server(sock: Path, answer: bytes | None) -> tuple[socket.socket, list[
             for i in range(0, len(fds), 4):
                 os.close(int.from_bytes(fds[i:i + 4], sys.byteorder))
         got.append(data)
-        if answer is not None:
-            conn.send(answer)
+        if ready is not None:
+            conn.send(ready)
+            conn.settimeout(10)
+            try:
+                got.append(conn.recv(16))
+            except OSError:
+                got.append(b"")
+            if answer is not None and got[-1] == hookclient.GO:
+                conn.send(answer)
         conn.close()
 
     threading.Thread(target=one, daemon=True).start()
     return srv, got
 
 
-def test_a_request_sent_and_unanswered_fails_the_hook_closed(site: HookSite) -> None:
-    prefix = site.install_hooks()
+def test_a_request_sent_and_unanswered_fails_the_hook_closed(site: HookSite, client: str) -> None:
+    prefix = install(site, client)
     run = site.root / "run"
     run.mkdir(exist_ok=True)
     srv, got = _fake_server(run / "hooks.sock", None)
@@ -298,14 +330,15 @@ def test_a_request_sent_and_unanswered_fails_the_hook_closed(site: HookSite) -> 
     assert prolog.returncode == EXIT_INTERNAL
     assert prolog.stderr.strip() == ("gpuslurm prolog: the hook server took the request but gave no "
                                      "exit code; failing closed")
-    assert got and hookclient.parse_request(got[0])[0] == "prolog"
+    assert got[1:] == [hookclient.GO]
+    assert hookclient.parse_request(got[0])[0] == "prolog"
     # The server may have done part of the work; the hook does not do it again here.
     assert not (site.jobs_dir / f"{jid}.json").exists()
 
 
 @pytest.mark.parametrize("answer", [b"rc 300", b"rc -1", b"rc 1x", b"", b"rc"])
-def test_an_answer_that_is_not_an_exit_code_fails_closed(site: HookSite, answer: bytes) -> None:
-    prefix = site.install_hooks()
+def test_an_answer_that_is_not_an_exit_code_fails_closed(site: HookSite, answer: bytes, client: str) -> None:
+    prefix = install(site, client)
     run = site.root / "run"
     run.mkdir(exist_ok=True)
     srv, _ = _fake_server(run / "hooks.sock", answer)
@@ -316,23 +349,50 @@ def test_an_answer_that_is_not_an_exit_code_fails_closed(site: HookSite, answer:
     assert prolog.returncode == EXIT_INTERNAL, prolog.stderr
 
 
-def test_a_busy_server_leaves_the_hook_to_run_here(site: HookSite) -> None:
-    prefix = site.install_hooks()
+@pytest.mark.parametrize("ready", [None, b"busy", b"ready?", b""])
+def test_a_server_that_does_not_say_ready_leaves_the_hook_to_run_here(site: HookSite, client: str,
+                                                                     ready: bytes | None) -> None:
+    """Closed before READY, or something else said: the client never says GO (so nothing runs
+    there) and runs the hook itself."""
+    prefix = install(site, client)
     run = site.root / "run"
     run.mkdir(exist_ok=True)
-    srv, got = _fake_server(run / "hooks.sock", hookclient.BUSY)
+    srv, got = _fake_server(run / "hooks.sock", b"rc 0", ready=ready)
     try:
         prolog = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(612)))
     finally:
         srv.close()
     assert prolog.returncode == 0, prolog.stderr
-    assert got and (site.jobs_dir / f"{jid}.json").is_file()
+    assert (site.jobs_dir / f"{jid}.json").is_file()
+    assert got[:1] and hookclient.GO not in got[1:]
 
 
-def test_at_its_cap_the_server_answers_busy_and_the_hook_runs_here(site: HookSite) -> None:
+def test_a_server_stopped_with_requests_queued_leaves_them_to_run_on_their_own(site: HookSite,
+                                                                             client: str) -> None:
+    """A restart during a burst of job starts: the requests queued in the socket are reset with
+    the server, before any READY, so each hook runs in its own process; none fails."""
+    prefix = install(site, client)
+    srv = Server(site.root / "run" / "hooks.sock")
+    srv.proc.send_signal(signal.SIGSTOP)
+    jobs = [job(620 + i) for i in range(3)]
+    try:
+        hooks = [subprocess.Popen([str(prefix / "gpuslurm-prolog")], env=site.slurm_environ(j, gpus=str(i)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+                 for i, j in enumerate(jobs)]
+        time.sleep(1.0)  # each has connected and sent; the server, stopped, accepted none
+        srv.proc.send_signal(signal.SIGTERM)
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)
+    results = [(h.wait(timeout=60), h.stderr.read() if h.stderr else "") for h in hooks]
+    assert served(srv.stop()) == 0
+    assert [code for code, _ in results] == [0, 0, 0], results
+    assert all((site.jobs_dir / f"{j}.json").is_file() for j in jobs)
+
+
+def test_at_its_cap_the_server_closes_and_the_hook_runs_here(site: HookSite, client: str) -> None:
     """One fork at a time: a root client holds the only one (it connects and sends nothing), and
-    the next prolog runs in its own process."""
-    prefix = site.install_hooks()
+    the next prolog's connection is closed before READY, so it runs in its own process."""
+    prefix = install(site, client)
     srv = Server(site.root / "run" / "hooks.sock", "--max-children", "1")
     try:
         holder = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -363,8 +423,8 @@ def test_a_request_that_is_not_one_runs_nothing_and_the_server_goes_on(site: Hoo
     assert served(server.stop()) == 4
 
 
-def test_no_server_means_the_hook_runs_here(site: HookSite) -> None:
-    prefix = site.install_hooks()
+def test_no_server_means_the_hook_runs_here(site: HookSite, client: str) -> None:
+    prefix = install(site, client)
     prolog = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(615)))
     assert prolog.returncode == 0 and prolog.stderr.count("\n") == 1, prolog.stderr
     assert (site.jobs_dir / f"{jid}.json").is_file()
@@ -394,6 +454,12 @@ def test_the_server_refuses_to_replace_what_is_not_a_socket(tmp_path: Path) -> N
     assert (tmp_path / "hooks.sock").read_text() == "keep me"
 
 
+def test_a_second_server_does_not_take_a_live_ones_socket(site: HookSite, server: Server) -> None:
+    done = _start(server.sock)
+    assert done.returncode == 2 and "another hook server listens there" in done.stderr
+    assert server.proc.poll() is None and server.sock.exists()
+
+
 def test_the_server_removes_its_socket_on_stop_and_replaces_a_stale_one(tmp_path: Path) -> None:
     sock = tmp_path / "hooks.sock"
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -403,3 +469,76 @@ def test_the_server_removes_its_socket_on_stop_and_replaces_a_stale_one(tmp_path
     assert sock.stat().st_mode & 0o777 == 0o600
     srv.stop()
     assert not sock.exists()
+
+
+# --- the served hook's process, as the hook's own process has it --------------------------------
+
+PROBE = '''
+import json, os, signal, subprocess, sys
+
+
+def probe(argv):
+    """What a hook's process is: written as JSON to $PROBE_OUT (the hook's own environment)."""
+    sh = subprocess.run(["/bin/sh", "-c", "ls /proc/self/fd; grep -E '^Sig(Ign|Blk)' /proc/self/status"],
+                        capture_output=True, text=True, check=True)  # noqa: E501
+    state = {
+        "argv": sys.argv, "cwd": os.getcwd(), "umask": os.umask(0o22),
+        "environ": sorted([k.hex(), v.hex()] for k, v in os.environb.items() if k != b"PROBE_OUT"),
+        "signals": {str(int(s)): str(signal.getsignal(s)) for s in signal.valid_signals()
+                    if s not in (signal.SIGKILL, signal.SIGSTOP)},
+        "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "a command's fds and signals": sh.stdout.split(),
+        "stdio": [os.readlink(f"/proc/self/fd/{fd}").split(":")[0] for fd in (0, 1, 2)],
+    }
+    with open(os.environ["PROBE_OUT"], "w") as out:
+        json.dump(state, out)
+    return 0
+'''
+
+PROBE_SERVER = '''
+import signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import probe
+import gpuslurm.slurm.entry as entry
+entry.main = probe.probe  # the hook the fork runs, and nothing else changed
+from gpuslurm.slurm.hookserver import serve
+# A server started by hand from a shell with `&` or nohup: signals ignored that the hook must not inherit
+signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+sys.exit(serve(Path(sys.argv[1]), lambda line: print(line, file=sys.stderr, flush=True)))
+'''
+
+
+def test_a_served_hooks_process_is_the_hooks_own(tmp_path: Path) -> None:
+    """The same probe run as the hook (its own process, as slurmd starts it) and served by a
+    server started with signals ignored and blocked: the same argv, umask, environment (bytes
+    that are not UTF-8 included, nothing of the server's), signal dispositions and mask, and what
+    a command it runs inherits (descriptors, signals); its streams are the client's."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    sock = tmp_path / "hooks.sock"
+    server = subprocess.Popen([sys.executable, "-c", PROBE_SERVER, str(sock), str(tmp_path)],
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "SERVER_ONLY": "x"})
+    assert server.stderr is not None and "serving" in server.stderr.readline()
+    env = {"SLURM_JOB_ID": "7", "ODD": "caf\udce9", "EMPTY": "", "SPACES": " a = b ",
+           "PYTHONPATH": f"{tmp_path}:{SRC}"}
+    got = {}
+    try:
+        for how, code in (("own", "import sys, probe; sys.exit(probe.probe(sys.argv[1:]))"),
+                          ("served", CLIENT)):
+            out = tmp_path / f"{how}.json"
+            start = f"import sys; sys.path[:0] = {[str(tmp_path), SRC]!r}; "
+            done = subprocess.run([sys.executable, "-I", "-c", start + code, "prolog"],
+                                  env={**env, "PROBE_OUT": str(out), hookclient.SOCKET_VAR: str(sock)},
+                                  umask=0o027, cwd="/", capture_output=True, text=True, timeout=60,
+                                  check=False)
+            assert done.returncode == 0, done.stderr
+            got[how] = json.loads(out.read_text())
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert "stopped after 1 hook(s)" in err  # the second run was served
+    for key in got["own"]:
+        assert got["served"][key] == got["own"][key], (key, got["served"][key], got["own"][key])
+    assert got["own"]["umask"] == 0o027 and got["own"]["argv"] == ["-c", "prolog"]

@@ -50,11 +50,14 @@ def _warn(message: str) -> None:
 @click.option("--health-check", is_flag=True,
               help="Also install the HealthCheckProgram wrapper (`gpuslurm health --act`) and print "
                    "its slurm.conf lines (see docs/health.md).")
+@click.option("--c-client", is_flag=True,
+              help="Build the prolog's and epilog's client of `gpuslurm hook-server` in C with /usr/bin/cc "
+                   "(no Python start when the server runs; see docs/hooks.md).")
 @click.option("--dry-run", is_flag=True, help="Show what would change (with diffs); change nothing.")
 @click.option("--force", is_flag=True, help="Overwrite files an admin edited since the last install.")
 def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmgr: str, prefix: Path,
-            python: str, config: str, capture: str, mps: bool, health_check: bool, dry_run: bool,
-            force: bool) -> None:
+            python: str, config: str, capture: str, mps: bool, health_check: bool, c_client: bool,
+            dry_run: bool, force: bool) -> None:
     """Install the prolog, epilog and task-prolog hooks and print the slurm.conf lines they need
     (--pbs: import gpuslurm's PBS hooks with qmgr instead).
 
@@ -66,6 +69,9 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
     if pbs:
         if slurm_etc is not None:
             raise click.UsageError("--pbs installs into PBS: leave out --slurm-etc")
+        if c_client:
+            raise click.UsageError("--c-client is the client of Slurm's hook server; PBS runs its "
+                                   "hooks inside pbs_mom")
         if health_check:
             raise click.UsageError("--health-check is slurmd's HealthCheckProgram; on PBS run "
                                    "`gpuslurm health --act` from cron or the monitor (docs/health.md)")
@@ -76,7 +82,7 @@ def install(slurm_etc: Path | None, pbs: bool, classic: bool, pbs_home: str, qmg
         return
     if slurm_etc is None:
         raise click.UsageError("Missing option '--slurm-etc' (or give --pbs)")
-    plan = lib.plan_install(slurm_etc, prefix, python, force, config, capture, health_check)
+    plan = lib.plan_install(slurm_etc, prefix, python, force, config, capture, health_check, c_client)
     # job_submit.lua reads gpuslurm-throttle beside itself, or the configured throttle file
     for throttle_file in dict.fromkeys((plan.slurm_etc / "gpuslurm-throttle",
                                         Path(load_config().throttle.file))):

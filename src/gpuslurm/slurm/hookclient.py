@@ -11,12 +11,14 @@ without the imports that are most of a hook's cost (docs/hooks.md, "The hook ser
 
 The rule that keeps both paths one gate:
 
-* nothing sent yet (no socket, nobody listening, a peer that is not root, the server busy): run
-  the hook in this process, :func:`gpuslurm.slurm.entry.run`, exactly as before the server
-  existed;
-* the request sent, and no exit code back (the server's fork died, the answer is not one):
-  fail closed with ``EXIT_INTERNAL``, as a hook's own bug does. The server may have done part of
-  the work, so it is not done a second time here.
+* the server did not take the request (no socket, nobody listening, a peer that is not root,
+  the connection closed or no READY within :data:`READY_TIMEOUT_S`: the server at its limit,
+  stopping, wedged): run the hook in this process, :func:`gpuslurm.slurm.entry.run`, exactly as
+  before the server existed. The server's fork runs a hook only after the client's GO, which the
+  client sends only once it has READY, so a hook never runs in both places;
+* GO sent, and no exit code back (the fork died, the answer is not one): fail closed with
+  ``EXIT_INTERNAL``, as a hook's own bug does. The server may have done part of the work, so it
+  is not done a second time here.
 
 This module is imported on every job start: it uses the ``_socket`` C module (``socket.py``
 would bring ``enum`` and ``selectors``), ``posix`` (``os.py`` and what it imports cost ~2 ms a
@@ -41,7 +43,9 @@ SOCKET_VAR = "GPUSLURM_HOOK_SOCKET"  # written into the executables by `gpuslurm
 SERVED = ("prolog", "epilog")  # the task prolog runs as the job's user: it never reaches the socket
 MAGIC = b"gpuslurm-hook/1"
 MAX_REQUEST = 256 * 1024  # one SOCK_SEQPACKET message; slurmd's hook environment is a few KiB
-BUSY = b"busy"
+READY = b"ready"  # the server's fork has the request whole and will run it on GO
+GO = b"go"  # the client's commitment: from here it waits for the exit code, never runs the hook
+READY_TIMEOUT_S = 10.0  # a server that does not take a request in time is passed over
 FDS = 3  # stdin, stdout, stderr
 CONNECT_TIMEOUT_S = 2.0
 
@@ -68,8 +72,8 @@ def parse_request(data: bytes) -> tuple[str, int, dict[bytes, bytes]]:
     hook = parts[1].decode("ascii", "replace")
     if hook not in SERVED:
         raise RequestError(f"not a served hook: {hook!r}")
-    if not 1 <= len(parts[2]) <= 4 or parts[2].strip(b"01234567"):
-        raise RequestError("umask is not an octal number")
+    if not 1 <= len(parts[2]) <= 3 or parts[2].strip(b"01234567") or parts[2][:1] == b"0" != parts[2]:
+        raise RequestError("umask is not an octal number as encode_request writes it")
     umask = int(parts[2], 8)
     if umask > 0o777:
         raise RequestError("umask out of range")
@@ -98,8 +102,9 @@ def peer_uid(sock: _socket.socket) -> int:
 
 def ask(hook: str, path: str, environ: dict[bytes, bytes], fds: tuple[int, int, int] = (0, 1, 2),
         say: TextIO | None = None) -> int | None:
-    """The hook's exit code from the server at ``path``; None when nothing was sent (the caller
-    runs the hook itself); ``EXIT_INTERNAL`` when the request went and no exit code came back."""
+    """The hook's exit code from the server at ``path``; None when the server did not take the
+    request (the caller runs the hook itself); ``EXIT_INTERNAL`` when it took it (READY, GO) and no
+    exit code came back."""
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     except OSError:
@@ -119,12 +124,21 @@ def ask(hook: str, path: str, environ: dict[bytes, bytes], fds: tuple[int, int, 
         except (OSError, RequestError):
             return None  # nothing reached a server: the hook runs here, the same gate
         try:
+            sock.settimeout(READY_TIMEOUT_S)
+            ready = sock.recv(16)
+        except OSError:
+            ready = b""
+        if ready != READY:
+            return None  # closed, busy, stopping or too slow: nothing runs there without GO
+        try:
+            sock.sendall(GO)
+        except OSError:
+            return None  # the fork never had GO: nothing ran there
+        try:
             sock.settimeout(None)  # slurmd's PrologEpilogTimeout bounds the hook, as before
             reply = sock.recv(64)
         except OSError:
             reply = b""
-        if reply == BUSY:
-            return None  # refused before its fork: nothing of the hook ran
         code = parse_reply(reply)
         if code is None:
             _say(say, f"gpuslurm {hook}: the hook server took the request but gave no exit code; "

@@ -18,11 +18,13 @@ credentials the same way before it sends anything (a socket planted by someone e
 nothing). The task prolog runs as the job's user and never asks (docs/hooks.md).
 
 The parent reads nothing a client sends: it checks the peer, forks and goes back to accepting;
-the child receives, validates (:func:`gpuslurm.slurm.hookclient.parse_request`: bounded, strict)
-and runs. At ``max_children`` children at once the parent answers ``busy`` and the client runs
-the hook itself. Children outlive a stopping server (they finish their job's hook); what a hook
-starts, such as an MPS daemon, is the job's, so the systemd unit stops only the server
-(``KillMode=process``, packaging/gpuslurm-hook-server.service).
+the child receives, validates (:func:`gpuslurm.slurm.hookclient.parse_request`: bounded, strict),
+answers READY, and runs the hook only when the client answers GO. A client that sees no READY
+(the connection closed: the server at ``max_children`` children, a fork that failed, a server
+stopping or killed with requests queued; or none within its deadline) has not said GO, so
+nothing runs there, and it runs the hook itself. Children outlive a stopping server (they finish
+their job's hook); what a hook starts, such as an MPS daemon, is the job's, so the systemd unit
+stops only the server (``KillMode=process``, packaging/gpuslurm-hook-server.service).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuslurm.errors import EXIT_INTERNAL, InputError
-from gpuslurm.slurm.hookclient import BUSY, FDS, MAX_REQUEST, RequestError, parse_request
+from gpuslurm.slurm.hookclient import FDS, GO, MAX_REQUEST, READY, RequestError, parse_request
 
 # What the prolog and the epilog import, replayed or live: imported once, before any fork. A test
 # (tests/slurm/test_hook_server.py) runs a served prolog and epilog and checks they import no
@@ -96,8 +98,19 @@ def check_socket_dir(path: Path) -> None:
 
 
 def listen(path: Path) -> socket.socket:
-    """The server's socket at ``path`` (a stale one replaced), root's and 0600 from its creation."""
+    """The server's socket at ``path`` (a stale one replaced, a live one refused), root's and 0600
+    from its creation."""
     check_socket_dir(path)
+    if path.exists():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            pass  # nobody listens: stale
+        else:
+            raise InputError("another hook server listens there", str(path))
+        finally:
+            probe.close()
     try:
         path.unlink()
     except FileNotFoundError:
@@ -145,21 +158,25 @@ def serve(path: Path, say: Callable[[str], object], max_children: int = MAX_CHIL
                 conn, _ = sock.accept()
             except (TimeoutError, InterruptedError):
                 continue
+            except OSError as exc:  # EMFILE, ECONNABORTED: this client runs its hook itself
+                say(f"gpuslurm hook-server: accept: {exc.strerror}")
+                continue
             try:
                 uid = peer_uid(conn)
                 if uid != 0:
                     say(f"gpuslurm hook-server: refused a client of uid {uid} (only root's hooks are served)")
                     continue
                 if len(children) >= max_children:
-                    _busy(conn)
-                    continue
+                    continue  # closed before READY: the client runs the hook itself
                 for stream in (sys.stdout, sys.stderr):
                     stream.flush()
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError as exc:  # EAGAIN, ENOMEM: as busy
+                    say(f"gpuslurm hook-server: fork: {exc.strerror}; the hook runs in its own process")
+                    continue
                 if pid == 0:  # pragma: no cover - the child; its effects are what the tests check
                     sock.close()
-                    for sig, handler in old.items():
-                        signal.signal(sig, handler)
                     _child(conn)
                 children.add(pid)
             finally:
@@ -200,34 +217,22 @@ def _reap(children: set[int], done: Served) -> None:
             done.cpu_s += usage.ru_utime + usage.ru_stime
 
 
-def _busy(conn: socket.socket) -> None:
-    """Answer ``busy`` (the client runs the hook itself). The request is taken first and its
-    descriptors closed: a Unix socket closed with a message unread resets its peer, which would
-    lose the answer."""
-    try:
-        conn.settimeout(0.5)
-        _, ancillary, _, _ = conn.recvmsg(MAX_REQUEST + 1, socket.CMSG_SPACE(FDS * 4))
-        for fd in _received_fds(ancillary):
-            os.close(fd)
-        conn.send(BUSY)
-    except OSError:
-        pass
-
-
 def _child(conn: socket.socket) -> None:  # pragma: no cover - runs in the fork
-    """One request: receive, check, run the hook as the client would have, answer its exit code.
-    Any failure leaves without an answer, which the client turns into a failed hook."""
-    code = EXIT_INTERNAL
+    """One request: receive and check it, say READY, and run the hook as the client would have
+    only once the client answers GO (a client that gave up waiting has closed instead, and runs
+    the hook itself); then answer its exit code. Any failure before GO leaves without running
+    anything; after GO, without an answer, which the client turns into a failed hook."""
     try:
+        _as_a_new_process()
         conn.settimeout(5.0)
         data, ancillary, flags, _ = conn.recvmsg(MAX_REQUEST + 1, socket.CMSG_SPACE(FDS * 4))
         fds = _received_fds(ancillary)
-        try:
-            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != FDS:
-                raise RequestError("truncated, or not exactly three descriptors")
-            hook, umask, environ = parse_request(data)
-        except RequestError:
-            os._exit(EXIT_INTERNAL)
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != FDS:
+            raise RequestError("truncated, or not exactly three descriptors")
+        hook, umask, environ = parse_request(data)
+        conn.send(READY)
+        if conn.recv(16) != GO:
+            raise RequestError("the client did not go on")
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -236,6 +241,7 @@ def _child(conn: socket.socket) -> None:  # pragma: no cover - runs in the fork
         os.environ.clear()
         for key, value in environ.items():
             os.environb[key] = value
+        sys.argv = ["-c", hook]  # what `python -c ... hook` has
         from gpuslurm.slurm.entry import main
 
         code = main([hook])
@@ -250,6 +256,23 @@ def _child(conn: socket.socket) -> None:  # pragma: no cover - runs in the fork
         os._exit(0)
     except BaseException:
         os._exit(EXIT_INTERNAL)
+
+
+def _as_a_new_process() -> None:  # pragma: no cover - runs in the fork
+    """Signals as a fresh ``python`` has them, whatever the server inherited or set: every
+    disposition the default but SIGINT (Python's KeyboardInterrupt), SIGPIPE and SIGXFSZ (ignored,
+    as Python's start-up sets them), and none blocked; so do the commands the hook runs."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
