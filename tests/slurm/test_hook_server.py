@@ -298,19 +298,20 @@ def _fake_server(sock: Path, answer: bytes | None, ready: bytes | None = hookcli
 
     def one() -> None:
         conn, _ = srv.accept()
-        data, anc, _, _ = conn.recvmsg(hookclient.MAX_REQUEST, socket.CMSG_SPACE(12))
-        for _, _, fds in anc:
-            for i in range(0, len(fds), 4):
-                os.close(int.from_bytes(fds[i:i + 4], sys.byteorder))
+        data, _, _, _ = conn.recvmsg(hookclient.MAX_REQUEST)
         got.append(data)
         if ready is not None:
             conn.send(ready)
             conn.settimeout(10)
             try:
-                got.append(conn.recv(16))
+                go, anc, _, _ = conn.recvmsg(16, socket.CMSG_SPACE(12))
             except OSError:
-                got.append(b"")
-            if answer is not None and got[-1] == hookclient.GO:
+                go, anc = b"", []
+            for _, _, fds in anc:  # the hook's streams come with GO
+                for i in range(0, len(fds), 4):
+                    os.close(int.from_bytes(fds[i:i + 4], sys.byteorder))
+            got.append(go)
+            if answer is not None and go == hookclient.GO:
                 conn.send(answer)
         conn.close()
 
@@ -428,6 +429,40 @@ def test_no_server_means_the_hook_runs_here(site: HookSite, client: str) -> None
     prolog = site.run_installed(prefix, "prolog", site.slurm_environ(jid := job(615)))
     assert prolog.returncode == 0 and prolog.stderr.count("\n") == 1, prolog.stderr
     assert (site.jobs_dir / f"{jid}.json").is_file()
+
+
+def test_a_server_that_never_takes_the_request_holds_none_of_the_hooks_streams(site: HookSite,
+                                                                             client: str) -> None:
+    """A wedged server (it listens, never accepts): after 10 s without READY the client runs the
+    hook itself, and the hook's output ends when the hook does. slurmd reads a hook's output to its
+    end, so streams left in the server's queue would hold every hook to PrologEpilogTimeout."""
+    prefix = install(site, client)
+    run = site.root / "run"
+    run.mkdir(exist_ok=True)
+    wedged = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    wedged.bind(str(run / "hooks.sock"))
+    wedged.listen(8)
+    try:
+        hook = subprocess.Popen([str(prefix / "gpuslurm-prolog")], env=site.slurm_environ(jid := job(630)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        _, err = hook.communicate(timeout=40)  # EOF on both streams with the wedged server still there
+        assert hook.returncode == 0, err
+        assert (site.jobs_dir / f"{jid}.json").is_file()
+    finally:
+        wedged.close()
+
+
+def test_a_hook_started_with_a_stream_closed_runs_in_its_own_process(site: HookSite, server: Server,
+                                                                      client: str) -> None:
+    """slurmd's hook with no stdin: the client's socket would be its fd 0, and the served hook
+    would read the socket as stdin; the client runs the hook itself instead."""
+    prefix = install(site, client)
+    done = subprocess.run([str(prefix / "gpuslurm-prolog")], env=site.slurm_environ(jid := job(631)),
+                          capture_output=True, text=True, timeout=60, check=False, cwd="/",
+                          preexec_fn=lambda: os.close(0))
+    assert done.returncode == 0, done.stderr
+    assert (site.jobs_dir / f"{jid}.json").is_file()
+    assert served(server.stop()) == 0
 
 
 # --- where the server listens -------------------------------------------------------------------

@@ -4,13 +4,12 @@
  *     gpuslurm-hook-client HOOK FALLBACK...
  *
  * The same protocol and the same rule as gpuslurm/slurm/hookclient.py, which is the reference:
- * until the server's fork says READY and this client answers GO, any failure (no socket, nobody
- * listening, a peer that is not root, an environment that cannot be sent, the connection closed,
- * no READY within 10 s) execs FALLBACK, the hook itself in Python, as install writes it; after
- * GO, no exit code back fails the hook closed (70, EXIT_INTERNAL). HOOK must be prolog or epilog, and FALLBACK must end with HOOK
- * (install writes `... prolog "$@"`: anything after it, such as --help, is the Python hook's to
- * answer). Written in C because a Python start is most of what a served hook costs
- * (benchmarks/README.md); it links nothing but libc. */
+ * until the server's fork says READY and this client answers GO (with the hook's streams), any
+ * failure (no socket, nobody listening, a peer that is not root, an environment that cannot be
+ * sent, the connection closed, no READY within 10 s) execs FALLBACK, the hook itself in Python,
+ * as install writes it; after GO, no exit code back fails the hook closed (70, EXIT_INTERNAL).
+ * Written in C because a Python start is most of what a served hook costs (benchmarks/README.md);
+ * it links nothing but libc. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -39,8 +38,13 @@ static int append(size_t *len, const char *item, size_t n, int separate) {
 }
 
 /* Whether environ can be sent as parse_request takes it: NAME=VALUE, a name without '=' that is
- * not empty, no name twice (the Python client's dict cannot repeat one either). */
+ * not empty, no name twice (the Python client's dict cannot repeat one either). At most
+ * MAX_ENTRIES entries (slurmd's hook environment has some fifty), so the check stays cheap. */
+#define MAX_ENTRIES 4096
 static int environment_ok(void) {
+    size_t count = 0;
+    for (char **e = environ; *e; e++)
+        if (++count > MAX_ENTRIES) return 0;
     for (char **e = environ; *e; e++) {
         const char *eq = strchr(*e, '=');
         if (eq == NULL || eq == *e) return 0;
@@ -58,6 +62,10 @@ static int ask(const char *hook, const char *path) {
     strcpy(addr.sun_path, path);
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (sock < 0) return -1;
+    if (sock <= 2) { /* a closed 0, 1 or 2: the socket would stand in for the hook's stream */
+        close(sock);
+        return -1;
+    }
     struct timeval connect_timeout = {.tv_sec = 2};
     setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &connect_timeout, sizeof connect_timeout);
     struct ucred peer;
@@ -88,21 +96,7 @@ static int ask(const char *hook, const char *path) {
             return -1;
         }
     }
-    int fds[3] = {0, 1, 2};
-    union {
-        char buf[CMSG_SPACE(sizeof fds)];
-        struct cmsghdr align;
-    } control;
-    memset(&control, 0, sizeof control);
-    struct iovec iov = {.iov_base = request, .iov_len = len};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                         .msg_controllen = sizeof control.buf};
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(cmsg), fds, sizeof fds);
-    if (sendmsg(sock, &msg, MSG_NOSIGNAL) != (ssize_t)len) {
+    if (send(sock, request, len, MSG_NOSIGNAL) != (ssize_t)len) {
         close(sock);
         return -1; /* a SOCK_SEQPACKET message goes whole or not at all */
     }
@@ -115,9 +109,29 @@ static int ask(const char *hook, const char *path) {
     do {
         got = recv(sock, answer, sizeof answer, 0);
     } while (got < 0 && errno == EINTR);
-    if (got != 5 || memcmp(answer, "ready", 5) != 0 || send(sock, "go", 2, MSG_NOSIGNAL) != 2) {
+    if (got != 5 || memcmp(answer, "ready", 5) != 0) {
         close(sock);
         return -1;
+    }
+    /* GO carries the hook's streams: a request left in a wedged server's queue holds none of
+     * slurmd's descriptors (slurmd waits for the hook's output to end). */
+    int fds[3] = {0, 1, 2};
+    union {
+        char buf[CMSG_SPACE(sizeof fds)];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct iovec iov = {.iov_base = "go", .iov_len = 2};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(cmsg), fds, sizeof fds);
+    if (sendmsg(sock, &msg, MSG_NOSIGNAL) != 2) {
+        close(sock);
+        return -1; /* the fork never had GO: nothing ran there */
     }
     struct timeval no_timeout = {0}; /* slurmd's PrologEpilogTimeout bounds the hook, as before */
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &no_timeout, sizeof no_timeout);
@@ -145,8 +159,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *hook = argv[1];
+    /* install writes `CLIENT HOOK PYTHON -I -S -c CODE HOOK "$@"`: served only when "$@" was
+     * empty (anything else, such as --help, is the Python hook's to answer) */
     int served = (strcmp(hook, "prolog") == 0 || strcmp(hook, "epilog") == 0)
-                 && strcmp(argv[argc - 1], hook) == 0;
+                 && argc == 8 && strcmp(argv[5], "-c") == 0 && strcmp(argv[7], hook) == 0;
     if (served) {
         const char *path = getenv("GPUSLURM_HOOK_SOCKET");
         int code = ask(hook, path && *path ? path : DEFAULT_SOCKET);

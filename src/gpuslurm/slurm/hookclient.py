@@ -44,7 +44,7 @@ SERVED = ("prolog", "epilog")  # the task prolog runs as the job's user: it neve
 MAGIC = b"gpuslurm-hook/1"
 MAX_REQUEST = 256 * 1024  # one SOCK_SEQPACKET message; slurmd's hook environment is a few KiB
 READY = b"ready"  # the server's fork has the request whole and will run it on GO
-GO = b"go"  # the client's commitment: from here it waits for the exit code, never runs the hook
+GO = b"go"  # the client's commitment, with its streams: from here it waits for the exit code
 READY_TIMEOUT_S = 10.0  # a server that does not take a request in time is passed over
 FDS = 3  # stdin, stdout, stderr
 CONNECT_TIMEOUT_S = 2.0
@@ -110,6 +110,8 @@ def ask(hook: str, path: str, environ: dict[bytes, bytes], fds: tuple[int, int, 
     except OSError:
         return None
     try:
+        if sock.fileno() <= 2:  # a closed 0, 1 or 2: the socket would stand in for the hook's stream
+            return None
         try:
             sock.settimeout(CONNECT_TIMEOUT_S)
             sock.connect(path)
@@ -118,20 +120,18 @@ def ask(hook: str, path: str, environ: dict[bytes, bytes], fds: tuple[int, int, 
                 return None
             umask = posix.umask(0o077)
             posix.umask(umask)
-            request = encode_request(hook, umask, environ)
-            ancillary = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
-            sock.sendmsg([request], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ancillary)])
-        except (OSError, RequestError):
-            return None  # nothing reached a server: the hook runs here, the same gate
-        try:
+            sock.sendall(encode_request(hook, umask, environ))
             sock.settimeout(READY_TIMEOUT_S)
             ready = sock.recv(16)
-        except OSError:
-            ready = b""
+        except (OSError, RequestError):
+            return None  # nothing of this hook ran there: it runs here, the same gate
         if ready != READY:
-            return None  # closed, busy, stopping or too slow: nothing runs there without GO
+            return None  # closed, at its limit, stopping or too slow: nothing runs there without GO
         try:
-            sock.sendall(GO)
+            # GO carries the hook's streams: a request left in a wedged server's queue holds none
+            # of slurmd's descriptors (slurmd waits for the hook's output to end)
+            ancillary = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+            sock.sendmsg([GO], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ancillary)])
         except OSError:
             return None  # the fork never had GO: nothing ran there
         try:

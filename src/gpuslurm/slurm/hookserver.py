@@ -61,6 +61,7 @@ WARM = (
 # Imported when present: the live node's NVML binding (a replayed node has no use for it).
 WARM_OPTIONAL = ("gpuslurm.hw.live.nvml_lib",)
 MAX_CHILDREN = 64
+GO_TIMEOUT_S = 60.0  # a fork waits this long for the client's GO after READY
 ACCEPT_POLL_S = 1.0  # how often the parent reaps its children when nobody asks
 
 
@@ -103,8 +104,11 @@ def listen(path: Path) -> socket.socket:
     check_socket_dir(path)
     if path.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        probe.settimeout(2.0)
         try:
             probe.connect(str(path))
+        except TimeoutError:
+            raise InputError("another hook server listens there (its queue is full)", str(path)) from None
         except OSError:
             pass  # nobody listens: stale
         else:
@@ -225,14 +229,18 @@ def _child(conn: socket.socket) -> None:  # pragma: no cover - runs in the fork
     try:
         _as_a_new_process()
         conn.settimeout(5.0)
-        data, ancillary, flags, _ = conn.recvmsg(MAX_REQUEST + 1, socket.CMSG_SPACE(FDS * 4))
-        fds = _received_fds(ancillary)
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != FDS:
-            raise RequestError("truncated, or not exactly three descriptors")
+        data, _, flags, _ = conn.recvmsg(MAX_REQUEST + 1)
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):  # CTRUNC: descriptors sent with it
+            raise RequestError("truncated, or carrying descriptors")
         hook, umask, environ = parse_request(data)
         conn.send(READY)
-        if conn.recv(16) != GO:
-            raise RequestError("the client did not go on")
+        # GO, with the hook's three streams. The client sends it at once after READY; a client
+        # stalled longer than this gets EOF after its GO and fails the hook closed.
+        conn.settimeout(GO_TIMEOUT_S)
+        go, ancillary, flags, _ = conn.recvmsg(16, socket.CMSG_SPACE(FDS * 4))
+        fds = _received_fds(ancillary)
+        if go != GO or flags & socket.MSG_CTRUNC or len(fds) != FDS:
+            raise RequestError("no GO with exactly three descriptors")
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
