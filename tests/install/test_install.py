@@ -415,7 +415,11 @@ def test_the_hooks_sys_path_holds_gpuslurm_and_its_dependencies_where_they_are()
 
 # --- --c-client: the hook server's client in C --------------------------------------------------
 
+needs_cc = pytest.mark.skipif(not os.access(lib.CC, os.X_OK),
+                              reason=f"--c-client needs a C compiler at {lib.CC} (not in the release roots)")
 
+
+@needs_cc
 def test_c_client_is_built_and_the_prolog_and_epilog_start_it(dirs: tuple[Path, Path]) -> None:
     etc, prefix = dirs
     out = ok(run(etc, prefix, "--c-client"))
@@ -435,6 +439,7 @@ def test_c_client_is_built_and_the_prolog_and_epilog_start_it(dirs: tuple[Path, 
     assert f"-c {CLIENT_CODE} prolog" in (prefix / "gpuslurm-prolog").read_text()
 
 
+@needs_cc
 def test_c_client_dry_run_describes_the_binary_in_one_line(dirs: tuple[Path, Path]) -> None:
     etc, prefix = dirs
     out = ok(run(etc, prefix, "--c-client", "--dry-run"))

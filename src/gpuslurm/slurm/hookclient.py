@@ -3,11 +3,12 @@
 ``gpuslurm install`` writes ``python -I -S -c '...from gpuslurm.slurm.hookclient import run;
 run()' prolog`` (and ``epilog``). :func:`run` hands the hook to the resident hook server
 (:mod:`gpuslurm.slurm.hookserver`, ``gpuslurm hook-server``) over a Unix socket: one request
-holding the hook's name, its umask and its whole environment, with its standard input, output and
-error passed along (``SCM_RIGHTS``), so the server runs :func:`gpuslurm.slurm.entry.main` in a
-fork that has already imported everything, writing where this process would have written, and
-answers the exit code, which becomes this process's. What slurmd sees is the hook it started,
-without the imports that are most of a hook's cost (docs/hooks.md, "The hook server").
+holding the hook's name, its umask and its whole environment; the server's fork says READY; the
+client answers GO with its standard input, output and error attached (``SCM_RIGHTS``); the fork
+runs :func:`gpuslurm.slurm.entry.main`, having imported everything already, writing where this
+process would have written, and answers the exit code, which becomes this process's. What slurmd
+sees is the hook it started, without the imports that are most of a hook's cost (docs/hooks.md,
+"The hook server").
 
 The rule that keeps both paths one gate:
 
